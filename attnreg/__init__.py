@@ -1,0 +1,41 @@
+"""attnreg: a registry of attention kernels for WebGPU and OpenCL, with explained dispatch.
+
+>>> import attnreg
+>>> spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=63, num_heads=4,
+...                              kv_num_heads=2, head_size=16)
+>>> plan = attnreg.explain(spec, backend="reference")
+>>> plan.backend
+'reference'
+"""
+
+from __future__ import annotations
+
+from .api import (
+    default_session,
+    devices,
+    explain,
+    kernels,
+    partial_states,
+    reduce_states,
+    register_plugin,
+    run,
+    unregister_plugin,
+)
+from .caps import DeviceCaps
+from .errors import KernelUnavailable, NoKernelError, SpecError
+from .flags import Flag
+from .hookspecs import Backend, Runtime, hookimpl
+from .kernel import KernelInfo
+from .plan import Plan, Stage
+from .rules import Rule
+from .session import Session, merge_states
+from .spec import AttentionSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionSpec", "Backend", "DeviceCaps", "Flag", "KernelInfo", "KernelUnavailable",
+    "NoKernelError", "Plan", "Rule", "Runtime", "Session", "SpecError", "Stage",
+    "default_session", "devices", "explain", "hookimpl", "kernels", "merge_states",
+    "partial_states", "reduce_states", "register_plugin", "run", "unregister_plugin",
+]

@@ -1,0 +1,139 @@
+"""KernelInfo: a kernel variant declared as plain data, and why it cannot run a spec."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .caps import DeviceCaps
+from .spec import AttentionSpec
+
+# Contract tolerances (CONTRACT.md): dtype -> (atol, rtol); lse atol per dtype.
+TOLERANCE: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {"float32": (2e-5, 1e-4), "float16": (4e-3, 4e-3)})
+LSE_ATOL: Mapping[str, float] = MappingProxyType({"float32": 2e-4, "float16": 2e-3})
+
+FAMILIES = ("prefill", "decode_partial", "reduce")
+# Every contract feature a spec can use (AttentionSpec.features names them).
+ALL_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_lse", "softcap",
+                          "local_window", "alibi", "kv_capacity", "gqa"})
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def binding_bytes(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    """Bytes of each buffer a kernel of this family binds, for storage-binding limits."""
+    e = spec.itemsize
+    q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
+    kv = spec.batch * spec.capacity * spec.kv_num_heads * spec.head_size * e
+    splits = int(params.get("n_splits", 1))
+    parts = spec.batch * spec.num_heads * spec.seq_len * splits * spec.head_size * 4
+    sizes: dict[str, int] = {}
+    if family in ("prefill", "decode_partial"):
+        sizes.update(q=q, k=kv, v=kv)
+        if spec.bias:
+            sizes["bias"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
+    if family == "prefill":
+        sizes["out"] = q
+    if family in ("decode_partial", "reduce"):
+        sizes["o_parts"] = parts
+    if family == "reduce":
+        sizes["out"] = q
+    return sizes
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One kernel variant, as data. Backends declare these; the registry plans with them.
+
+    ``params`` are fixed by the variant (``m_tile=4`` for ``...m4``); ``defaults`` are the
+    tunables the rules may override. ``vendor`` and ``flag`` only restrict *automatic*
+    choice: a forced kernel runs on any device whose capabilities fit, so that vendor
+    paths are testable on CI devices.
+    """
+
+    id: str
+    backend: str
+    family: str
+    dtypes: frozenset[str]
+    head_sizes: tuple[int, int, int] = (1, 1 << 30, 1)          # (min, max, multiple_of)
+    features: frozenset[str] = frozenset()                      # device features required
+    supports: frozenset[str] = ALL_FEATURES                     # contract features implemented
+    q_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
+    kv_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
+    params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    defaults: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    workgroup_storage: Callable[[AttentionSpec, Mapping[str, Any]], int] | None = None
+    max_seq_len: int | None = None
+    device_types: frozenset[str] | None = None                   # None = any
+    vendor: str | None = None
+    flag: str | None = None
+    priority: int = 0
+    tolerance: Mapping[str, tuple[float, float]] = field(default_factory=lambda: TOLERANCE)
+    extra_checks: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]] | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"KernelInfo {self.id}: family {self.family!r} not in {FAMILIES}")
+        unknown = self.supports - ALL_FEATURES
+        if unknown:
+            raise ValueError(f"KernelInfo {self.id}: unknown contract features {sorted(unknown)}")
+
+    def head_size_ok(self, h: int) -> bool:
+        lo, hi, step = self.head_sizes
+        return lo <= h <= hi and h % step == 0
+
+    def storage_need(self, spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+        return 0 if self.workgroup_storage is None else int(self.workgroup_storage(spec, params))
+
+    def not_supported_reasons(self, spec: AttentionSpec, caps: DeviceCaps,
+                              params: Mapping[str, Any] | None = None) -> list[str]:
+        """Why this variant cannot run ``spec`` on ``caps`` (empty list: it can).
+
+        Capability only; selection preferences (vendor, opt-in flags, rule-chosen
+        parameters) are judged by the registry, so forcing a kernel bypasses them.
+        """
+        p = {**self.defaults, **(params or {}), **self.params}
+        why: list[str] = []
+        if caps.backend != self.backend:
+            why.append(f"kernel of backend {self.backend!r}, device is {caps.backend!r}")
+        if not caps.available:
+            why.append(f"device unavailable: {caps.reason}")
+        if spec.dtype not in self.dtypes:
+            why.append(f"dtype {spec.dtype} not in {sorted(self.dtypes)}")
+        if not self.head_size_ok(spec.head_size):
+            lo, hi, step = self.head_sizes
+            why.append(f"head_size {spec.head_size} outside {lo}..{hi} step {step}")
+        if spec.q_layout not in self.q_layouts:
+            why.append(f"q_layout {spec.q_layout} not in {sorted(self.q_layouts)}")
+        if spec.kv_layout not in self.kv_layouts:
+            why.append(f"kv_layout {spec.kv_layout} not in {sorted(self.kv_layouts)}")
+        missing = sorted(spec.features - self.supports)
+        if missing:
+            why.append(f"does not implement {', '.join(missing)}")
+        if self.max_seq_len is not None and spec.seq_len > self.max_seq_len:
+            why.append(f"seq_len {spec.seq_len} > {self.max_seq_len} rows this kernel handles")
+        if self.device_types is not None and caps.device_type not in self.device_types:
+            why.append(f"device type {caps.device_type} not in {sorted(self.device_types)}")
+        lacking = sorted(self.features - caps.features)
+        if lacking:
+            why.append(f"device lacks feature(s) {', '.join(lacking)}")
+        limit = caps.limit("workgroup_storage")
+        need = self.storage_need(spec, p)
+        if limit is not None and need > limit:
+            why.append(f"needs {need} B of workgroup storage, device limit is {limit} B")
+        cap = caps.limit("storage_binding")
+        if cap is not None:
+            for name, size in binding_bytes(self.family, spec, p).items():
+                if size > cap:
+                    why.append(f"tensor {name} needs {_mib(size)} in one storage binding, "
+                               f"device limit storage_binding is {_mib(cap)}")
+        if self.extra_checks is not None and not why:
+            why += self.extra_checks(spec, caps, p)
+        return why

@@ -1,0 +1,211 @@
+"""The float64 numpy reference: every formula of CONTRACT.md, vectorised over batch and heads.
+
+Layout inside this module is canonical: q/out [B, Nq, S, H], k/v [B, Nkv, C, H]; queries
+are grouped as [B, Nkv, G, S, H] so that GQA is a reshape, never a copy of K/V.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .spec import AttentionSpec
+from .tensors import valid_lengths
+
+# Rows per chunk are chosen so one chunk's score block stays under this many float64s.
+_MAX_SCORE_ELEMS = 1 << 23
+
+
+def alibi_slopes(num_heads: int, max_bias: float) -> np.ndarray:
+    """slope_h for every query head (CONTRACT: n = 2**floor(log2(Nq)))."""
+    n = 2 ** int(math.floor(math.log2(num_heads)))
+    m0 = 2.0 ** (-max_bias / n)
+    m1 = 2.0 ** (-max_bias / 2.0 / n)
+    h = np.arange(num_heads, dtype=np.float64)
+    return np.where(h < n, m0 ** (h + 1), m1 ** (2 * (h - n) + 1))
+
+
+def q_canonical(spec: AttentionSpec, q: np.ndarray) -> np.ndarray:
+    q = np.asarray(q, dtype=np.float64)
+    return q.transpose(0, 2, 1, 3) if spec.q_layout == "BSNH" else q
+
+
+def kv_canonical(spec: AttentionSpec, k: np.ndarray) -> np.ndarray:
+    k = np.asarray(k, dtype=np.float64)
+    return k.transpose(0, 2, 1, 3) if spec.kv_layout == "BSNH" else k
+
+
+def out_layout(spec: AttentionSpec, out: np.ndarray) -> np.ndarray:
+    """[B, Nq, S, H] -> the spec's q_layout."""
+    return out.transpose(0, 2, 1, 3) if spec.q_layout == "BSNH" else out
+
+
+class _Problem:
+    """Inputs brought to canonical float64 form once; logits computed per row chunk."""
+
+    def __init__(self, spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> None:
+        self.spec = spec
+        b, nkv, g = spec.batch, spec.kv_num_heads, spec.group_size
+        s, c, h = spec.seq_len, spec.capacity, spec.head_size
+        self.lengths = valid_lengths(spec, tensors)                         # [B]
+        self.keys = np.arange(c)
+        exists = self.keys[None, :] < self.lengths[:, None]                 # [B, C]
+        # Keys past L_b may hold NaN; zero them so 0-weights never meet NaN in P @ V.
+        k = kv_canonical(spec, tensors["k"])
+        v = kv_canonical(spec, tensors["v"])
+        self.k = np.where(exists[:, None, :, None], k, 0.0)
+        self.v = np.where(exists[:, None, :, None], v, 0.0)
+        self.q = q_canonical(spec, tensors["q"]).reshape(b, nkv, g, s, h)
+        self.bias = None
+        if spec.bias:
+            bias = np.asarray(tensors["bias"], dtype=np.float64)
+            bb, nb = bias.shape[:2]
+            self.bias = bias.reshape(bb, nkv, g, bias.shape[2], c) if nb == spec.num_heads \
+                else bias.reshape(bb, 1, 1, bias.shape[2], c)
+        self.slopes = None
+        if spec.alibi_max_bias > 0:
+            self.slopes = alibi_slopes(spec.num_heads, spec.alibi_max_bias).reshape(1, nkv, g, 1, 1)
+        self.sink = None
+        if spec.head_sink:
+            self.sink = np.asarray(tensors["head_sink"], dtype=np.float64).reshape(1, nkv, g, 1)
+
+    def row_chunks(self) -> list[slice]:
+        spec = self.spec
+        per_row = spec.batch * spec.num_heads * spec.capacity
+        step = max(1, _MAX_SCORE_ELEMS // max(per_row, 1))
+        return [slice(r, min(r + step, spec.seq_len)) for r in range(0, spec.seq_len, step)]
+
+    def logits(self, rows: slice) -> np.ndarray:
+        """s_j for rows, [B, Nkv, G, r, C]; invisible keys are -inf."""
+        spec = self.spec
+        q = self.q[:, :, :, rows]
+        b, n, g, r, h = q.shape
+        # matmul, not einsum: BLAS keeps a 32-head, 8k-key decode well under a second.
+        s = (q.reshape(b, n, g * r, h) @ self.k.swapaxes(-1, -2)).reshape(b, n, g, r, -1)
+        s = s * spec.effective_scale
+        if spec.softcap > 0:
+            s = spec.softcap * np.tanh(s / spec.softcap)
+        if self.bias is not None:
+            bias = self.bias[:, :, :, rows] if self.bias.shape[3] > 1 else self.bias
+            with np.errstate(invalid="ignore"):
+                s = s + bias
+        pos = (self.lengths[:, None] - spec.seq_len + np.arange(spec.seq_len)[rows][None, :])
+        pos = pos[:, None, None, :, None]                                   # p_i, [B,1,1,r,1]
+        j = self.keys[None, None, None, None, :]
+        if self.slopes is not None:
+            s = s + self.slopes * (j - pos)
+        visible = j < self.lengths[:, None, None, None, None]
+        if spec.causal:
+            visible = visible & (j <= pos)
+        if spec.local_window > 0:
+            visible = visible & (j > pos - spec.local_window)
+        return np.where(visible, s, -np.inf)
+
+
+def _softmax_pv(s: np.ndarray, v: np.ndarray, extra: np.ndarray | None,
+                spec_in: str, spec_out: str) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax over the last axis of s (plus an optional extra logit in the denominator)
+    and the weighted sum of v. Rows with nothing visible give o = 0, lse = -inf."""
+    m = s.max(axis=-1)
+    if extra is not None:
+        m = np.maximum(m, extra)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe[..., None])
+    l = p.sum(axis=-1)
+    if extra is not None:
+        l = l + np.exp(extra - m_safe)
+    o = np.einsum(f"{spec_in},{spec_out}", p, v)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        o = np.where((l > 0)[..., None], o / np.where(l > 0, l, 1.0)[..., None], 0.0)
+        lse = np.where(l > 0, m_safe + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+    return o, lse
+
+
+def attention(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Full attention. Returns (out [B, Nq, S, H], lse [B, Nq, S]) in float64, canonical layout.
+
+    ``tensors`` must already be validated (``attnreg.tensors.check_tensors``).
+    """
+    p = _Problem(spec, tensors)
+    b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
+    out = np.empty((b, nq, s, h))
+    lse = np.empty((b, nq, s))
+    for rows in p.row_chunks():
+        logits = p.logits(rows)
+        extra = None if p.sink is None else np.broadcast_to(p.sink, logits.shape[:-1])
+        o, l = _softmax_pv(logits, p.v, extra, "bngrj", "bnjh->bngrh")
+        r = o.shape[3]
+        out[:, :, rows] = o.reshape(b, nq, r, h)
+        lse[:, :, rows] = l.reshape(b, nq, r)
+    return out, lse
+
+
+def n_splits(spec: AttentionSpec, split_size: int) -> int:
+    return -(-spec.capacity // split_size)
+
+
+def partial_states(spec: AttentionSpec, tensors: Mapping[str, np.ndarray],
+                   split_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split-KV partial states: (o_t [B, Nq, S, T, H], lse_t [B, Nq, S, T]) in float64.
+
+    Split t covers keys [t*split_size, (t+1)*split_size) of [0, C); the sink is left to
+    the reduce. A split with no visible key has o_t = 0, lse_t = -inf.
+    """
+    p = _Problem(spec, tensors)
+    b, nq, s, h, c = spec.batch, spec.num_heads, spec.seq_len, spec.head_size, spec.capacity
+    nkv, g = spec.kv_num_heads, spec.group_size
+    t = n_splits(spec, split_size)
+    pad = t * split_size - c
+    v = np.pad(p.v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, nkv, t, split_size, h)
+    o_parts = np.empty((b, nq, s, t, h))
+    lse_parts = np.empty((b, nq, s, t))
+    for rows in p.row_chunks():
+        logits = p.logits(rows)
+        r = logits.shape[3]
+        logits = np.pad(logits, ((0, 0),) * 4 + ((0, pad),), constant_values=-np.inf)
+        logits = logits.reshape(b, nkv, g, r, t, split_size)
+        o, l = _softmax_pv(logits, v, None, "bngrtj", "bntjh->bngrth")
+        o_parts[:, :, rows] = o.reshape(b, nq, r, t, h)
+        lse_parts[:, :, rows] = l.reshape(b, nq, r, t)
+    return o_parts, lse_parts
+
+
+def combine(o_parts: np.ndarray, lse_parts: np.ndarray,
+            sink: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The split-KV reduce: o_parts [..., T, H], lse_parts [..., T], sink broadcastable to
+    [...]. Returns (out [..., H], lse [...]) in float64; no NaN even where o_t is garbage
+    in a split whose lse_t is -inf."""
+    lse_parts = np.asarray(lse_parts, dtype=np.float64)
+    o_parts = np.asarray(o_parts, dtype=np.float64)
+    m = lse_parts.max(axis=-1)
+    if sink is not None:
+        m = np.maximum(m, sink)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(lse_parts - m_safe[..., None])
+    num = np.where((w > 0)[..., None], w[..., None] * o_parts, 0.0).sum(axis=-2)
+    den = w.sum(axis=-1)
+    if sink is not None:
+        den = den + np.exp(sink - m_safe)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where((den > 0)[..., None], num / np.where(den > 0, den, 1.0)[..., None], 0.0)
+        lse = np.where(den > 0, m_safe + np.log(np.where(den > 0, den, 1.0)), -np.inf)
+    return out, lse
+
+
+def reduce(spec: AttentionSpec, o_parts: np.ndarray, lse_parts: np.ndarray,
+           head_sink: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """CONTRACT reduce of partial states into (out [B, Nq, S, H], lse [B, Nq, S])."""
+    sink = None
+    if head_sink is not None:
+        sink = np.broadcast_to(np.asarray(head_sink, np.float64)[None, :, None],
+                               (spec.batch, spec.num_heads, spec.seq_len))
+    return combine(o_parts, lse_parts, sink)
+
+
+def merge(states: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """merge_states in float64: stack the pairs as splits and reduce them (no sink)."""
+    o = np.stack([np.asarray(s[0], np.float64) for s in states], axis=-2)
+    lse = np.stack([np.asarray(s[1], np.float64) for s in states], axis=-1)
+    return combine(o, lse)

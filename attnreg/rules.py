@@ -1,0 +1,144 @@
+"""Routing rules as data: each has a name, a condition, the params it sets and a one-line why.
+
+Route rules (stage "route") pick prefill vs split-KV for op "attention"; the first that
+matches wins. Param rules (stage "params") run in order for each candidate kernel and may
+each set parameters; a later rule sees what earlier ones set. Plugins append rules through
+the ``attnreg_register_rules`` hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .caps import DeviceCaps
+from .kernel import KernelInfo
+from .spec import AttentionSpec
+
+# Devices tried in this order: GPUs first, then by backend priority; reference last.
+DEVICE_TYPE_ORDER = {"gpu": 0, "other": 1, "cpu": 2}
+
+
+@dataclass
+class Ctx:
+    """What a rule may look at."""
+
+    spec: AttentionSpec
+    caps: DeviceCaps
+    flags: Mapping[str, Any]
+    op: str
+    kernel: KernelInfo | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    user: frozenset[str] = frozenset()        # params the caller fixed; rules leave them
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    why: str
+    stage: Literal["route", "params"]
+    when: Callable[[Ctx], bool]
+    sets: Callable[[Ctx], dict[str, Any]]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def has_subgroups(caps: DeviceCaps) -> bool:
+    return "subgroups" in caps.features
+
+
+def _family(ctx: Ctx, *families: str) -> bool:
+    return ctx.kernel is not None and ctx.kernel.family in families
+
+
+def _tunable(ctx: Ctx, name: str) -> bool:
+    """A rule may set ``name`` unless the caller fixed it or the kernel has no such knob."""
+    k = ctx.kernel
+    return (k is not None and name not in ctx.user
+            and (name in k.defaults or name in k.params))
+
+
+def _m_tile(ctx: Ctx) -> dict[str, Any]:
+    assert ctx.kernel is not None
+    want = int(ctx.flags.get("m_tile") or 0)
+    m = want or (4 if ctx.spec.seq_len >= 4 else 2 if ctx.spec.seq_len >= 2 else 1)
+    limit = ctx.caps.limit("workgroup_storage")
+    while m > 1 and limit is not None and \
+            ctx.kernel.storage_need(ctx.spec, {**ctx.params, "m_tile": m}) > limit:
+        m //= 2
+    return {"m_tile": m}
+
+
+def split_geometry(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any],
+                   flags: Mapping[str, Any]) -> dict[str, int]:
+    """split_size and n_splits: enough workgroups to fill the device, at most max_splits.
+
+    Splits are laid over the capacity C (the plan never sees seqlens_k values), rounded to
+    the kernel's kv tile so a split is whole tiles.
+    """
+    tile = int(params.get("kv_tile", 64))
+    c = spec.capacity
+    forced = int(flags.get("split_size") or 0)
+    if forced:
+        size = forced
+    else:
+        units = caps.compute_units or 8
+        # A GPU wants several workgroups per compute unit; a CPU one per core is enough.
+        target = units * (1 if caps.device_type == "cpu" else 4)
+        rows = _cdiv(spec.seq_len, int(params.get("m_tile", 1)))
+        groups = spec.batch * spec.kv_num_heads * rows
+        want = max(1, min(int(flags.get("max_splits") or 64), _cdiv(target, groups)))
+        size = max(tile, _cdiv(_cdiv(c, want), tile) * tile)
+        # Each split should hold at least a few tiles, or the reduce costs more than it saves.
+        size = max(size, min(_cdiv(c, tile) * tile, 4 * tile))
+    return {"split_size": size, "n_splits": _cdiv(c, size)}
+
+
+BUILTIN_RULES: tuple[Rule, ...] = (
+    Rule("route_flag", "the session flag `route` forces the route", "route",
+         lambda c: c.flags.get("route", "auto") != "auto",
+         lambda c: {"route": c.flags["route"]}),
+    Rule("split_kv_few_rows", "seq_len <= 4: too few query rows to fill a device; "
+         "splitting the keys (flash decoding) gives the parallelism", "route",
+         lambda c: c.spec.seq_len <= 4, lambda c: {"route": "split_kv"}),
+    Rule("split_kv_long_context", "seq_len < 32 and total_len > 1000: short query block over "
+         "a long cache is bandwidth-bound; split-KV spreads the cache over workgroups", "route",
+         lambda c: c.spec.seq_len < 32 and c.spec.total_len > 1000,
+         lambda c: {"route": "split_kv"}),
+    Rule("split_kv_no_subgroups", "the device has no subgroups, which the fast prefill "
+         "variant needs; split-KV with m_tile rows runs well without them", "route",
+         lambda c: not has_subgroups(c.caps), lambda c: {"route": "split_kv"}),
+    Rule("prefill_default", "enough query rows to fill the device: one-pass flash prefill",
+         "route", lambda c: True, lambda c: {"route": "prefill"}),
+    Rule("m_tile_by_seq_len", "m_tile 4/2/1 by seq_len (rows sharing one K/V read), halved "
+         "until the workgroup storage fits", "params",
+         lambda c: _family(c, "decode_partial") and _tunable(c, "m_tile"), _m_tile),
+    Rule("split_size_fill_device", "enough splits to give every compute unit work, capped by "
+         "max_splits, whole kv tiles per split", "params",
+         lambda c: _family(c, "decode_partial") and "split_size" not in c.user,
+         lambda c: split_geometry(c.spec, c.caps, {**(c.kernel.defaults if c.kernel else {}),
+                                                   **c.params}, c.flags)),
+)
+
+
+def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) -> list[str]:
+    """Run the rules of one stage on ctx (updating ctx.params); return what fired."""
+    fired: list[str] = []
+    for rule in rules:
+        if rule.stage != stage or not rule.when(ctx):
+            continue
+        changes = {k: v for k, v in rule.sets(ctx).items() if k not in ctx.user}
+        ctx.params.update(changes)
+        sets = ", ".join(f"{k}={v}" for k, v in changes.items())
+        fired.append(f"{rule.name}: {rule.why}" + (f" -> {sets}" if sets else ""))
+        if first_only:
+            break
+    return fired
+
+
+def device_order(caps: DeviceCaps, priority: int) -> tuple[int, int, int, str]:
+    return (0 if caps.available else 1, DEVICE_TYPE_ORDER.get(caps.device_type, 1), -priority,
+            caps.id)

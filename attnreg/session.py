@@ -1,0 +1,216 @@
+"""Session: a chosen backend/device, its plans, and the runtimes that hold buffers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import flags as flagmod
+from . import reference
+from . import registry as regmod
+from .errors import KernelUnavailable, SpecError
+from .hookspecs import Runtime
+from .plan import Plan
+from .spec import AttentionSpec
+from .tensors import check_tensors
+
+
+def _freeze(m: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((m or {}).items()))
+
+
+class Session:
+    """Holds plans, compiled kernels and buffers across calls; use as a context manager.
+
+    >>> import attnreg, numpy as np
+    >>> spec = attnreg.AttentionSpec(seq_len=1, past_len=7, head_size=8)
+    >>> rng = np.random.default_rng(0)
+    >>> t = {n: rng.standard_normal(s).astype("float32")
+    ...      for n, s in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
+    >>> with attnreg.Session(backend="reference") as s:
+    ...     out = s.run(spec, t)
+    >>> out.shape
+    (1, 1, 1, 8)
+    """
+
+    def __init__(self, backend: str | None = None, device: str | int | None = None,
+                 flags: Mapping[str, Any] | None = None) -> None:
+        self.registry = regmod.get()
+        if backend is not None:
+            self.registry.backend(backend)          # unknown backend -> SpecError now
+        self.backend = backend
+        self.device = device
+        if device is not None:
+            self.registry.find_device(backend, device)
+        self.flags = dict(flags or {})
+        flagmod.resolve(self.flags)                 # unknown or ill-typed flags -> SpecError now
+        self._plans: dict[Any, Plan] = {}
+        self._runtimes: dict[str, Runtime] = {}
+        self._failed: dict[tuple[str, str], str] = {}
+        self._lock = threading.RLock()
+        self.closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for rt in self._runtimes.values():
+                rt.close()
+            self._runtimes.clear()
+            self._plans.clear()
+            self.closed = True
+
+    # -- planning ----------------------------------------------------------------------
+    def plan(self, spec: AttentionSpec, *, op: str = "attention", kernel: str | None = None,
+             params: Mapping[str, Any] | None = None,
+             flags: Mapping[str, Any] | None = None) -> Plan:
+        """The plan for ``spec`` (cached: a decode loop plans once)."""
+        key = (spec, op, kernel, _freeze(params), _freeze(flags))
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                merged = flagmod.resolve(self.flags, flags)
+                plan = self.registry.plan(spec, op=op, backend=self.backend, device=self.device,
+                                          flags=merged, kernel=kernel, params=params,
+                                          exclude=self._failed)
+                self._plans[key] = plan
+            return plan
+
+    explain = plan
+
+    def runtime(self, plan: Plan) -> Runtime:
+        with self._lock:
+            if self.closed:
+                raise SpecError("session", "closed", "an open Session (it was closed)")
+            rt = self._runtimes.get(plan.caps.id)
+            if rt is None:
+                rt = self.registry.backend(plan.backend).open(plan.caps)
+                self._runtimes[plan.caps.id] = rt
+            return rt
+
+    def _launch(self, spec: AttentionSpec, op: str, inputs: Mapping[str, np.ndarray],
+                kernel: str | None, params: Mapping[str, Any] | None,
+                flags: Mapping[str, Any] | None) -> tuple[Plan, dict[str, np.ndarray]]:
+        while True:
+            plan = self.plan(spec, op=op, kernel=kernel, params=params, flags=flags)
+            try:
+                return plan, self.runtime(plan).launch(plan, inputs)
+            except KernelUnavailable as exc:
+                # Remember the failure for this device and plan again without that kernel.
+                with self._lock:
+                    self._failed[(plan.caps.id, exc.kernel_id)] = f"failed on this device: {exc.reason}"
+                    self._plans.clear()
+
+    # -- ops ---------------------------------------------------------------------------
+    def run(self, spec: AttentionSpec, tensors: Mapping[str, Any], *, kernel: str | None = None,
+            params: Mapping[str, Any] | None = None,
+            flags: Mapping[str, Any] | None = None) -> Any:
+        """Attention: returns out, or (out, lse) when spec.return_lse."""
+        _check_spec(spec)
+        inputs = check_tensors(spec, tensors)
+        _, res = self._launch(spec, "attention", inputs, kernel, params, flags)
+        return (res["out"], res["lse"]) if spec.return_lse else res["out"]
+
+    def run_with_plan(self, spec: AttentionSpec, tensors: Mapping[str, Any], **kw: Any
+                      ) -> tuple[Any, Plan]:
+        """Like run(), also returning the plan that actually ran."""
+        _check_spec(spec)
+        inputs = check_tensors(spec, tensors)
+        plan, res = self._launch(spec, "attention", inputs, kw.get("kernel"), kw.get("params"),
+                                 kw.get("flags"))
+        return ((res["out"], res["lse"]) if spec.return_lse else res["out"]), plan
+
+    def partial_states(self, spec: AttentionSpec, tensors: Mapping[str, Any], *,
+                       split_size: int | None = None, kernel: str | None = None,
+                       params: Mapping[str, Any] | None = None,
+                       flags: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Split-KV partial states (o_parts [B,Nq,S,T,H], lse_parts [B,Nq,S,T]) float32."""
+        _check_spec(spec)
+        inputs = check_tensors(spec, tensors)
+        p = dict(params or {})
+        if split_size is not None:
+            if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
+                raise SpecError("split_size", split_size, "an integer >= 1")
+            p["split_size"] = split_size
+            p["n_splits"] = reference.n_splits(spec, split_size)
+        _, res = self._launch(spec, "partial", inputs, kernel, p, flags)
+        return res["o_parts"], res["lse_parts"]
+
+    def reduce_states(self, spec: AttentionSpec, o_parts: Any, lse_parts: Any,
+                      head_sink: Any = None, *, kernel: str | None = None,
+                      flags: Mapping[str, Any] | None = None) -> Any:
+        """Reduce partial states (from any backend) into out, or (out, lse)."""
+        _check_spec(spec)
+        inputs = check_partials(spec, o_parts, lse_parts, head_sink)
+        t = inputs["o_parts"].shape[3]
+        _, res = self._launch(spec, "reduce", inputs, kernel, {"n_splits": t}, flags)
+        return (res["out"], res["lse"]) if spec.return_lse else res["out"]
+
+
+def _check_spec(spec: Any) -> None:
+    if not isinstance(spec, AttentionSpec):
+        raise SpecError("spec", spec, "an attnreg.AttentionSpec")
+
+
+def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
+                   head_sink: Any) -> dict[str, np.ndarray]:
+    """Validate partial states for the reduce (CONTRACT shapes, float32)."""
+    o = np.asarray(o_parts) if hasattr(o_parts, "__array__") else o_parts
+    lse = np.asarray(lse_parts) if hasattr(lse_parts, "__array__") else lse_parts
+    if not isinstance(o, np.ndarray) or o.dtype != np.float32 or o.ndim != 5:
+        raise SpecError("o_parts", o_parts, "a float32 array [B, Nq, S, T, H]")
+    b, nq, s, t, h = o.shape
+    want = (spec.batch, spec.num_heads, spec.seq_len)
+    if (b, nq, s) != want or h != spec.head_size or t < 1:
+        raise SpecError("o_parts.shape", o.shape, f"[B, Nq, S, T, H] = {(*want, 'T>=1', spec.head_size)}")
+    if not isinstance(lse, np.ndarray) or lse.dtype != np.float32 or lse.shape != o.shape[:4]:
+        raise SpecError("lse_parts", lse_parts, f"a float32 array of shape {o.shape[:4]}")
+    if np.isnan(lse).any() or np.isposinf(lse).any():
+        raise SpecError("lse_parts", lse_parts, "finite values or -inf (an empty split)")
+    out = {"o_parts": np.ascontiguousarray(o), "lse_parts": np.ascontiguousarray(lse)}
+    if spec.head_sink:
+        if head_sink is None:
+            raise SpecError("head_sink", None, "a float32 [Nq] array, because spec.head_sink")
+        sink = np.asarray(head_sink)
+        if sink.dtype != np.float32 or sink.shape != (spec.num_heads,) or np.isnan(sink).any():
+            raise SpecError("head_sink", head_sink, f"a float32 array of shape ({spec.num_heads},)")
+        out["head_sink"] = np.ascontiguousarray(sink)
+    elif head_sink is not None:
+        raise SpecError("head_sink", head_sink, "None, because spec.head_sink is False")
+    return out
+
+
+def merge_states(states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Merge attention states over disjoint key sets: the split-KV reduce's rule.
+
+    Each state is (o [..., H], lse [...]); all must share shapes and dtypes. Returns
+    (o, lse) in the inputs' dtypes. States whose lse is -inf contribute nothing.
+    """
+    if isinstance(states, (str, bytes)) or not isinstance(states, Sequence) or len(states) < 1:
+        raise SpecError("states", states, "a non-empty list of (o, lse) pairs")
+    os_, lses = [], []
+    for i, pair in enumerate(states):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise SpecError(f"states[{i}]", pair, "an (o, lse) pair")
+        o, lse = np.asarray(pair[0]), np.asarray(pair[1])
+        if o.dtype.kind != "f" or o.ndim < 1:
+            raise SpecError(f"states[{i}][0]", pair[0], "a float array [..., H]")
+        if lse.dtype.kind != "f" or lse.shape != o.shape[:-1]:
+            raise SpecError(f"states[{i}][1]", pair[1], f"a float array of shape {o.shape[:-1]}")
+        if np.isnan(lse).any() or np.isposinf(lse).any():
+            raise SpecError(f"states[{i}][1]", pair[1], "finite values or -inf")
+        if os_ and (o.shape != os_[0].shape or o.dtype != os_[0].dtype or lse.dtype != lses[0].dtype):
+            raise SpecError(f"states[{i}]", pair, f"o {os_[0].shape} {os_[0].dtype} and lse "
+                            f"{lses[0].dtype} like states[0]")
+        os_.append(o)
+        lses.append(lse)
+    o64, lse64 = reference.merge(list(zip(os_, lses)))
+    return o64.astype(os_[0].dtype), lse64.astype(lses[0].dtype)

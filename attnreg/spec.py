@@ -1,0 +1,205 @@
+"""AttentionSpec: the one description of an attention problem, validated up front."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from .errors import SpecError
+
+DTYPES = ("float32", "float16")
+LAYOUTS = ("BSNH", "BNSH")
+
+
+def _exact_int(value: Any) -> Any:
+    # numpy integers are exact, so they are accepted; bool and float are left for the
+    # strict validator to reject (True is not a head count, 2.0 is not silently truncated).
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _exact_float(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_exact_int)]
+Float = Annotated[float, BeforeValidator(_exact_float)]
+
+# What each field accepts, in words; used in every SpecError for that field.
+EXPECTED: dict[str, str] = {
+    "batch": "an integer >= 1",
+    "seq_len": "an integer >= 1 (new query tokens)",
+    "past_len": "an integer >= 0 (cached tokens before the new ones)",
+    "num_heads": "an integer >= 1",
+    "kv_num_heads": "an integer >= 1 that divides num_heads",
+    "head_size": "an integer >= 1",
+    "dtype": "one of 'float32', 'float16'",
+    "q_layout": "one of 'BSNH', 'BNSH'",
+    "kv_layout": "one of 'BSNH', 'BNSH'",
+    "causal": "a bool",
+    "scale": "None (1/sqrt(head_size)) or a finite float > 0",
+    "softcap": "a finite float >= 0 (0 disables)",
+    "local_window": "an integer >= -1 (-1 or 0 disables)",
+    "alibi_max_bias": "a finite float >= 0 (0 disables)",
+    "kv_capacity": "None (= total_len) or an integer >= past_len + seq_len",
+    "bias": "a bool",
+    "seqlens_k": "a bool",
+    "head_sink": "a bool",
+    "return_lse": "a bool",
+}
+
+
+class AttentionSpec(BaseModel):
+    """What to compute; see CONTRACT.md for the exact math of every field.
+
+    Frozen and validated: any bad field raises :class:`attnreg.SpecError` naming it.
+
+    >>> spec = AttentionSpec(batch=1, seq_len=1, past_len=2047, num_heads=32,
+    ...                      kv_num_heads=8, head_size=128, dtype="float16")
+    >>> spec.total_len, spec.group_size
+    (2048, 4)
+    """
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
+
+    batch: Int = Field(1, ge=1)
+    seq_len: Int = Field(1, ge=1)
+    past_len: Int = Field(0, ge=0)
+    num_heads: Int = Field(1, ge=1)
+    kv_num_heads: Int = Field(1, ge=1)
+    head_size: Int = Field(64, ge=1)
+    dtype: Literal["float32", "float16"] = "float32"
+    q_layout: Literal["BSNH", "BNSH"] = "BSNH"
+    kv_layout: Literal["BSNH", "BNSH"] = "BNSH"
+    causal: bool = True
+    scale: Float | None = None
+    softcap: Float = Field(0.0, ge=0.0)
+    local_window: Int = Field(-1, ge=-1)
+    alibi_max_bias: Float = Field(0.0, ge=0.0)
+    kv_capacity: Int | None = None
+    bias: bool = False
+    seqlens_k: bool = False
+    head_sink: bool = False
+    return_lse: bool = False
+
+    def __init__(self, **data: Any) -> None:
+        unknown = sorted(set(data) - set(type(self).model_fields))
+        if unknown:
+            raise SpecError(unknown[0], data[unknown[0]],
+                            f"one of the AttentionSpec fields {sorted(type(self).model_fields)}")
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = str(err["loc"][0]) if err["loc"] else "spec"
+            raise SpecError(field, err.get("input"), EXPECTED.get(field, "a valid value"),
+                            detail=f"({err['msg']})") from None
+        self._check_relations()
+
+    def _check_relations(self) -> None:
+        if self.num_heads % self.kv_num_heads:
+            raise SpecError("kv_num_heads", self.kv_num_heads,
+                            f"a divisor of num_heads={self.num_heads}")
+        if self.kv_capacity is not None and self.kv_capacity < self.total_len:
+            raise SpecError("kv_capacity", self.kv_capacity,
+                            f"None or an integer >= past_len + seq_len = {self.total_len}")
+        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
+            raise SpecError("scale", self.scale, EXPECTED["scale"])
+
+    # -- derived sizes -------------------------------------------------------------------
+    @property
+    def total_len(self) -> int:
+        """past_len + seq_len: the valid key count when seqlens_k is not given."""
+        return self.past_len + self.seq_len
+
+    @property
+    def capacity(self) -> int:
+        """C: keys allocated per (batch, kv head) in k and v."""
+        return self.kv_capacity if self.kv_capacity is not None else self.total_len
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (1 = MHA, num_heads = MQA)."""
+        return self.num_heads // self.kv_num_heads
+
+    @property
+    def effective_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_size)
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == "float16" else 4
+
+    @property
+    def q_shape(self) -> tuple[int, int, int, int]:
+        b, s, n, h = self.batch, self.seq_len, self.num_heads, self.head_size
+        return (b, s, n, h) if self.q_layout == "BSNH" else (b, n, s, h)
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        b, c, n, h = self.batch, self.capacity, self.kv_num_heads, self.head_size
+        return (b, c, n, h) if self.kv_layout == "BSNH" else (b, n, c, h)
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return self.q_shape
+
+    @property
+    def lse_shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.num_heads, self.seq_len)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """Contract features this spec uses, by the names kernels declare support with."""
+        f = set()
+        if self.causal:
+            f.add("causal")
+        if self.bias:
+            f.add("bias")
+        if self.seqlens_k:
+            f.add("seqlens_k")
+        if self.head_sink:
+            f.add("head_sink")
+        if self.return_lse:
+            f.add("return_lse")
+        if self.softcap > 0:
+            f.add("softcap")
+        if self.local_window > 0:
+            f.add("local_window")
+        if self.alibi_max_bias > 0:
+            f.add("alibi")
+        if self.kv_capacity is not None and self.kv_capacity != self.total_len:
+            f.add("kv_capacity")
+        if self.group_size > 1:
+            f.add("gqa")
+        return frozenset(f)
+
+    def replace(self, **changes: Any) -> AttentionSpec:
+        """A validated copy with some fields changed (model_copy would skip validation)."""
+        return AttentionSpec(**{**self.model_dump(), **changes})
+
+    def short(self) -> str:
+        """A compact, readable id such as ``b2-s1-p1023-h32/8-d128-f16-causal-seqlens``."""
+        parts = [f"b{self.batch}", f"s{self.seq_len}", f"p{self.past_len}",
+                 f"h{self.num_heads}/{self.kv_num_heads}", f"d{self.head_size}",
+                 "f16" if self.dtype == "float16" else "f32"]
+        if self.q_layout != "BSNH" or self.kv_layout != "BNSH":
+            parts.append(f"q{self.q_layout}-kv{self.kv_layout}")
+        parts += sorted(self.features - {"gqa"})
+        return "-".join(parts)
+
+    def __repr__(self) -> str:
+        # Only non-default fields: short enough to read, still valid Python to paste.
+        defaults = {k: f.default for k, f in type(self).model_fields.items()}
+        items = [f"{k}={v!r}" for k, v in self.model_dump().items() if v != defaults[k]]
+        return f"AttentionSpec({', '.join(items)})"
+
+    __str__ = __repr__

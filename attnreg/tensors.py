@@ -1,0 +1,106 @@
+"""Checks the tensors handed to run() against the spec, before any kernel sees them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .errors import SpecError
+from .spec import AttentionSpec
+
+REQUIRED = ("q", "k", "v")
+OPTIONAL = {"bias": "bias", "seqlens_k": "seqlens_k", "head_sink": "head_sink"}
+
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
+        return np.asarray(value)
+    raise SpecError(f"tensors[{name!r}]", value, "a numpy array (or an object with __array__)")
+
+
+def _check_dtype(name: str, arr: np.ndarray, allowed: tuple[str, ...]) -> None:
+    if arr.dtype.name not in allowed:
+        raise SpecError(f"tensors[{name!r}].dtype", arr.dtype.name,
+                        " or ".join(allowed) + " (attnreg never casts inputs silently)")
+
+
+def _check_shape(name: str, arr: np.ndarray, shape: tuple[int, ...], how: str) -> None:
+    if tuple(arr.shape) != tuple(shape):
+        raise SpecError(f"tensors[{name!r}].shape", tuple(arr.shape), f"{tuple(shape)} ({how})")
+
+
+def bias_shape_ok(spec: AttentionSpec, shape: tuple[int, ...]) -> bool:
+    full = (spec.batch, spec.num_heads, spec.seq_len, spec.capacity)
+    return len(shape) == 4 and shape[3] == full[3] and all(
+        s in (1, f) for s, f in zip(shape[:3], full[:3]))
+
+
+def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Validate names, dtypes, shapes and ranges; return C-contiguous numpy arrays.
+
+    Non-contiguous or Fortran-ordered inputs are accepted by copying (values unchanged).
+    """
+    if not isinstance(tensors, Mapping):
+        raise SpecError("tensors", tensors, "a mapping such as {'q': q, 'k': k, 'v': v}")
+    wanted = set(REQUIRED) | {n for n, flag in OPTIONAL.items() if getattr(spec, flag)}
+    for name in REQUIRED:
+        if name not in tensors:
+            raise SpecError(f"tensors[{name!r}]", None, "a tensor (q, k and v are required)")
+    for name in tensors:
+        if name not in wanted:
+            why = (f"no such tensor; known: {sorted(set(REQUIRED) | set(OPTIONAL))}"
+                   if name not in OPTIONAL else f"absent because spec.{OPTIONAL[name]} is False")
+            raise SpecError(f"tensors[{name!r}]", tensors[name], why)
+    for name in wanted:
+        if name not in tensors:
+            raise SpecError(f"tensors[{name!r}]", None,
+                            f"a tensor, because spec.{OPTIONAL[name]} is True")
+
+    arrays = {n: _as_array(n, tensors[n]) for n in wanted}
+    layout_q = f"q_layout={spec.q_layout}"
+    layout_kv = f"kv_layout={spec.kv_layout}, capacity C={spec.capacity}"
+    _check_dtype("q", arrays["q"], (spec.dtype,))
+    _check_shape("q", arrays["q"], spec.q_shape, layout_q)
+    for name in ("k", "v"):
+        _check_dtype(name, arrays[name], (spec.dtype,))
+        _check_shape(name, arrays[name], spec.kv_shape, layout_kv)
+
+    if spec.bias:
+        bias = arrays["bias"]
+        _check_dtype("bias", bias, tuple(dict.fromkeys(("float32", spec.dtype))))
+        if not bias_shape_ok(spec, tuple(bias.shape)):
+            full = (spec.batch, spec.num_heads, spec.seq_len, spec.capacity)
+            raise SpecError("tensors['bias'].shape", tuple(bias.shape),
+                            f"4 dims broadcastable to [B, Nq, S, C] = {full} "
+                            "(B, Nq, S may each be 1; C must be full)")
+        if np.isnan(bias).any():
+            raise SpecError("tensors['bias']", bias, "no NaN (use -inf to mask a key)")
+    if spec.seqlens_k:
+        sk = arrays["seqlens_k"]
+        _check_dtype("seqlens_k", sk, ("int32",))
+        _check_shape("seqlens_k", sk, (spec.batch,), "one valid length per batch entry")
+        bad = (sk < spec.seq_len) | (sk > spec.capacity)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SpecError(f"tensors['seqlens_k'][{i}]", int(sk[i]),
+                            f"an integer with seq_len={spec.seq_len} <= value <= "
+                            f"capacity={spec.capacity}")
+    if spec.head_sink:
+        sink = arrays["head_sink"]
+        _check_dtype("head_sink", sink, ("float32",))
+        _check_shape("head_sink", sink, (spec.num_heads,), "one sink logit per query head")
+        if np.isnan(sink).any():
+            raise SpecError("tensors['head_sink']", sink, "no NaN (-inf means no sink)")
+
+    return {n: np.ascontiguousarray(a) for n, a in arrays.items()}
+
+
+def valid_lengths(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+    """L_b for every batch entry, as int64."""
+    if spec.seqlens_k:
+        return np.asarray(tensors["seqlens_k"], dtype=np.int64)
+    return np.full(spec.batch, spec.total_len, dtype=np.int64)

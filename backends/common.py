@@ -1,0 +1,111 @@
+"""What every GPU backend derives from a plan the same way: the scalar kernel parameters.
+
+WGSL and OpenCL kernels read one parameter block with the fields below, in this order,
+each 4 bytes (u32, i32 or f32). Packing it in one place keeps the two backends' kernels
+reading identical numbers, and makes a mismatch a test failure in one file, not two.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from attnreg.spec import AttentionSpec
+
+# (name, struct code) -- 'I' u32, 'i' i32, 'f' f32. Append only; kernels index by name.
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("batch", "I"), ("seq_len", "I"), ("num_heads", "I"), ("kv_num_heads", "I"),
+    ("head_size", "I"), ("capacity", "I"), ("group_size", "I"), ("total_len", "I"),
+    # element strides; the innermost (head_size) stride is 1
+    ("q_sb", "I"), ("q_sh", "I"), ("q_ss", "I"),
+    ("kv_sb", "I"), ("kv_sh", "I"), ("kv_ss", "I"),
+    ("bias_sb", "I"), ("bias_sh", "I"), ("bias_ss", "I"),
+    ("split_size", "I"), ("n_splits", "I"),
+    ("causal", "I"), ("has_seqlens", "I"), ("has_bias", "I"), ("has_sink", "I"),
+    ("return_lse", "I"), ("local_window", "i"),
+    ("scale", "f"), ("softcap", "f"),
+    # alibi: slope_h = exp2(alibi_e0 * (h + 1)) if h < alibi_n else exp2(alibi_e1 * (2*(h-n)+1))
+    ("has_alibi", "I"), ("alibi_n", "I"), ("alibi_e0", "f"), ("alibi_e1", "f"),
+    ("pad0", "I"),
+)
+FORMAT = "<" + "".join(code for _, code in FIELDS)
+SIZE = struct.calcsize(FORMAT)            # 128 bytes: a multiple of 16 for WGSL uniforms
+assert SIZE % 16 == 0
+
+
+def strides(layout: str, n: int, s: int, h: int) -> tuple[int, int, int]:
+    """(batch, head, seq) element strides for a [B,S,N,H] or [B,N,S,H] tensor."""
+    if layout == "BSNH":
+        return s * n * h, h, n * h
+    return n * s * h, s * h, h
+
+
+def bias_strides(spec: AttentionSpec, bias_shape: tuple[int, ...] | None) -> tuple[int, int, int]:
+    """Strides of a [Bb, Nb, Sb, C] bias with 0 on broadcast (size-1) dims."""
+    if bias_shape is None:
+        return 0, 0, 0
+    bb, nb, sb, c = bias_shape
+    ss = c if sb > 1 else 0
+    sh = sb * c if nb > 1 else 0
+    sbatch = nb * sb * c if bb > 1 else 0
+    return sbatch, sh, ss
+
+
+def values(spec: AttentionSpec, params: Mapping[str, Any],
+           bias_shape: tuple[int, ...] | None = None) -> dict[str, int | float]:
+    """The parameter block as a dict (what the kernels see)."""
+    n = 2 ** int(math.floor(math.log2(spec.num_heads)))
+    return {
+        "batch": spec.batch, "seq_len": spec.seq_len, "num_heads": spec.num_heads,
+        "kv_num_heads": spec.kv_num_heads, "head_size": spec.head_size,
+        "capacity": spec.capacity, "group_size": spec.group_size, "total_len": spec.total_len,
+        **dict(zip(("q_sb", "q_sh", "q_ss"),
+                   strides(spec.q_layout, spec.num_heads, spec.seq_len, spec.head_size))),
+        **dict(zip(("kv_sb", "kv_sh", "kv_ss"),
+                   strides(spec.kv_layout, spec.kv_num_heads, spec.capacity, spec.head_size))),
+        **dict(zip(("bias_sb", "bias_sh", "bias_ss"), bias_strides(spec, bias_shape))),
+        "split_size": int(params.get("split_size", spec.capacity)),
+        "n_splits": int(params.get("n_splits", 1)),
+        "causal": int(spec.causal), "has_seqlens": int(spec.seqlens_k),
+        "has_bias": int(spec.bias), "has_sink": int(spec.head_sink),
+        "return_lse": int(spec.return_lse), "local_window": spec.local_window,
+        "scale": spec.effective_scale, "softcap": spec.softcap,
+        "has_alibi": int(spec.alibi_max_bias > 0), "alibi_n": n,
+        "alibi_e0": -spec.alibi_max_bias / n, "alibi_e1": -spec.alibi_max_bias / 2.0 / n,
+        "pad0": 0,
+    }
+
+
+def pack(spec: AttentionSpec, params: Mapping[str, Any],
+         bias_shape: tuple[int, ...] | None = None) -> bytes:
+    v = values(spec, params, bias_shape)
+    return struct.pack(FORMAT, *(v[name] for name, _ in FIELDS))
+
+
+def wgsl_struct(name: str = "Params") -> str:
+    """The WGSL declaration of the block (generated, so it cannot drift from FIELDS)."""
+    ty = {"I": "u32", "i": "i32", "f": "f32"}
+    body = "\n".join(f"  {n}: {ty[c]}," for n, c in FIELDS)
+    return f"struct {name} {{\n{body}\n}};\n"
+
+
+def opencl_struct(name: str = "Params") -> str:
+    """The OpenCL C declaration of the block (generated from FIELDS)."""
+    ty = {"I": "uint", "i": "int", "f": "float"}
+    body = "\n".join(f"  {ty[c]} {n};" for n, c in FIELDS)
+    return f"typedef struct {{\n{body}\n}} {name};\n"
+
+
+def finish_outputs(spec: AttentionSpec, out: np.ndarray | None, lse: np.ndarray | None
+                   ) -> dict[str, np.ndarray]:
+    """Shape host copies of device outputs into the contract's result dict."""
+    res: dict[str, np.ndarray] = {}
+    if out is not None:
+        res["out"] = out.reshape(spec.out_shape)
+    if spec.return_lse and lse is not None:
+        res["lse"] = lse.reshape(spec.lse_shape)
+    return res

@@ -1,0 +1,74 @@
+"""Reference backend plugin: runs attnreg.reference on the host CPU in float64."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+import attnreg
+from attnreg import reference as ref
+from attnreg.caps import DeviceCaps
+from attnreg.plan import Plan
+
+NAME = "reference"
+_DTYPES = frozenset({"float32", "float16"})
+
+
+class ReferenceRuntime:
+    def __init__(self, caps: DeviceCaps) -> None:
+        self.caps = caps
+
+    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        spec = plan.spec
+        if plan.op == "reduce":
+            out, lse = ref.reduce(spec, inputs["o_parts"], inputs["lse_parts"],
+                                  inputs.get("head_sink"))
+        elif plan.op == "partial" or plan.route == "split_kv":
+            ss = int(plan.stage("decode_partial").params["split_size"])
+            o_parts, lse_parts = ref.partial_states(spec, inputs, ss)
+            if plan.op == "partial":
+                return {"o_parts": o_parts.astype(np.float32), "lse_parts": lse_parts.astype(np.float32)}
+            out, lse = ref.reduce(spec, o_parts, lse_parts, inputs.get("head_sink"))
+        else:
+            out, lse = ref.attention(spec, inputs)
+        res = {"out": np.ascontiguousarray(ref.out_layout(spec, out).astype(spec.dtype))}
+        if spec.return_lse:
+            res["lse"] = lse.astype(np.float32)
+        return res
+
+    def close(self) -> None:
+        pass
+
+
+class ReferenceBackend:
+    name = NAME
+    priority = -100          # only when nothing else fits, or when asked for by name
+
+    def probe(self) -> list[DeviceCaps]:
+        return [DeviceCaps(backend=NAME, id="reference:0", name="numpy float64 reference",
+                           vendor="numpy", description=f"numpy {np.__version__} on "
+                           f"{platform.machine()}", driver=np.__version__, backend_type="numpy",
+                           device_type="cpu", compute_units=os.cpu_count())]
+
+    def open(self, caps: DeviceCaps) -> ReferenceRuntime:
+        return ReferenceRuntime(caps)
+
+
+@attnreg.hookimpl
+def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
+    register(ReferenceBackend())
+
+
+@attnreg.hookimpl
+def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
+    doc = "float64 numpy, vectorised over batch and heads"
+    register(attnreg.KernelInfo(id="reference.prefill", backend=NAME, family="prefill",
+                                dtypes=_DTYPES, priority=-100, doc=doc))
+    register(attnreg.KernelInfo(id="reference.decode_partial", backend=NAME,
+                                family="decode_partial", dtypes=_DTYPES, priority=-100,
+                                defaults={"kv_tile": 64, "m_tile": 1}, doc=doc))
+    register(attnreg.KernelInfo(id="reference.reduce", backend=NAME, family="reduce",
+                                dtypes=_DTYPES, priority=-100, doc=doc))
