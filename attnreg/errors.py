@@ -9,7 +9,7 @@ def _short(value: Any) -> str:
     """repr() that stays readable for arrays and long values."""
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:
+    if isinstance(shape, tuple) and dtype is not None:
         return f"<array shape={tuple(shape)} dtype={dtype}>"
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."

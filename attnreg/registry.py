@@ -246,6 +246,11 @@ class _Planner:
                 if st is None:
                     break
                 stages.append(st)
+            for fam in families[len(stages) + 1:]:
+                for k in kernels:
+                    if k.family == fam:
+                        rejected.setdefault(tag(k.id), [f"not tried: route {route} found no "
+                                                        f"{families[len(stages)]} kernel"])
             if len(stages) == len(families):
                 if n > 0:
                     fired.append(f"fallback_route: no kernel for route {routes[0][0]} on this "
@@ -283,6 +288,10 @@ class _Planner:
         forced_here = self.forced is not None and self.forced.family == family
         if forced_here:
             cands = [k for k in cands if k.id == self.forced.id]  # type: ignore[union-attr]
+        chosen: Stage | None = None
+        chosen_fired: list[str] = []
+        # Every candidate is judged, even after one fits, so explain can say why each
+        # other kernel was not the one.
         for k in cands:
             user = dict(self.params) if primary else {}
             if family == "reduce" and prev:
@@ -297,11 +306,15 @@ class _Planner:
                 reasons += self._selection_reasons(k, ctx)
             if reasons:
                 rejected[tag(k.id)] = reasons
-                continue
-            rejected.pop(tag(k.id), None)
-            fired += k_fired
-            return Stage(k.id, family, {**k.defaults, **ctx.params, **k.params})
-        return None
+            elif chosen is None:
+                rejected.pop(tag(k.id), None)
+                chosen_fired = k_fired
+                chosen = Stage(k.id, family, {**k.defaults, **ctx.params, **k.params})
+            else:
+                rejected[tag(k.id)] = [f"could run, but {chosen.kernel} ranks first "
+                                       "(higher priority, then id order)"]
+        fired += chosen_fired
+        return chosen
 
     def _selection_reasons(self, k: KernelInfo, ctx: rules.Ctx) -> list[str]:
         why = []

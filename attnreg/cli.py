@@ -1,0 +1,237 @@
+"""`attnreg devices | explain | demo | bench | conformance`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import api
+from .errors import NoKernelError, SpecError
+from .kernel import TOLERANCE
+from .reference import attention, out_layout
+from .session import Session
+from .spec import AttentionSpec
+from .textui import table
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("spec (or --spec FILE.json)")
+    g.add_argument("--spec", metavar="FILE", help="JSON object of AttentionSpec fields")
+    g.add_argument("--batch", type=int)
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--past-len", type=int)
+    g.add_argument("--heads", metavar="NQ[/NKV]", help="query heads, optionally /kv heads")
+    g.add_argument("--head-size", type=int)
+    g.add_argument("--dtype", choices=["float32", "float16"])
+    g.add_argument("--q-layout", choices=["BSNH", "BNSH"])
+    g.add_argument("--kv-layout", choices=["BSNH", "BNSH"])
+    g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--scale", type=float)
+    g.add_argument("--softcap", type=float)
+    g.add_argument("--local-window", type=int)
+    g.add_argument("--alibi-max-bias", type=float)
+    g.add_argument("--kv-capacity", type=int)
+    for name in ("bias", "seqlens-k", "head-sink", "return-lse"):
+        g.add_argument(f"--{name}", action="store_true", default=None)
+
+
+def add_plan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", help="webgpu | opencl | reference | a plugin's name")
+    p.add_argument("--device", help="device id or part of its name")
+    p.add_argument("--kernel", help="force a kernel id")
+    p.add_argument("--flag", action="append", default=[], metavar="NAME=VALUE",
+                   help="session flag (repeatable); see `attnreg flags`")
+
+
+def spec_from_args(a: argparse.Namespace) -> AttentionSpec:
+    fields: dict[str, Any] = {}
+    if a.spec:
+        try:
+            with open(a.spec) as fh:
+                fields = json.load(fh)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpecError("--spec", a.spec, f"a readable JSON file ({exc})") from None
+        if not isinstance(fields, dict):
+            raise SpecError("--spec", a.spec, "a JSON object of AttentionSpec fields")
+    if a.heads:
+        nq, _, nkv = a.heads.partition("/")
+        try:
+            fields["num_heads"] = int(nq)
+            fields["kv_num_heads"] = int(nkv) if nkv else int(nq)
+        except ValueError:
+            raise SpecError("--heads", a.heads, "NQ or NQ/NKV, e.g. 32/8") from None
+    for opt in ("batch", "seq_len", "past_len", "head_size", "dtype", "q_layout", "kv_layout",
+                "causal", "scale", "softcap", "local_window", "alibi_max_bias", "kv_capacity",
+                "bias", "seqlens_k", "head_sink", "return_lse"):
+        v = getattr(a, opt, None)
+        if v is not None:
+            fields[opt] = v
+    return AttentionSpec(**fields)
+
+
+def flags_from_args(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise SpecError("--flag", item, "NAME=VALUE")
+        out[name.strip()] = value.strip()
+    return out
+
+
+# -- commands ----------------------------------------------------------------------------
+def cmd_devices(a: argparse.Namespace) -> int:
+    devs = api.devices(a.backend, refresh=True)
+    rows = []
+    for d in devs:
+        if d.available:
+            feats = ",".join(sorted(f for f in d.features if f in (
+                "subgroups", "shader-f16", "timestamp-query", "cl_khr_fp16", "cl_khr_subgroups")))
+            wg = d.limit("workgroup_storage")
+            rows.append((d.backend, d.id, d.name, d.vendor, d.device_type, d.backend_type,
+                         feats or "-", f"{wg // 1024} KiB" if wg else "-", "yes"))
+        else:
+            rows.append((d.backend, d.id, d.name, "-", "-", "-", "-", "-", f"no: {d.reason}"))
+    print(table(("backend", "id", "device", "vendor", "type", "api", "features", "wg mem",
+                 "available"), rows))
+    if a.json:
+        print(json.dumps([d.model_dump(mode="json") for d in devs], indent=2))
+    return 0
+
+
+def cmd_explain(a: argparse.Namespace) -> int:
+    spec = spec_from_args(a)
+    caps = None
+    if a.profile:
+        from .profiles import profile
+        caps = profile(a.profile)
+    try:
+        plan = api.explain(spec, backend=a.backend, caps=caps, flags=flags_from_args(a.flag),
+                           op=a.op, device=a.device, kernel=a.kernel)
+    except NoKernelError as exc:
+        print(exc.explanation)
+        return 2
+    print(plan.explain())
+    return 0
+
+
+def _inputs(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t = {n: rng.standard_normal(s).astype(spec.dtype)
+         for n, s in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
+    if spec.seqlens_k:
+        t["seqlens_k"] = rng.integers(spec.seq_len, spec.capacity + 1, spec.batch).astype(np.int32)
+    return t
+
+
+DEMO_CASES = (
+    ("prefill", AttentionSpec(batch=1, seq_len=128, past_len=0, num_heads=8, kv_num_heads=2,
+                              head_size=64, dtype="float16", causal=True)),
+    ("decode", AttentionSpec(batch=2, seq_len=1, past_len=1023, num_heads=32, kv_num_heads=8,
+                             head_size=128, dtype="float16", causal=True, seqlens_k=True)),
+)
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    devs = api.devices(a.backend, refresh=True)
+    rows, failures = [], 0
+    for d in devs:
+        if not d.available:
+            continue
+        with Session(backend=d.backend, device=d.id) as s:
+            for name, spec in DEMO_CASES:
+                t = _inputs(spec)
+                try:
+                    t0 = time.perf_counter()
+                    out, plan = s.run_with_plan(spec, t)
+                    first = time.perf_counter() - t0
+                    warm = []
+                    for _ in range(3):
+                        t0 = time.perf_counter()
+                        s.run(spec, t)
+                        warm.append(time.perf_counter() - t0)
+                except (SpecError, RuntimeError) as exc:
+                    failures += 1
+                    rows.append((d.backend, d.slug, name, "-", "-", "-", f"FAILED: {exc}"))
+                    continue
+                want = out_layout(spec, attention(spec, t)[0])
+                err = float(np.abs(out.astype(np.float64) - want).max())
+                atol, rtol = TOLERANCE[spec.dtype]
+                ok = bool(np.all(np.abs(out - want) <= atol + rtol * np.abs(want)))
+                failures += not ok
+                rows.append((d.backend, d.slug, name, " -> ".join(plan.kernels),
+                             f"{first * 1e3:.1f}", f"{np.median(warm) * 1e3:.2f}",
+                             f"{err:.2e} ({'ok' if ok else 'OVER TOLERANCE'})"))
+    print("attnreg demo: one prefill and one decode per device, checked against the float64 "
+          "reference")
+    for name, spec in DEMO_CASES:
+        print(f"  {name}: {spec!r}")
+    print(table(("backend", "device", "case", "kernel(s)", "first ms", "warm ms",
+                 "max err vs reference"), rows))
+    down = [d for d in devs if not d.available]
+    if down:
+        print("\nunavailable:")
+        for d in down:
+            print(f"  {d.backend}: {d.reason}")
+    return 1 if failures else 0
+
+
+def cmd_flags(a: argparse.Namespace) -> int:
+    from .flags import table as flag_table
+    rows = [(f.name, f.type.__name__, repr(f.default), f.vendor or "-", f.doc)
+            for f in flag_table().values()]
+    print(table(("flag", "type", "default", "vendor", "doc"), rows))
+    return 0
+
+
+def cmd_kernels(a: argparse.Namespace) -> int:
+    rows = []
+    for k in sorted(api.kernels(a.backend), key=lambda k: k.id):
+        lo, hi, step = k.head_sizes
+        rows.append((k.id, k.family, ",".join(sorted(k.dtypes)), f"{lo}..{hi}/{step}",
+                     ",".join(sorted(k.features)) or "-", k.vendor or "-", k.flag or "-"))
+    print(table(("kernel", "family", "dtypes", "head sizes", "needs", "vendor", "opt-in"), rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnreg", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("devices", help="list probed devices of every backend")
+    d.add_argument("--backend")
+    d.add_argument("--json", action="store_true", help="also print the full caps as JSON")
+    d.set_defaults(fn=cmd_devices)
+    e = sub.add_parser("explain", help="print the plan for a spec and every rejection reason")
+    add_spec_options(e)
+    add_plan_options(e)
+    e.add_argument("--op", default="attention", choices=["attention", "partial", "reduce"])
+    e.add_argument("--profile", help="plan for a stored device profile instead of probing")
+    e.set_defaults(fn=cmd_explain)
+    m = sub.add_parser("demo", help="run a prefill and a decode on every available device")
+    m.add_argument("--backend")
+    m.set_defaults(fn=cmd_demo)
+    f = sub.add_parser("flags", help="list the declared session flags")
+    f.set_defaults(fn=cmd_flags)
+    k = sub.add_parser("kernels", help="list registered kernel variants")
+    k.add_argument("--backend")
+    k.set_defaults(fn=cmd_kernels)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except SpecError as exc:
+        print(f"attnreg: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine (run as root, or with sudo available):
+# the CI devices' drivers (lavapipe for WebGPU, PoCL for OpenCL) and a virtual environment
+# in .venv with attnreg installed editable plus its test tools. Safe to run again: it
+# installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=$(command -v sudo || true); fi
+
+pkgs=(mesa-vulkan-drivers libvulkan1 pocl-opencl-icd ocl-icd-libopencl1)
+# Debian's own python3 needs python3-venv for `python3 -m venv`; other Pythons bring it.
+python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv python3-pip)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  python3 -m venv .venv
+fi
+# Reinstall only when the project's metadata changed (the stamp holds its hash).
+stamp=.venv/.attnreg-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] pip install -e .[test]"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/python -m pip install -q -e ".[test]"
+  echo "$want" > "$stamp"
+fi
+echo "[setup] ready: $(.venv/bin/python --version), attnreg in .venv"

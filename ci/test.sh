@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The README's test command (and CI's, through .ci/run): set up, lint, type-check, test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" PATH="$PWD/.venv/bin:$PATH"
+start=$(date +%s)
+echo "[test] ruff";  ruff check attnreg backends tests
+echo "[test] mypy";  mypy
+echo "[test] pytest"
+set +e
+python -m pytest -q --durations=15 "$@"
+rc=$?
+set -e
+# pytest's exit 5 means no tests were collected: for us that is a failure too.
+if [ "$rc" = 5 ]; then echo "[test] no tests collected: failing"; exit 1; fi
+echo "[test] finished in $(( $(date +%s) - start )) s with exit status $rc"
+exit "$rc"

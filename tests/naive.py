@@ -1,0 +1,69 @@
+"""A deliberately naive, loop-per-row transcription of CONTRACT.md, independent of
+attnreg.reference, used to check the vectorised reference itself."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnreg.spec import AttentionSpec
+
+
+def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    B, S, Nq, H = spec.batch, spec.seq_len, spec.num_heads, spec.head_size
+    grp = Nq // spec.kv_num_heads
+    scale = spec.scale if spec.scale is not None else 1 / math.sqrt(H)
+    out = np.zeros((B, Nq, S, H))
+    lse = np.zeros((B, Nq, S))
+
+    def q_at(b: int, h: int, i: int) -> np.ndarray:
+        x = t["q"][b, i, h] if spec.q_layout == "BSNH" else t["q"][b, h, i]
+        return x.astype(np.float64)
+
+    def kv_at(name: str, b: int, h: int, j: int) -> np.ndarray:
+        x = t[name][b, j, h] if spec.kv_layout == "BSNH" else t[name][b, h, j]
+        return x.astype(np.float64)
+
+    n = 2 ** math.floor(math.log2(Nq))
+    m0 = 2 ** (-spec.alibi_max_bias / n)
+    m1 = 2 ** (-spec.alibi_max_bias / 2 / n)
+    for b in range(B):
+        L = int(t["seqlens_k"][b]) if spec.seqlens_k else spec.past_len + S
+        for h in range(Nq):
+            kvh = h // grp
+            slope = m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1)
+            for i in range(S):
+                p = L - S + i
+                logits, values = [], []
+                for j in range(L):
+                    if spec.causal and j > p:
+                        continue
+                    if spec.local_window > 0 and j <= p - spec.local_window:
+                        continue
+                    s = scale * float(np.dot(q_at(b, h, i), kv_at("k", b, kvh, j)))
+                    if spec.softcap > 0:
+                        s = spec.softcap * math.tanh(s / spec.softcap)
+                    if spec.bias:
+                        bias = t["bias"]
+                        s += float(bias[b % bias.shape[0], h % bias.shape[1], i % bias.shape[2], j])
+                    if spec.alibi_max_bias > 0:
+                        s += slope * (j - p)
+                    if s == -math.inf:
+                        continue
+                    logits.append(s)
+                    values.append(kv_at("v", b, kvh, j))
+                sink = float(t["head_sink"][h]) if spec.head_sink else None
+                cands = logits + ([sink] if sink is not None else [])
+                if not cands or max(cands) == -math.inf:
+                    lse[b, h, i] = -math.inf
+                    continue
+                m = max(cands)
+                w = [math.exp(s - m) for s in logits]
+                den = sum(w) + (math.exp(sink - m) if sink is not None else 0.0)
+                acc = np.zeros(H)
+                for wj, vj in zip(w, values):
+                    acc += wj * vj
+                out[b, h, i] = acc / den
+                lse[b, h, i] = m + math.log(den)
+    return out, lse

@@ -1,0 +1,147 @@
+"""The float64 reference against a naive per-row transcription of CONTRACT.md."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import attnreg
+from attnreg import reference as ref
+from attnreg.tensors import check_tensors
+from tests.naive import naive_attention
+from tests.support import make_tensors
+
+BASE = dict(batch=2, seq_len=3, past_len=9, num_heads=4, kv_num_heads=2, head_size=8)
+
+FEATURES = {
+    "plain": {},
+    "noncausal": {"causal": False},
+    "bias": {"bias": True},
+    "seqlens_capacity": {"seqlens_k": True, "kv_capacity": 17},
+    "window": {"local_window": 4},
+    "softcap": {"softcap": 2.5},
+    "alibi": {"alibi_max_bias": 8.0},
+    "alibi_nonpow2": {"alibi_max_bias": 8.0, "num_heads": 6, "kv_num_heads": 3},
+    "sink": {"head_sink": True},
+    "layouts": {"q_layout": "BNSH", "kv_layout": "BSNH"},
+    "mha": {"kv_num_heads": 4},
+    "mqa": {"kv_num_heads": 1},
+    "scale": {"scale": 0.3},
+    "f16": {"dtype": "float16"},
+    "everything": {"bias": True, "seqlens_k": True, "kv_capacity": 20, "local_window": 5,
+                   "softcap": 3.0, "alibi_max_bias": 4.0, "head_sink": True,
+                   "q_layout": "BNSH", "kv_layout": "BSNH", "causal": True},
+}
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_reference_matches_naive(name: str) -> None:
+    spec = attnreg.AttentionSpec(**{**BASE, **FEATURES[name]})
+    t = check_tensors(spec, make_tensors(spec, seed=hash(name) % 1000))
+    out, lse = ref.attention(spec, t)
+    n_out, n_lse = naive_attention(spec, t)
+    np.testing.assert_allclose(out, n_out, atol=1e-12, rtol=1e-10)
+    np.testing.assert_allclose(lse, n_lse, atol=1e-12, rtol=1e-10)
+    assert not np.isnan(out).any()
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 4, 3, 12), (2, 1, 3, 12), (2, 4, 1, 12), (1, 1, 1, 12)])
+def test_bias_broadcast(bias_shape: tuple[int, ...]) -> None:
+    spec = attnreg.AttentionSpec(**{**BASE, "bias": True})
+    t = check_tensors(spec, make_tensors(spec, seed=3, bias_shape=bias_shape, mask_frac=0.2))
+    np.testing.assert_allclose(ref.attention(spec, t)[0], naive_attention(spec, t)[0], atol=1e-12)
+
+
+def test_nan_beyond_seqlens_never_reaches_output() -> None:
+    spec = attnreg.AttentionSpec(**{**BASE, "seqlens_k": True, "kv_capacity": 30})
+    t = make_tensors(spec, seed=5, lengths=[3, 30])      # batch 0 has 27 NaN keys
+    assert np.isnan(t["k"]).any()
+    out, lse = ref.attention(spec, check_tensors(spec, t))
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    np.testing.assert_allclose(out, naive_attention(spec, t)[0], atol=1e-12)
+
+
+def test_fully_masked_rows_are_zero_with_neg_inf_lse() -> None:
+    spec = attnreg.AttentionSpec(**{**BASE, "bias": True})
+    t = make_tensors(spec, seed=1)
+    t["bias"][0, 1, 2, :] = -np.inf        # one row fully masked by the bias
+    t["bias"][1, :, 0, :] = -np.inf        # batch 1, row 0, every head
+    out, lse = ref.attention(spec, check_tensors(spec, t))
+    assert (out[0, 1, 2] == 0).all() and lse[0, 1, 2] == -np.inf
+    assert (out[1, :, 0] == 0).all() and np.isneginf(lse[1, :, 0]).all()
+    assert np.isfinite(out).all()
+    # with a sink the row is no longer empty: out stays 0 (no values), lse = sink
+    spec2 = spec.replace(head_sink=True)
+    t["head_sink"] = np.full(4, 0.5, np.float32)
+    out2, lse2 = ref.attention(spec2, check_tensors(spec2, t))
+    assert (out2[0, 1, 2] == 0).all() and lse2[0, 1, 2] == pytest.approx(0.5)
+
+
+def test_window_and_causal_can_leave_rows_empty_without_nan() -> None:
+    # seq_len > L means early rows have p_i < 0: no visible key at all.
+    spec = attnreg.AttentionSpec(batch=1, seq_len=4, past_len=0, num_heads=1, head_size=4,
+                                 seqlens_k=True, kv_capacity=4)
+    t = make_tensors(spec, seed=2, lengths=[4])
+    out, lse = ref.attention(spec, check_tensors(spec, t))
+    assert np.isfinite(out).all()
+
+
+SPLIT_SPECS = [
+    attnreg.AttentionSpec(**{**BASE, **FEATURES["everything"]}),
+    attnreg.AttentionSpec(batch=1, seq_len=1, past_len=40, num_heads=4, kv_num_heads=1,
+                          head_size=8, seqlens_k=True, kv_capacity=64),
+    attnreg.AttentionSpec(batch=2, seq_len=5, past_len=20, num_heads=2, head_size=4,
+                          local_window=3, head_sink=True),
+]
+
+
+@pytest.mark.parametrize("split_size", [1, 3, 8, 16, 64, 1000])
+@pytest.mark.parametrize("which", range(len(SPLIT_SPECS)))
+def test_partials_reduce_to_full_attention(which: int, split_size: int) -> None:
+    spec = SPLIT_SPECS[which]
+    t = check_tensors(spec, make_tensors(spec, seed=which, lengths=[9, 20][: spec.batch]
+                                         if spec.seqlens_k else None))
+    o_parts, lse_parts = ref.partial_states(spec, t, split_size)
+    assert o_parts.shape == (spec.batch, spec.num_heads, spec.seq_len,
+                             ref.n_splits(spec, split_size), spec.head_size)
+    empty = np.isneginf(lse_parts)
+    if split_size <= 8:
+        assert empty.any(), "this case is meant to include empty splits"
+    assert (o_parts[empty] == 0).all()
+    out, lse = ref.reduce(spec, o_parts, lse_parts, t.get("head_sink"))
+    want, want_lse = ref.attention(spec, t)
+    np.testing.assert_allclose(out, want, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-12)
+
+
+def test_merge_states_is_order_independent_and_matches_full() -> None:
+    spec = attnreg.AttentionSpec(batch=1, seq_len=2, past_len=30, num_heads=2, head_size=8,
+                                 causal=False)
+    t = check_tensors(spec, make_tensors(spec, seed=9))
+    o_parts, lse_parts = ref.partial_states(spec, t, 8)
+    states = [(o_parts[..., i, :].astype(np.float32), lse_parts[..., i].astype(np.float32))
+              for i in range(o_parts.shape[3])]
+    want = ref.attention(spec, t)
+    results = []
+    for perm in itertools.islice(itertools.permutations(range(len(states))), 6):
+        o, lse = attnreg.merge_states([states[i] for i in perm])
+        assert o.dtype == np.float32 and lse.dtype == np.float32
+        np.testing.assert_allclose(o, want[0], atol=2e-6)
+        np.testing.assert_allclose(lse, want[1], atol=2e-5)
+        results.append(o)
+    for r in results[1:]:
+        np.testing.assert_allclose(r, results[0], atol=1e-6)
+    # an empty state (lse=-inf, o garbage) contributes nothing and leaks no NaN
+    junk = (np.full_like(states[0][0], np.nan), np.full_like(states[0][1], -np.inf))
+    o, lse = attnreg.merge_states([*states, junk])
+    np.testing.assert_allclose(o, want[0], atol=2e-6)
+
+
+def test_alibi_slopes_match_contract_formula() -> None:
+    s = ref.alibi_slopes(12, 8.0)
+    n = 8
+    m0, m1 = 2 ** (-8.0 / n), 2 ** (-4.0 / n)
+    want = [m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(12)]
+    np.testing.assert_allclose(s, want, rtol=1e-15)
