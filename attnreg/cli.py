@@ -88,7 +88,7 @@ def flags_from_args(items: Sequence[str]) -> dict[str, str]:
 # -- commands ----------------------------------------------------------------------------
 def cmd_devices(a: argparse.Namespace) -> int:
     devs = api.devices(a.backend, refresh=True)
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for d in devs:
         if d.available:
             feats = ",".join(sorted(f for f in d.features if f in (

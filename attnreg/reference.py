@@ -20,7 +20,7 @@ _MAX_SCORE_ELEMS = 1 << 23
 
 def alibi_slopes(num_heads: int, max_bias: float) -> np.ndarray:
     """slope_h for every query head (CONTRACT: n = 2**floor(log2(Nq)))."""
-    n = 2 ** int(math.floor(math.log2(num_heads)))
+    n = 2 ** math.floor(math.log2(num_heads))
     m0 = 2.0 ** (-max_bias / n)
     m1 = 2.0 ** (-max_bias / 2.0 / n)
     h = np.arange(num_heads, dtype=np.float64)

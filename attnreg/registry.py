@@ -199,7 +199,7 @@ class Registry:
         rejected: dict[str, list[str]] = {}
         multi = {d.backend for d in devs if sum(x.backend == d.backend for x in devs) > 1}
         for i, dev in enumerate(devs):
-            tag = (lambda kid, d=dev: f"{kid}@{d.id}" if d.backend in multi else kid)
+            tag = _tagger(dev, multi)
             if not dev.available:
                 for k in self.kernels(dev.backend):
                     rejected[tag(k.id)] = [f"device unavailable: {dev.reason}"]
@@ -216,6 +216,13 @@ class Registry:
                             rejected=rejected, rules=got[2], ignored_flags=got[3],
                             flags=flagmod.non_default(f))
         raise NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
+
+
+def _tagger(dev: DeviceCaps, multi: set[str]) -> Any:
+    """Rejection keys: the kernel id, qualified by device when a backend has several."""
+    def tag(kernel_id: str) -> str:
+        return f"{kernel_id}@{dev.id}" if dev.backend in multi else kernel_id
+    return tag
 
 
 def _is_resolved(flags: Mapping[str, Any]) -> bool:

@@ -196,7 +196,8 @@ def merge_states(states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndar
     """
     if isinstance(states, (str, bytes)) or not isinstance(states, Sequence) or len(states) < 1:
         raise SpecError("states", states, "a non-empty list of (o, lse) pairs")
-    os_, lses = [], []
+    os_: list[np.ndarray] = []
+    lses: list[np.ndarray] = []
     for i, pair in enumerate(states):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise SpecError(f"states[{i}]", pair, "an (o, lse) pair")

@@ -17,7 +17,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
     rule = "  ".join("-" * w for w in widths)
     rows_ = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
-    return "\n".join([line.rstrip(), rule] + rows_)
+    return "\n".join([line.rstrip(), rule, *rows_])
 
 
 def progress(items: Sequence[T], label: str = "", stream: TextIO | None = None) -> Iterator[T]:

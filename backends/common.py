@@ -58,7 +58,7 @@ def bias_strides(spec: AttentionSpec, bias_shape: tuple[int, ...] | None) -> tup
 def values(spec: AttentionSpec, params: Mapping[str, Any],
            bias_shape: tuple[int, ...] | None = None) -> dict[str, int | float]:
     """The parameter block as a dict (what the kernels see)."""
-    n = 2 ** int(math.floor(math.log2(spec.num_heads)))
+    n = 2 ** math.floor(math.log2(spec.num_heads))
     return {
         "batch": spec.batch, "seq_len": spec.seq_len, "num_heads": spec.num_heads,
         "kv_num_heads": spec.kv_num_heads, "head_size": spec.head_size,

@@ -57,7 +57,7 @@ def test_spec_is_frozen_and_derives_sizes() -> None:
     assert (spec.total_len, spec.capacity, spec.group_size) == (8, 16, 2)
     assert spec.q_shape == (2, 2, 4, 8) and spec.kv_shape == (2, 2, 16, 8)
     assert spec.effective_scale == pytest.approx(8 ** -0.5)
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):
         spec.batch = 3  # type: ignore[misc]
     assert eval(repr(spec), {"AttentionSpec": attnreg.AttentionSpec}) == spec
     with pytest.raises(attnreg.SpecError, match="kv_capacity"):
@@ -126,7 +126,7 @@ def test_tensor_for_disabled_feature_is_refused() -> None:
     spec = attnreg.AttentionSpec(**OK)
     t = make_tensors(spec, seed=0)
     t["bias"] = np.zeros((1, 1, 1, 8), np.float32)
-    with pytest.raises(attnreg.SpecError, match="spec.bias is False"):
+    with pytest.raises(attnreg.SpecError, match=r"spec\.bias is False"):
         check_tensors(spec, t)
 
 
