@@ -200,6 +200,18 @@ def cmd_kernels(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from . import bench
+    suites = a.suite or ["decode", "whisper", "prefill"]
+    rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
+                            iters=a.iters, warmup=a.warmup,
+                            log=lambda m: print(m, file=sys.stderr))
+    print(bench.format_rows(rows))
+    if a.json:
+        bench.write_json(rows, a.json)
+    return 1 if any(r.kernels.startswith("FAILED") for r in rows) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnreg", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -216,6 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo", help="run a prefill and a decode on every available device")
     m.add_argument("--backend")
     m.set_defaults(fn=cmd_demo)
+    b = sub.add_parser("bench", help="time named suites on every device, side by side")
+    b.add_argument("--suite", action="append", choices=["decode", "long-context", "whisper",
+                                                        "prefill"])
+    b.add_argument("--backend")
+    b.add_argument("--device")
+    b.add_argument("--quick", action="store_true", help="small sizes (CI smoke)")
+    b.add_argument("--iters", type=int, default=50)
+    b.add_argument("--warmup", type=int, default=5)
+    b.add_argument("--json", metavar="PATH")
+    b.set_defaults(fn=cmd_bench)
     f = sub.add_parser("flags", help="list the declared session flags")
     f.set_defaults(fn=cmd_flags)
     k = sub.add_parser("kernels", help="list registered kernel variants")

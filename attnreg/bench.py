@@ -1,0 +1,193 @@
+"""`attnreg bench`: named suites timed side by side on every device, with ratios.
+
+Each case is timed through the backend runtime's optional ``timings()`` (inputs uploaded
+once, no read-back per iteration, GPU time from timestamp queries / profiling events when
+the device has them); backends without it are timed by wall clock around ``Session.run``.
+Reported: medians, effective GB/s (bytes that must move: q, visible k/v, out) and TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import api
+from .caps import DeviceCaps
+from .errors import SpecError
+from .session import Session
+from .spec import AttentionSpec
+from .tensors import check_tensors
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: AttentionSpec
+    note: str = ""
+
+
+def _decode(L: int, dtype: str = "float16") -> AttentionSpec:
+    return AttentionSpec(batch=1, seq_len=1, past_len=L - 1, num_heads=32, kv_num_heads=8,
+                         head_size=128, dtype=dtype, causal=True)
+
+
+SUITES: dict[str, list[Case]] = {
+    "decode": [Case(f"decode-f16-L{L}", _decode(L), "GQA 32/8 H=128") for L in (2048, 8192)]
+    + [Case("decode-f32-L8192", _decode(8192, "float32"), "GQA 32/8 H=128")],
+    "long-context": [Case("decode-f16-L32768", _decode(32768), "GQA 32/8 H=128")],
+    "whisper": [Case("whisper-S4-T1500", AttentionSpec(
+        batch=1, seq_len=4, past_len=1496, num_heads=8, kv_num_heads=8, head_size=64,
+        dtype="float16", causal=False), "cross-attention, 8 heads H=64")],
+    "prefill": [Case(f"prefill-f16-S{S}", AttentionSpec(
+        batch=1, seq_len=S, past_len=0, num_heads=32, kv_num_heads=8, head_size=128,
+        dtype="float16", causal=True), "causal GQA 32/8 H=128") for S in (512, 2048)],
+}
+QUICK: dict[str, list[Case]] = {
+    "decode": [Case("decode-f16-L512", _decode(512)),
+               Case("decode-f32-L512", _decode(512, "float32"))],
+    "whisper": [Case("whisper-S4-T300", AttentionSpec(
+        batch=1, seq_len=4, past_len=296, num_heads=8, kv_num_heads=8, head_size=64,
+        dtype="float16", causal=False))],
+    "prefill": [Case("prefill-f16-S64", AttentionSpec(
+        batch=1, seq_len=64, past_len=0, num_heads=8, kv_num_heads=2, head_size=64,
+        dtype="float16", causal=True))],
+    "long-context": [],
+}
+
+
+def visible_pairs(spec: AttentionSpec) -> int:
+    """(query row, key) pairs that are visible, per (batch, head): sets the FLOPs."""
+    L, S = spec.total_len, spec.seq_len
+    total = 0
+    for i in range(S):
+        p = L - S + i
+        hi = p + 1 if spec.causal else L
+        lo = max(0, p - spec.local_window + 1) if spec.local_window > 0 else 0
+        total += max(0, min(hi, L) - lo)
+    return total
+
+
+def traffic(spec: AttentionSpec) -> tuple[float, float]:
+    """(bytes that must move, FLOPs) for one call, no reuse assumed beyond one read of K/V."""
+    e = spec.itemsize
+    q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
+    kv = 2 * spec.batch * spec.kv_num_heads * spec.total_len * spec.head_size * e
+    flops = 4.0 * spec.batch * spec.num_heads * spec.head_size * visible_pairs(spec)
+    return float(2 * q + kv), flops
+
+
+@dataclass
+class Row:
+    suite: str
+    case: str
+    backend: str
+    device: str
+    kernels: str
+    gpu_us: float | None
+    wall_us: float
+    gb_s: float | None
+    tflops: float | None
+    max_err: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _inputs(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return check_tensors(spec, {n: (rng.standard_normal(s) * 0.5).astype(spec.dtype) for n, s in
+                                (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))})
+
+
+def _median_us(xs: Sequence[float]) -> float:
+    return statistics.median(xs) * 1e6
+
+
+def time_case(session: Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray],
+              iters: int, warmup: int) -> tuple[dict[str, list[float]], str]:
+    """Per-iteration timings for one spec on the session's device, and the kernels used."""
+    out, plan = session.run_with_plan(spec, inputs)            # compiles, warms caches
+    rt = session.runtime(plan)
+    timer: Callable[..., dict[str, list[float]]] | None = getattr(rt, "timings", None)
+    if timer is not None:
+        return timer(plan, inputs, iters=iters, warmup=warmup), " -> ".join(plan.kernels)
+    wall = []
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        session.run(spec, inputs)
+        if i >= warmup:
+            wall.append(time.perf_counter() - t0)
+    return {"wall_s": wall}, " -> ".join(plan.kernels)
+
+
+def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str | None = None,
+               quick: bool = False, iters: int = 50, warmup: int = 5, check: bool = True,
+               log: Callable[[str], None] = print) -> list[Row]:
+    table = QUICK if quick else SUITES
+    for s in suites:
+        if s not in table:
+            raise SpecError("suite", s, f"one of {sorted(table)}")
+    devs = [d for d in api.devices(backend) if d.available]
+    if device is not None:
+        devs = [d for d in devs if device in (d.id, d.name) or device.lower() in d.name.lower()]
+    rows: list[Row] = []
+    for dev in devs:
+        with Session(backend=dev.backend, device=dev.id) as session:
+            for suite in suites:
+                for case in table[suite]:
+                    rows.append(_bench_one(session, dev, suite, case, iters, warmup, check, log))
+    return rows
+
+
+def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters: int,
+               warmup: int, check: bool, log: Callable[[str], None]) -> Row:
+    spec = case.spec
+    inputs = _inputs(spec)
+    n = max(3, iters // 10) if dev.backend == "reference" else iters
+    try:
+        times, kernels = time_case(session, spec, inputs, n, min(warmup, n))
+    except Exception as exc:      # one failing case must not hide the others' numbers
+        log(f"  {dev.backend}/{dev.slug} {case.name}: FAILED {exc!r}")
+        return Row(suite, case.name, dev.backend, dev.slug, f"FAILED: {exc}", None, float("nan"),
+                   None, None, None)
+    nbytes, flops = traffic(spec)
+    gpu = _median_us(times["gpu_s"]) if times.get("gpu_s") else None
+    wall = _median_us(times["wall_s"])
+    basis = gpu if gpu is not None else wall
+    err = None
+    if check:
+        from .reference import attention, out_layout
+        got = session.run(spec, inputs).astype(np.float64)
+        err = float(np.abs(got - out_layout(spec, attention(spec, inputs)[0])).max())
+    row = Row(suite, case.name, dev.backend, dev.slug, kernels, gpu, wall,
+              nbytes / (basis * 1e-6) / 1e9, flops / (basis * 1e-6) / 1e12, err)
+    log(f"  {dev.backend}/{dev.slug} {case.name}: gpu {gpu and f'{gpu:.1f}'} us, wall "
+        f"{wall:.1f} us")
+    return row
+
+
+def format_rows(rows: Sequence[Row]) -> str:
+    from .textui import table
+
+    def f(x: float | None, fmt: str) -> str:
+        return "-" if x is None or x != x else format(x, fmt)
+
+    # Ratios side by side: every row against the numpy reference of the same case.
+    ref = {r.case: r.wall_us for r in rows if r.backend == "reference"}
+    out = []
+    for r in rows:
+        basis = r.gpu_us if r.gpu_us is not None else r.wall_us
+        vs = f"{ref[r.case] / basis:.1f}x" if r.case in ref and r.backend != "reference" else "-"
+        out.append((r.case, r.backend, r.device, r.kernels, f(r.gpu_us, ".1f"), f(r.wall_us, ".1f"),
+                    f(r.gb_s, ".1f"), f(r.tflops, ".3f"), vs, f(r.max_err, ".1e")))
+    return table(("case", "backend", "device", "kernels", "gpu us", "wall us", "GB/s", "TFLOP/s",
+                  "vs numpy", "max err"), out)
+
+
+def write_json(rows: Sequence[Row], path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump([asdict(r) for r in rows], fh, indent=2)
