@@ -110,7 +110,7 @@ def _median_us(xs: Sequence[float]) -> float:
 def time_case(session: Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray],
               iters: int, warmup: int) -> tuple[dict[str, list[float]], str]:
     """Per-iteration timings for one spec on the session's device, and the kernels used."""
-    out, plan = session.run_with_plan(spec, inputs)            # compiles, warms caches
+    _, plan = session.run_with_plan(spec, inputs)              # compiles, warms caches
     rt = session.runtime(plan)
     timer: Callable[..., dict[str, list[float]]] | None = getattr(rt, "timings", None)
     if timer is not None:
