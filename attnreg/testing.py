@@ -1,0 +1,112 @@
+"""Inputs and checks for conformance: random tensors with poisoned tails, and the contract's
+tolerance test against the float64 reference. Used by `attnreg conformance` and the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import reference as ref
+from .kernel import LSE_ATOL, TOLERANCE
+from .spec import AttentionSpec
+from .tensors import valid_lengths
+
+
+def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
+                 bias_shape: tuple[int, ...] | None = None, mask_frac: float = 0.0,
+                 poison: bool = True) -> dict[str, np.ndarray]:
+    """Random inputs for spec. Keys past each batch's valid length are NaN (poison), so a
+    kernel that reads them fails. ``mask_frac`` puts -inf into that fraction of the bias."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(spec.dtype)
+    t: dict[str, np.ndarray] = {
+        "q": rng.standard_normal(spec.q_shape).astype(dt),
+        "k": rng.standard_normal(spec.kv_shape).astype(dt),
+        "v": rng.standard_normal(spec.kv_shape).astype(dt),
+    }
+    c = spec.capacity
+    if spec.seqlens_k:
+        if lengths is None:
+            lengths = rng.integers(spec.seq_len, c + 1, size=spec.batch)
+        t["seqlens_k"] = np.asarray(lengths, dtype=np.int32)
+    if poison:
+        for b, L in enumerate(valid_lengths(spec, t)):
+            for name in ("k", "v"):
+                if spec.kv_layout == "BSNH":
+                    t[name][b, L:] = np.nan
+                else:
+                    t[name][b, :, L:] = np.nan
+    if spec.bias:
+        shape = bias_shape or (spec.batch, spec.num_heads, spec.seq_len, c)
+        bias = rng.standard_normal(shape).astype(np.float32)
+        if mask_frac > 0:
+            bias[rng.random(shape) < mask_frac] = -np.inf
+        t["bias"] = bias
+    if spec.head_sink:
+        t["head_sink"] = rng.standard_normal(spec.num_heads).astype(np.float32)
+    return t
+
+
+def expected(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 reference in the spec's output layout: (out, lse)."""
+    out, lse = ref.attention(spec, tensors)
+    return ref.out_layout(spec, out), lse
+
+
+def compare(spec: AttentionSpec, got: Any, want: tuple[np.ndarray, np.ndarray],
+            tol: tuple[float, float] | None = None) -> tuple[float, str]:
+    """(max abs error, problem text or '') of got (out, or (out, lse)) against want."""
+    want_out, want_lse = want
+    out, lse = got if spec.return_lse else (got, None)
+    atol, rtol = tol or TOLERANCE[spec.dtype]
+    if not isinstance(out, np.ndarray) or out.shape != want_out.shape:
+        return float("inf"), f"out shape {getattr(out, 'shape', None)} != {want_out.shape}"
+    if out.dtype != np.dtype(spec.dtype):
+        return float("inf"), f"out dtype {out.dtype} != {spec.dtype}"
+    o = out.astype(np.float64)
+    if np.isnan(o).any():
+        return float("inf"), f"{int(np.isnan(o).sum())} NaN in out"
+    err = np.abs(o - want_out)
+    worst = float(err.max()) if err.size else 0.0
+    bad = err > atol + rtol * np.abs(want_out)
+    if bad.any():
+        at = np.unravel_index(int(np.argmax(err)), err.shape)
+        return worst, (f"{int(bad.sum())}/{bad.size} values off, max err {worst:.3g} at {at} "
+                       f"(atol={atol}, rtol={rtol})")
+    if lse is not None:
+        if lse.dtype != np.float32 or lse.shape != spec.lse_shape:
+            return worst, f"lse {lse.dtype}{lse.shape} != float32{spec.lse_shape}"
+        if not np.array_equal(np.isneginf(lse), np.isneginf(want_lse)):
+            return worst, "-inf pattern of lse differs from the reference"
+        fin = np.isfinite(want_lse)
+        lerr = np.abs(lse[fin] - want_lse[fin])
+        if lerr.size and lerr.max() > LSE_ATOL[spec.dtype]:
+            return worst, f"lse err {lerr.max():.3g} > {LSE_ATOL[spec.dtype]}"
+    return worst, ""
+
+
+def compare_partials(spec: AttentionSpec, got: tuple[np.ndarray, np.ndarray],
+                     want: tuple[np.ndarray, np.ndarray], tol: tuple[float, float]) -> tuple[float, str]:
+    """Partial states against the reference's: same shapes, empty splits exact, values close."""
+    (o, lse), (wo, wl) = got, want
+    if o.shape != wo.shape or lse.shape != wl.shape or o.dtype != np.float32 or lse.dtype != np.float32:
+        return float("inf"), f"partials {o.dtype}{o.shape}/{lse.dtype}{lse.shape} != float32{wo.shape}"
+    if not np.array_equal(np.isneginf(lse), np.isneginf(wl)):
+        return float("inf"), "-inf pattern of lse_parts differs (empty splits)"
+    if np.isnan(o).any() or np.isnan(lse).any():
+        return float("inf"), "NaN in partial states"
+    empty = np.isneginf(wl)
+    if (o[empty] != 0).any():
+        return float("inf"), "o_parts of an empty split is not 0"
+    atol, rtol = tol
+    err = np.abs(o.astype(np.float64) - wo)
+    worst = float(err.max()) if err.size else 0.0
+    if (err > atol + rtol * np.abs(wo)).any():
+        return worst, f"o_parts max err {worst:.3g}"
+    fin = ~empty
+    lerr = np.abs(lse[fin] - wl[fin])
+    if lerr.size and lerr.max() > LSE_ATOL[spec.dtype]:
+        return worst, f"lse_parts err {lerr.max():.3g}"
+    return worst, ""
