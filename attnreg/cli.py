@@ -212,6 +212,42 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 1 if any(r.kernels.startswith("FAILED") for r in rows) else 0
 
 
+def cmd_conformance(a: argparse.Namespace) -> int:
+    from . import conformance as conf
+    from .textui import progress
+    devs = api.devices(a.backend)
+    cells = conf.cases(devs, quick=a.quick)
+    if a.kernel:
+        cells = [c for c in cells if a.kernel in c.kernel]
+    results = conf.run_matrix(cells, progress=lambda cs: progress(cs, "conformance"))
+    problems = []
+    for r in results:
+        if r.status == "fail":
+            problems.append(f"FAIL {r.case.id}: {r.message}")
+    if a.required:
+        req = conf.load_required(a.required)
+        problems += [f"MISSING required device {m}" for m in conf.missing_required(req, devs)]
+        if not a.kernel:
+            allowed = req.get("uncoverable", {})
+            for kid, why in conf.uncovered(cells, devs).items():
+                if kid not in allowed:
+                    problems.append(f"UNCOVERED {kid}: no cell on any CI device ({why})")
+    md = conf.markdown(results)
+    print(md)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump([r.as_dict() for r in results], fh, indent=1)
+    if a.markdown:
+        with open(a.markdown, "w") as fh:
+            fh.write(md + "\n")
+    for p in problems:
+        print(p)
+    secs = sum(r.seconds for r in results)
+    print(f"{len(results)} cells, {sum(r.status == 'pass' for r in results)} pass, "
+          f"{len(problems)} problems, {secs:.1f} s in kernels")
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnreg", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -238,6 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=5)
     b.add_argument("--json", metavar="PATH")
     b.set_defaults(fn=cmd_bench)
+    c = sub.add_parser("conformance", help="run the registry-generated conformance matrix")
+    c.add_argument("--backend")
+    c.add_argument("--quick", action="store_true", help="fewer cells per kernel")
+    c.add_argument("--kernel", help="only kernels whose id contains this text")
+    c.add_argument("--json", metavar="PATH", help="write every cell as JSON")
+    c.add_argument("--markdown", metavar="PATH", help="write the kernels x devices table")
+    c.add_argument("--required", metavar="FILE", help="fail if a device or kernel named as "
+                   "required there is not covered (CI: ci/required_matrix.json)")
+    c.set_defaults(fn=cmd_conformance)
     f = sub.add_parser("flags", help="list the declared session flags")
     f.set_defaults(fn=cmd_flags)
     k = sub.add_parser("kernels", help="list registered kernel variants")

@@ -26,6 +26,16 @@ class ToyRuntime(ReferenceRuntime):
         if "toy.prefill.f32.broken" in plan.kernels:
             raise attnreg.KernelUnavailable("toy.prefill.f32.broken",
                                             "toy compiler: error at 1:1: unknown token")
+        if "toy.prefill.f32.nvidia_skip16" in plan.kernels:
+            # Emulates a vendor path that drops keys 16-31 (the bug class conformance exists
+            # to catch): their values never reach the output.
+            inputs = dict(inputs)
+            v = inputs["v"].copy()
+            if plan.spec.kv_layout == "BSNH":
+                v[:, 16:32] = 0
+            else:
+                v[:, :, 16:32] = 0
+            inputs["v"] = v
         return super().launch(plan, inputs)
 
 
@@ -79,4 +89,7 @@ class ToyPlugin:
         register(attnreg.KernelInfo(
             id="toy.decode_partial.f32.m1", backend=NAME, family="decode_partial", dtypes=F32,
             head_sizes=(8, 64, 8), params={"m_tile": 1}, defaults={"kv_tile": 16}))
+        register(attnreg.KernelInfo(
+            id="toy.prefill.f32.nvidia_skip16", backend=NAME, family="prefill", dtypes=F32,
+            head_sizes=(8, 64, 8), vendor="nvidia", priority=30))
         register(attnreg.KernelInfo(id="toy.reduce.f32", backend=NAME, family="reduce", dtypes=F32))

@@ -1,0 +1,104 @@
+"""Hypothesis: random specs inside each kernel's declared support, forced on every available
+device, against the float64 reference. Failures shrink to a minimal spec, printed as Python.
+
+Profiles: "ci" (default; few examples per kernel, derandomized so CI is reproducible) and
+"dev" (HYPOTHESIS_PROFILE=dev: more, random examples).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import strategies as st
+
+import attnreg
+from attnreg import conformance as conf
+from attnreg.kernel import KernelInfo
+from attnreg.testing import compare, expected, make_tensors
+
+settings.register_profile("ci", max_examples=5, deadline=None, derandomize=True,
+                          suppress_health_check=list(HealthCheck))
+settings.register_profile("dev", max_examples=60, deadline=None,
+                          suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DEVICES = [d for d in attnreg.devices() if d.available]
+PAIRS = [(k, d) for d in DEVICES for k in attnreg.kernels(d.backend)]
+_SESSIONS: dict[str, attnreg.Session] = {}
+
+
+@st.composite
+def spec_for(draw: Any, k: KernelInfo) -> tuple[attnreg.AttentionSpec, dict[str, Any]]:
+    sup = k.supports
+    heads = [h for h in (8, 16, 32, 40, 64, 80, 96, 128, 256) if k.head_size_ok(h)]
+    assume(heads)
+    max_s = {"prefill": 40, "decode_partial": 6, "reduce": 5}[k.family]
+    if k.max_seq_len:
+        max_s = min(max_s, k.max_seq_len)
+    s = draw(st.integers(1, max_s))
+    nkv = draw(st.integers(1, 2))
+    g = draw(st.sampled_from([1, 2, 4, 7])) if "gqa" in sup else 1
+    past = draw(st.integers(0, 200))
+    extra = draw(st.integers(0, 20)) if "kv_capacity" in sup else 0
+    fields: dict[str, Any] = dict(
+        batch=draw(st.integers(1, 2)), seq_len=s, past_len=past, num_heads=nkv * g,
+        kv_num_heads=nkv, head_size=draw(st.sampled_from(heads)),
+        dtype=draw(st.sampled_from(sorted(k.dtypes))),
+        q_layout=draw(st.sampled_from(sorted(k.q_layouts))),
+        kv_layout=draw(st.sampled_from(sorted(k.kv_layouts))),
+        causal=draw(st.booleans()) if "causal" in sup else False,
+        kv_capacity=past + s + extra if extra else None)
+    for name, feat, strat in (
+            ("bias", "bias", st.booleans()), ("seqlens_k", "seqlens_k", st.booleans()),
+            ("head_sink", "head_sink", st.booleans()), ("return_lse", "return_lse", st.booleans()),
+            ("softcap", "softcap", st.sampled_from([0.0, 0.0, 2.0, 30.0])),
+            ("local_window", "local_window", st.sampled_from([-1, -1, 1, 7, 64])),
+            ("alibi_max_bias", "alibi", st.sampled_from([0.0, 0.0, 8.0]))):
+        if feat in sup:
+            fields[name] = draw(strat)
+    spec = attnreg.AttentionSpec(**fields)
+    recipe: dict[str, Any] = {"seed": draw(st.integers(0, 2**16))}
+    if spec.seqlens_k:
+        recipe["lengths"] = [draw(st.integers(s, spec.capacity)) for _ in range(spec.batch)]
+    if spec.bias:
+        recipe["bias_shape"] = tuple(draw(st.sampled_from([1, n])) for n in
+                                     (spec.batch, spec.num_heads, spec.seq_len)) + (spec.capacity,)
+        recipe["mask_frac"] = draw(st.sampled_from([0.0, 0.3, 1.0]))
+    return spec, recipe
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=[f"{d.backend}-{d.slug}-{k.id}" for k, d in PAIRS])
+def test_random_specs_match_reference(pair: tuple[KernelInfo, attnreg.DeviceCaps]) -> None:
+    k, dev = pair
+    s = _SESSIONS.get(dev.id) or _SESSIONS.setdefault(
+        dev.id, attnreg.Session(backend=dev.backend, device=dev.id))
+
+    @given(spec_for(k))
+    def check(drawn: tuple[attnreg.AttentionSpec, dict[str, Any]]) -> None:
+        spec, recipe = drawn
+        assume(not k.not_supported_reasons(spec, dev))
+        note(f"spec = {spec!r}; inputs = {recipe!r}")
+        t = make_tensors(spec, **recipe)
+        tol = k.tolerance[spec.dtype]
+        if k.family == "reduce":
+            from attnreg import reference as ref
+            o_p, l_p = ref.partial_states(spec, t, 8)
+            got = s.reduce_states(spec, o_p.astype(np.float32), l_p.astype(np.float32),
+                                  t.get("head_sink"), kernel=k.id)
+        else:
+            got = s.run(spec, t, kernel=k.id)
+        _, problem = compare(spec, got, expected(spec, t), tol)
+        assert not problem, problem
+
+    check()
+
+
+def test_conformance_cases_stay_inside_declared_support() -> None:
+    for c in conf.cases(DEVICES, quick=True):
+        k = attnreg.registry.get().kernel(c.kernel)
+        dev = next(d for d in DEVICES if d.id == c.device)
+        assert not k.not_supported_reasons(c.spec, dev, dict(c.params)), c.id
