@@ -27,6 +27,7 @@ from .flags import Flag
 from .hookspecs import Backend, Runtime, hookimpl
 from .kernel import KernelInfo
 from .plan import Plan, Stage
+from .profiles import profile, profiles
 from .rules import Rule
 from .session import Session, merge_states
 from .spec import AttentionSpec
@@ -37,5 +38,5 @@ __all__ = [
     "AttentionSpec", "Backend", "DeviceCaps", "Flag", "KernelInfo", "KernelUnavailable",
     "NoKernelError", "Plan", "Rule", "Runtime", "Session", "SpecError", "Stage",
     "default_session", "devices", "explain", "hookimpl", "kernels", "merge_states",
-    "partial_states", "reduce_states", "register_plugin", "run", "unregister_plugin",
+    "partial_states", "profile", "profiles", "reduce_states", "register_plugin", "run", "unregister_plugin",
 ]

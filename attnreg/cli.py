@@ -190,6 +190,17 @@ def cmd_flags(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profiles(a: argparse.Namespace) -> int:
+    from .profiles import profiles
+    rows = [(name, c.backend, c.name, c.vendor, c.architecture or "-", c.device_type,
+             f"{c.subgroup_min_size}-{c.subgroup_max_size}" if c.subgroup_max_size else "-",
+             f"{(c.limit('workgroup_storage') or 0) // 1024} KiB")
+            for name, c in profiles().items()]
+    print(table(("profile", "backend", "device", "vendor", "arch", "type", "subgroup",
+                 "wg mem"), rows))
+    return 0
+
+
 def cmd_kernels(a: argparse.Namespace) -> int:
     rows = []
     for k in sorted(api.kernels(a.backend), key=lambda k: k.id):
@@ -285,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_conformance)
     f = sub.add_parser("flags", help="list the declared session flags")
     f.set_defaults(fn=cmd_flags)
+    pr = sub.add_parser("profiles", help="list stored device profiles (for explain --profile)")
+    pr.set_defaults(fn=cmd_profiles)
     k = sub.add_parser("kernels", help="list registered kernel variants")
     k.add_argument("--backend")
     k.set_defaults(fn=cmd_kernels)

@@ -72,6 +72,18 @@ def _m_tile(ctx: Ctx) -> dict[str, Any]:
     return {"m_tile": m}
 
 
+# Keys per inner step held in private memory (max_k_step) must fit this budget.
+PRIVATE_BYTES = 16 * 1024
+
+
+def default_max_k_step(spec: AttentionSpec) -> int:
+    """Largest of 64/32/16/8 keys whose K rows fit PRIVATE_BYTES at this head size and dtype."""
+    for step in (64, 32, 16, 8):
+        if step * spec.head_size * spec.itemsize <= PRIVATE_BYTES:
+            return step
+    return 8
+
+
 def split_geometry(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any],
                    flags: Mapping[str, Any]) -> dict[str, int]:
     """split_size and n_splits: enough workgroups to fill the device, at most max_splits.
@@ -97,7 +109,7 @@ def split_geometry(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, A
     return {"split_size": size, "n_splits": _cdiv(c, size)}
 
 
-BUILTIN_RULES: tuple[Rule, ...] = (
+_CORE_RULES: tuple[Rule, ...] = (
     Rule("route_flag", "the session flag `route` forces the route", "route",
          lambda c: c.flags.get("route", "auto") != "auto",
          lambda c: {"route": c.flags["route"]}),
@@ -122,6 +134,35 @@ BUILTIN_RULES: tuple[Rule, ...] = (
          lambda c: split_geometry(c.spec, c.caps, {**(c.kernel.defaults if c.kernel else {}),
                                                    **c.params}, c.flags)),
 )
+
+
+VENDOR_RULES: tuple[Rule, ...] = (
+    Rule("max_k_step_fits_private", "keys per inner step sized so their K rows fit 16 KiB of "
+         "private memory at this head size and dtype", "params",
+         lambda c: _family(c, "prefill") and _tunable(c, "max_k_step"),
+         lambda c: {"max_k_step": default_max_k_step(c.spec)}),
+    Rule("apple_tuned_max_k_step", "opt-in (flag apple_tuned_flash) on Apple GPUs: twice the "
+         "keys per step, which Apple's large register file holds without spilling", "params",
+         lambda c: _family(c, "prefill") and _tunable(c, "max_k_step")
+         and bool(c.flags.get("apple_tuned_flash")) and c.caps.vendor == "apple",
+         lambda c: {"max_k_step": min(64, 2 * default_max_k_step(c.spec))}),
+    Rule("nvidia_kv_in_workgroup_memory", "NVIDIA: stage K/V tiles in workgroup (shared) memory, "
+         "read once per workgroup instead of once per subgroup", "params",
+         lambda c: _family(c, "prefill") and _tunable(c, "kv_staging") and c.caps.vendor == "nvidia",
+         lambda c: {"kv_staging": "workgroup"}),
+    Rule("qualcomm_half_out_tile", "Qualcomm Adreno: keep half of the output tile in workgroup "
+         "memory to relieve register pressure", "params",
+         lambda c: _family(c, "prefill") and _tunable(c, "out_tile") and c.caps.vendor == "qualcomm",
+         lambda c: {"out_tile": "half_workgroup"}),
+    Rule("cpu_small_tiles", "CPU adapters (lavapipe, PoCL): small query tiles keep a workgroup's "
+         "working set in cache; many workgroups feed every core", "params",
+         lambda c: c.caps.device_type == "cpu" and _tunable(c, "q_tile")
+         and _family(c, "prefill"),
+         lambda c: {"q_tile": 4}),
+)
+
+
+BUILTIN_RULES: tuple[Rule, ...] = _CORE_RULES + VENDOR_RULES
 
 
 def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) -> list[str]:
