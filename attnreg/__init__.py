@@ -22,6 +22,7 @@ from .api import (
     unregister_plugin,
 )
 from .caps import DeviceCaps
+from .device_tensor import DeviceTensor, KVCache
 from .errors import KernelUnavailable, NoKernelError, SpecError
 from .flags import Flag
 from .hookspecs import Backend, Runtime, hookimpl
@@ -35,8 +36,32 @@ from .spec import AttentionSpec
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionSpec", "Backend", "DeviceCaps", "Flag", "KernelInfo", "KernelUnavailable",
-    "NoKernelError", "Plan", "Rule", "Runtime", "Session", "SpecError", "Stage",
-    "default_session", "devices", "explain", "hookimpl", "kernels", "merge_states",
-    "partial_states", "profile", "profiles", "reduce_states", "register_plugin", "run", "unregister_plugin",
+    "AttentionSpec",
+    "Backend",
+    "DeviceCaps",
+    "DeviceTensor",
+    "Flag",
+    "KVCache",
+    "KernelInfo",
+    "KernelUnavailable",
+    "NoKernelError",
+    "Plan",
+    "Rule",
+    "Runtime",
+    "Session",
+    "SpecError",
+    "Stage",
+    "default_session",
+    "devices",
+    "explain",
+    "hookimpl",
+    "kernels",
+    "merge_states",
+    "partial_states",
+    "profile",
+    "profiles",
+    "reduce_states",
+    "register_plugin",
+    "run",
+    "unregister_plugin",
 ]

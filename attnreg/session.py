@@ -11,6 +11,7 @@ import numpy as np
 from . import flags as flagmod
 from . import reference
 from . import registry as regmod
+from .device_tensor import DTYPES, DeviceTensor, KVCache
 from .errors import KernelUnavailable, SpecError
 from .hookspecs import Runtime
 from .plan import Plan
@@ -50,6 +51,7 @@ class Session:
         self._plans: dict[Any, Plan] = {}
         self._runtimes: dict[str, Runtime] = {}
         self._failed: dict[tuple[str, str], str] = {}
+        self._home: str | None = None
         self._lock = threading.RLock()
         self.closed = False
 
@@ -96,27 +98,134 @@ class Session:
                 self._runtimes[plan.caps.id] = rt
             return rt
 
-    def _launch(self, spec: AttentionSpec, op: str, inputs: Mapping[str, np.ndarray],
+    def _launch(self, spec: AttentionSpec, op: str, inputs: Mapping[str, Any],
                 kernel: str | None, params: Mapping[str, Any] | None,
-                flags: Mapping[str, Any] | None) -> tuple[Plan, dict[str, np.ndarray]]:
+                flags: Mapping[str, Any] | None,
+                out: DeviceTensor | None = None) -> tuple[Plan, dict[str, Any]]:
+        resident = any(isinstance(x, DeviceTensor) for x in inputs.values()) or out is not None
+        if resident and self.device is None:
+            # Device tensors pin the plan to their device.
+            self.device = self.home_device()
+            self._plans.clear()
         while True:
             plan = self.plan(spec, op=op, kernel=kernel, params=params, flags=flags)
             try:
-                return plan, self.runtime(plan).launch(plan, inputs)
+                rt = self.runtime(plan)
+                args = self._device_inputs(plan, rt, dict(inputs))
+                if out is None:
+                    return plan, rt.launch(plan, args)
+                if getattr(rt, "alloc", None) is not None:
+                    return plan, rt.launch(plan, args, outputs={"out": out})  # type: ignore[call-arg]
+                res = rt.launch(plan, args)
+                out.write(res["out"])
+                return plan, {**res, "out": out}
             except KernelUnavailable as exc:
                 # Remember the failure for this device and plan again without that kernel.
                 with self._lock:
                     self._failed[(plan.caps.id, exc.kernel_id)] = f"failed on this device: {exc.reason}"
                     self._plans.clear()
 
+    # -- device memory -----------------------------------------------------------------
+    def home_device(self, device: str | int | None = None) -> str:
+        """The device id DeviceTensors of this session live on (chosen once, best first)."""
+        with self._lock:
+            if device is None and self._home is not None:
+                return self._home
+            devs = [d for d in self.registry.find_device(self.backend, device if device is not None
+                                                         else self.device) if d.available]
+            if not devs:
+                raise SpecError("device", device, "an available device for this session")
+            if device is None:
+                self._home = devs[0].id
+            return devs[0].id
+
+    def _device_runtime(self, device_id: str) -> Runtime:
+        caps = next(d for d in self.registry.devices() if d.id == device_id)
+        with self._lock:
+            rt = self._runtimes.get(device_id)
+            if rt is None:
+                rt = self._runtimes[device_id] = self.registry.backend(caps.backend).open(caps)
+            return rt
+
+    def empty(self, shape: Sequence[int], dtype: str, *, device: str | int | None = None
+              ) -> DeviceTensor:
+        """An uninitialised tensor on the session's device (contents are unspecified)."""
+        if np.dtype(dtype).name not in DTYPES:
+            raise SpecError("dtype", dtype, f"one of {DTYPES}")
+        shape = tuple(int(x) for x in shape)
+        if any(x < 1 for x in shape):
+            raise SpecError("shape", shape, "positive sizes")
+        dev = self.home_device(device)
+        rt = self._device_runtime(dev)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        alloc = getattr(rt, "alloc", None)
+        handle = alloc(nbytes) if alloc else np.zeros(nbytes, np.uint8)
+        return DeviceTensor(self, dev, handle, shape, np.dtype(dtype).name)
+
+    def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor:
+        """Upload a host array once; pass the result to run() as often as you like."""
+        arr = np.ascontiguousarray(array)
+        t = self.empty(arr.shape, arr.dtype.name, device=device)
+        t.write(arr)
+        if arr.dtype == np.int32 and arr.size <= 4096:
+            t.host = arr.copy()
+        return t
+
+    def kv_cache(self, *, batch: int, kv_num_heads: int, head_size: int, capacity: int,
+                 dtype: str = "float16", layout: str = "BNSH",
+                 device: str | int | None = None) -> KVCache:
+        """A static KV cache on the device; see :class:`attnreg.KVCache`."""
+        return KVCache(self, batch=batch, kv_num_heads=kv_num_heads, head_size=head_size,
+                       capacity=capacity, dtype=dtype, layout=layout, device=device)
+
+    def _upload(self, t: DeviceTensor, array: Any, offset_elems: int = 0) -> None:
+        arr = np.ascontiguousarray(array)
+        if arr.dtype != t.dtype:
+            raise SpecError("array.dtype", arr.dtype.name, f"{t.dtype.name} like the tensor")
+        end = (offset_elems + arr.size) * t.dtype.itemsize
+        if offset_elems < 0 or end > t.nbytes:
+            raise SpecError("array", arr, f"at most {t.nbytes // t.dtype.itemsize - offset_elems}"
+                            " elements at that offset")
+        rt = self._device_runtime(t.device_id)
+        up = getattr(rt, "upload", None)
+        off = offset_elems * t.dtype.itemsize
+        if up is not None:
+            up(t.handle, arr, off)
+        else:
+            t.handle[off:end] = arr.view(np.uint8).reshape(-1)
+
+    def _download(self, t: DeviceTensor) -> np.ndarray:
+        rt = self._device_runtime(t.device_id)
+        down = getattr(rt, "download", None)
+        raw = down(t.handle, t.nbytes) if down is not None else t.handle
+        return np.frombuffer(bytes(raw), dtype=t.dtype, count=int(np.prod(t.shape))).reshape(t.shape)
+
+    def _device_inputs(self, plan: Plan, rt: Runtime, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Keep DeviceTensors for runtimes that bind them; read them back for the others."""
+        resident = {n: x for n, x in inputs.items() if isinstance(x, DeviceTensor)}
+        for n, x in resident.items():
+            if x.session is not self or x.freed:
+                raise SpecError(f"tensors[{n!r}]", x, "a live DeviceTensor of this Session")
+            if x.device_id != plan.caps.id:
+                raise SpecError(f"tensors[{n!r}]", x, f"a tensor on the planned device {plan.caps.id}")
+        if resident and getattr(rt, "alloc", None) is None:
+            return {**inputs, **{n: x.numpy() for n, x in resident.items()}}
+        return inputs
+
     # -- ops ---------------------------------------------------------------------------
     def run(self, spec: AttentionSpec, tensors: Mapping[str, Any], *, kernel: str | None = None,
-            params: Mapping[str, Any] | None = None,
-            flags: Mapping[str, Any] | None = None) -> Any:
-        """Attention: returns out, or (out, lse) when spec.return_lse."""
+            params: Mapping[str, Any] | None = None, flags: Mapping[str, Any] | None = None,
+            out: DeviceTensor | None = None) -> Any:
+        """Attention: returns out, or (out, lse) when spec.return_lse.
+
+        Inputs may be numpy arrays or DeviceTensors of this session; with ``out=`` (a
+        DeviceTensor) the result stays on the device and ``out`` is returned.
+        """
         _check_spec(spec)
         inputs = check_tensors(spec, tensors)
-        _, res = self._launch(spec, "attention", inputs, kernel, params, flags)
+        if out is not None:
+            _check_out(spec, out)
+        _, res = self._launch(spec, "attention", inputs, kernel, params, flags, out)
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
     def run_with_plan(self, spec: AttentionSpec, tensors: Mapping[str, Any], **kw: Any
@@ -153,6 +262,12 @@ class Session:
         t = inputs["o_parts"].shape[3]
         _, res = self._launch(spec, "reduce", inputs, kernel, {"n_splits": t}, flags)
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]
+
+
+def _check_out(spec: AttentionSpec, out: Any) -> None:
+    if not isinstance(out, DeviceTensor) or out.shape != spec.out_shape \
+            or out.dtype != np.dtype(spec.dtype):
+        raise SpecError("out", out, f"a {spec.dtype} DeviceTensor of shape {spec.out_shape}")
 
 
 def _check_spec(spec: Any) -> None:

@@ -14,21 +14,25 @@ REQUIRED = ("q", "k", "v")
 OPTIONAL = {"bias": "bias", "seqlens_k": "seqlens_k", "head_sink": "head_sink"}
 
 
-def _as_array(name: str, value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
+def _is_device(value: Any) -> bool:
+    return hasattr(value, "handle") and hasattr(value, "device_id") and hasattr(value, "shape")
+
+
+def _as_array(name: str, value: Any) -> Any:
+    if isinstance(value, np.ndarray) or _is_device(value):
         return value
     if hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
         return np.asarray(value)
     raise SpecError(f"tensors[{name!r}]", value, "a numpy array (or an object with __array__)")
 
 
-def _check_dtype(name: str, arr: np.ndarray, allowed: tuple[str, ...]) -> None:
+def _check_dtype(name: str, arr: Any, allowed: tuple[str, ...]) -> None:
     if arr.dtype.name not in allowed:
         raise SpecError(f"tensors[{name!r}].dtype", arr.dtype.name,
                         " or ".join(allowed) + " (attnreg never casts inputs silently)")
 
 
-def _check_shape(name: str, arr: np.ndarray, shape: tuple[int, ...], how: str) -> None:
+def _check_shape(name: str, arr: Any, shape: tuple[int, ...], how: str) -> None:
     if tuple(arr.shape) != tuple(shape):
         raise SpecError(f"tensors[{name!r}].shape", tuple(arr.shape), f"{tuple(shape)} ({how})")
 
@@ -39,8 +43,9 @@ def bias_shape_ok(spec: AttentionSpec, shape: tuple[int, ...]) -> bool:
         s in (1, f) for s, f in zip(shape[:3], full[:3]))
 
 
-def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Validate names, dtypes, shapes and ranges; return C-contiguous numpy arrays.
+def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate names, dtypes, shapes and ranges; return C-contiguous numpy arrays
+    (DeviceTensors pass through after the same checks on their metadata).
 
     Non-contiguous or Fortran-ordered inputs are accepted by copying (values unchanged).
     """
@@ -77,12 +82,15 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
             raise SpecError("tensors['bias'].shape", tuple(bias.shape),
                             f"4 dims broadcastable to [B, Nq, S, C] = {full} "
                             "(B, Nq, S may each be 1; C must be full)")
-        if np.isnan(bias).any():
+        if not _is_device(bias) and np.isnan(bias).any():
             raise SpecError("tensors['bias']", bias, "no NaN (use -inf to mask a key)")
     if spec.seqlens_k:
         sk = arrays["seqlens_k"]
         _check_dtype("seqlens_k", sk, ("int32",))
         _check_shape("seqlens_k", sk, (spec.batch,), "one valid length per batch entry")
+        if _is_device(sk):
+            # Range-check device lengths through their host mirror, or one small read.
+            sk = sk.host if sk.host is not None else sk.numpy()
         bad = (sk < spec.seq_len) | (sk > spec.capacity)
         if bad.any():
             i = int(np.argmax(bad))
@@ -93,14 +101,23 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
         sink = arrays["head_sink"]
         _check_dtype("head_sink", sink, ("float32",))
         _check_shape("head_sink", sink, (spec.num_heads,), "one sink logit per query head")
-        if np.isnan(sink).any():
+        if not _is_device(sink) and np.isnan(sink).any():
             raise SpecError("tensors['head_sink']", sink, "no NaN (-inf means no sink)")
 
-    return {n: np.ascontiguousarray(a) for n, a in arrays.items()}
+    return {n: a if _is_device(a) else np.ascontiguousarray(a) for n, a in arrays.items()}
 
 
-def valid_lengths(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+def split_device_inputs(tensors: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(host arrays, device tensors)."""
+    host = {n: a for n, a in tensors.items() if not _is_device(a)}
+    return host, {n: a for n, a in tensors.items() if _is_device(a)}
+
+
+def valid_lengths(spec: AttentionSpec, tensors: Mapping[str, Any]) -> np.ndarray:
     """L_b for every batch entry, as int64."""
     if spec.seqlens_k:
-        return np.asarray(tensors["seqlens_k"], dtype=np.int64)
+        sk = tensors["seqlens_k"]
+        if _is_device(sk):
+            sk = sk.host if sk.host is not None else sk.numpy()
+        return np.asarray(sk, dtype=np.int64)
     return np.full(spec.batch, spec.total_len, dtype=np.int64)
