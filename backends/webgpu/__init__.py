@@ -1,0 +1,1 @@
+"""WebGPU backend (wgpu-py): adapter probing, WGSL pipelines, split-KV and flash prefill."""

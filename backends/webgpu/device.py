@@ -1,0 +1,89 @@
+"""One wgpu device per adapter, shared by every Session in the process, with its pipeline
+cache keyed by (kernel id, WGSL source hash): a new Session never recompiles."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from attnreg.caps import DeviceCaps
+from attnreg.errors import KernelUnavailable
+
+from . import probe, source
+
+# Bindings of each family's module (see shaders/*.wgsl): (binding, kind).
+_ATTN = [(0, "uniform")] + [(i, "read") for i in range(1, 7)] + [(7, "rw"), (8, "rw")]
+BINDINGS: dict[str, list[tuple[int, str]]] = {
+    "prefill": _ATTN,
+    "decode_partial": _ATTN,
+    "reduce": [(0, "uniform"), (1, "read"), (2, "read"), (3, "read"), (4, "rw"), (5, "rw")],
+}
+
+
+class GpuDevice:
+    """A wgpu device opened with every feature the kernels may need and the adapter's
+    full compute limits (the defaults are far below what the kernels use)."""
+
+    def __init__(self, caps: DeviceCaps, adapter: Any) -> None:
+        import wgpu
+
+        self.wgpu = wgpu
+        self.caps = caps
+        self.features = [f for f in probe.REQUEST if f in adapter.features]
+        wanted = [*probe.LIMITS.values(), "max-storage-buffers-per-shader-stage",
+                  "max-compute-workgroup-size-y", "max-compute-workgroup-size-z"]
+        limits = {k: adapter.limits[k] for k in wanted if k in adapter.limits}
+        self.device = adapter.request_device_sync(required_features=self.features,
+                                                  required_limits=limits)
+        self.has_timestamps = "timestamp-query" in self.features
+        self._lock = threading.Lock()
+        self._pipelines: dict[tuple[str, str], Any] = {}
+        self._layouts: dict[str, tuple[Any, Any]] = {}
+        self.compiles = 0          # how many pipelines were built (tests check the cache)
+
+    def layout(self, family: str) -> tuple[Any, Any]:
+        """(bind group layout, pipeline layout) of a family, made once."""
+        if family not in self._layouts:
+            wgpu = self.wgpu
+            kinds = {"uniform": wgpu.BufferBindingType.uniform,
+                     "read": wgpu.BufferBindingType.read_only_storage,
+                     "rw": wgpu.BufferBindingType.storage}
+            bgl = self.device.create_bind_group_layout(entries=[
+                {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                 "buffer": {"type": kinds[kind]}} for i, kind in BINDINGS[family]])
+            pl = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
+            self._layouts[family] = (bgl, pl)
+        return self._layouts[family]
+
+    def pipeline(self, kernel_id: str, family: str, wgsl: str) -> Any:
+        """The compute pipeline for this source, compiled on first use. A compile or
+        validation failure raises KernelUnavailable carrying the compiler's message."""
+        key = (kernel_id, source.digest(wgsl))
+        with self._lock:
+            got = self._pipelines.get(key)
+            if got is not None:
+                return got
+            _, pl = self.layout(family)
+            try:
+                module = self.device.create_shader_module(label=kernel_id, code=wgsl)
+                got = self.device.create_compute_pipeline(
+                    label=kernel_id, layout=pl, compute={"module": module, "entry_point": "main"})
+            except Exception as exc:
+                raise KernelUnavailable(kernel_id, f"WGSL compile failed: {exc}") from exc
+            self.compiles += 1
+            self._pipelines[key] = got
+            return got
+
+
+_DEVICES: dict[str, GpuDevice] = {}
+_LOCK = threading.Lock()
+
+
+def get(caps: DeviceCaps) -> GpuDevice:
+    """The process-wide device for a probed adapter."""
+    with _LOCK:
+        dev = _DEVICES.get(caps.id)
+        if dev is None:
+            index = int(caps.id.rsplit(":", 1)[1])
+            dev = _DEVICES[caps.id] = GpuDevice(caps, probe.adapters()[index])
+        return dev

@@ -1,0 +1,160 @@
+"""The WebGPU kernel variants, as data, and the compile-time constants each one derives
+from (spec, params): tile sizes, rows per workgroup, query heads per workgroup."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attnreg.caps import DeviceCaps
+from attnreg.kernel import KernelInfo
+from attnreg.spec import AttentionSpec
+
+from .probe import NAME
+
+DTYPES = {"float32": "f32", "float16": "f16"}
+# Every multiple of 8 up to 256: f16 loads 8 halves per granule, and O accumulators live
+# in registers (256 / 4 = 64 vec4 columns at most).
+HEAD_SIZES = (8, 256, 8)
+M_TILES = (1, 2, 4)
+
+PREFILL_DEFAULTS: Mapping[str, int] = {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 4,
+                                       "row_lanes": 16}
+DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 32, "threads": 64}
+REDUCE_THREADS = 64
+MAX_GROUP_TILE = 8        # query heads of one GQA group per decode workgroup
+
+
+def _p(params: Mapping[str, Any], defaults: Mapping[str, int], name: str) -> int:
+    return int(params.get(name, defaults[name]))
+
+
+def _features(dtype: str, *extra: str) -> frozenset[str]:
+    return frozenset(({"shader-f16"} if dtype == "float16" else set()) | set(extra))
+
+
+# -- prefill ----------------------------------------------------------------------------
+def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
+                   subgroup_width: int = 1) -> dict[str, int]:
+    br = _p(params, PREFILL_DEFAULTS, "q_tile")
+    bc = _p(params, PREFILL_DEFAULTS, "kv_tile")
+    tr = min(_p(params, PREFILL_DEFAULTS, "rows_per_thread"), br)
+    ncg = min(_p(params, PREFILL_DEFAULTS, "row_lanes"), bc)
+    return {"BR": br, "BC": bc, "TR": tr, "NCG": ncg, "SGW": min(subgroup_width, ncg)}
+
+
+def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = prefill_consts(spec, params)
+    hv, e = spec.head_size // 4, spec.itemsize
+    return (c["BR"] * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e
+            + c["BR"] * c["BC"] * 4 + c["BR"] * c["NCG"] * 4)
+
+
+def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = prefill_consts(spec, params)
+    return c["BR"] // c["TR"] * c["NCG"]
+
+
+# -- decode_partial -----------------------------------------------------------------------
+def decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    return {"M": int(params.get("m_tile", 1)), "GT": min(spec.group_size, MAX_GROUP_TILE),
+            "BC": _p(params, DECODE_DEFAULTS, "kv_tile"),
+            "WG": _p(params, DECODE_DEFAULTS, "threads")}
+
+
+def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = decode_consts(spec, params)
+    hv, e, r = spec.head_size // 4, spec.itemsize, c["M"] * c["GT"]
+    return r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e + r * c["BC"] * 4
+
+
+# -- reduce -------------------------------------------------------------------------------
+def reduce_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    return {"WG": REDUCE_THREADS}
+
+
+def reduce_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    nsg = max(1, REDUCE_THREADS // (spec.head_size // 4))
+    return nsg * (spec.head_size // 4) * 16 + nsg * 4
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _thread_check(threads: Callable[[AttentionSpec, Mapping[str, Any]], int]
+                  ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
+    def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+        n = threads(spec, params)
+        limit = caps.limit("invocations")
+        return [] if limit is None or n <= limit else \
+            [f"needs {n} invocations per workgroup, device limit is {limit}"]
+    return check
+
+
+def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+    c = prefill_consts(spec, params)
+    why = [f"{n}={c[k]} must be a power of two" for n, k in
+           (("q_tile", "BR"), ("kv_tile", "BC"), ("rows_per_thread", "TR"), ("row_lanes", "NCG"))
+           if not _pow2(c[k])]
+    return why or _thread_check(prefill_threads)(spec, caps, params)
+
+
+def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+    c = decode_consts(spec, params)
+    why = [f"{n}={c[k]} must be a power of two" for n, k in
+           (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
+    if c["WG"] < c["M"] * c["GT"]:
+        why.append(f"threads={c['WG']} < {c['M'] * c['GT']} query vectors per workgroup")
+    return why or _thread_check(lambda s, p: decode_consts(s, p)["WG"])(spec, caps, params)
+
+
+def declare() -> list[KernelInfo]:
+    """Every WebGPU kernel variant: prefill (subgroup / workgroup-memory), decode_partial
+    (m_tile 1/2/4) and reduce, each in f32 and f16."""
+    out: list[KernelInfo] = []
+    for dtype, short in DTYPES.items():
+        for variant, feats, prio in (("sg", ("subgroups",), 10), ("wgmem", (), 0)):
+            out.append(KernelInfo(
+                id=f"{NAME}.prefill.{short}.{variant}", backend=NAME, family="prefill",
+                dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
+                features=_features(dtype, *feats), priority=prio,
+                params={"reduction": "subgroup" if variant == "sg" else "workgroup"},
+                defaults=PREFILL_DEFAULTS, workgroup_storage=prefill_storage,
+                extra_checks=_prefill_checks,
+                doc="flash attention over q_tile query rows per workgroup, online softmax over "
+                    "kv_tile keys; row maxima via " + ("subgroup shuffles" if variant == "sg"
+                                                       else "workgroup memory")))
+        for m in M_TILES:
+            out.append(KernelInfo(
+                id=f"{NAME}.decode_partial.{short}.m{m}", backend=NAME, family="decode_partial",
+                dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
+                params={"m_tile": m}, defaults=DECODE_DEFAULTS,
+                workgroup_storage=decode_storage, extra_checks=_decode_checks,
+                doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the "
+                    "GQA group's heads per workgroup sharing each K/V tile"))
+        out.append(KernelInfo(
+            id=f"{NAME}.reduce.{short}", backend=NAME, family="reduce",
+            dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
+            workgroup_storage=reduce_storage,
+            doc="merges split-KV partial states and the head sink into out and lse"))
+    return out
+
+
+def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
+              limit: int | None) -> dict[str, int]:
+    """Halve the kernel's tiles (kv_tile first while it is the larger) until its workgroup
+    storage fits ``limit``; returns the tile params to set (empty when nothing changes)."""
+    p = {**kernel.defaults, **params, **kernel.params}
+    if limit is None or kernel.storage_need(spec, p) <= limit:
+        return {}
+    changed: dict[str, int] = {}
+    while kernel.storage_need(spec, p) > limit:
+        kv, q = int(p.get("kv_tile", 0)), int(p.get("q_tile", 0))
+        if kv > 8 and (kv >= q or q <= 4):
+            p["kv_tile"] = changed["kv_tile"] = kv // 2
+        elif q > 4:
+            p["q_tile"] = changed["q_tile"] = q // 2
+        else:
+            break
+    return changed

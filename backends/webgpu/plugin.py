@@ -1,0 +1,56 @@
+"""The WebGPU backend plugin: hookimpls only; the work lives in the sibling modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attnreg
+from attnreg.caps import DeviceCaps
+from attnreg.rules import Ctx, Rule
+
+from . import kernels, probe
+from .runtime import WebGpuRuntime
+
+
+class WebGpuBackend:
+    name = probe.NAME
+    priority = 10
+
+    def probe(self) -> list[DeviceCaps]:
+        return probe.probe()
+
+    def open(self, caps: DeviceCaps) -> WebGpuRuntime:
+        return WebGpuRuntime(caps)
+
+
+def _ours(ctx: Ctx) -> bool:
+    k = ctx.kernel
+    return (k is not None and k.backend == probe.NAME
+            and k.family in ("prefill", "decode_partial") and "kv_tile" in k.defaults)
+
+
+def _fit(ctx: Ctx) -> dict[str, int]:
+    assert ctx.kernel is not None
+    return kernels.fit_tiles(ctx.kernel, ctx.spec, ctx.params, ctx.caps.limit("workgroup_storage"))
+
+
+FIT_TILES = Rule(
+    "webgpu_tiles_fit_storage",
+    "WebGPU prefill/decode tiles are halved (kv_tile first) until the workgroup storage "
+    "fits the device", "params", lambda c: _ours(c) and bool(_fit(c)), _fit)
+
+
+@attnreg.hookimpl
+def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
+    register(WebGpuBackend())
+
+
+@attnreg.hookimpl
+def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
+    for k in kernels.declare():
+        register(k)
+
+
+@attnreg.hookimpl
+def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
+    register(FIT_TILES)

@@ -1,0 +1,114 @@
+// Inputs and per-key math shared by the attention families (flash_prefill, decode_partial).
+// The generated prefix defines: T (storage dtype), GV/GE/GS (16-byte load granule, its element
+// count and vec4 parts), g_part(), HD/HV/HG (head size in elements, vec4s, granules) and the
+// Params struct (backends/common.py, shared with OpenCL).
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> q: array<GV>;
+@group(0) @binding(2) var<storage, read> k: array<GV>;
+@group(0) @binding(3) var<storage, read> v: array<GV>;
+// Bias is float32 on the device (a float16 bias is widened on the host: exact).
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> seqlens: array<i32>;
+@group(0) @binding(6) var<storage, read> sink: array<f32>;
+
+// Logits are clamped to MASKED instead of -inf: finite arithmetic everywhere, so no driver's
+// handling of inf - inf or exp(-inf) can turn a masked row into NaN.
+const MASKED: f32 = -3.0e38;
+
+fn neg_inf() -> f32 {
+  return bitcast<f32>(0xff800000u);
+}
+
+fn cdiv(a: u32, b: u32) -> u32 {
+  return (a + b - 1u) / b;
+}
+
+// L_b: keys at or beyond it do not exist and are never loaded.
+fn valid_len(b: u32) -> u32 {
+  if (P.has_seqlens != 0u) {
+    return u32(seqlens[b]);
+  }
+  return P.total_len;
+}
+
+// Position of query row i: the queries are the last S tokens of the valid length.
+fn row_pos(len: u32, i: u32) -> i32 {
+  return i32(len) - i32(P.seq_len) + i32(i);
+}
+
+// [lo, hi) of the keys that rows i_first..i_last can see: whole tiles outside it are
+// skipped by loop bounds (causal diagonal, seqlens_k, local window).
+fn key_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
+  var hi = i32(len);
+  if (P.causal != 0u) {
+    hi = min(hi, row_pos(len, i_last) + 1);
+  }
+  var lo = 0;
+  if (P.local_window > 0) {
+    lo = max(0, row_pos(len, i_first) - P.local_window + 1);
+  }
+  return vec2<i32>(lo, max(lo, hi));
+}
+
+fn key_visible(j: i32, pos: i32, len: u32) -> bool {
+  var ok = j < i32(len);
+  if (P.causal != 0u) {
+    ok = ok && j <= pos;
+  }
+  if (P.local_window > 0) {
+    ok = ok && j > pos - P.local_window;
+  }
+  return ok;
+}
+
+fn alibi_slope(h: u32) -> f32 {
+  if (h < P.alibi_n) {
+    return exp2(P.alibi_e0 * f32(h + 1u));
+  }
+  return exp2(P.alibi_e1 * f32(2u * (h - P.alibi_n) + 1u));
+}
+
+// s = scale * q.k (the scale is folded into q on load) -> softcap -> bias -> alibi, clamped.
+fn logit(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32) -> f32 {
+  var s = dot_qk;
+  if (P.softcap > 0.0) {
+    // clamp: some tanh lowerings overflow to NaN for large arguments; tanh(15) == 1 in f32
+    s = P.softcap * tanh(clamp(s / P.softcap, -15.0, 15.0));
+  }
+  if (P.has_bias != 0u) {
+    s = s + bias[b * P.bias_sb + h * P.bias_sh + i * P.bias_ss + j];
+  }
+  if (P.has_alibi != 0u) {
+    s = s + alibi_slope(h) * f32(i32(j) - pos);
+  }
+  return max(s, MASKED);
+}
+
+// Granule index of element 0 of row (b, head, row) in q (q layout) or k/v (kv layout).
+fn q_granule(b: u32, h: u32, i: u32) -> u32 {
+  return (b * P.q_sb + h * P.q_sh + i * P.q_ss) / GE;
+}
+
+fn kv_granule(b: u32, n: u32, j: u32) -> u32 {
+  return (b * P.kv_sb + n * P.kv_sh + j * P.kv_ss) / GE;
+}
+
+// The head sink as an extra logit, or MASKED when absent (a -inf sink means no sink).
+fn sink_logit(h: u32) -> f32 {
+  if (P.has_sink != 0u) {
+    return max(sink[h], MASKED);
+  }
+  return MASKED;
+}
+
+// Closes a row's online softmax: (factor for the unnormalised o, lse). The sink only joins
+// the denominator. Nothing visible and no sink: factor 0, lse -inf.
+fn finish_row(m: f32, l: f32, sink_l: f32) -> vec2<f32> {
+  let mf = max(m, sink_l);
+  if (mf <= MASKED) {
+    return vec2<f32>(0.0, neg_inf());
+  }
+  let lf = l * exp(m - mf) + exp(sink_l - mf);
+  return vec2<f32>(exp(m - mf) / lf, mf + log(lf));
+}
