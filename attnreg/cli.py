@@ -190,6 +190,17 @@ def cmd_flags(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(a: argparse.Namespace) -> int:
+    from .tuning import cache_path, tune
+    spec = spec_from_args(a)
+    with Session(backend=a.backend, device=a.device) as s:
+        entry = tune(s, spec, iters=a.iters, log=lambda m: print(m, file=sys.stderr))
+    print(f"best for {entry['kernel']}: {entry['params']} at {entry['us']} us "
+          f"(rule default {entry['rule_default_us']} us); stored in {cache_path()}")
+    print("use it with --flag use_tuning_cache=1 (or ATTNREG_FLAGS=use_tuning_cache=1)")
+    return 0
+
+
 def cmd_profiles(a: argparse.Namespace) -> int:
     from .profiles import profiles
     rows = [(name, c.backend, c.name, c.vendor, c.architecture or "-", c.device_type,
@@ -296,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_conformance)
     f = sub.add_parser("flags", help="list the declared session flags")
     f.set_defaults(fn=cmd_flags)
+    t = sub.add_parser("tune", help="measure tunable parameters for a spec on a device and "
+                       "store the fastest in the tuning cache")
+    add_spec_options(t)
+    t.add_argument("--backend")
+    t.add_argument("--device")
+    t.add_argument("--iters", type=int, default=20)
+    t.set_defaults(fn=cmd_tune)
     pr = sub.add_parser("profiles", help="list stored device profiles (for explain --profile)")
     pr.set_defaults(fn=cmd_profiles)
     k = sub.add_parser("kernels", help="list registered kernel variants")

@@ -68,6 +68,7 @@ class KernelInfo:
     kv_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
     params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     defaults: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    choices: Mapping[str, tuple[Any, ...]] = field(default_factory=lambda: _EMPTY)  # tunable values
     workgroup_storage: Callable[[AttentionSpec, Mapping[str, Any]], int] | None = None
     max_seq_len: int | None = None
     device_types: frozenset[str] | None = None                   # None = any

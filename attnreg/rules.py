@@ -162,7 +162,25 @@ VENDOR_RULES: tuple[Rule, ...] = (
 )
 
 
-BUILTIN_RULES: tuple[Rule, ...] = _CORE_RULES + VENDOR_RULES
+def _tuned(ctx: Ctx) -> dict[str, Any]:
+    from .tuning import lookup
+    assert ctx.kernel is not None
+    entry = lookup(ctx.caps, ctx.kernel.family, ctx.spec)
+    if not entry or entry.get("kernel") != ctx.kernel.id:
+        return {}
+    out = {k: v for k, v in entry["params"].items() if k not in ctx.kernel.params}
+    if "split_size" in out:
+        out["n_splits"] = _cdiv(ctx.spec.capacity, int(out["split_size"]))
+    return out
+
+
+TUNING_RULES: tuple[Rule, ...] = (
+    Rule("tuning_cache", "flag use_tuning_cache: parameters measured fastest on this device by "
+         "`attnreg tune` replace the rule defaults", "params",
+         lambda c: c.kernel is not None and bool(c.flags.get("use_tuning_cache")), _tuned),
+)
+
+BUILTIN_RULES: tuple[Rule, ...] = _CORE_RULES + VENDOR_RULES + TUNING_RULES
 
 
 def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) -> list[str]:
@@ -172,6 +190,8 @@ def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) 
         if rule.stage != stage or not rule.when(ctx):
             continue
         changes = {k: v for k, v in rule.sets(ctx).items() if k not in ctx.user}
+        if rule.stage == "params" and not changes:
+            continue
         ctx.params.update(changes)
         sets = ", ".join(f"{k}={v}" for k, v in changes.items())
         fired.append(f"{rule.name}: {rule.why}" + (f" -> {sets}" if sets else ""))

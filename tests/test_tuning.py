@@ -1,0 +1,38 @@
+"""attnreg tune: measured parameters are stored per device and used only with the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import attnreg
+from attnreg import tuning
+
+
+def test_tune_stores_and_rules_use_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNREG_CACHE_DIR", str(tmp_path))
+    spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=1023, num_heads=4, kv_num_heads=2,
+                                 head_size=16)
+    with attnreg.Session(backend="reference") as s:
+        entry = tuning.tune(s, spec, iters=2, warmup=1, log=lambda m: None)
+    assert (tmp_path / "tuning.json").exists()
+    assert entry["kernel"] == "reference.decode_partial"
+    assert entry["us"] <= entry["rule_default_us"]
+    plain = attnreg.explain(spec, backend="reference")
+    tuned = attnreg.explain(spec, backend="reference", flags={"use_tuning_cache": True})
+    assert not any(r.startswith("tuning_cache") for r in plain.rules)
+    fired = [r for r in tuned.rules if r.startswith("tuning_cache")]
+    assert fired, tuned.explain()
+    ss = tuned.params["split_size"]
+    assert ss == entry["params"].get("split_size", plain.params["split_size"])
+    assert tuned.params["n_splits"] == -(-spec.capacity // ss)
+    assert tuned.stage("reduce").params["n_splits"] == tuned.params["n_splits"]
+
+
+def test_family_key_buckets_nearby_specs() -> None:
+    a = attnreg.AttentionSpec(seq_len=1, past_len=1500, num_heads=8, head_size=64)
+    b = a.replace(past_len=1800)
+    c = a.replace(past_len=3000)
+    assert tuning.family_key("decode_partial", a) == tuning.family_key("decode_partial", b)
+    assert tuning.family_key("decode_partial", a) != tuning.family_key("decode_partial", c)
