@@ -41,6 +41,20 @@ class GpuDevice:
         self._layouts: dict[str, tuple[Any, Any]] = {}
         self.compiles = 0          # how many pipelines were built (tests check the cache)
 
+    def wait(self) -> None:
+        """Block until every submitted command buffer has finished. wgpu-py 0.32's
+        on_submitted_work_done_sync() has a broken callback signature, so poll the device
+        with wait=True (wgpuDevicePoll), falling back to mapping a scratch buffer."""
+        poll = getattr(self.device, "_poll_wait", None)
+        if poll is not None:
+            poll()
+            return
+        U = self.wgpu.BufferUsage
+        buf = self.device.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
+        buf.map_sync(self.wgpu.MapMode.READ)
+        buf.unmap()
+        buf.destroy()
+
     def layout(self, family: str) -> tuple[Any, Any]:
         """(bind group layout, pipeline layout) of a family, made once."""
         if family not in self._layouts:

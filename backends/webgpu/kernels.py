@@ -20,9 +20,15 @@ M_TILES = (1, 2, 4)
 
 PREFILL_DEFAULTS: Mapping[str, int] = {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 4,
                                        "row_lanes": 16}
-DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 32, "threads": 64}
+# group_tile: query heads of one GQA group per decode workgroup (all of them up to 8, so
+# the group reads its K/V once); only lowered when workgroup storage demands it.
+DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 32, "threads": 64, "group_tile": 8}
 REDUCE_THREADS = 64
-MAX_GROUP_TILE = 8        # query heads of one GQA group per decode workgroup
+# Halving order when a variant's workgroup storage exceeds the device: (param, floor).
+SHRINK = {
+    "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4)),
+    "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
+}
 
 
 def _p(params: Mapping[str, Any], defaults: Mapping[str, int], name: str) -> int:
@@ -57,7 +63,8 @@ def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
 
 # -- decode_partial -----------------------------------------------------------------------
 def decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
-    return {"M": int(params.get("m_tile", 1)), "GT": min(spec.group_size, MAX_GROUP_TILE),
+    return {"M": int(params.get("m_tile", 1)),
+            "GT": min(spec.group_size, _p(params, DECODE_DEFAULTS, "group_tile")),
             "BC": _p(params, DECODE_DEFAULTS, "kv_tile"),
             "WG": _p(params, DECODE_DEFAULTS, "threads")}
 
@@ -143,18 +150,13 @@ def declare() -> list[KernelInfo]:
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
               limit: int | None) -> dict[str, int]:
-    """Halve the kernel's tiles (kv_tile first while it is the larger) until its workgroup
-    storage fits ``limit``; returns the tile params to set (empty when nothing changes)."""
+    """Halve the kernel's tiles in SHRINK order until its workgroup storage fits ``limit``;
+    returns the params to set (empty when it already fits or nothing can shrink)."""
     p = {**kernel.defaults, **params, **kernel.params}
     if limit is None or kernel.storage_need(spec, p) <= limit:
         return {}
     changed: dict[str, int] = {}
-    while kernel.storage_need(spec, p) > limit:
-        kv, q = int(p.get("kv_tile", 0)), int(p.get("q_tile", 0))
-        if kv > 8 and (kv >= q or q <= 4):
-            p["kv_tile"] = changed["kv_tile"] = kv // 2
-        elif q > 4:
-            p["q_tile"] = changed["q_tile"] = q // 2
-        else:
-            break
+    for name, floor in SHRINK.get(kernel.family, ()):
+        while kernel.storage_need(spec, p) > limit and int(p.get(name, 0)) > floor:
+            p[name] = changed[name] = int(p[name]) // 2
     return changed

@@ -36,8 +36,8 @@ def _fit(ctx: Ctx) -> dict[str, int]:
 
 FIT_TILES = Rule(
     "webgpu_tiles_fit_storage",
-    "WebGPU prefill/decode tiles are halved (kv_tile first) until the workgroup storage "
-    "fits the device", "params", lambda c: _ours(c) and bool(_fit(c)), _fit)
+    "WebGPU prefill/decode tiles are halved (kv_tile, then q_tile or group_tile) until the "
+    "workgroup storage fits the device", "params", lambda c: _ours(c) and bool(_fit(c)), _fit)
 
 
 @attnreg.hookimpl

@@ -226,7 +226,7 @@ class WebGpuRuntime:
         queue = self.dev.device.queue
         for _ in range(warmup):
             queue.submit([self._encode(dispatches).finish()])
-        queue.on_submitted_work_done_sync()
+        self.dev.wait()
         U = self.wgpu.BufferUsage
         qs = None
         if self.dev.has_timestamps:
@@ -239,7 +239,7 @@ class WebGpuRuntime:
             cmd = self._encode(dispatches, ts).finish()
             t0 = time.perf_counter()
             queue.submit([cmd])
-            queue.on_submitted_work_done_sync()
+            self.dev.wait()
             wall.append(time.perf_counter() - t0)
         res: dict[str, list[float]] = {"wall_s": wall}
         if qs is not None:

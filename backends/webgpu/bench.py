@@ -1,0 +1,114 @@
+"""Timing and tuning sweeps of the WebGPU kernels, built on WebGpuRuntime.timings().
+
+`attnreg bench` times the default plans through the same timings(); this module adds what
+tuning needs: forced parameters per case (tile sweeps), the split-KV stages timed apart,
+and a correctness check of each timed variant. Run on a device machine as::
+
+    python3 -m backends.webgpu.bench --out results.json [--sweep] [--suite decode ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import attnreg
+from attnreg import bench as core_bench
+from attnreg import reference
+from attnreg.spec import AttentionSpec
+
+# Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
+SWEEPS: dict[str, list[dict[str, Any]]] = {
+    "decode": [{}, {"kv_tile": 64}, {"kv_tile": 16}, {"threads": 128},
+               {"kv_tile": 64, "threads": 128}, {"kv_tile": 32, "threads": 32}],
+    "prefill": [{}, {"row_lanes": 8}, {"q_tile": 16, "kv_tile": 64, "rows_per_thread": 2},
+                {"rows_per_thread": 2}, {"q_tile": 16, "rows_per_thread": 2},
+                {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 4, "row_lanes": 16}],
+}
+SWEEPS["long-context"] = SWEEPS["decode"]
+SWEEPS["whisper"] = SWEEPS["decode"]
+
+
+def inputs_for(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: (rng.standard_normal(s) * 0.5).astype(spec.dtype)
+            for n, s in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
+
+
+def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray], *,
+            params: Mapping[str, Any] | None = None, op: str = "attention", iters: int = 50,
+            warmup: int = 5, check: bool = True) -> dict[str, Any]:
+    """Median GPU/wall microseconds, GB/s and TFLOP/s of one (spec, params) on the session's
+    device; with check, the max error against the float64 reference."""
+    plan = session.plan(spec, op=op, params=params)
+    rt: Any = session.runtime(plan)
+    times = rt.timings(plan, inputs, iters=iters, warmup=warmup)
+    nbytes, flops = core_bench.traffic(spec)
+    gpu = statistics.median(times["gpu_s"]) * 1e6 if times.get("gpu_s") else None
+    wall = statistics.median(times["wall_s"]) * 1e6
+    basis = gpu if gpu is not None else wall
+    row: dict[str, Any] = {
+        "spec": spec.short(), "op": op, "kernels": list(plan.kernels),
+        "params": {k: v for s in plan.stages for k, v in s.params.items()},
+        "gpu_us": gpu, "gpu_min_us": min(times["gpu_s"]) * 1e6 if gpu else None,
+        "wall_us": wall, "gb_s": nbytes / basis / 1e3, "tflops": flops / basis / 1e6}
+    if check and op == "attention":
+        got = session.run(spec, inputs, params=params)
+        want = reference.out_layout(spec, reference.attention(spec, inputs)[0])
+        row["max_err"] = float(np.abs(got.astype(np.float64) - want).max())
+    return row
+
+
+def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: bool = False,
+        log: Any = print) -> list[dict[str, Any]]:
+    table = core_bench.QUICK if quick else core_bench.SUITES
+    rows = []
+    with attnreg.Session(backend="webgpu") as session:
+        dev = session.runtime(session.plan(AttentionSpec(), op="attention")).caps
+        log(f"device: {dev.label} limits={dev.limits} sg={dev.subgroup_min_size}.."
+            f"{dev.subgroup_max_size} units={dev.compute_units}")
+        for suite in suites:
+            for case in table[suite]:
+                spec = case.spec
+                inputs = inputs_for(spec)
+                variants = SWEEPS.get(suite, [{}]) if sweep else [{}]
+                for params in variants:
+                    ops = ["attention", "partial"] if params == {} and spec.seq_len <= 4 else \
+                        ["attention"]
+                    for op in ops:
+                        try:
+                            row = measure(session, spec, inputs, params=params or None, op=op,
+                                          iters=iters, check=check and params == {})
+                        except Exception as exc:
+                            row = {"spec": spec.short(), "op": op, "params": params,
+                                   "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                        row.update(case=case.name, suite=suite, sweep=params)
+                        rows.append(row)
+                        log(json.dumps(row))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--suite", nargs="*", default=list(core_bench.SUITES))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="the small cases (lavapipe)")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    rows = run(a.suite, sweep=a.sweep, iters=a.iters, check=not a.no_check, quick=a.quick)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
