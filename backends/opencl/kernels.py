@@ -1,0 +1,217 @@
+"""The OpenCL kernel variants as data, and the block geometry each one compiles with.
+
+Geometry is a pure function of (kernel, spec, params, device limits), so the declared
+workgroup storage, the build options and the launch grid can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from attnreg.caps import DeviceCaps
+from attnreg.errors import SpecError
+from attnreg.kernel import KernelInfo
+from attnreg.spec import AttentionSpec
+
+BACKEND = "opencl"
+DTYPES = {"float32": "f32", "float16": "f16"}
+HEAD_SIZES = (4, 256, 4)          # float4 vectors over the head dimension
+M_TILES = (1, 2, 4)
+ROWS_MAX = 16                     # decode rows (heads x m_tile) per work-group
+SG_EMULATED = 8                   # sub-group size of the local-memory emulation (tests)
+SG_IMPLS = {"khr": 1, "intel": 2, "nv": 3, "emu": 9}
+_F32 = 4
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Everything a variant is compiled and launched with."""
+
+    family: str
+    wg: int = 64          # work-items per work-group
+    gc: int = 1           # query heads per work-group
+    mq: int = 1           # query rows per work-group
+    tk: int = 32          # keys per staged tile
+    kl: int = 32          # key lanes (score phase)
+    dl: int = 32          # float4 dim lanes (P.V phase)
+    sg: int = 0           # sub-group size (sg variant), 0 = none
+    sg_impl: int = 0
+    stage_v: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.gc * self.mq
+
+    def storage(self, head_size: int, stage_v: bool | None = None) -> int:
+        """Bytes of local memory this geometry declares (V staging optional)."""
+        if self.family == "reduce":
+            return 0
+        kp = head_size + 4
+        sv = self.stage_v if stage_v is None else stage_v
+        words = self.rows * kp + self.tk * kp + (self.tk * head_size if sv else 0)
+        if self.sg:
+            words += self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
+        else:
+            words += 2 * self.rows * self.tk + 2 * self.rows
+        return words * _F32
+
+    def n_groups(self, spec: AttentionSpec, n_splits: int = 1) -> int:
+        row_tiles = -(-spec.seq_len // self.mq)
+        head_chunks = -(-spec.group_size // self.gc)
+        return spec.batch * spec.kv_num_heads * n_splits * head_chunks * row_tiles
+
+    def defines(self) -> dict[str, int]:
+        return {"WG": self.wg, "GC": self.gc, "MQ": self.mq, "TK": self.tk, "KL": self.kl,
+                "DL": self.dl, "SG": self.sg, "SG_IMPL": self.sg_impl,
+                "STAGE_V": int(self.stage_v)}
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _int_param(params: Mapping[str, Any], name: str, default: int, *, pow2: bool = True,
+               lo: int = 1, hi: int = 1024) -> int:
+    v = params.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi or \
+            (pow2 and v & (v - 1)):
+        raise SpecError(f"params[{name!r}]", v,
+                        f"an integer in {lo}..{hi}" + (", a power of two" if pow2 else ""))
+    return v
+
+
+def _sg_size(caps: DeviceCaps | None, impl: str) -> int:
+    if impl == "emu":
+        return SG_EMULATED
+    if caps is not None and caps.subgroup_max_size:
+        return caps.subgroup_max_size
+    return 32
+
+
+def sg_impl_for(caps: DeviceCaps | None, params: Mapping[str, Any]) -> str:
+    """Which sub-group mechanism a device offers (params may force 'emu' for tests)."""
+    forced = params.get("sg_impl")
+    if forced is not None:
+        if forced not in SG_IMPLS:
+            raise SpecError("params['sg_impl']", forced, f"one of {sorted(SG_IMPLS)}")
+        return str(forced)
+    feats = caps.features if caps is not None else frozenset()
+    if "cl_intel_subgroups" in feats:
+        return "intel"
+    if "cl_khr_subgroups" in feats:
+        return "khr"
+    return "nv"
+
+
+def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str, Any],
+             caps: DeviceCaps | None = None) -> Geometry:
+    """Block sizes for one launch. ``caps`` None gives the device-independent minimum
+    (no V staging), which is what the kernel declares as its workgroup storage."""
+    h4 = spec.head_size // 4
+    if family == "reduce":
+        return Geometry("reduce", wg=64)
+    wg = _int_param(params, "wg", 128, lo=32, hi=1024)
+    tile = _int_param(params, "kv_tile", 32, lo=4, hi=256)
+    big = spec.head_size > 128          # halve tiles so K/Q tiles stay within 48 KiB
+    dl = min(_pow2_ceil(h4), wg)
+    if family == "decode_partial":
+        m = int(params.get("m_tile", 1))
+        gc = min(spec.group_size, max(1, ROWS_MAX // m))
+        tk = max(4, tile // 2) if big else tile
+        kl = min(tk, wg)
+        g = Geometry(family, wg=wg, gc=gc, mq=m, tk=tk, kl=kl, dl=dl)
+    elif variant == "sg":
+        impl = sg_impl_for(caps, params)
+        sg = _sg_size(caps, impl)
+        if wg % sg:
+            raise SpecError("params['wg']", wg, f"a multiple of the sub-group size {sg}")
+        block = _int_param(params, "block_m", 32, lo=1, hi=256)
+        rows = max(wg // sg, block // 4 if big else block)
+        gc = min(_pow2_floor(spec.group_size), max(1, rows // 8))
+        g = Geometry(family, wg=wg, gc=gc, mq=rows // gc, tk=max(tile, sg), kl=min(tile, wg),
+                     dl=dl, sg=sg, sg_impl=SG_IMPLS[impl])
+    else:
+        block = _int_param(params, "block_m", 32, lo=1, hi=256)
+        rows = max(1, block // 2) if big else block
+        gc = min(_pow2_floor(spec.group_size), max(1, rows // 8))
+        tk = max(8, tile // 2) if big else tile
+        kl = min(8, tk)
+        g = Geometry(family, wg=wg, gc=gc, mq=max(1, rows // gc), tk=tk, kl=kl, dl=dl)
+    if g.rows > g.wg:
+        raise SpecError("params", dict(params), f"at most wg={g.wg} rows per work-group")
+    if caps is not None:
+        # Stage V through local memory when the device has the room (forceable off/on).
+        limit = caps.limit("workgroup_storage") or 0
+        want = params.get("stage_v")
+        fits = g.storage(spec.head_size, True) <= min(limit, 48 * 1024)
+        stage = bool(want) if want is not None else fits
+        g = Geometry(**{**g.__dict__, "stage_v": stage})
+    return g
+
+
+def _storage(family: str, variant: str) -> Callable[[AttentionSpec, Mapping[str, Any]], int]:
+    def need(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+        try:
+            return geometry(family, variant, spec, params).storage(spec.head_size)
+        except SpecError:
+            return 0      # bad params are reported when the launch builds the geometry
+    return need
+
+
+def _checks(family: str, variant: str
+            ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
+    def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+        try:
+            g = geometry(family, variant, spec, params, caps)
+        except SpecError as exc:
+            return [str(exc)]
+        why = []
+        inv = caps.limit("invocations")
+        if inv is not None and g.wg > inv:
+            why.append(f"needs {g.wg} work-items per work-group, device limit is {inv}")
+        return why
+    return check
+
+
+def kernel_infos() -> list[KernelInfo]:
+    """Every OpenCL variant: prefill (wgmem, sg), decode_partial (m1/m2/m4), reduce."""
+    out: list[KernelInfo] = []
+    for dtype, tag in DTYPES.items():
+        dt = frozenset({dtype})
+        for variant, feats, prio, doc in (
+            ("wgmem", frozenset(), 0, "flash prefill, work-group memory only (any device)"),
+            ("sg", frozenset({"subgroups"}), 10, "flash prefill, row max/sum/probabilities "
+             "through sub-group operations (khr, intel, or NVIDIA warp shuffles)"),
+        ):
+            out.append(KernelInfo(
+                id=f"{BACKEND}.prefill.{tag}.{variant}", backend=BACKEND, family="prefill",
+                dtypes=dt, head_sizes=HEAD_SIZES, features=feats, priority=prio,
+                defaults={"block_m": 32, "kv_tile": 32, "wg": 128},
+                workgroup_storage=_storage("prefill", variant),
+                extra_checks=_checks("prefill", variant), doc=doc))
+        for m in M_TILES:
+            out.append(KernelInfo(
+                id=f"{BACKEND}.decode_partial.{tag}.m{m}", backend=BACKEND,
+                family="decode_partial", dtypes=dt, head_sizes=HEAD_SIZES,
+                params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
+                workgroup_storage=_storage("decode_partial", ""),
+                extra_checks=_checks("decode_partial", ""),
+                doc=f"fused QK^T + online softmax + P.V per KV split, {m} query row(s) x "
+                    "the GQA group's heads per work-group"))
+        out.append(KernelInfo(
+            id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce", dtypes=dt,
+            head_sizes=HEAD_SIZES, doc="merge split-KV partial states and the sink"))
+    return out
+
+
+# kernel id -> (family, variant): what the runtime needs to compile and launch an id.
+VARIANTS: dict[str, tuple[str, str]] = {
+    k.id: (k.family, k.id.split(".")[3] if k.family == "prefill" else "")
+    for k in kernel_infos()
+}

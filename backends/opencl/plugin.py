@@ -1,0 +1,37 @@
+"""OpenCL backend plugin: registers the backend and its kernel variants through the
+same hooks a third-party plugin uses (entry point ``opencl = backends.opencl.plugin``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attnreg
+from attnreg.caps import DeviceCaps
+
+from . import kernels, probe
+
+
+class OpenCLBackend:
+    """pyopencl platforms and devices; programs built once per device and shared."""
+
+    name = kernels.BACKEND
+    priority = 5
+
+    def probe(self) -> list[DeviceCaps]:
+        return probe.probe()
+
+    def open(self, caps: DeviceCaps) -> attnreg.Runtime:
+        from .runtime import OpenCLRuntime  # pyopencl is imported only when a device is used
+
+        return OpenCLRuntime(caps)
+
+
+@attnreg.hookimpl
+def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
+    register(OpenCLBackend())
+
+
+@attnreg.hookimpl
+def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
+    for k in kernels.kernel_infos():
+        register(k)

@@ -1,0 +1,112 @@
+"""OpenCL platform/device probing into DeviceCaps. Never raises: a failure becomes an
+unavailable entry with the reason, so `attnreg devices` always lists something."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
+
+from .kernels import BACKEND
+
+# Extensions that decide variants; every extension is listed as a feature anyway.
+SUBGROUP_EXTENSIONS = ("cl_khr_subgroups", "cl_intel_subgroups")
+NV_SHUFFLE = "nv_warp_shuffle"     # warps as sub-groups through inline PTX (NVIDIA only)
+
+
+def _get(dev: Any, name: str, default: Any = None) -> Any:
+    """A device attribute, or default where the driver does not know the query."""
+    try:
+        return getattr(dev, name)
+    except Exception:
+        return default
+
+
+def _device_type(cl: Any, dev: Any) -> Literal["gpu", "cpu", "other"]:
+    t = _get(dev, "type", 0)
+    if t & cl.device_type.GPU:
+        return "gpu"
+    if t & cl.device_type.CPU:
+        return "cpu"
+    return "other"
+
+
+def _vendor(platform: Any, dev: Any, dtype: str) -> str:
+    # PoCL's CPU device reports the host CPU's vendor (and Intel's PCI id even on AMD
+    # hosts); what decides tuning there is the implementation, so name PoCL.
+    if "portable computing language" in platform.name.lower() and dtype == "cpu":
+        return "pocl"
+    vid = _get(dev, "vendor_id")
+    return normalize_vendor(_get(dev, "vendor", ""), platform.vendor, platform.name,
+                            f"0x{vid:04x}" if isinstance(vid, int) else "")
+
+
+def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCaps:
+    """One device's capabilities in attnreg's vocabulary."""
+    exts = frozenset(str(_get(dev, "extensions", "")).split())
+    dtype = _device_type(cl, dev)
+    vendor = _vendor(platform, dev, dtype)
+    features = set(exts) | {"profiling"}
+    sg_min = sg_max = 0
+    arch = ""
+    if vendor == "nvidia" and "nvidia" in platform.name.lower():
+        warp = _get(dev, "warp_size_nv", 32) or 32
+        major, minor = _get(dev, "compute_capability_major_nv"), _get(dev, "compute_capability_minor_nv")
+        if major is not None:
+            arch = f"sm_{major}{minor}"
+        features.add(NV_SHUFFLE)
+        sg_min = sg_max = int(warp)
+    intel_sizes = _get(dev, "sub_group_sizes_intel") if "cl_intel_subgroups" in exts else None
+    if intel_sizes:
+        sg_min, sg_max = int(min(intel_sizes)), int(max(intel_sizes))
+    if any(e in exts for e in SUBGROUP_EXTENSIONS) or NV_SHUFFLE in features:
+        features.add("subgroups")
+    alloc = int(_get(dev, "max_mem_alloc_size", 0) or 0)
+    sizes = _get(dev, "max_work_item_sizes", None) or [0]
+    limits = {
+        "workgroup_storage": int(_get(dev, "local_mem_size", 0) or 0),
+        "invocations": int(_get(dev, "max_work_group_size", 0) or 0),
+        "workgroup_size_x": int(sizes[0]),
+        "storage_binding": alloc,
+        "buffer_size": alloc,
+        # Launches are 1-D: the group count in dimension 0 is what is limited.
+        "workgroups_per_dim": 2**31 - 1,
+    }
+    name = " ".join(str(dev.name).split())
+    return DeviceCaps(
+        backend=BACKEND, id=f"{BACKEND}:{pi}:{di}", name=name, vendor=vendor,
+        architecture=arch,
+        description=f"{platform.name} ({platform.version}); {_get(dev, 'version', '')}",
+        driver=str(_get(dev, "driver_version", "")), backend_type="OpenCL", device_type=dtype,
+        features=frozenset(features), limits=limits, subgroup_min_size=sg_min,
+        subgroup_max_size=sg_max, compute_units=_get(dev, "max_compute_units"),
+        extra={"platform": platform.name, "platform_index": pi, "device_index": di,
+               "opencl_c_version": str(_get(dev, "opencl_c_version", "")),
+               "global_mem_size": int(_get(dev, "global_mem_size", 0) or 0),
+               "max_clock_mhz": _get(dev, "max_clock_frequency"),
+               "fp16": "cl_khr_fp16" in exts})
+
+
+def probe() -> list[DeviceCaps]:
+    """Every device of every OpenCL platform (ids 'opencl:<platform>:<device>')."""
+    try:
+        import pyopencl as cl
+    except Exception as exc:
+        return [unavailable(BACKEND, f"pyopencl not importable: {exc!r}")]
+    try:
+        platforms = cl.get_platforms()
+    except Exception as exc:
+        return [unavailable(BACKEND, f"no OpenCL platform (is an ICD installed?): {exc}")]
+    out: list[DeviceCaps] = []
+    for pi, platform in enumerate(platforms):
+        try:
+            devices = platform.get_devices()
+        except Exception as exc:
+            out.append(unavailable(BACKEND, f"platform {pi} ({platform.name}): {exc}"))
+            continue
+        for di, dev in enumerate(devices):
+            try:
+                out.append(device_caps(cl, pi, di, platform, dev))
+            except Exception as exc:
+                out.append(unavailable(BACKEND, f"device {pi}:{di}: probe failed: {exc!r}"))
+    return out or [unavailable(BACKEND, "no OpenCL device found")]

@@ -1,0 +1,1 @@
+"""OpenCL C sources of the attention families, read with importlib.resources."""

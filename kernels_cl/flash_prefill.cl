@@ -1,0 +1,277 @@
+// flash_prefill: one pass over the visible keys per block of query rows, online softmax,
+// normalised output (q layout, spec dtype) and lse. Two variants, chosen by -D SG_IMPL:
+//   0           work-group memory only (any device)
+//   1, 2, 3, 9  sub-groups: cl_khr_subgroups, cl_intel_subgroups, NVIDIA warp shuffles
+//               through inline PTX, or a local-memory emulation used by the tests
+// KV tiles wholly beyond the causal diagonal, seqlens_k or the window are never visited:
+// the key loop is bounded by key_range().
+
+inline void write_final(const Params* P, const Rows* w, int h, int i, float4 a[DV], float l,
+                        float m, const __global float* sink, __global elem_t* out,
+                        __global float* lse, int dl) {
+  if (P->has_sink) {
+    // The sink joins the denominator only: rescale to the max of (m, sink).
+    float sk = sink[h];
+    float mm = fmax(m, sk);
+    float mu = SAFE_MAX(mm);
+    float f = exp(m - mu);
+    for (int dv = 0; dv < DV; ++dv) a[dv] *= f;
+    l = l * f + exp(sk - mu);
+    m = mm;
+  }
+  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  size_t base = (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss;
+  for (int dv = 0; dv < DV; ++dv) {
+    int g = dl + dv * DL;
+    if (g < HD4) ST4(a[dv] * inv, out, base + 4 * g);
+  }
+  if (P->return_lse && dl == 0)
+    lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = l > 0.0f ? m + log(l) : -INFINITY;
+}
+
+#if SG_IMPL == 0
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void flash_prefill(const Params P, const __global elem_t* q, const __global elem_t* k,
+                   const __global elem_t* v, const __global bias_t* bias,
+                   const __global int* seqlens, const __global float* sink,
+                   __global elem_t* out, __global float* lse) {
+  __local float Qs[R_ROWS * KP];
+  __local float Ks[TK * KP];
+#if STAGE_V
+  __local float Vs[TK * HD];
+#else
+  __local float* Vs = 0;
+#endif
+  __local float Ss[R_ROWS * TK];
+  __local float Ps[R_ROWS * TK];
+  __local float Mrun[R_ROWS];
+  __local float Mnew[R_ROWS];
+
+  // Heaviest (latest, longest causal range) row tiles first: better tail balance.
+  const int n = get_num_groups(0);
+  int t;
+  Rows w = decompose(&P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
+  const int i1 = min(w.i0 + MQ, (int)P.seq_len) - 1;
+  int2 kr = key_range(&P, w.L, w.i0, i1, 0, (int)P.capacity);
+
+  const size_t kv_base = (size_t)w.b * P.kv_sb + (size_t)w.kvh * P.kv_sh;
+  load_q(&P, &w, q, Qs);
+  float4 acc[PMR][DV];
+  float l[PMR], m[PMR];
+  flash_rows(&P, &w, kr, k + kv_base, v + kv_base, bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew,
+             acc, l, m);
+
+  const int lid = get_local_id(0);
+  const int dl = lid % DL, prl = lid / DL;
+  for (int pm = 0; pm < PMR; ++pm) {
+    int r = prl + pm * PRL;
+    if (!row_ok(&P, &w, r)) continue;
+    write_final(&P, &w, w.h0 + r / MQ, w.i0 + r % MQ, acc[pm], l[pm], m[pm], sink, out, lse,
+                dl);
+  }
+}
+
+#else  // sub-group variant
+
+#if SG_IMPL == 1
+#pragma OPENCL EXTENSION cl_khr_subgroups : enable
+#define SG_LANE ((int)get_sub_group_local_id())
+#define SG_ID ((int)get_sub_group_id())
+#define SG_MAX(x) sub_group_reduce_max(x)
+#define SG_SUM(x) sub_group_reduce_add(x)
+#define SG_BCAST(x, i) sub_group_broadcast((x), (uint)(i))
+#define SG_SCRATCH_DECL
+#elif SG_IMPL == 2
+#pragma OPENCL EXTENSION cl_intel_subgroups : enable
+#define SG_LANE ((int)get_sub_group_local_id())
+#define SG_ID ((int)get_sub_group_id())
+#define SG_MAX(x) sub_group_reduce_max(x)
+#define SG_SUM(x) sub_group_reduce_add(x)
+#define SG_BCAST(x, i) intel_sub_group_shuffle((x), (uint)(i))
+#define SG_SCRATCH_DECL
+#elif SG_IMPL == 3
+// NVIDIA's OpenCL has no sub-group extension, but its warps are sub-groups of 32
+// consecutive work-items and its compiler accepts inline PTX.
+inline float nv_xor(float x, int mask) {
+  float r;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(mask));
+  return r;
+}
+inline float nv_idx(float x, int lane) {
+  float r;
+  asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(lane));
+  return r;
+}
+inline float nv_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmax(x, nv_xor(x, o));
+  return x;
+}
+inline float nv_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += nv_xor(x, o);
+  return x;
+}
+#define SG_LANE ((int)(get_local_id(0) & 31))
+#define SG_ID ((int)(get_local_id(0) >> 5))
+#define SG_MAX(x) nv_max(x)
+#define SG_SUM(x) nv_sum(x)
+#define SG_BCAST(x, i) nv_idx((x), (i))
+#define SG_SCRATCH_DECL
+#else
+// Emulation through local memory: same code path, testable on devices without
+// sub-groups (slow: two barriers per operation; every call site is work-group uniform).
+inline float emu_op(__local float* scr, float x, int op, int src) {
+  const int lid = get_local_id(0), base = lid - lid % SG;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  scr[lid] = x;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (op == 2) return scr[base + src];
+  float r = scr[base];
+  for (int i = 1; i < SG; ++i) r = op ? r + scr[base + i] : fmax(r, scr[base + i]);
+  return r;
+}
+#define SG_LANE ((int)(get_local_id(0) % SG))
+#define SG_ID ((int)(get_local_id(0) / SG))
+#define SG_MAX(x) emu_op(sg_scr, (x), 0, 0)
+#define SG_SUM(x) emu_op(sg_scr, (x), 1, 0)
+#define SG_BCAST(x, i) emu_op(sg_scr, (x), 2, (i))
+#define SG_SCRATCH_DECL __local float sg_scr[WG];
+#endif
+
+// Each sub-group owns RS = R_ROWS / NSG rows. Per tile the whole work-group stages K
+// (and V) with two barriers; scores, row max, row sum and the probabilities then stay in
+// registers and sub-group operations: lane l scores keys l, l+SG, ... and owns output
+// dims l, l+SG, ...
+#define NSG (WG / SG)
+#define RS (R_ROWS / NSG)
+#define KPL (TK / SG)             // keys per lane
+#define DPL ((HD + SG - 1) / SG)  // output dims per lane
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void flash_prefill(const Params P, const __global elem_t* q, const __global elem_t* k,
+                   const __global elem_t* v, const __global bias_t* bias,
+                   const __global int* seqlens, const __global float* sink,
+                   __global elem_t* out, __global float* lse) {
+  __local float Qs[R_ROWS * KP];
+  __local float Ks[TK * KP];
+#if STAGE_V
+  __local float Vs[TK * HD];
+#endif
+  SG_SCRATCH_DECL
+
+  const int n = get_num_groups(0);
+  int t;
+  Rows w = decompose(&P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
+  const int i1 = min(w.i0 + MQ, (int)P.seq_len) - 1;
+  int2 kr = key_range(&P, w.L, w.i0, i1, 0, (int)P.capacity);
+  const size_t kv_base = (size_t)w.b * P.kv_sb + (size_t)w.kvh * P.kv_sh;
+  const __global elem_t* kb = k + kv_base;
+  const __global elem_t* vb = v + kv_base;
+  const int lid = get_local_id(0);
+  const int lane = SG_LANE, sg = SG_ID;
+  load_q(&P, &w, q, Qs);
+
+  float acc[RS][DPL], l[RS], m[RS];
+  for (int a = 0; a < RS; ++a) {
+    l[a] = 0.0f;
+    m[a] = -INFINITY;
+    for (int d = 0; d < DPL; ++d) acc[a][d] = 0.0f;
+  }
+  for (int t0 = kr.x; t0 < kr.y; t0 += TK) {
+    const int tn = min(TK, kr.y - t0);
+    for (int idx = lid; idx < TK * HD4; idx += WG) {
+      int jj = idx / HD4, g = idx % HD4;
+      if (jj < tn) {
+        size_t off = (size_t)(t0 + jj) * P.kv_ss + 4 * g;
+        vstore4(LD4(kb, off), 0, Ks + jj * KP + 4 * g);
+#if STAGE_V
+        vstore4(LD4(vb, off), 0, Vs + jj * HD + 4 * g);
+#endif
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float s[RS][KPL];
+    for (int a = 0; a < RS; ++a)
+      for (int c = 0; c < KPL; ++c) s[a][c] = 0.0f;
+    for (int g = 0; g < HD4; ++g) {
+      float4 kv[KPL];
+      for (int c = 0; c < KPL; ++c) kv[c] = vload4(0, Ks + (lane + c * SG) * KP + 4 * g);
+      for (int a = 0; a < RS; ++a) {
+        float4 qv = vload4(0, Qs + (sg * RS + a) * KP + 4 * g);
+        for (int c = 0; c < KPL; ++c) s[a][c] += dot(qv, kv[c]);
+      }
+    }
+    // online softmax per row, the probabilities left in s
+    for (int a = 0; a < RS; ++a) {
+      int r = sg * RS + a;
+      float mx = m[a];
+      for (int c = 0; c < KPL; ++c) {
+        s[a][c] = finish_score(&P, &w, bias, r, t0 + lane + c * SG, kr.y, s[a][c]);
+        mx = fmax(mx, s[a][c]);
+      }
+      mx = SG_MAX(mx);
+      float mu = SAFE_MAX(mx);
+      float alpha = exp(m[a] - mu);
+      float ls = 0.0f;
+      for (int c = 0; c < KPL; ++c) {
+        s[a][c] = exp(s[a][c] - mu);
+        ls += s[a][c];
+      }
+      l[a] = l[a] * alpha + SG_SUM(ls);
+      m[a] = mx;
+      for (int d = 0; d < DPL; ++d) acc[a][d] *= alpha;
+    }
+    // P.V: each V element is read once per sub-group, the probability comes by shuffle
+    for (int c = 0; c < KPL; ++c) {
+      for (int src = 0; src < SG; ++src) {
+        const int jj = c * SG + src;
+        float vv[DPL];
+        for (int d = 0; d < DPL; ++d) {
+          int dd = lane + d * SG;
+#if STAGE_V
+          vv[d] = (jj < tn && dd < HD) ? Vs[jj * HD + dd] : 0.0f;
+#elif IS_F16
+          vv[d] = (jj < tn && dd < HD) ? vload_half((size_t)(t0 + jj) * P.kv_ss + dd, vb) : 0.0f;
+#else
+          vv[d] = (jj < tn && dd < HD) ? vb[(size_t)(t0 + jj) * P.kv_ss + dd] : 0.0f;
+#endif
+        }
+        for (int a = 0; a < RS; ++a) {
+          float p = SG_BCAST(s[a][c], src);
+          for (int d = 0; d < DPL; ++d) acc[a][d] = fma(p, vv[d], acc[a][d]);
+        }
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+
+  for (int a = 0; a < RS; ++a) {
+    int r = sg * RS + a;
+    if (!row_ok(&P, &w, r)) continue;
+    int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
+    float mm = m[a], ll = l[a];
+    if (P.has_sink) {
+      float sk = sink[h];
+      float m2 = fmax(mm, sk), mu = SAFE_MAX(m2), f = exp(mm - mu);
+      for (int d = 0; d < DPL; ++d) acc[a][d] *= f;
+      ll = ll * f + exp(sk - mu);
+      mm = m2;
+    }
+    float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
+    size_t base = (size_t)w.b * P.q_sb + (size_t)h * P.q_sh + (size_t)i * P.q_ss;
+    for (int d = 0; d < DPL; ++d) {
+      int dd = lane + d * SG;
+      if (dd < HD) {
+#if IS_F16
+        vstore_half_rte(acc[a][d] * inv, base + dd, out);
+#else
+        out[base + dd] = acc[a][d] * inv;
+#endif
+      }
+    }
+    if (P.return_lse && lane == 0)
+      lse[((size_t)w.b * P.num_heads + h) * P.seq_len + i] = ll > 0.0f ? mm + log(ll) : -INFINITY;
+  }
+}
+
+#endif
