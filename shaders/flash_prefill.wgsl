@@ -5,7 +5,8 @@
 // tx, tx+NCG, ... (vec4s). Row maxima are combined over the NCG lanes of a row group:
 // lane_max() (subgroup shuffles over SGW lanes in the subgroup variant, identity otherwise),
 // then workgroup memory for the NCG/SGW groups left.
-// Prefix constants: BR, BC, TR, NCG, SGW; functions lane_max, lane_sum.
+// Prefix constants: BR, BC, TR, NCG, SGW; KST (K tile element type: f32 trades workgroup
+// memory for no conversions in the QK loop); functions lane_max, lane_sum.
 
 const TC: u32 = BC / NCG;                 // S columns per lane
 const WG: u32 = (BR / TR) * NCG;
@@ -17,7 +18,7 @@ const NG: u32 = NCG / SGW;                // lane groups left after the shuffles
 @group(0) @binding(8) var<storage, read_write> lse: array<f32>;
 
 var<workgroup> q_s: array<vec4<f32>, BR * HV>;
-var<workgroup> k_s: array<vec4<T>, BC * KS>;
+var<workgroup> k_s: array<vec4<KST>, BC * KS>;
 var<workgroup> v_s: array<vec4<T>, BC * HV>;
 var<workgroup> p_s: array<f32, BR * BC>;
 var<workgroup> red_s: array<f32, BR * NG>;
@@ -110,7 +111,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         vg = v[at];
       }
       for (var s = 0u; s < GS; s++) {
-        k_s[jj * KS + g * GS + s] = g_part(kg, s);
+        k_s[jj * KS + g * GS + s] = vec4<KST>(g_part(kg, s));
         v_s[jj * HV + g * GS + s] = g_part(vg, s);
       }
     }

@@ -1,12 +1,16 @@
 // reduce: merges the split-KV partial states (and the head sink) of one query row into out
 // (q layout, spec dtype) and lse:  M = max_t lse_t (and sink), w_t = exp(lse_t - M),
 // out = sum_t w_t o_t / (sum_t w_t + exp(sink - M)).
-// One workgroup per row; NSG groups of HV lanes take every NSG-th split, then their sums meet
-// in workgroup memory. Prefix constants: WG. Partials may come from any backend: a split
-// with lse_t = -inf contributes nothing, whatever its o_t holds.
+// One workgroup per row. The splits' lse are read in parallel (one lane per split) and their
+// weights kept in workgroup memory; then NSG groups of HV lanes each sum every NSG-th split,
+// four independent loads at a time (a loop of dependent loads would wait on memory once per
+// split), and the groups meet in workgroup memory. Prefix constants: WG.
+// Partials may come from any backend: a split with lse_t = -inf contributes nothing,
+// whatever its o_t holds.
 
 const NSG: u32 = max(1u, WG / HV);
 const MASKED: f32 = -3.0e38;
+const WCHUNK: u32 = 1024u;     // split weights held in workgroup memory per pass
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> o_parts: array<vec4<f32>>;
@@ -15,8 +19,32 @@ const MASKED: f32 = -3.0e38;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<T>>;
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 
+var<workgroup> red_s: array<f32, WG>;
+var<workgroup> w_s: array<f32, WCHUNK>;
 var<workgroup> acc_s: array<vec4<f32>, NSG * HV>;
 var<workgroup> den_s: array<f32, NSG>;
+
+// Sum (is_max false) or max over the workgroup of one value per lane.
+fn wg_reduce(x: f32, lid: u32, is_max: bool) -> f32 {
+  red_s[lid] = x;
+  workgroupBarrier();
+  for (var step = WG / 2u; step > 0u; step = step / 2u) {
+    if (lid < step) {
+      let y = red_s[lid + step];
+      red_s[lid] = select(red_s[lid] + y, max(red_s[lid], y), is_max);
+    }
+    workgroupBarrier();
+  }
+  let r = red_s[0];
+  workgroupBarrier();
+  return r;
+}
+
+// The weight of split t; 0 for an empty split (its o_t is never read).
+fn weight(row: u32, t: u32, m_use: f32) -> f32 {
+  let lt = max(lse_parts[row * P.n_splits + t], MASKED);
+  return select(0.0, exp(lt - m_use), lt > MASKED);
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -36,24 +64,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     sink_l = max(sink[h], MASKED);
   }
   var mx = sink_l;
-  for (var t = 0u; t < nt; t++) {
+  for (var t = lid; t < nt; t += WG) {
     mx = max(mx, max(lse_parts[row * nt + t], MASKED));
   }
+  mx = wg_reduce(mx, lid, true);
   let m_use = select(mx, 0.0, mx <= MASKED);
 
   let col = lid % HV;
   let grp = lid / HV;
   var acc = vec4<f32>(0.0);
   var den = 0.0;
-  if (grp < NSG) {
-    for (var t = grp; t < nt; t += NSG) {
-      let lt = max(lse_parts[row * nt + t], MASKED);
-      if (lt > MASKED) {
-        let w = exp(lt - m_use);
-        den += w;
-        acc += w * o_parts[(row * nt + t) * HV + col];
+  for (var t0 = 0u; t0 < nt; t0 += WCHUNK) {
+    let n = min(WCHUNK, nt - t0);
+    for (var t = lid; t < n; t += WG) {
+      w_s[t] = weight(row, t0 + t, m_use);
+    }
+    workgroupBarrier();
+    if (grp < NSG) {
+      let base = row * nt + t0;
+      var t = grp;
+      for (; t + 3u * NSG < n; t += 4u * NSG) {
+        let w0 = w_s[t];
+        let w1 = w_s[t + NSG];
+        let w2 = w_s[t + 2u * NSG];
+        let w3 = w_s[t + 3u * NSG];
+        let o0 = o_parts[(base + t) * HV + col];
+        let o1 = o_parts[(base + t + NSG) * HV + col];
+        let o2 = o_parts[(base + t + 2u * NSG) * HV + col];
+        let o3 = o_parts[(base + t + 3u * NSG) * HV + col];
+        acc += select(vec4<f32>(0.0), w0 * o0, w0 > 0.0) + select(vec4<f32>(0.0), w1 * o1, w1 > 0.0)
+             + select(vec4<f32>(0.0), w2 * o2, w2 > 0.0) + select(vec4<f32>(0.0), w3 * o3, w3 > 0.0);
+        den += (w0 + w1) + (w2 + w3);
+      }
+      for (; t < n; t += NSG) {
+        let w = w_s[t];
+        if (w > 0.0) {
+          acc += w * o_parts[(base + t) * HV + col];
+          den += w;
+        }
       }
     }
+    workgroupBarrier();
+  }
+  if (grp < NSG) {
     acc_s[grp * HV + col] = acc;
     if (col == 0u) {
       den_s[grp] = den;

@@ -235,3 +235,20 @@ def test_timings(session):
     assert len(times["wall_s"]) == 4 and all(x > 0 for x in times["wall_s"])
     if "timestamp-query" in plan.caps.features:
         assert len(times["gpu_s"]) == 4 and all(0 < x < 10 for x in times["gpu_s"])
+
+
+def test_reduce_many_splits_with_empty_ones(session):
+    # more splits than the reduce's lanes and its weight chunk; empty splits hold NaN
+    spec = attnreg.AttentionSpec(batch=1, seq_len=2, past_len=0, num_heads=2, kv_num_heads=1,
+                                 head_size=16, causal=False, head_sink=True, return_lse=True)
+    rng = np.random.default_rng(1)
+    t = 1100
+    o = rng.standard_normal((1, 2, 2, t, 16)).astype(np.float32)
+    lse = (rng.standard_normal((1, 2, 2, t)) * 3).astype(np.float32)
+    lse[..., ::3] = -np.inf
+    o[..., ::3, :] = np.nan
+    sink = np.array([0.5, -np.inf], np.float32)
+    out, l_out = session.reduce_states(spec, o, lse, sink, kernel="webgpu.reduce.f32")
+    want, want_lse = ref.reduce(spec, np.nan_to_num(o), lse, sink)
+    np.testing.assert_allclose(out, ref.out_layout(spec, want), atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(l_out, want_lse, atol=2e-4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,12 +25,18 @@ from attnreg import reference
 from attnreg.spec import AttentionSpec
 
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
+# A "split_size" entry is passed as the session flag (the rule then derives n_splits).
 SWEEPS: dict[str, list[dict[str, Any]]] = {
     "decode": [{}, {"kv_tile": 64}, {"kv_tile": 16}, {"threads": 128},
-               {"kv_tile": 64, "threads": 128}, {"kv_tile": 32, "threads": 32}],
+               {"kv_tile": 16, "threads": 128}, {"kv_tile": 64, "threads": 128},
+               {"split_size": 256}, {"split_size": 512}, {"kv_tile": 16, "split_size": 64}],
     "prefill": [{}, {"row_lanes": 8}, {"q_tile": 16, "kv_tile": 64, "rows_per_thread": 2},
                 {"rows_per_thread": 2}, {"q_tile": 16, "rows_per_thread": 2},
-                {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 4, "row_lanes": 16}],
+                {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 4, "row_lanes": 16},
+                {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 8, "row_lanes": 16},
+                {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 8, "row_lanes": 8},
+                {"q_tile": 32, "kv_tile": 16, "rows_per_thread": 4, "row_lanes": 16},
+                {"k_f32": 1}, {"k_f32": 1, "row_lanes": 8}, {"k_f32": 1, "rows_per_thread": 2}],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
@@ -46,7 +53,10 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
             warmup: int = 5, check: bool = True) -> dict[str, Any]:
     """Median GPU/wall microseconds, GB/s and TFLOP/s of one (spec, params) on the session's
     device; with check, the max error against the float64 reference."""
-    plan = session.plan(spec, op=op, params=params)
+    p = dict(params or {})
+    flags = {"split_size": p.pop("split_size")} if "split_size" in p else None
+    params = p or None
+    plan = session.plan(spec, op=op, params=params, flags=flags)
     rt: Any = session.runtime(plan)
     times = rt.timings(plan, inputs, iters=iters, warmup=warmup)
     nbytes, flops = core_bench.traffic(spec)
@@ -59,14 +69,14 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
         "gpu_us": gpu, "gpu_min_us": min(times["gpu_s"]) * 1e6 if gpu else None,
         "wall_us": wall, "gb_s": nbytes / basis / 1e3, "tflops": flops / basis / 1e6}
     if check and op == "attention":
-        got = session.run(spec, inputs, params=params)
+        got = session.run(spec, inputs, params=params, flags=flags)
         want = reference.out_layout(spec, reference.attention(spec, inputs)[0])
         row["max_err"] = float(np.abs(got.astype(np.float64) - want).max())
     return row
 
 
 def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: bool = False,
-        log: Any = print) -> list[dict[str, Any]]:
+        checks: Sequence[str] = ("",), log: Any = print) -> list[dict[str, Any]]:
     table = core_bench.QUICK if quick else core_bench.SUITES
     rows = []
     with attnreg.Session(backend="webgpu") as session:
@@ -78,7 +88,9 @@ def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: b
                 spec = case.spec
                 inputs = inputs_for(spec)
                 variants = SWEEPS.get(suite, [{}]) if sweep else [{}]
-                for params in variants:
+                runs = [(c, {}) for c in checks] + [("", v) for v in variants if v]
+                for mode, params in runs:
+                    _set_checks(mode)
                     ops = ["attention", "partial"] if params == {} and spec.seq_len <= 4 else \
                         ["attention"]
                     for op in ops:
@@ -88,10 +100,19 @@ def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: b
                         except Exception as exc:
                             row = {"spec": spec.short(), "op": op, "params": params,
                                    "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-                        row.update(case=case.name, suite=suite, sweep=params)
+                        row.update(case=case.name, suite=suite, sweep=params, checks=mode)
                         rows.append(row)
                         log(json.dumps(row))
     return rows
+
+
+def _set_checks(mode: str) -> None:
+    from .device import CHECKS_ENV
+
+    if mode:
+        os.environ[CHECKS_ENV] = mode
+    else:
+        os.environ.pop(CHECKS_ENV, None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,9 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--quick", action="store_true", help="the small cases (lavapipe)")
+    ap.add_argument("--checks", default="", help="comma-separated WGSL check modes to compare "
+                    "on the default plans (all, bounds, none)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
-    rows = run(a.suite, sweep=a.sweep, iters=a.iters, check=not a.no_check, quick=a.quick)
+    rows = run(a.suite, sweep=a.sweep, iters=a.iters, check=not a.no_check, quick=a.quick,
+               checks=a.checks.split(",") if a.checks else ("",))
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(rows, fh, indent=1)

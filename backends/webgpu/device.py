@@ -3,6 +3,7 @@ cache keyed by (kernel id, WGSL source hash): a new Session never recompiles."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -10,6 +11,39 @@ from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
 
 from . import probe, source
+
+# Runtime checks naga adds to our (trusted, generated) WGSL. The default, "bounds", keeps
+# WebGPU's bounds checks but drops ForceLoopBounding: that extra counter in every loop hides
+# the trip count from the driver, which then cannot unroll the tile loops and keeps the
+# per-thread accumulators in local memory (10-30x slower on the H100). "all" is what
+# create_shader_module does; "none" drops the bounds checks too.
+CHECKS_ENV = "ATTNREG_WGSL_CHECKS"
+_CHECKS = {"all": 0x3, "bounds": 0x1, "none": 0x0}
+
+
+def _checks() -> int | None:
+    mode = os.environ.get(CHECKS_ENV, "bounds").strip().lower()
+    if mode not in _CHECKS:
+        raise ValueError(f"{CHECKS_ENV}={mode!r}: expected one of {sorted(_CHECKS)}")
+    return None if mode == "all" else _CHECKS[mode]
+
+
+def _trusted_module(dev: Any, label: str, code: str, checks: int) -> Any:
+    """wgpuDeviceCreateShaderModuleTrusted through wgpu-py's cffi layer (wgpu-py 0.32 does
+    not wrap it). Compile errors raise like create_shader_module's."""
+    from wgpu.backends.wgpu_native import _api
+
+    src = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
+    src[0].chain.next = _api.ffi.NULL
+    src[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
+    desc = _api.new_struct_p("WGPUShaderModuleDescriptor *",
+                             nextInChain=_api.ffi.cast("WGPUChainedStruct *", src),
+                             label=_api.to_c_string_view(label))
+    handle = _api.libf.wgpuDeviceCreateShaderModuleTrusted(dev._internal, desc, checks)
+    if handle == _api.ffi.NULL:
+        raise RuntimeError("shader module creation failed")
+    return _api.GPUShaderModule(label, handle, dev)
+
 
 # Bindings of each family's module (see shaders/*.wgsl): (binding, kind).
 _ATTN = [(0, "uniform")] + [(i, "read") for i in range(1, 7)] + [(7, "rw"), (8, "rw")]
@@ -37,9 +71,10 @@ class GpuDevice:
                                                   required_limits=limits)
         self.has_timestamps = "timestamp-query" in self.features
         self._lock = threading.Lock()
-        self._pipelines: dict[tuple[str, str], Any] = {}
+        self._pipelines: dict[tuple[str, str, str], Any] = {}
         self._layouts: dict[str, tuple[Any, Any]] = {}
         self.compiles = 0          # how many pipelines were built (tests check the cache)
+        self.trusted_ok = True
 
     def wait(self) -> None:
         """Block until every submitted command buffer has finished. wgpu-py 0.32's
@@ -69,17 +104,26 @@ class GpuDevice:
             self._layouts[family] = (bgl, pl)
         return self._layouts[family]
 
+    def module(self, label: str, wgsl: str) -> Any:
+        checks = _checks()
+        if checks is not None and self.trusted_ok:
+            try:
+                return _trusted_module(self.device, label, wgsl, checks)
+            except (ImportError, AttributeError, TypeError):
+                self.trusted_ok = False      # this wgpu-py cannot: use the checked path
+        return self.device.create_shader_module(label=label, code=wgsl)
+
     def pipeline(self, kernel_id: str, family: str, wgsl: str) -> Any:
         """The compute pipeline for this source, compiled on first use. A compile or
         validation failure raises KernelUnavailable carrying the compiler's message."""
-        key = (kernel_id, source.digest(wgsl))
+        key = (kernel_id, source.digest(wgsl), os.environ.get(CHECKS_ENV, ""))
         with self._lock:
             got = self._pipelines.get(key)
             if got is not None:
                 return got
             _, pl = self.layout(family)
             try:
-                module = self.device.create_shader_module(label=kernel_id, code=wgsl)
+                module = self.module(kernel_id, wgsl)
                 got = self.device.create_compute_pipeline(
                     label=kernel_id, layout=pl, compute={"module": module, "entry_point": "main"})
             except Exception as exc:
