@@ -88,7 +88,8 @@ def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: b
                 spec = case.spec
                 inputs = inputs_for(spec)
                 variants = SWEEPS.get(suite, [{}]) if sweep else [{}]
-                runs = [(c, {}) for c in checks] + [("", v) for v in variants if v]
+                runs: list[tuple[str, dict[str, Any]]] = [(c, {}) for c in checks]
+                runs += [("", v) for v in variants if v]
                 for mode, params in runs:
                     _set_checks(mode)
                     ops = ["attention", "partial"] if params == {} and spec.seq_len <= 4 else \
