@@ -49,6 +49,7 @@ void decode_partial(const Params P, const __global elem_t* q, const __global ele
       int g = dl + dv * DL;
       if (g < HD4) vstore4(acc[pm][dv] * inv, 0, o_parts + row * HD + 4 * g);
     }
-    if (dl == 0) lse_parts[row] = l[pm] > 0.0f ? m[pm] + log(l[pm]) : -INFINITY;
+    if (dl == 0)
+      lse_parts[row] = l[pm] > 0.0f ? m[pm] + alibi_offset(&P, &w, r, kr.y) + log(l[pm]) : -INFINITY;
   }
 }

@@ -58,8 +58,17 @@ inline float finish_score(const Params* P, const Rows* w, const __global bias_t*
   if (P->has_bias)
     s += LDB(bias, (size_t)w->b * P->bias_sb + (size_t)h * P->bias_sh + (size_t)i * P->bias_ss
                        + (size_t)j);
-  if (P->has_alibi) s += alibi_slope(P, h) * (float)(j - p);
+  // ALiBi relative to the last key of the range, not to p: the heaviest keys then carry
+  // small logits and keep f32 precision; alibi_offset() restores p for the lse.
+  if (P->has_alibi) s += alibi_slope(P, h) * (float)(j - (khi - 1));
   return s;
+}
+
+// What the scores of row r lack, for an absolute lse (0 without ALiBi).
+inline float alibi_offset(const Params* P, const Rows* w, int r, int khi) {
+  if (!P->has_alibi) return 0.0f;
+  int p = w->L - (int)P->seq_len + w->i0 + r % MQ;
+  return alibi_slope(P, w->h0 + r / MQ) * (float)(khi - 1 - p);
 }
 
 // Stage the work-group's query rows, pre-scaled, in Qs (zeros for invalid rows).

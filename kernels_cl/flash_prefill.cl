@@ -9,6 +9,7 @@
 inline void write_final(const Params* P, const Rows* w, int h, int i, float4 a[DV], float l,
                         float m, const __global float* sink, __global elem_t* out,
                         __global float* lse, int dl) {
+  // m is absolute here (alibi_offset added by the caller), so it compares with the sink.
   if (P->has_sink) {
     // The sink joins the denominator only: rescale to the max of (m, sink).
     float sk = sink[h];
@@ -67,8 +68,8 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
   for (int pm = 0; pm < PMR; ++pm) {
     int r = prl + pm * PRL;
     if (!row_ok(&P, &w, r)) continue;
-    write_final(&P, &w, w.h0 + r / MQ, w.i0 + r % MQ, acc[pm], l[pm], m[pm], sink, out, lse,
-                dl);
+    write_final(&P, &w, w.h0 + r / MQ, w.i0 + r % MQ, acc[pm], l[pm],
+                m[pm] + alibi_offset(&P, &w, r, kr.y), sink, out, lse, dl);
   }
 }
 
@@ -249,7 +250,7 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
     int r = sg * RS + a;
     if (!row_ok(&P, &w, r)) continue;
     int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
-    float mm = m[a], ll = l[a];
+    float mm = m[a] + alibi_offset(&P, &w, r, kr.y), ll = l[a];
     if (P.has_sink) {
       float sk = sink[h];
       float m2 = fmax(mm, sk), mu = SAFE_MAX(m2), f = exp(mm - mu);

@@ -1,0 +1,130 @@
+"""Timing and tuning sweeps of the OpenCL kernels, built on OpenCLRuntime.timings().
+
+`attnreg bench` times the default plans through the same timings(); this module adds the
+per-kernel view used for tuning: forced kernels and parameters per case, the stages of a
+split-KV plan timed apart, and the max error of each timed variant. On a device machine::
+
+    python3 -m backends.opencl.bench --device h100 --sweep --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import attnreg
+from attnreg import bench as core_bench
+from attnreg import reference
+from attnreg.spec import AttentionSpec
+
+# Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
+SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "decode": [("", {}), ("", {"kv_tile": 64}), ("", {"kv_tile": 16}), ("", {"wg": 64}),
+               ("", {"wg": 256}), ("", {"split_size": 256}), ("", {"split_size": 64}),
+               ("", {"stage_v": False}), ("", {"kv_tile": 64, "split_size": 128})],
+    "prefill": [("", {}), ("wgmem", {}), ("wgmem", {"block_m": 64}), ("sg", {"block_m": 64}),
+                ("sg", {"kv_tile": 64}), ("sg", {"block_m": 16}), ("sg", {"wg": 256}),
+                ("m4", {})],
+}
+SWEEPS["long-context"] = SWEEPS["decode"]
+SWEEPS["whisper"] = SWEEPS["decode"]
+
+
+def inputs_for(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: (rng.standard_normal(s) * 0.5).astype(spec.dtype)
+            for n, s in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
+
+
+def kv_bytes(spec: AttentionSpec) -> int:
+    """K and V bytes that must be read once (valid keys only)."""
+    return 2 * spec.batch * spec.kv_num_heads * spec.total_len * spec.head_size * spec.itemsize
+
+
+def _kernel_id(spec: AttentionSpec, suffix: str) -> str | None:
+    if not suffix:
+        return None
+    tag = "f16" if spec.dtype == "float16" else "f32"
+    if suffix.startswith("m"):
+        return f"opencl.decode_partial.{tag}.{suffix}"
+    return f"opencl.prefill.{tag}.{suffix}"
+
+
+def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray], *,
+            kernel: str | None = None, params: Mapping[str, Any] | None = None,
+            iters: int = 50, warmup: int = 5, check: bool = True) -> dict[str, Any]:
+    """Median GPU/wall microseconds, effective K+V GB/s and TFLOP/s of one plan; with
+    check, the max error against the float64 reference."""
+    plan = session.plan(spec, kernel=kernel, params=params)
+    rt: Any = session.runtime(plan)
+    times = rt.timings(plan, inputs, iters=iters, warmup=warmup)
+    _, flops = core_bench.traffic(spec)
+    gpu = statistics.median(times["gpu_s"]) * 1e6
+    wall = statistics.median(times["wall_s"]) * 1e6
+    row: dict[str, Any] = {
+        "spec": spec.short(), "kernels": list(plan.kernels),
+        "params": {k: v for s in plan.stages for k, v in s.params.items()},
+        "gpu_us": round(gpu, 2), "gpu_min_us": round(min(times["gpu_s"]) * 1e6, 2),
+        "wall_us": round(wall, 2), "kv_gb_s": round(kv_bytes(spec) / gpu / 1e3, 1),
+        "tflops": round(flops / gpu / 1e6, 3),
+        "stage_us": {k: round(statistics.median(v) * 1e6, 2)
+                     for k, v in times.get("stage_gpu_s", {}).items()}}
+    if check:
+        got = session.run(spec, inputs, kernel=kernel, params=params)
+        want = reference.out_layout(spec, reference.attention(spec, inputs)[0])
+        row["max_err"] = float(np.abs(got.astype(np.float64) - want).max())
+    return row
+
+
+def run(suites: Sequence[str], *, device: str | None = None, sweep: bool = False,
+        iters: int = 50, check: bool = True, quick: bool = False,
+        log: Any = print) -> list[dict[str, Any]]:
+    """Every case of the suites (attnreg.bench's tables) on one OpenCL device."""
+    table = core_bench.QUICK if quick else core_bench.SUITES
+    rows: list[dict[str, Any]] = []
+    with attnreg.Session(backend="opencl", device=device) as session:
+        dev = session.plan(AttentionSpec()).caps
+        log(f"device: {dev.label} vendor={dev.vendor} arch={dev.architecture} "
+            f"units={dev.compute_units} limits={dev.limits}")
+        for suite in suites:
+            for case in table[suite]:
+                spec = case.spec
+                inputs = inputs_for(spec)
+                for suffix, params in (SWEEPS.get(suite, [("", {})]) if sweep else [("", {})]):
+                    try:
+                        row = measure(session, spec, inputs, kernel=_kernel_id(spec, suffix),
+                                      params=params or None, iters=iters,
+                                      check=check and not params and not suffix)
+                    except Exception as exc:   # a variant that cannot run is reported, not fatal
+                        row = {"spec": spec.short(), "error": f"{type(exc).__name__}: {exc}"[:400]}
+                    row.update(case=case.name, forced=suffix, sweep=params, device=dev.slug)
+                    rows.append(row)
+                    log(json.dumps(row))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None, help="device id or part of its name")
+    ap.add_argument("--suite", action="append", choices=sorted(core_bench.SUITES))
+    ap.add_argument("--sweep", action="store_true", help="also time the SWEEPS variants")
+    ap.add_argument("--quick", action="store_true", help="small cases (CPU devices)")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--out", default=None, help="write the rows as JSON")
+    a = ap.parse_args(argv)
+    rows = run(a.suite or list(core_bench.SUITES), device=a.device, sweep=a.sweep,
+               iters=a.iters, check=not a.no_check, quick=a.quick)
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

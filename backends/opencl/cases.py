@@ -1,0 +1,232 @@
+"""OpenCL conformance cases: a covering subset of the issue's axes, as data.
+
+Each (variant, dtype) pair meets every contract feature once; layouts, GQA ratio, head
+size, seq_len and total length rotate with independent strides, so every value of every
+axis appears in every variant (tests/test_opencl.py checks that). Run on PoCL by pytest,
+and on any OpenCL device without pytest (the H100 check)::
+
+    python3 -m backends.opencl.cases --device h100 [name-filter ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import attnreg
+from attnreg import reference as ref
+from attnreg import testing
+from attnreg.kernel import TOLERANCE
+from attnreg.plan import Stage
+from attnreg.spec import AttentionSpec
+from attnreg.tensors import check_tensors
+
+DT = {"float32": "f32", "float16": "f16"}
+LAYOUTS = (("BSNH", "BNSH"), ("BNSH", "BSNH"), ("BSNH", "BSNH"), ("BNSH", "BNSH"))
+GQA = (1, 4, 7)
+HEADS = (32, 64, 80, 96, 128, 256)
+SEQ = (1, 2, 3, 4, 5, 33, 97)
+# Tile boundaries +-1 (tiles are 16/32/64 keys, splits multiples of 16..64), 1, and > 1000.
+TOTALS = (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 1025, 1500)
+
+# variant tag -> (kernel id pattern, how it runs)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "prefill-wgmem": ("opencl.prefill.{dt}.wgmem", "attention"),
+    "prefill-sg": ("opencl.prefill.{dt}.sg", "attention"),      # only where sub-groups exist
+    "prefill-sg-emu": ("opencl.prefill.{dt}.sg", "emulated"),    # same code, emulated shuffles
+    "decode_partial-m1": ("opencl.decode_partial.{dt}.m1", "attention"),
+    "decode_partial-m2": ("opencl.decode_partial.{dt}.m2", "attention"),
+    "decode_partial-m4": ("opencl.decode_partial.{dt}.m4", "attention"),
+    "partial-m4": ("opencl.decode_partial.{dt}.m4", "partial"),  # reduced by the reference
+    "partial-m1": ("opencl.decode_partial.{dt}.m1", "partial"),
+    "reduce": ("opencl.reduce.{dt}", "reduce"),                  # reference partials reduced here
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    variant: str
+    kernel: str
+    mode: str
+    spec: AttentionSpec
+    feature: str
+    make: dict[str, Any] = field(default_factory=dict)   # make_tensors keywords (+ bias_f16)
+    masked_row: bool = False                             # bias -inf over all keys of row 0
+    split_size: int | None = None
+
+
+def features(b: int, nq: int, s: int, c: int) -> list[tuple[str, dict[str, Any], dict[str, Any], bool]]:
+    """(tag, spec changes, tensor keywords, fully masked row) for every contract feature."""
+    return [
+        ("causal", {}, {}, False),
+        ("noncausal", {"causal": False}, {}, False),
+        ("bias", {"bias": True}, {}, False),
+        ("bias-bcast-batch", {"bias": True}, {"bias_shape": (1, nq, s, c)}, False),
+        ("bias-bcast-heads", {"bias": True}, {"bias_shape": (b, 1, s, c)}, False),
+        ("bias-bcast-rows", {"bias": True, "causal": False}, {"bias_shape": (b, nq, 1, c)}, False),
+        ("bias-f16-masked", {"bias": True}, {"bias_f16": True, "mask_frac": 0.3}, False),
+        ("masked-row-lse", {"bias": True, "return_lse": True}, {}, True),
+        ("seqlens-capacity", {"seqlens_k": True, "kv_capacity": c + 13}, {}, False),
+        ("capacity", {"kv_capacity": c + 7}, {}, False),
+        ("window", {"local_window": 6}, {}, False),
+        ("softcap", {"softcap": 2.0}, {}, False),
+        ("alibi", {"alibi_max_bias": 8.0, "causal": False}, {}, False),
+        ("sink-lse", {"head_sink": True, "return_lse": True}, {}, False),
+        ("sink-masked-row", {"head_sink": True, "bias": True, "return_lse": True}, {}, True),
+        ("everything", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0,
+                        "alibi_max_bias": 4.0, "local_window": 37, "head_sink": True,
+                        "return_lse": True, "bias": True},
+         {"bias_shape": (1, nq, s, c + 5)}, False),
+    ]
+
+
+def _lift(total: int, s: int) -> int:
+    """A total length >= s that keeps total's position relative to 64-key tiles."""
+    return total if total >= s else total + 64 * math.ceil((s - total) / 64)
+
+
+def build(variants: tuple[str, ...] = tuple(VARIANTS)) -> list[Case]:
+    """Every case of the given variants, in a fixed order.
+
+    Within a variant, slot k (dtype x feature) takes each axis from its own rotation, with
+    strides chosen so that 32 slots cover every value and values do not travel in pairs.
+    """
+    out: list[Case] = []
+    for v, var in enumerate(variants):
+        pattern, mode = VARIANTS[var]
+        emu = var.endswith("-emu")
+        for di, (dtype, dt) in enumerate(DT.items()):
+            feats = features(1, 1, 1, 1)
+            for fi in range(len(feats)):
+                k = di * len(feats) + fi
+                ql, kl = LAYOUTS[(k // 3 + v) % 4]
+                g = GQA[(k // 2 + v) % 3]
+                h = HEADS[(k + v) % 6]
+                base = TOTALS[(k + 3 * v) % len(TOTALS)]
+                s = 1 if base == 1 else SEQ[(k * 3 + v) % 7]
+                total = _lift(base, s)
+                if emu:   # the emulation pays two barriers per shuffle: keep it small
+                    s, total, h = min(s, 5), min(total, 65), min(h, 64)
+                nkv = 1 if g == 7 else 2
+                b = 2 if h <= 96 and total < 1000 else 1
+                tag, changes, kw, masked = features(b, nkv * g, s, total)[fi]
+                spec = AttentionSpec(batch=b, seq_len=s, past_len=total - s, num_heads=nkv * g,
+                                     kv_num_heads=nkv, head_size=h, dtype=dtype, q_layout=ql,
+                                     kv_layout=kl, **changes)
+                split = None
+                if mode != "attention" or var.startswith("decode"):
+                    split = (16, 48, 32, 100)[k % 4] if spec.capacity > 16 else None
+                m = f"-m{pattern[-1]}" if "decode" in pattern else ""
+                name = (f"{var.split('-')[0]}-{dt}{m}-gqa{g}-h{h}-s{s}-L{total}"
+                        f"-{ql.lower()}-{kl.lower()}-{tag}")
+                if var.endswith(("-sg", "-sg-emu")):
+                    name = name.replace("prefill", var.replace("-", "_"), 1)
+                out.append(Case(name, var, pattern.format(dt=dt), mode, spec, tag, dict(kw),
+                                masked, split))
+    return out
+
+
+def for_device(caps: attnreg.DeviceCaps) -> list[Case]:
+    """The cases a device can run natively, plus the emulated sub-group ones."""
+    skip = () if "subgroups" in caps.features else ("prefill-sg",)
+    return build(tuple(v for v in VARIANTS if v not in skip))
+
+
+def tensors_for(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
+    kw = dict(case.make)
+    bias_f16 = kw.pop("bias_f16", False)
+    t = testing.make_tensors(case.spec, seed, **kw)
+    if case.masked_row:
+        t["bias"][:, :, 0, :] = -np.inf
+    if bias_f16 and case.spec.dtype == "float16":
+        t["bias"] = t["bias"].astype(np.float16)
+    return t
+
+
+def _emulated(session: attnreg.Session, case: Case, t: dict[str, np.ndarray]) -> Any:
+    """The sub-group kernel with shuffles emulated in local memory, launched directly
+    (the registry rightly refuses the sg variant on a device without sub-groups)."""
+    spec = case.spec
+    wg_id = case.kernel.replace(".sg", ".wgmem")
+    plan = session.plan(spec, kernel=wg_id)
+    stage = Stage(case.kernel, "prefill", {**plan.stages[0].params, "sg_impl": "emu"})
+    plan = dataclasses.replace(plan, stages=(stage,))
+    res = session.runtime(plan).launch(plan, check_tensors(spec, t))
+    return (res["out"], res["lse"]) if spec.return_lse else res["out"]
+
+
+def run_case(session: attnreg.Session, case: Case, seed: int = 0) -> tuple[float, str]:
+    """(max error, problem or '') of one case on the session's OpenCL device."""
+    spec = case.spec
+    t = tensors_for(case, seed)
+    want = testing.expected(spec, t)
+    params = {"split_size": case.split_size} if case.split_size else None
+    if case.mode == "attention":
+        return testing.compare(spec, session.run(spec, t, kernel=case.kernel, params=params),
+                               want)
+    if case.mode == "emulated":
+        return testing.compare(spec, _emulated(session, case, t), want)
+    size = case.split_size or spec.capacity
+    inputs = check_tensors(spec, t)
+    wo, wl = ref.partial_states(spec, inputs, size)
+    if case.mode == "partial":
+        o, lse = session.partial_states(spec, t, split_size=size, kernel=case.kernel)
+        err, why = testing.compare_partials(spec, (o, lse), (wo, wl), TOLERANCE[spec.dtype])
+        if why:
+            return err, why
+        got = attnreg.reduce_states(spec, o, lse, t.get("head_sink"), backend="reference")
+        return testing.compare(spec, got, want)
+    o, lse = wo.astype(np.float32), wl.astype(np.float32)
+    o[np.isneginf(lse)] = np.nan      # an empty split's o may hold anything; it must not leak
+    got = session.reduce_states(spec, o, lse, t.get("head_sink"), kernel=case.kernel)
+    return testing.compare(spec, got, want)
+
+
+def axis_values(cases: list[Case]) -> dict[str, set[Any]]:
+    return {
+        "head_size": {c.spec.head_size for c in cases},
+        "seq_len": {c.spec.seq_len for c in cases},
+        "gqa": {c.spec.group_size for c in cases},
+        "layouts": {(c.spec.q_layout, c.spec.kv_layout) for c in cases},
+        "total_len": {c.spec.total_len for c in cases},
+        "dtype": {c.spec.dtype for c in cases},
+        "feature": {c.feature for c in cases},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every case on one OpenCL device; print failures and a summary."""
+    ap = argparse.ArgumentParser(description="OpenCL conformance cases")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("filters", nargs="*")
+    a = ap.parse_args(argv)
+    bad, worst, t0 = 0, 0.0, time.perf_counter()
+    with attnreg.Session(backend="opencl", device=a.device) as s:
+        caps = s.plan(AttentionSpec()).caps
+        cases = [c for c in for_device(caps) if not a.filters or any(f in c.name for f in a.filters)]
+        print(f"{caps.label}: {len(cases)} cases", flush=True)
+        for case in cases:
+            try:
+                err, why = run_case(s, case)
+            except Exception as exc:
+                err, why = math.inf, f"{type(exc).__name__}: {str(exc)[:500]}"
+            if why:
+                bad += 1
+                print(f"FAIL {case.name}: {why}", flush=True)
+            else:
+                worst = max(worst, err)
+    print(f"{len(cases) - bad}/{len(cases)} pass in {time.perf_counter() - t0:.1f} s; largest "
+          f"error of a passing case {worst:.3g}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

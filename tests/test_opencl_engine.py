@@ -1,0 +1,234 @@
+"""OpenCL backend engineering: probing, kernels as data, routing without sub-groups,
+build-failure fallback, the shared program cache, buffer reuse, timings, interop."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import attnreg
+from attnreg import reference as ref
+from attnreg.kernel import TOLERANCE
+from attnreg.tensors import check_tensors
+from backends.opencl import kernels as okernels
+from backends.opencl import probe as oprobe
+from backends.opencl import programs
+from tests.support import check_close, make_tensors, require_devices
+from tests.test_opencl import DEV
+
+
+@pytest.fixture(scope="module")
+def dev() -> attnreg.DeviceCaps:
+    require_devices("opencl")
+    assert DEV is not None
+    return DEV
+
+
+def _spec(**kw) -> attnreg.AttentionSpec:
+    base = dict(batch=1, seq_len=1, past_len=47, num_heads=8, kv_num_heads=2, head_size=64)
+    return attnreg.AttentionSpec(**{**base, **kw})
+
+
+# -- probing ---------------------------------------------------------------------------
+def test_probe_fills_caps(dev):
+    assert dev.id.startswith("opencl:") and dev.id.count(":") == 2
+    assert dev.backend_type == "OpenCL" and dev.device_type in ("cpu", "gpu")
+    for name in ("workgroup_storage", "invocations", "workgroup_size_x", "storage_binding",
+                 "buffer_size", "workgroups_per_dim"):
+        assert dev.limit(name), name
+    assert dev.compute_units and dev.driver
+    assert ("subgroups" in dev.features) == bool(
+        {"cl_khr_subgroups", "cl_intel_subgroups", oprobe.NV_SHUFFLE} & dev.features)
+    if "pthread" in dev.name or "pocl" in dev.description.lower():
+        assert dev.vendor == "pocl" and dev.device_type == "cpu"
+
+
+class _Enum:
+    GPU, CPU = 4, 2
+
+
+class _FakeDev:
+    def __init__(self, **kw):
+        base = dict(name="Fake GPU", type=_Enum.GPU, vendor="NVIDIA Corporation", vendor_id=0x10DE,
+                    extensions="cl_khr_fp64 cl_nv_device_attribute_query",
+                    local_mem_size=49152, max_work_group_size=1024, max_work_item_sizes=[1024] * 3,
+                    max_mem_alloc_size=1 << 32, driver_version="580.1", version="OpenCL 3.0 CUDA",
+                    max_compute_units=132, warp_size_nv=32, compute_capability_major_nv=9,
+                    compute_capability_minor_nv=0)
+        self.__dict__.update({**base, **kw})
+
+
+def _fake_cl():
+    return types.SimpleNamespace(device_type=_Enum)
+
+
+def test_probe_maps_vendor_extensions():
+    nv = types.SimpleNamespace(name="NVIDIA CUDA", vendor="NVIDIA Corporation", version="OpenCL 3.0")
+    caps = oprobe.device_caps(_fake_cl(), 1, 0, nv, _FakeDev())
+    assert caps.id == "opencl:1:0" and caps.vendor == "nvidia" and caps.architecture == "sm_90"
+    assert {"subgroups", oprobe.NV_SHUFFLE} <= caps.features and "cl_khr_fp16" not in caps.features
+    assert caps.subgroup_max_size == 32 and caps.limit("workgroup_storage") == 49152
+    intel = types.SimpleNamespace(name="Intel(R) OpenCL Graphics", vendor="Intel(R) Corporation",
+                                  version="OpenCL 3.0")
+    caps = oprobe.device_caps(_fake_cl(), 0, 2, intel, _FakeDev(
+        vendor="Intel(R) Corporation", vendor_id=0x8086,
+        extensions="cl_khr_fp16 cl_khr_subgroups cl_intel_subgroups", sub_group_sizes_intel=[8, 16, 32]))
+    assert caps.vendor == "intel" and {"cl_khr_fp16", "subgroups"} <= caps.features
+    assert (caps.subgroup_min_size, caps.subgroup_max_size) == (8, 32)
+    pocl = types.SimpleNamespace(name="Portable Computing Language", vendor="The pocl project",
+                                 version="OpenCL 3.0 PoCL")
+    caps = oprobe.device_caps(_fake_cl(), 0, 0, pocl, _FakeDev(
+        type=_Enum.CPU, vendor="AuthenticAMD", vendor_id=0x8086, extensions="cl_khr_fp64"))
+    assert caps.vendor == "pocl" and caps.device_type == "cpu" and "subgroups" not in caps.features
+
+
+def test_probe_never_raises(monkeypatch):
+    import pyopencl as cl
+
+    def boom():
+        raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    monkeypatch.setattr(cl, "get_platforms", boom)
+    got = oprobe.probe()
+    assert len(got) == 1 and not got[0].available and "PLATFORM_NOT_FOUND" in got[0].reason
+
+
+# -- kernels as data -------------------------------------------------------------------
+def test_kernel_table():
+    ids = {k.id for k in attnreg.kernels("opencl")}
+    for dt in ("f32", "f16"):
+        assert {f"opencl.prefill.{dt}.wgmem", f"opencl.prefill.{dt}.sg", f"opencl.reduce.{dt}",
+                *(f"opencl.decode_partial.{dt}.m{m}" for m in (1, 2, 4))} <= ids
+    for k in attnreg.kernels("opencl"):
+        assert all(k.head_size_ok(h) for h in (32, 64, 80, 96, 128, 256)), k.id
+        assert k.tolerance == TOLERANCE
+        if k.family == "decode_partial":
+            assert k.params["m_tile"] in (1, 2, 4) and "kv_tile" in k.defaults
+        if k.id.endswith(".sg"):
+            assert "subgroups" in k.features
+    spec = _spec(head_size=128, seq_len=4, dtype="float16")
+    need = attnreg.registry.get().kernel("opencl.decode_partial.f16.m4").storage_need(
+        spec, {"m_tile": 4, "kv_tile": 32})
+    g = okernels.geometry("decode_partial", "", spec, {"m_tile": 4, "kv_tile": 32})
+    assert need == g.storage(128) > 0 and g.rows == 16
+
+
+def test_sg_variant_rejected_with_reason_without_subgroups(dev):
+    if "subgroups" in dev.features:
+        pytest.skip("this device has sub-groups: the sg variant runs in test_opencl.py")
+    with pytest.raises(attnreg.NoKernelError, match=r"lacks feature.*subgroups"):
+        attnreg.explain(_spec(seq_len=64, past_len=0), backend="opencl",
+                        kernel="opencl.prefill.f32.sg", device=dev.id)
+
+
+def test_storage_limit_halves_m_tile_or_rejects(dev):
+    small = dev.model_copy(update={"limits": {**dev.limits, "workgroup_storage": 24 * 1024}})
+    plan = attnreg.explain(_spec(seq_len=4, head_size=128, num_heads=16, kv_num_heads=4),
+                           caps=small)
+    assert plan.stage("decode_partial").params["m_tile"] < 4
+    tiny = dev.model_copy(update={"limits": {**dev.limits, "workgroup_storage": 1024}})
+    with pytest.raises(attnreg.NoKernelError, match="workgroup storage"):
+        attnreg.explain(_spec(head_size=128), caps=tiny)
+
+
+def test_bad_params_name_the_parameter(dev):
+    spec = _spec()
+    with attnreg.Session(backend="opencl", device=dev.id) as s, \
+            pytest.raises(attnreg.SpecError, match="wg"):
+        s.run(spec, make_tensors(spec), kernel="opencl.decode_partial.f32.m1", params={"wg": 48})
+
+
+# -- routing ---------------------------------------------------------------------------
+def test_routes_follow_subgroups(dev):
+    nv = dev.model_copy(update={"features": dev.features | {"subgroups", oprobe.NV_SHUFFLE},
+                                "device_type": "gpu", "vendor": "nvidia"})
+    plain = dev.model_copy(update={"features": dev.features - {"subgroups"}})
+    spec = _spec(seq_len=512, past_len=0, dtype="float16", head_size=128)
+    assert attnreg.explain(spec, caps=nv).kernel == "opencl.prefill.f16.sg"
+    plan = attnreg.explain(spec, caps=plain)
+    assert plan.route == "split_kv" and plan.kernel == "opencl.decode_partial.f16.m4"
+
+
+def test_prefill_without_subgroups_runs_split_kv(dev):
+    spec = _spec(seq_len=64, past_len=0, num_heads=4, kv_num_heads=4, head_size=32)
+    t = make_tensors(spec, seed=2)
+    with attnreg.Session(backend="opencl", device=dev.id) as s:
+        out, plan = s.run_with_plan(spec, t)
+    if "subgroups" not in dev.features:
+        assert plan.route == "split_kv"
+    check_close(spec, out, t, what=str(plan.kernels))
+
+
+# -- build cache and failure -----------------------------------------------------------
+def test_build_failure_replans_to_next_candidate(dev, monkeypatch):
+    orig = programs.load_source
+
+    def broken(family: str) -> str:
+        src = orig(family)
+        return src + "\n#error injected by the test\n" if family == "decode_partial" else src
+
+    monkeypatch.setattr(programs, "load_source", broken)
+    spec = _spec(seq_len=4, past_len=36, return_lse=True)
+    t = make_tensors(spec, seed=3)
+    with attnreg.Session(backend="opencl", device=dev.id) as s:
+        got, plan = s.run_with_plan(spec, t)
+    check_close(spec, got, t, what=str(plan.kernels))
+    assert plan.kernel.startswith("opencl.prefill.")
+    reasons = " ".join(plan.rejected["opencl.decode_partial.f32.m4"])
+    assert "OpenCL build failed" in reasons and "injected by the test" in reasons
+
+
+def test_programs_shared_across_sessions(dev):
+    spec = _spec(head_size=96, past_len=70)
+    t = make_tensors(spec, seed=4)
+    with attnreg.Session(backend="opencl", device=dev.id) as s:
+        s.run(spec, t)
+    before = programs.BUILDS["count"]
+    with attnreg.Session(backend="opencl", device=dev.id) as s2:
+        check_close(spec, s2.run(spec, t), t)
+    assert programs.BUILDS["count"] == before
+
+
+def test_buffers_reused_within_session(dev):
+    spec = _spec(seq_len=2, past_len=100, return_lse=True)
+    t = make_tensors(spec, seed=5)
+    with attnreg.Session(backend="opencl", device=dev.id) as s:
+        s.run(spec, t)
+        plan = s.plan(spec)
+        rt = s.runtime(plan)
+        pool = dict(rt._pool)
+        for seed in (6, 7):
+            t2 = make_tensors(spec, seed=seed)
+            check_close(spec, s.run(spec, t2), t2)
+        assert {k: id(v) for k, v in rt._pool.items()} == {k: id(v) for k, v in pool.items()}
+
+
+def test_timings_shape(dev):
+    spec = _spec(past_len=300)
+    t = check_tensors(spec, make_tensors(spec, seed=8, poison=False))
+    with attnreg.Session(backend="opencl", device=dev.id) as s:
+        plan = s.plan(spec)
+        tm = s.runtime(plan).timings(plan, t, iters=4, warmup=1)
+    assert len(tm["gpu_s"]) == len(tm["wall_s"]) == 4
+    assert all(x > 0 for x in tm["gpu_s"] + tm["wall_s"])
+    assert set(tm["stage_gpu_s"]) == set(plan.kernels)
+
+
+# -- interop -----------------------------------------------------------------------------
+@pytest.mark.parametrize("split", [16, 40, 64, 200])
+def test_partials_reduce_on_reference(dev, split):
+    spec = _spec(seq_len=3, past_len=140, num_heads=7, kv_num_heads=1, head_size=80,
+                 local_window=50, head_sink=True, return_lse=True, dtype="float16")
+    t = make_tensors(spec, seed=9)
+    o, lse = attnreg.partial_states(spec, t, split_size=split, backend="opencl", device=dev.id)
+    assert o.shape[3] == -(-spec.capacity // split)
+    assert np.isneginf(lse).any() == (split < 90)      # the window leaves early splits empty
+    got = attnreg.reduce_states(spec, o, lse, t["head_sink"], backend="reference")
+    check_close(spec, got, t, what=f"opencl partials split {split} + reference reduce")
+    # and the reverse: reference partials through the OpenCL reduce
+    wo, wl = ref.partial_states(spec, check_tensors(spec, t), split)
+    got = attnreg.reduce_states(spec, wo.astype(np.float32), wl.astype(np.float32),
+                                t["head_sink"], backend="opencl", device=dev.id)
+    check_close(spec, got, t, what="reference partials + opencl reduce")
