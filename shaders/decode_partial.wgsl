@@ -16,6 +16,7 @@ const RPT: u32 = (R + NRG - 1u) / NRG;    // query vectors per lane in QK
 const TPROW: u32 = max(1u, WG / R);
 const CPT: u32 = (HV + TPROW - 1u) / TPROW;
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
+const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
 
 @group(0) @binding(7) var<storage, read_write> o_parts: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> lse_parts: array<f32>;
@@ -24,6 +25,25 @@ var<workgroup> q_s: array<vec4<f32>, R * HV>;
 var<workgroup> k_s: array<vec4<T>, BC * KS>;
 var<workgroup> v_s: array<vec4<T>, BC * HV>;
 var<workgroup> p_s: array<f32, R * BC>;
+
+// Loads tile [j0, j0+BC) of this split into registers. The constant trip count lets the
+// compiler unroll and issue every load before the first use; a loop starting at the lane
+// id does not unroll, and then each lane waits for memory once per granule.
+fn fetch(kr: ptr<function, array<GV, NLD>>, vr: ptr<function, array<GV, NLD>>,
+         lid: u32, b: u32, kvh: u32, j0: u32, khi: u32) {
+  for (var u = 0u; u < NLD; u++) {
+    let idx = lid + u * WG;
+    let jj = idx / HG;
+    if (idx < BC * HG && j0 + jj < khi) {   // only this split's keys, never past the valid length
+      let at = kv_granule(b, kvh, j0 + jj) + idx % HG;
+      (*kr)[u] = k[at];
+      (*vr)[u] = v[at];
+    } else {
+      (*kr)[u] = GV();
+      (*vr)[u] = GV();
+    }
+  }
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -51,7 +71,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let khi = min(min(split_lo + P.split_size, P.capacity), u32(span.y));
 
   // Query vector r is head hc*GT + r/M of the group, row i0 + r%M; absent ones load zeros.
-  for (var idx = lid; idx < R * HG; idx += WG) {
+  for (var u = 0u; u < (R * HG + WG - 1u) / WG; u++) {
+    let idx = lid + u * WG;
+    if (idx >= R * HG) {
+      break;
+    }
     let r = idx / HG;
     let g = idx % HG;
     let gh = hc * GT + r / M;
@@ -74,24 +98,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     o[c] = vec4<f32>(0.0);
   }
 
+  // Software pipelining: the next tile's loads are in flight while this one is computed.
+  var kr: array<GV, NLD>;
+  var vr: array<GV, NLD>;
+  fetch(&kr, &vr, lid, b, kvh, klo, khi);
   for (var j0 = klo; j0 < khi; j0 += BC) {
     workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
-    for (var idx = lid; idx < BC * HG; idx += WG) {
-      let jj = idx / HG;
-      let g = idx % HG;
-      var kg = GV();
-      var vg = GV();
-      if (j0 + jj < khi) {         // only this split's keys, never past the valid length
-        let at = kv_granule(b, kvh, j0 + jj) + g;
-        kg = k[at];
-        vg = v[at];
-      }
-      for (var s = 0u; s < GS; s++) {
-        k_s[jj * KS + g * GS + s] = g_part(kg, s);
-        v_s[jj * HV + g * GS + s] = g_part(vg, s);
+    for (var u = 0u; u < NLD; u++) {
+      let idx = lid + u * WG;
+      if (idx < BC * HG) {
+        let jj = idx / HG;
+        let g = idx % HG;
+        for (var s = 0u; s < GS; s++) {
+          k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+          v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+        }
       }
     }
     workgroupBarrier();
+    if (j0 + BC < khi) {
+      fetch(&kr, &vr, lid, b, kvh, j0 + BC, khi);
+    }
 
     let rg = lid / KW;
     for (var kk = 0u; kk < KPT; kk++) {

@@ -5,23 +5,41 @@
 // tx, tx+NCG, ... (vec4s). Row maxima are combined over the NCG lanes of a row group:
 // lane_max() (subgroup shuffles over SGW lanes in the subgroup variant, identity otherwise),
 // then workgroup memory for the NCG/SGW groups left.
-// Prefix constants: BR, BC, TR, NCG, SGW; KST (K tile element type: f32 trades workgroup
-// memory for no conversions in the QK loop); functions lane_max, lane_sum.
+// Prefix constants: BR, BC, TR, NCG, SGW; functions lane_max, lane_sum.
 
 const TC: u32 = BC / NCG;                 // S columns per lane
 const WG: u32 = (BR / TR) * NCG;
 const OC: u32 = (HV + NCG - 1u) / NCG;    // O vec4 columns per lane
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
 const NG: u32 = NCG / SGW;                // lane groups left after the shuffles
+const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
 
 @group(0) @binding(7) var<storage, read_write> out: array<vec4<T>>;
 @group(0) @binding(8) var<storage, read_write> lse: array<f32>;
 
 var<workgroup> q_s: array<vec4<f32>, BR * HV>;
-var<workgroup> k_s: array<vec4<KST>, BC * KS>;
+var<workgroup> k_s: array<vec4<T>, BC * KS>;
 var<workgroup> v_s: array<vec4<T>, BC * HV>;
 var<workgroup> p_s: array<f32, BR * BC>;
 var<workgroup> red_s: array<f32, BR * NG>;
+
+// Loads key tile [j0, j0+BC) into registers with a constant trip count, so that every load
+// is issued before the first use (see decode_partial.wgsl).
+fn fetch(kr: ptr<function, array<GV, NLD>>, vr: ptr<function, array<GV, NLD>>,
+         lid: u32, b: u32, kvh: u32, j0: u32, len: u32) {
+  for (var u = 0u; u < NLD; u++) {
+    let idx = lid + u * WG;
+    let jj = idx / HG;
+    if (idx < BC * HG && j0 + jj < len) {   // keys past the valid length are never read
+      let at = kv_granule(b, kvh, j0 + jj) + idx % HG;
+      (*kr)[u] = k[at];
+      (*vr)[u] = v[at];
+    } else {
+      (*kr)[u] = GV();
+      (*vr)[u] = GV();
+    }
+  }
+}
 
 // Combine one value per row over the NCG lanes of a row group (max or sum). Called in
 // uniform control flow by every invocation (it holds a barrier when NG > 1).
@@ -74,7 +92,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let i0 = rt * BR;
   let span = key_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
 
-  for (var idx = lid; idx < BR * HG; idx += WG) {
+  for (var u = 0u; u < (BR * HG + WG - 1u) / WG; u++) {
+    let idx = lid + u * WG;
+    if (idx >= BR * HG) {
+      break;
+    }
     let r = idx / HG;
     let g = idx % HG;
     var gv = GV();
@@ -98,24 +120,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
 
   let j_begin = u32(span.x) / BC * BC;
+  // Software pipelining: the next tile's loads are in flight while this one is computed.
+  var kr: array<GV, NLD>;
+  var vr: array<GV, NLD>;
+  fetch(&kr, &vr, lid, b, kvh, j_begin, len);
   for (var j0 = j_begin; j0 < u32(span.y); j0 += BC) {
     workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
-    for (var idx = lid; idx < BC * HG; idx += WG) {
-      let jj = idx / HG;
-      let g = idx % HG;
-      var kg = GV();
-      var vg = GV();
-      if (j0 + jj < len) {         // keys past the valid length are never read
-        let at = kv_granule(b, kvh, j0 + jj) + g;
-        kg = k[at];
-        vg = v[at];
-      }
-      for (var s = 0u; s < GS; s++) {
-        k_s[jj * KS + g * GS + s] = vec4<KST>(g_part(kg, s));
-        v_s[jj * HV + g * GS + s] = g_part(vg, s);
+    for (var u = 0u; u < NLD; u++) {
+      let idx = lid + u * WG;
+      if (idx < BC * HG) {
+        let jj = idx / HG;
+        let g = idx % HG;
+        for (var s = 0u; s < GS; s++) {
+          k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+          v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+        }
       }
     }
     workgroupBarrier();
+    if (j0 + BC < u32(span.y)) {
+      fetch(&kr, &vr, lid, b, kvh, j0 + BC, len);
+    }
 
     var sc: array<array<f32, TC>, TR>;
     for (var a = 0u; a < TR; a++) {

@@ -27,16 +27,13 @@ from attnreg.spec import AttentionSpec
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).
 SWEEPS: dict[str, list[dict[str, Any]]] = {
-    "decode": [{}, {"kv_tile": 64}, {"kv_tile": 16}, {"threads": 128},
-               {"kv_tile": 16, "threads": 128}, {"kv_tile": 64, "threads": 128},
-               {"split_size": 256}, {"split_size": 512}, {"kv_tile": 16, "split_size": 64}],
-    "prefill": [{}, {"row_lanes": 8}, {"q_tile": 16, "kv_tile": 64, "rows_per_thread": 2},
-                {"rows_per_thread": 2}, {"q_tile": 16, "rows_per_thread": 2},
-                {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 4, "row_lanes": 16},
-                {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 8, "row_lanes": 16},
-                {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 8, "row_lanes": 8},
-                {"q_tile": 32, "kv_tile": 16, "rows_per_thread": 4, "row_lanes": 16},
-                {"k_f32": 1}, {"k_f32": 1, "row_lanes": 8}, {"k_f32": 1, "rows_per_thread": 2}],
+    "decode": [{"kv_tile": 32}, {"threads": 64}, {"kv_tile": 32, "threads": 64},
+               {"threads": 256}, {"kv_tile": 8}, {"kv_tile": 32, "threads": 256},
+               {"split_size": 256}, {"split_size": 64}],
+    "prefill": [{"rows_per_thread": 4}, {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 4},
+                {"q_tile": 64, "kv_tile": 16}, {"q_tile": 16, "kv_tile": 64, "rows_per_thread": 1},
+                {"kv_tile": 16}, {"row_lanes": 8, "rows_per_thread": 1},
+                {"q_tile": 16, "kv_tile": 32, "rows_per_thread": 1}],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]

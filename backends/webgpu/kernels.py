@@ -18,12 +18,11 @@ DTYPES = {"float32": "f32", "float16": "f16"}
 HEAD_SIZES = (8, 256, 8)
 M_TILES = (1, 2, 4)
 
-# k_f32: hold the K tile as f32 (f16 kernels): more workgroup memory, no conversions in QK.
-PREFILL_DEFAULTS: Mapping[str, int] = {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 4,
-                                       "row_lanes": 16, "k_f32": 0}
+PREFILL_DEFAULTS: Mapping[str, int] = {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 2,
+                                       "row_lanes": 16}
 # group_tile: query heads of one GQA group per decode workgroup (all of them up to 8, so
 # the group reads its K/V once); only lowered when workgroup storage demands it.
-DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 32, "threads": 64, "group_tile": 8}
+DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 16, "threads": 128, "group_tile": 8}
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor).
 SHRINK = {
@@ -47,8 +46,7 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     bc = _p(params, PREFILL_DEFAULTS, "kv_tile")
     tr = min(_p(params, PREFILL_DEFAULTS, "rows_per_thread"), br)
     ncg = min(_p(params, PREFILL_DEFAULTS, "row_lanes"), bc)
-    return {"BR": br, "BC": bc, "TR": tr, "NCG": ncg, "SGW": min(subgroup_width, ncg),
-            "K_F32": int(bool(_p(params, PREFILL_DEFAULTS, "k_f32")))}
+    return {"BR": br, "BC": bc, "TR": tr, "NCG": ncg, "SGW": min(subgroup_width, ncg)}
 
 
 def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -57,8 +55,7 @@ def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     sgw = 4 if params.get("reduction") == "subgroup" else 1
     c = prefill_consts(spec, params, sgw)
     hv, e = spec.head_size // 4, spec.itemsize
-    ke = 4 if c["K_F32"] else e
-    return (c["BR"] * hv * 16 + c["BC"] * (hv + 1) * 4 * ke + c["BC"] * hv * 4 * e
+    return (c["BR"] * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e
             + c["BR"] * c["BC"] * 4 + c["BR"] * max(1, c["NCG"] // c["SGW"]) * 4)
 
 

@@ -69,10 +69,7 @@ def load(name: str) -> str:
 
 def prefix(dtype: str, head_size: int, consts: Mapping[str, int], subgroups: bool) -> str:
     ge = 8 if dtype == "float16" else 4
-    consts = dict(consts)
-    # K_F32 picks the element type of the prefill K tile (alias KST).
-    kst = "f32" if consts.pop("K_F32", 0) else "T"
-    lines = [_DTYPE_PRELUDE[dtype], f"alias KST = {kst};",
+    lines = [_DTYPE_PRELUDE[dtype],
              f"const HD: u32 = {head_size}u;",
              f"const HV: u32 = {head_size // 4}u;",
              f"const HG: u32 = {head_size // ge}u;",
