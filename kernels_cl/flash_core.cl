@@ -152,7 +152,7 @@ inline void flash_rows(const Params* P, const Rows* w, int2 kr,
       float mu = SAFE_MAX(mx);
       for (int n = 0; n < NK; ++n) {
         int jj = kl + n * KL;
-        float p = exp(Ss[rc * TK + jj] - mu);
+        float p = EXP(Ss[rc * TK + jj] - mu);
         if (r < R_ROWS) Ps[rc * TK + jj] = p;
       }
       if (kl == 0 && r < R_ROWS) Mnew[rc] = mx;
@@ -163,7 +163,7 @@ inline void flash_rows(const Params* P, const Rows* w, int2 kr,
       int r = prl + pm * PRL;
       if (r < R_ROWS) {
         float mx = Mnew[r];
-        float alpha = exp(m[pm] - SAFE_MAX(mx));
+        float alpha = EXP(m[pm] - SAFE_MAX(mx));
         float ls = 0.0f;
         float4 a2[DV];
         for (int dv = 0; dv < DV; ++dv) a2[dv] = acc[pm][dv] * alpha;

@@ -15,9 +15,9 @@ inline void write_final(const Params* P, const Rows* w, int h, int i, float4 a[D
     float sk = sink[h];
     float mm = fmax(m, sk);
     float mu = SAFE_MAX(mm);
-    float f = exp(m - mu);
+    float f = EXP(m - mu);
     for (int dv = 0; dv < DV; ++dv) a[dv] *= f;
-    l = l * f + exp(sk - mu);
+    l = l * f + EXP(sk - mu);
     m = mm;
   }
   float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -212,10 +212,10 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
       }
       mx = SG_MAX(mx);
       float mu = SAFE_MAX(mx);
-      float alpha = exp(m[a] - mu);
+      float alpha = EXP(m[a] - mu);
       float ls = 0.0f;
       for (int c = 0; c < KPL; ++c) {
-        s[a][c] = exp(s[a][c] - mu);
+        s[a][c] = EXP(s[a][c] - mu);
         ls += s[a][c];
       }
       l[a] = l[a] * alpha + SG_SUM(ls);
@@ -253,9 +253,9 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
     float mm = m[a] + alibi_offset(&P, &w, r, kr.y), ll = l[a];
     if (P.has_sink) {
       float sk = sink[h];
-      float m2 = fmax(mm, sk), mu = SAFE_MAX(m2), f = exp(mm - mu);
+      float m2 = fmax(mm, sk), mu = SAFE_MAX(m2), f = EXP(mm - mu);
       for (int d = 0; d < DPL; ++d) acc[a][d] *= f;
-      ll = ll * f + exp(sk - mu);
+      ll = ll * f + EXP(sk - mu);
       mm = m2;
     }
     float inv = ll > 0.0f ? 1.0f / ll : 0.0f;

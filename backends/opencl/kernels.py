@@ -39,6 +39,7 @@ class Geometry:
     sg: int = 0           # sub-group size (sg variant), 0 = none
     sg_impl: int = 0
     stage_v: bool = False
+    fast_exp: bool = False
 
     @property
     def rows(self) -> int:
@@ -65,7 +66,7 @@ class Geometry:
     def defines(self) -> dict[str, int]:
         return {"WG": self.wg, "GC": self.gc, "MQ": self.mq, "TK": self.tk, "KL": self.kl,
                 "DL": self.dl, "SG": self.sg, "SG_IMPL": self.sg_impl,
-                "STAGE_V": int(self.stage_v)}
+                "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp)}
 
 
 def _pow2_floor(n: int) -> int:
@@ -115,7 +116,8 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     (no V staging), which is what the kernel declares as its workgroup storage."""
     h4 = spec.head_size // 4
     if family == "reduce":
-        return Geometry("reduce", wg=64)
+        return Geometry("reduce", wg=h4 * max(1, 128 // h4),
+                        fast_exp=bool(params.get("fast_exp", False)))
     wg = _int_param(params, "wg", 128, lo=32, hi=1024)
     tile = _int_param(params, "kv_tile", 32, lo=4, hi=256)
     big = spec.head_size > 128          # halve tiles so K/Q tiles stay within 48 KiB
@@ -143,6 +145,8 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
         tk = max(8, tile // 2) if big else tile
         kl = min(8, tk)
         g = Geometry(family, wg=wg, gc=gc, mq=max(1, rows // gc), tk=tk, kl=kl, dl=dl)
+    if params.get("fast_exp"):
+        g = Geometry(**{**g.__dict__, "fast_exp": True})
     if g.rows > g.wg:
         raise SpecError("params", dict(params), f"at most wg={g.wg} rows per work-group")
     if caps is not None:

@@ -132,8 +132,7 @@ class OpenCLRuntime:
         k = self._kernel(stage.kernel, family, g, defines)
         block = common.pack(spec, params, None if bias is None else bias.shape)
         if family == "reduce":
-            items = spec.batch * spec.num_heads * spec.seq_len * (spec.head_size // 4)
-            gsize = -(-items // g.wg) * g.wg
+            gsize = spec.batch * spec.num_heads * spec.seq_len * g.wg
             args = [block, bufs["o_parts"], bufs["lse_parts"], bufs.get("head_sink"),
                     bufs["out"], bufs.get("lse")]
         elif family == "prefill":
