@@ -126,7 +126,7 @@ def time_case(session: Session, spec: AttentionSpec, inputs: Mapping[str, np.nda
 
 def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str | None = None,
                quick: bool = False, iters: int = 50, warmup: int = 5, check: bool = True,
-               log: Callable[[str], None] = print) -> list[Row]:
+               peers: bool = True, log: Callable[[str], None] = print) -> list[Row]:
     table = QUICK if quick else SUITES
     for s in suites:
         if s not in table:
@@ -140,7 +140,37 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
             for suite in suites:
                 for case in table[suite]:
                     rows.append(_bench_one(session, dev, suite, case, iters, warmup, check, log))
+    if peers:
+        for suite in suites:
+            for case in table[suite]:
+                rows += peer_rows(suite, case, iters, warmup, log)
     return rows
+
+
+def peer_rows(suite: str, case: Case, iters: int, warmup: int,
+              log: Callable[[str], None]) -> list[Row]:
+    """ONNX Runtime WebGPU and torch SDPA on the same case, when they are installed."""
+    from . import peers as peermod
+    if all(peermod.statuses().values()):
+        return []
+    got = peermod.bench_peers([(case.name, case.spec)], iters=iters, warmup=warmup,
+                              log=lambda m: log("  peer " + m))[0]
+    nbytes, flops = traffic(case.spec)
+    out = []
+    for key, name, kern in (("ort", "ort-webgpu", "com.microsoft attention op"),
+                            ("torch", "torch", "scaled_dot_product_attention")):
+        res = got.get(key, {})
+        if not isinstance(res, dict) or "skipped" in res or "error" in res or "wall_us" not in res:
+            continue
+        gpu, wall = res.get("gpu_us"), float(res["wall_us"])
+        basis = gpu if gpu is not None else wall
+        dev = str(res.get("describe", {}).get("device", "")) or name
+        out.append(Row(suite, case.name, name, dev[:24], kern, gpu, wall,
+                       nbytes / (basis * 1e-6) / 1e9, flops / (basis * 1e-6) / 1e12,
+                       res.get("max_err"), {"correct": res.get("correct"),
+                                            "problem": res.get("problem", ""),
+                                            "submit_us": res.get("submit_us")}))
+    return out
 
 
 def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters: int,
@@ -168,6 +198,36 @@ def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters:
     log(f"  {dev.backend}/{dev.slug} {case.name}: gpu {gpu and f'{gpu:.1f}'} us, wall "
         f"{wall:.1f} us")
     return row
+
+
+def ratios(rows: Sequence[Row]) -> str:
+    """Per case: attnreg's best GPU-time row against each peer (x = peer time / ours)."""
+    from .textui import table
+
+    def basis(r: Row) -> float:
+        return r.gpu_us if r.gpu_us is not None else r.wall_us
+
+    ours_backends = {"webgpu", "opencl"}
+    out = []
+    for case in dict.fromkeys(r.case for r in rows):
+        mine = [r for r in rows if r.case == case and r.backend in ours_backends
+                and not r.kernels.startswith("FAILED")]
+        if not mine:
+            continue
+        best = min(mine, key=basis)
+        webgpu = [r for r in mine if r.backend == "webgpu"]
+        cells = [case, f"{best.backend}/{best.device} {basis(best):.1f} us"]
+        for peer in ("ort-webgpu", "torch", "reference"):
+            pr = next((r for r in rows if r.case == case and r.backend == peer), None)
+            mine_r = min(webgpu, key=basis) if peer == "ort-webgpu" and webgpu else best
+            if pr is None:
+                cells.append("-")
+                continue
+            flag = "" if pr.extra.get("correct", True) else " (peer WRONG)"
+            cells.append(f"{basis(pr):.1f} us = {basis(pr) / basis(mine_r):.2f}x{flag}")
+        out.append(cells)
+    return table(("case", "attnreg best", "ORT WebGPU (vs our webgpu)", "torch SDPA",
+                  "numpy reference"), out)
 
 
 def format_rows(rows: Sequence[Row]) -> str:

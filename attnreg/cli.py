@@ -226,9 +226,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from . import bench
     suites = a.suite or ["decode", "whisper", "prefill"]
     rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
-                            iters=a.iters, warmup=a.warmup,
+                            iters=a.iters, warmup=a.warmup, peers=a.peers,
                             log=lambda m: print(m, file=sys.stderr))
     print(bench.format_rows(rows))
+    print()
+    print("ratios (peer time / attnreg time; > 1 means attnreg is faster):")
+    print(bench.ratios(rows))
     if a.json:
         bench.write_json(rows, a.json)
     return 1 if any(r.kernels.startswith("FAILED") for r in rows) else 0
@@ -295,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--iters", type=int, default=50)
     b.add_argument("--warmup", type=int, default=5)
     b.add_argument("--json", metavar="PATH")
+    b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time ONNX Runtime WebGPU and torch SDPA when installed")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("conformance", help="run the registry-generated conformance matrix")
     c.add_argument("--backend")

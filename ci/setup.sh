@@ -27,9 +27,10 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   python3 -m venv .venv
 fi
-# Reinstall only when the project's metadata changed (the stamp holds its hash).
+# Reinstall only when the project's metadata or its package list changed (an editable
+# install maps packages found at install time; a new package needs a reinstall).
 stamp=.venv/.attnreg-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$( (cat pyproject.toml; ls -d */__init__.py */*/__init__.py 2>/dev/null) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] pip install -e .[test]"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
