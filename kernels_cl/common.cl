@@ -6,14 +6,37 @@
 
 #define HD4 (HD / 4)
 
+// The parameter block lives in a __constant buffer: uniform reads hit the constant cache,
+// and helpers can take its address without the compiler copying it to private memory.
+#define PARAMS __constant Params*
+
 #if IS_F16
 #define LD4(p, i) vload_half4(0, (p) + (i))
 #define ST4(x, p, i) vstore_half4_rte((x), 0, (p) + (i))
 typedef half elem_t;           // only ever a pointer target: no cl_khr_fp16 needed
+// Tiles are prefetched as raw bits and converted when stored to local memory, so the
+// loads stay in flight while the previous tile is computed (a conversion right after the
+// load would wait for the data).
+typedef uint2 raw4_t;
+#define LDRAW(p, i) vload2(0, (const __global uint*)((p) + (i)))
+#define RAW_ZERO ((uint2)(0u))
+// f16 bits -> f32 without cl_khr_fp16: shift into place, rescale the exponent (exact for
+// normals and subnormals), then patch inf/nan and the sign.
+inline float4 cvt4(uint2 b) {
+  uint4 h = (uint4)(b.x & 0xffffu, b.x >> 16, b.y & 0xffffu, b.y >> 16);
+  uint4 em = h & 0x7fffu;
+  float4 f = as_float4(em << 13) * 0x1.0p112f;
+  f = select(f, as_float4((em << 13) | 0x7f800000u), em >= (uint4)(0x7c00u));
+  return as_float4(as_uint4(f) | ((h & 0x8000u) << 16));
+}
 #else
 #define LD4(p, i) vload4(0, (p) + (i))
 #define ST4(x, p, i) vstore4((x), 0, (p) + (i))
 typedef float elem_t;
+typedef float4 raw4_t;
+#define LDRAW(p, i) vload4(0, (p) + (i))
+#define RAW_ZERO ((float4)(0.0f))
+#define cvt4(x) (x)
 #endif
 
 #if BIAS_F16

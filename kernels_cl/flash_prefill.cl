@@ -6,7 +6,7 @@
 // KV tiles wholly beyond the causal diagonal, seqlens_k or the window are never visited:
 // the key loop is bounded by key_range().
 
-inline void write_final(const Params* P, const Rows* w, int h, int i, float4 a[DV], float l,
+inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], float l,
                         float m, const __global float* sink, __global elem_t* out,
                         __global float* lse, int dl) {
   // m is absolute here (alibi_offset added by the caller), so it compares with the sink.
@@ -33,7 +33,7 @@ inline void write_final(const Params* P, const Rows* w, int h, int i, float4 a[D
 #if SG_IMPL == 0
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void flash_prefill(const Params P, const __global elem_t* q, const __global elem_t* k,
+void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
                    const __global elem_t* v, const __global bias_t* bias,
                    const __global int* seqlens, const __global float* sink,
                    __global elem_t* out, __global float* lse) {
@@ -52,24 +52,24 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
   // Heaviest (latest, longest causal range) row tiles first: better tail balance.
   const int n = get_num_groups(0);
   int t;
-  Rows w = decompose(&P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
-  const int i1 = min(w.i0 + MQ, (int)P.seq_len) - 1;
-  int2 kr = key_range(&P, w.L, w.i0, i1, 0, (int)P.capacity);
+  Rows w = decompose(P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
+  int2 kr = key_range(P, w.L, w.i0, i1, 0, (int)P->capacity);
 
-  const size_t kv_base = (size_t)w.b * P.kv_sb + (size_t)w.kvh * P.kv_sh;
-  load_q(&P, &w, q, Qs);
+  const size_t kv_base = (size_t)w.b * P->kv_sb + (size_t)w.kvh * P->kv_sh;
+  load_q(P, &w, q, Qs);
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
-  flash_rows(&P, &w, kr, k + kv_base, v + kv_base, bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew,
+  flash_rows(P, &w, kr, k + kv_base, v + kv_base, bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew,
              acc, l, m);
 
   const int lid = get_local_id(0);
   const int dl = lid % DL, prl = lid / DL;
   for (int pm = 0; pm < PMR; ++pm) {
     int r = prl + pm * PRL;
-    if (!row_ok(&P, &w, r)) continue;
-    write_final(&P, &w, w.h0 + r / MQ, w.i0 + r % MQ, acc[pm], l[pm],
-                m[pm] + alibi_offset(&P, &w, r, kr.y), sink, out, lse, dl);
+    if (!row_ok(P, &w, r)) continue;
+    write_final(P, &w, w.h0 + r / MQ, w.i0 + r % MQ, acc[pm], l[pm],
+                m[pm] + alibi_offset(P, &w, r, kr.y), sink, out, lse, dl);
   }
 }
 
@@ -139,6 +139,12 @@ inline float emu_op(__local float* scr, float x, int op, int src) {
 #define SG_SCRATCH_DECL __local float sg_scr[WG];
 #endif
 
+#if SG_IMPL == 2 && SG_REQD
+#define SG_ATTR __attribute__((intel_reqd_sub_group_size(SG)))
+#else
+#define SG_ATTR
+#endif
+
 // Each sub-group owns RS = R_ROWS / NSG rows. Per tile the whole work-group stages K
 // (and V) with two barriers; scores, row max, row sum and the probabilities then stay in
 // registers and sub-group operations: lane l scores keys l, l+SG, ... and owns output
@@ -148,8 +154,8 @@ inline float emu_op(__local float* scr, float x, int op, int src) {
 #define KPL (TK / SG)             // keys per lane
 #define DPL ((HD + SG - 1) / SG)  // output dims per lane
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void flash_prefill(const Params P, const __global elem_t* q, const __global elem_t* k,
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) SG_ATTR
+void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
                    const __global elem_t* v, const __global bias_t* bias,
                    const __global int* seqlens, const __global float* sink,
                    __global elem_t* out, __global float* lse) {
@@ -157,20 +163,22 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
   __local float Ks[TK * KP];
 #if STAGE_V
   __local float Vs[TK * HD];
+#else
+  __local float* Vs = 0;
 #endif
   SG_SCRATCH_DECL
 
   const int n = get_num_groups(0);
   int t;
-  Rows w = decompose(&P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
-  const int i1 = min(w.i0 + MQ, (int)P.seq_len) - 1;
-  int2 kr = key_range(&P, w.L, w.i0, i1, 0, (int)P.capacity);
-  const size_t kv_base = (size_t)w.b * P.kv_sb + (size_t)w.kvh * P.kv_sh;
+  Rows w = decompose(P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
+  int2 kr = key_range(P, w.L, w.i0, i1, 0, (int)P->capacity);
+  const size_t kv_base = (size_t)w.b * P->kv_sb + (size_t)w.kvh * P->kv_sh;
   const __global elem_t* kb = k + kv_base;
   const __global elem_t* vb = v + kv_base;
   const int lid = get_local_id(0);
   const int lane = SG_LANE, sg = SG_ID;
-  load_q(&P, &w, q, Qs);
+  load_q(P, &w, q, Qs);
 
   float acc[RS][DPL], l[RS], m[RS];
   for (int a = 0; a < RS; ++a) {
@@ -178,19 +186,13 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
     m[a] = -INFINITY;
     for (int d = 0; d < DPL; ++d) acc[a][d] = 0.0f;
   }
+  raw4_t pk[NLD], pv[NLD];
+  FETCH(kr.x)
   for (int t0 = kr.x; t0 < kr.y; t0 += TK) {
     const int tn = min(TK, kr.y - t0);
-    for (int idx = lid; idx < TK * HD4; idx += WG) {
-      int jj = idx / HD4, g = idx % HD4;
-      if (jj < tn) {
-        size_t off = (size_t)(t0 + jj) * P.kv_ss + 4 * g;
-        vstore4(LD4(kb, off), 0, Ks + jj * KP + 4 * g);
-#if STAGE_V
-        vstore4(LD4(vb, off), 0, Vs + jj * HD + 4 * g);
-#endif
-      }
-    }
+    STORE_TILE(KP)
     barrier(CLK_LOCAL_MEM_FENCE);
+    FETCH(t0 + TK)
     float s[RS][KPL];
     for (int a = 0; a < RS; ++a)
       for (int c = 0; c < KPL; ++c) s[a][c] = 0.0f;
@@ -207,7 +209,7 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
       int r = sg * RS + a;
       float mx = m[a];
       for (int c = 0; c < KPL; ++c) {
-        s[a][c] = finish_score(&P, &w, bias, r, t0 + lane + c * SG, kr.y, s[a][c]);
+        s[a][c] = finish_score(P, &w, bias, r, t0 + lane + c * SG, kr.y, s[a][c]);
         mx = fmax(mx, s[a][c]);
       }
       mx = SG_MAX(mx);
@@ -222,7 +224,7 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
       m[a] = mx;
       for (int d = 0; d < DPL; ++d) acc[a][d] *= alpha;
     }
-    // P.V: each V element is read once per sub-group, the probability comes by shuffle
+    // P->V: each V element is read once per sub-group, the probability comes by shuffle
     for (int c = 0; c < KPL; ++c) {
       for (int src = 0; src < SG; ++src) {
         const int jj = c * SG + src;
@@ -232,9 +234,9 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
 #if STAGE_V
           vv[d] = (jj < tn && dd < HD) ? Vs[jj * HD + dd] : 0.0f;
 #elif IS_F16
-          vv[d] = (jj < tn && dd < HD) ? vload_half((size_t)(t0 + jj) * P.kv_ss + dd, vb) : 0.0f;
+          vv[d] = (jj < tn && dd < HD) ? vload_half((size_t)(t0 + jj) * P->kv_ss + dd, vb) : 0.0f;
 #else
-          vv[d] = (jj < tn && dd < HD) ? vb[(size_t)(t0 + jj) * P.kv_ss + dd] : 0.0f;
+          vv[d] = (jj < tn && dd < HD) ? vb[(size_t)(t0 + jj) * P->kv_ss + dd] : 0.0f;
 #endif
         }
         for (int a = 0; a < RS; ++a) {
@@ -248,10 +250,10 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
 
   for (int a = 0; a < RS; ++a) {
     int r = sg * RS + a;
-    if (!row_ok(&P, &w, r)) continue;
+    if (!row_ok(P, &w, r)) continue;
     int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
-    float mm = m[a] + alibi_offset(&P, &w, r, kr.y), ll = l[a];
-    if (P.has_sink) {
+    float mm = m[a] + alibi_offset(P, &w, r, kr.y), ll = l[a];
+    if (P->has_sink) {
       float sk = sink[h];
       float m2 = fmax(mm, sk), mu = SAFE_MAX(m2), f = EXP(mm - mu);
       for (int d = 0; d < DPL; ++d) acc[a][d] *= f;
@@ -259,7 +261,7 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
       mm = m2;
     }
     float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
-    size_t base = (size_t)w.b * P.q_sb + (size_t)h * P.q_sh + (size_t)i * P.q_ss;
+    size_t base = (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss;
     for (int d = 0; d < DPL; ++d) {
       int dd = lane + d * SG;
       if (dd < HD) {
@@ -270,8 +272,8 @@ void flash_prefill(const Params P, const __global elem_t* q, const __global elem
 #endif
       }
     }
-    if (P.return_lse && lane == 0)
-      lse[((size_t)w.b * P.num_heads + h) * P.seq_len + i] = ll > 0.0f ? mm + log(ll) : -INFINITY;
+    if (P->return_lse && lane == 0)
+      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = ll > 0.0f ? mm + log(ll) : -INFINITY;
   }
 }
 

@@ -9,7 +9,7 @@
 #define RW (WG / HD4)
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void reduce(const Params P, const __global float* o_parts, const __global float* lse_parts,
+void reduce(PARAMS P, const __global float* o_parts, const __global float* lse_parts,
             const __global float* sink, __global elem_t* out, __global float* lse) {
   __local float red_m[RW];
   __local float red_d[RW];
@@ -17,24 +17,27 @@ void reduce(const Params P, const __global float* o_parts, const __global float*
   const int row = get_group_id(0);                  // (b * Nq + h) * S + i
   const int lid = get_local_id(0);
   const int g = lid % HD4, sl = lid / HD4;
-  const int i = row % (int)P.seq_len, bh = row / (int)P.seq_len;
-  const int h = bh % (int)P.num_heads, b = bh / (int)P.num_heads;
-  const int ns = (int)P.n_splits;
+  const int i = row % (int)P->seq_len, bh = row / (int)P->seq_len;
+  const int h = bh % (int)P->num_heads, b = bh / (int)P->num_heads;
+  const int ns = (int)P->n_splits;
   const __global float* lp = lse_parts + (size_t)row * ns;
   const bool active = sl < RW;                      // WG may not be a multiple of HD4
 
   float mx = -INFINITY;
-  if (active)
+  if (active) {
+#pragma unroll 8
     for (int t = sl; t < ns; t += RW) mx = fmax(mx, lp[t]);
+  }
   if (active && g == 0) red_m[sl] = mx;
   barrier(CLK_LOCAL_MEM_FENCE);
-  mx = P.has_sink ? sink[h] : -INFINITY;
+  mx = P->has_sink ? sink[h] : -INFINITY;
   for (int k = 0; k < RW; ++k) mx = fmax(mx, red_m[k]);
   const float mu = SAFE_MAX(mx);
 
   float den = 0.0f;
   float4 num = (float4)(0.0f);
   if (active) {
+#pragma unroll 4
     for (int t = sl; t < ns; t += RW) {
       float wt = EXP(lp[t] - mu);
       if (wt > 0.0f) {
@@ -47,14 +50,14 @@ void reduce(const Params P, const __global float* o_parts, const __global float*
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   if (sl == 0) {
-    den = P.has_sink ? EXP(sink[h] - mu) : 0.0f;
+    den = P->has_sink ? EXP(sink[h] - mu) : 0.0f;
     num = (float4)(0.0f);
     for (int k = 0; k < RW; ++k) {
       den += red_d[k];
       num += red_o[k * HD4 + g];
     }
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    ST4(num * inv, out, (size_t)b * P.q_sb + (size_t)h * P.q_sh + (size_t)i * P.q_ss + 4 * g);
-    if (P.return_lse && g == 0) lse[row] = den > 0.0f ? mu + log(den) : -INFINITY;
+    ST4(num * inv, out, (size_t)b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g);
+    if (P->return_lse && g == 0) lse[row] = den > 0.0f ? mu + log(den) : -INFINITY;
   }
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,16 +23,18 @@ from attnreg import bench as core_bench
 from attnreg import reference
 from attnreg.spec import AttentionSpec
 
+from . import programs
+
 # Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
 SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "decode": [("", {}), ("", {"kv_tile": 64}), ("", {"kv_tile": 16}), ("", {"wg": 64}),
                ("", {"wg": 256}), ("", {"split_size": 256}), ("", {"split_size": 64}),
                ("", {"stage_v": False}), ("", {"kv_tile": 64, "split_size": 128}),
-               ("", {"fast_exp": True}), ("", {"fast_exp": True, "kv_tile": 64}),
-               ("", {"split_size": 512}), ("", {"wg": 64, "kv_tile": 16})],
-    "prefill": [("", {}), ("wgmem", {}), ("wgmem", {"block_m": 64}), ("sg", {"block_m": 64}),
-                ("sg", {"kv_tile": 64}), ("sg", {"block_m": 16}), ("sg", {"wg": 256}),
-                ("sg", {"fast_exp": True}), ("wgmem", {"fast_exp": True}), ("m4", {})],
+               ("", {"fast_exp": True}), ("", {"wg": 64, "kv_tile": 16}),
+               ("", {"wg": 64, "split_size": 64}), ("", {"kv_tile": 16, "split_size": 64})],
+    "prefill": [("", {}), ("wgmem", {}), ("sg", {"block_m": 16}), ("wgmem", {"block_m": 16}),
+                ("sg", {"wg": 256}), ("sg", {"block_m": 16, "wg": 64}),
+                ("wgmem", {"wg": 256}), ("sg", {"fast_exp": True}), ("m4", {})],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
@@ -119,12 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--out", default=None, help="write the rows as JSON")
+    ap.add_argument("--binaries", default=None, help="directory for the built binaries")
     a = ap.parse_args(argv)
     rows = run(a.suite or list(core_bench.SUITES), device=a.device, sweep=a.sweep,
                iters=a.iters, check=not a.no_check, quick=a.quick)
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(rows, fh, indent=1)
+    if a.binaries:
+        os.makedirs(a.binaries, exist_ok=True)
+        for n, (key, blob) in enumerate(programs.binaries().items()):
+            tag = "_".join(o.split("=")[-1] for o in key.options if o.startswith("-D"))
+            with open(os.path.join(a.binaries, f"p{n:03d}_{tag}.bin"), "wb") as fh:
+                fh.write(blob)
     return 0
 
 

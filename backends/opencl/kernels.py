@@ -40,6 +40,7 @@ class Geometry:
     sg_impl: int = 0
     stage_v: bool = False
     fast_exp: bool = False
+    sg_reqd: bool = False     # intel_reqd_sub_group_size(sg) on the kernel
 
     @property
     def rows(self) -> int:
@@ -66,7 +67,8 @@ class Geometry:
     def defines(self) -> dict[str, int]:
         return {"WG": self.wg, "GC": self.gc, "MQ": self.mq, "TK": self.tk, "KL": self.kl,
                 "DL": self.dl, "SG": self.sg, "SG_IMPL": self.sg_impl,
-                "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp)}
+                "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp),
+                "SG_REQD": int(self.sg_reqd)}
 
 
 def _pow2_floor(n: int) -> int:
@@ -116,7 +118,7 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     (no V staging), which is what the kernel declares as its workgroup storage."""
     h4 = spec.head_size // 4
     if family == "reduce":
-        return Geometry("reduce", wg=h4 * max(1, 128 // h4),
+        return Geometry("reduce", wg=h4 * max(1, 256 // h4),
                         fast_exp=bool(params.get("fast_exp", False)))
     wg = _int_param(params, "wg", 128, lo=32, hi=1024)
     tile = _int_param(params, "kv_tile", 32, lo=4, hi=256)
@@ -136,8 +138,10 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
         block = _int_param(params, "block_m", 32, lo=1, hi=256)
         rows = max(wg // sg, block // 4 if big else block)
         gc = min(_pow2_floor(spec.group_size), max(1, rows // 8))
+        reqd = impl == "intel" and caps is not None and \
+            "cl_intel_required_subgroup_size" in caps.features
         g = Geometry(family, wg=wg, gc=gc, mq=rows // gc, tk=max(tile, sg), kl=min(tile, wg),
-                     dl=dl, sg=sg, sg_impl=SG_IMPLS[impl])
+                     dl=dl, sg=sg, sg_impl=SG_IMPLS[impl], sg_reqd=reqd)
     else:
         block = _int_param(params, "block_m", 32, lo=1, hi=256)
         rows = max(1, block // 2) if big else block

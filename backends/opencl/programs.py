@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import warnings
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -71,7 +72,10 @@ def build(ctx: cl.Context, device: cl.Device, kernel_id: str, source: str,
             raise KernelUnavailable(kernel_id, _FAILED[key])
         BUILDS["count"] += 1
         try:
-            prog = cl.Program(ctx, source).build(options=list(opts), devices=[device])
+            with warnings.catch_warnings():
+                # Successful builds may log unroll hints a compiler could not apply.
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                prog = cl.Program(ctx, source).build(options=list(opts), devices=[device])
         except (cl.RuntimeError, cl.LogicError) as exc:
             why = f"OpenCL build failed ({' '.join(opts)}): {_log(exc)}"
             _FAILED[key] = why
@@ -97,3 +101,13 @@ def clear() -> None:
     with _LOCK:
         _PROGRAMS.clear()
         _FAILED.clear()
+
+
+def binaries() -> dict[Key, bytes]:
+    """Device binaries of the built programs (PTX on NVIDIA), for inspection."""
+    with _LOCK:
+        out: dict[Key, bytes] = {}
+        for k, p in _PROGRAMS.items():
+            blobs = p.get_info(cl.program_info.BINARIES)
+            out[k] = bytes(blobs[0])
+        return out

@@ -74,6 +74,7 @@ class OpenCLRuntime:
         self.queue = cl.CommandQueue(self.ctx, self.device, properties=props)
         self._pool: OrderedDict[tuple[str, int], cl.Buffer] = OrderedDict()
         self._kernels: dict[tuple[int, str], cl.Kernel] = {}
+        self._params: OrderedDict[bytes, cl.Buffer] = OrderedDict()
         self._lock = threading.RLock()
 
     # -- resources ---------------------------------------------------------------------
@@ -88,6 +89,18 @@ class OpenCLRuntime:
             while len(self._pool) >= _POOL_MAX:
                 self._pool.popitem(last=False)[1].release()
         self._pool[key] = buf
+        return buf
+
+    def _param_block(self, block: bytes) -> cl.Buffer:
+        """The parameter block as a small __constant buffer, one per distinct block (a
+        decode loop reuses it: no upload per launch)."""
+        buf = self._params.pop(block, None)
+        if buf is None:
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                            hostbuf=np.frombuffer(block, np.uint8))
+            while len(self._params) >= _POOL_MAX:
+                self._params.popitem(last=False)[1].release()
+        self._params[block] = buf
         return buf
 
     def _upload(self, prep: _Prepared, role: str, arr: np.ndarray) -> cl.Buffer:
@@ -114,6 +127,17 @@ class OpenCLRuntime:
         if allowed < g.wg:
             raise KernelUnavailable(kernel_id, f"compiled kernel allows {allowed} work-items "
                                     f"per work-group, geometry needs {g.wg}")
+        if g.sg_impl in (kernels.SG_IMPLS["khr"], kernels.SG_IMPLS["intel"]):
+            # The code assumes sub-groups of exactly g.sg work-items; ask the driver.
+            try:
+                got = k.get_sub_group_info(
+                    self.device, cl.kernel_sub_group_info.MAX_SUB_GROUP_SIZE_FOR_NDRANGE,
+                    (g.wg,))
+            except cl.Error as exc:
+                raise KernelUnavailable(kernel_id, f"sub-group size query failed: {exc}") from None
+            if got != g.sg:
+                raise KernelUnavailable(kernel_id, f"driver runs sub-groups of {got}, the "
+                                        f"kernel was built for {g.sg}")
         local = k.get_work_group_info(info.LOCAL_MEM_SIZE, self.device)
         limit = self.caps.limit("workgroup_storage")
         if limit is not None and local > limit:
@@ -130,7 +154,7 @@ class OpenCLRuntime:
         defines = {"IS_F16": int(spec.dtype == "float16"), "HD": spec.head_size,
                    "BIAS_F16": int(bias is not None and bias.dtype == np.float16)}
         k = self._kernel(stage.kernel, family, g, defines)
-        block = common.pack(spec, params, None if bias is None else bias.shape)
+        block = self._param_block(common.pack(spec, params, None if bias is None else bias.shape))
         if family == "reduce":
             gsize = spec.batch * spec.num_heads * spec.seq_len * g.wg
             args = [block, bufs["o_parts"], bufs["lse_parts"], bufs.get("head_sink"),
@@ -224,7 +248,8 @@ class OpenCLRuntime:
     def close(self) -> None:
         with self._lock:
             self.queue.finish()
-            for buf in self._pool.values():
+            for buf in [*self._pool.values(), *self._params.values()]:
                 buf.release()
             self._pool.clear()
+            self._params.clear()
             self._kernels.clear()
