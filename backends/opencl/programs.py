@@ -108,6 +108,6 @@ def binaries() -> dict[Key, bytes]:
     with _LOCK:
         out: dict[Key, bytes] = {}
         for k, p in _PROGRAMS.items():
-            blobs = p.get_info(cl.program_info.BINARIES)
+            blobs: list[bytes] = p.get_info(cl.program_info.BINARIES)  # type: ignore[assignment]
             out[k] = bytes(blobs[0])
         return out
