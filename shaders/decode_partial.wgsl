@@ -3,46 +3,60 @@
 // the R = GT*M query vectors that share this kv head read each K/V tile once, from
 // workgroup memory. Writes the contract's partial state of the split: o_t normalised over
 // the split's visible keys and lse_t (0 and -inf for a split with no visible key).
-// Prefix constants: M, GT, BC (keys per tile), WG (threads).
-// QK: KW lanes across the keys of a tile, NRG row groups across the query vectors.
-// PV: TPROW lanes per query vector, each owning CPT vec4 columns; every lane keeps its row's
-// softmax statistics itself (identical across the row's lanes), so no final merge is needed.
+//
+// Per tile of BC keys, work is spread so that each value is converted and each exp taken once:
+//   QK   HS lanes per key, each a slice of the head, all R query vectors (partial dots meet
+//        in workgroup memory when HS > 1);
+//   max  one lane per query vector finds the tile maximum and the rescale factor;
+//   exp  one lane per (key, query vector);
+//   PV   NS streams x PVW lanes: a lane owns CPL vec4 columns of the output for all R query
+//        vectors and a stream takes every NS-th key; streams share the running maximum, so
+//        their sums simply add up at the end.
+// Prefix constants: M, GT, BC (keys per tile), WG (threads), PREFETCH.
 
 const R: u32 = GT * M;
-const KW: u32 = min(BC, WG);
-const KPT: u32 = BC / KW;                 // keys per lane in QK
-const NRG: u32 = WG / KW;
-const RPT: u32 = (R + NRG - 1u) / NRG;    // query vectors per lane in QK
-const TPROW: u32 = max(1u, WG / R);
-const CPT: u32 = (HV + TPROW - 1u) / TPROW;
+const HS: u32 = max(1u, WG / BC);         // QK lanes per key
+const KW: u32 = WG / HS;                  // keys per QK pass
+const KPT: u32 = BC / min(BC, KW);        // QK passes per tile
+const CH: u32 = (HV + HS - 1u) / HS;      // vec4 chunks per QK lane
+const PVW: u32 = min(WG, HV);             // PV lanes across the head
+const NS: u32 = WG / PVW;                 // PV streams
+const CPL: u32 = (HV + PVW - 1u) / PVW;   // vec4 columns per PV lane
+const NE: u32 = (BC * R + WG - 1u) / WG;  // (key, vector) elements per lane
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
 
 @group(0) @binding(7) var<storage, read_write> o_parts: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> lse_parts: array<f32>;
 
-var<workgroup> q_s: array<vec4<f32>, R * HV>;
+var<workgroup> q_s: array<vec4<f32>, R * HV>;    // scaled queries; the merged o at the end
 var<workgroup> k_s: array<vec4<T>, BC * KS>;
 var<workgroup> v_s: array<vec4<T>, BC * HV>;
-var<workgroup> p_s: array<f32, R * BC>;
+var<workgroup> p_s: array<f32, BC * R>;          // [key][vector]: logits, then exp
+var<workgroup> part_s: array<f32, BC * R * HS>;  // QK partial dots per head slice
+var<workgroup> m_s: array<f32, R>;               // running maximum per vector
+var<workgroup> mu_s: array<f32, R>;              // this tile's exp offset per vector
+var<workgroup> al_s: array<f32, R>;              // this tile's rescale factor per vector
+var<workgroup> l_s: array<f32, R>;               // merged denominators at the end
 
-// Loads tile [j0, j0+BC) of this split into registers. The constant trip count lets the
-// compiler unroll and issue every load before the first use; a loop starting at the lane
-// id does not unroll, and then each lane waits for memory once per granule.
-fn fetch(kr: ptr<function, array<GV, NLD>>, vr: ptr<function, array<GV, NLD>>,
-         lid: u32, b: u32, kvh: u32, j0: u32, khi: u32) {
-  for (var u = 0u; u < NLD; u++) {
-    let idx = lid + u * WG;
-    let jj = idx / HG;
-    if (idx < BC * HG && j0 + jj < khi) {   // only this split's keys, never past the valid length
-      let at = kv_granule(b, kvh, j0 + jj) + idx % HG;
-      (*kr)[u] = k[at];
-      (*vr)[u] = v[at];
-    } else {
-      (*kr)[u] = GV();
-      (*vr)[u] = GV();
-    }
+struct Wg {
+  b: u32,
+  kvh: u32,
+  hc: u32,
+  i0: u32,
+  len: u32,
+  khi: u32,
+}
+
+// Logit of query vector r against key j, or MASKED if j is invisible to it.
+fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32) -> f32 {
+  let gh = w.hc * GT + r / M;
+  let i = w.i0 + r % M;
+  let pos = row_pos(w.len, i);
+  if (gh < P.group_size && i < P.seq_len && j < w.khi && key_visible(i32(j), pos, w.len)) {
+    return logit(dot_qk, w.b, w.kvh * P.group_size + gh, i, j, pos);
   }
+  return MASKED;
 }
 
 @compute @workgroup_size(WG)
@@ -69,6 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let split_lo = t * P.split_size;
   let klo = max(split_lo, u32(span.x));
   let khi = min(min(split_lo + P.split_size, P.capacity), u32(span.y));
+  let w = Wg(b, kvh, hc, i0, len, khi);
 
   // Query vector r is head hc*GT + r/M of the group, row i0 + r%M; absent ones load zeros.
   for (var u = 0u; u < (R * HG + WG - 1u) / WG; u++) {
@@ -88,105 +103,201 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
     }
   }
-
-  let pr = min(lid / TPROW, R - 1u);      // PV role: query vector and column lane
-  let sub = lid % TPROW;
-  var m = MASKED;
-  var l = 0.0;
-  var o: array<vec4<f32>, CPT>;
-  for (var c = 0u; c < CPT; c++) {
-    o[c] = vec4<f32>(0.0);
+  if (lid < R) {
+    m_s[lid] = MASKED;
   }
 
-  // Software pipelining: the next tile's loads are in flight while this one is computed.
+  let st = lid / PVW;                     // PV stream and column lane
+  let cl = lid % PVW;
+  var l: array<f32, R>;
+  var o: array<array<vec4<f32>, CPL>, R>;
+  for (var r = 0u; r < R; r++) {
+    l[r] = 0.0;
+    for (var u = 0u; u < CPL; u++) {
+      o[r][u] = vec4<f32>(0.0);
+    }
+  }
+
+  // Tile loop. With PREFETCH=1 it is software-pipelined: iteration it stores tile it-1
+  // (already in registers) to workgroup memory, issues the loads of tile it, then computes
+  // tile it-1, so the loads fly during the compute. PREFETCH=0: load, store, compute tile it.
+  // The loads have a constant trip count (the compiler unrolls them and issues all before
+  // the first use) and sit in main: a helper taking the register tile by pointer made a
+  // driver keep it in local memory.
+  let n_tiles = select(0u, cdiv(khi - klo, BC), khi > klo);
   var kr: array<GV, NLD>;
   var vr: array<GV, NLD>;
-  fetch(&kr, &vr, lid, b, kvh, klo, khi);
-  for (var j0 = klo; j0 < khi; j0 += BC) {
-    workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
+  for (var it = 0u; it < n_tiles + PREFETCH; it++) {
+    if (PREFETCH == 1u && it > 0u) {
+      workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
+      for (var u = 0u; u < NLD; u++) {
+        let idx = lid + u * WG;
+        if (idx < BC * HG) {
+          let jj = idx / HG;
+          let g = idx % HG;
+          for (var s = 0u; s < GS; s++) {
+            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+          }
+        }
+      }
+      workgroupBarrier();
+    }
+    let jf = klo + it * BC;
     for (var u = 0u; u < NLD; u++) {
       let idx = lid + u * WG;
-      if (idx < BC * HG) {
-        let jj = idx / HG;
-        let g = idx % HG;
-        for (var s = 0u; s < GS; s++) {
-          k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-          v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
-        }
+      let jj = idx / HG;
+      kr[u] = GV();
+      vr[u] = GV();
+      if (idx < BC * HG && jf + jj < khi) {   // only this split's keys, never past the valid length
+        let at = kv_granule(b, kvh, jf + jj) + idx % HG;
+        kr[u] = k[at];
+        vr[u] = v[at];
       }
     }
-    workgroupBarrier();
-    if (j0 + BC < khi) {
-      fetch(&kr, &vr, lid, b, kvh, j0 + BC, khi);
-    }
-
-    let rg = lid / KW;
-    for (var kk = 0u; kk < KPT; kk++) {
-      let jj = lid % KW + KW * kk;
-      var sc: array<f32, RPT>;
-      for (var u = 0u; u < RPT; u++) {
-        sc[u] = 0.0;
-      }
-      for (var c = 0u; c < HV; c++) {
-        let kc = vec4<f32>(k_s[jj * KS + c]);
-        for (var u = 0u; u < RPT; u++) {
-          let r = min(rg + NRG * u, R - 1u);
-          sc[u] += dot(q_s[r * HV + c], kc);
-        }
-      }
-      let j = j0 + jj;
-      for (var u = 0u; u < RPT; u++) {
-        let r = rg + NRG * u;
-        if (r < R) {
-          let gh = hc * GT + r / M;
-          let i = i0 + r % M;
-          let pos = row_pos(len, i);
-          var x = MASKED;
-          if (gh < P.group_size && i < P.seq_len && j < khi && key_visible(i32(j), pos, len)) {
-            x = logit(sc[u], b, kvh * P.group_size + gh, i, j, pos);
+    if (PREFETCH == 0u) {
+      workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
+      for (var u = 0u; u < NLD; u++) {
+        let idx = lid + u * WG;
+        if (idx < BC * HG) {
+          let jj = idx / HG;
+          let g = idx % HG;
+          for (var s = 0u; s < GS; s++) {
+            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
           }
-          p_s[r * BC + jj] = x;
+        }
+      }
+      workgroupBarrier();
+    }
+    if (it < PREFETCH) {
+      continue;
+    }
+    let j0 = klo + (it - PREFETCH) * BC;
+
+    // QK: lane (slice h, key jj); consecutive lanes take consecutive keys (distinct banks).
+    let h = lid / min(BC, KW);
+    for (var kk = 0u; kk < KPT; kk++) {
+      let jj = lid % min(BC, KW) + KW * kk;
+      var sc: array<f32, R>;
+      for (var r = 0u; r < R; r++) {
+        sc[r] = 0.0;
+      }
+      for (var cc = 0u; cc < CH; cc++) {
+        let c = min(h * CH + cc, HV - 1u);
+        let kc = select(vec4<f32>(0.0), vec4<f32>(k_s[jj * KS + c]), h * CH + cc < HV);
+        for (var r = 0u; r < R; r++) {
+          sc[r] += dot(q_s[r * HV + c], kc);
+        }
+      }
+      for (var r = 0u; r < R; r++) {
+        if (HS == 1u) {
+          p_s[jj * R + r] = vec_logit(w, r, j0 + jj, sc[r]);
+        } else {
+          part_s[(jj * R + r) * HS + h] = sc[r];
         }
       }
     }
     workgroupBarrier();
+    if (HS > 1u) {
+      for (var u = 0u; u < NE; u++) {
+        let e = lid + u * WG;
+        if (e < BC * R) {
+          var s = 0.0;
+          for (var hh = 0u; hh < HS; hh++) {
+            s += part_s[e * HS + hh];
+          }
+          p_s[e] = vec_logit(w, e % R, j0 + e / R, s);
+        }
+      }
+      workgroupBarrier();
+    }
 
-    var mx = MASKED;
-    for (var jj = 0u; jj < BC; jj++) {
-      mx = max(mx, p_s[pr * BC + jj]);
+    // Tile maximum and rescale factor, one lane per query vector.
+    if (lid < R) {
+      var mx = MASKED;
+      for (var jj = 0u; jj < BC; jj++) {
+        mx = max(mx, p_s[jj * R + lid]);
+      }
+      let m_old = m_s[lid];
+      let m_new = max(m_old, mx);
+      // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
+      let m_use = select(m_new, 0.0, m_new <= MASKED);
+      m_s[lid] = m_new;
+      mu_s[lid] = m_use;
+      al_s[lid] = exp(m_old - m_use);
     }
-    let m_new = max(m, mx);
-    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
-    let m_use = select(m_new, 0.0, m_new <= MASKED);
-    let alpha = exp(m - m_use);
-    m = m_new;
-    l = l * alpha;
-    for (var c = 0u; c < CPT; c++) {
-      o[c] *= alpha;
+    workgroupBarrier();
+    for (var u = 0u; u < NE; u++) {
+      let e = lid + u * WG;
+      if (e < BC * R) {
+        p_s[e] = exp(p_s[e] - mu_s[e % R]);
+      }
     }
-    for (var jj = 0u; jj < BC; jj++) {
-      let p = exp(p_s[pr * BC + jj] - m_use);
-      l += p;
-      for (var c = 0u; c < CPT; c++) {
-        let col = min(sub + TPROW * c, HV - 1u);
-        o[c] += p * vec4<f32>(v_s[jj * HV + col]);
+    workgroupBarrier();
+
+    if (st < NS) {
+      for (var r = 0u; r < R; r++) {
+        let al = al_s[r];
+        l[r] *= al;
+        for (var u = 0u; u < CPL; u++) {
+          o[r][u] *= al;
+        }
+      }
+      for (var n = 0u; n < (BC + NS - 1u) / NS; n++) {
+        let jj = st + NS * n;
+        if (jj < BC) {
+          var vv: array<vec4<f32>, CPL>;
+          for (var u = 0u; u < CPL; u++) {
+            let c = cl + PVW * u;
+            vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
+          }
+          for (var r = 0u; r < R; r++) {
+            let p = p_s[jj * R + r];
+            l[r] += p;
+            for (var u = 0u; u < CPL; u++) {
+              o[r][u] += p * vv[u];
+            }
+          }
+        }
       }
     }
   }
 
-  let gh = hc * GT + pr / M;
-  let i = i0 + pr % M;
-  if (lid < R * TPROW && gh < P.group_size && i < P.seq_len) {
-    let fin = finish_row(m, l, MASKED);
-    let row = ((b * P.num_heads + kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + t;
-    for (var c = 0u; c < CPT; c++) {
-      let col = sub + TPROW * c;
-      if (col < HV) {
-        o_parts[row * HV + col] = o[c] * fin.x;
+  // Streams add up (they share the running maximum) in q_s, which QK no longer needs.
+  workgroupBarrier();
+  for (var s = 0u; s < NS; s++) {
+    if (st == s) {
+      for (var r = 0u; r < R; r++) {
+        for (var u = 0u; u < CPL; u++) {
+          let c = cl + PVW * u;
+          if (c < HV) {
+            q_s[r * HV + c] = select(q_s[r * HV + c] + o[r][u], o[r][u], s == 0u);
+          }
+        }
+        if (cl == 0u) {
+          l_s[r] = select(l_s[r] + l[r], l[r], s == 0u);
+        }
       }
     }
-    if (sub == 0u) {
-      lse_parts[row] = fin.y;
+    workgroupBarrier();
+  }
+
+  for (var u = 0u; u < (R * HV + WG - 1u) / WG; u++) {
+    let e = lid + u * WG;
+    if (e < R * HV) {
+      let r = e / HV;
+      let c = e % HV;
+      let gh = hc * GT + r / M;
+      let i = i0 + r % M;
+      if (gh < P.group_size && i < P.seq_len) {
+        let fin = finish_row(m_s[r], l_s[r], MASKED);
+        let row = ((b * P.num_heads + kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + t;
+        o_parts[row * HV + c] = q_s[e] * fin.x;
+        if (c == 0u) {
+          lse_parts[row] = fin.y;
+        }
+      }
     }
   }
 }

@@ -5,7 +5,7 @@
 // tx, tx+NCG, ... (vec4s). Row maxima are combined over the NCG lanes of a row group:
 // lane_max() (subgroup shuffles over SGW lanes in the subgroup variant, identity otherwise),
 // then workgroup memory for the NCG/SGW groups left.
-// Prefix constants: BR, BC, TR, NCG, SGW; functions lane_max, lane_sum.
+// Prefix constants: BR, BC, TR, NCG, SGW, PREFETCH; functions lane_max, lane_sum.
 
 const TC: u32 = BC / NCG;                 // S columns per lane
 const WG: u32 = (BR / TR) * NCG;
@@ -23,23 +23,6 @@ var<workgroup> v_s: array<vec4<T>, BC * HV>;
 var<workgroup> p_s: array<f32, BR * BC>;
 var<workgroup> red_s: array<f32, BR * NG>;
 
-// Loads key tile [j0, j0+BC) into registers with a constant trip count, so that every load
-// is issued before the first use (see decode_partial.wgsl).
-fn fetch(kr: ptr<function, array<GV, NLD>>, vr: ptr<function, array<GV, NLD>>,
-         lid: u32, b: u32, kvh: u32, j0: u32, len: u32) {
-  for (var u = 0u; u < NLD; u++) {
-    let idx = lid + u * WG;
-    let jj = idx / HG;
-    if (idx < BC * HG && j0 + jj < len) {   // keys past the valid length are never read
-      let at = kv_granule(b, kvh, j0 + jj) + idx % HG;
-      (*kr)[u] = k[at];
-      (*vr)[u] = v[at];
-    } else {
-      (*kr)[u] = GV();
-      (*vr)[u] = GV();
-    }
-  }
-}
 
 // Combine one value per row over the NCG lanes of a row group (max or sum). Called in
 // uniform control flow by every invocation (it holds a barrier when NG > 1).
@@ -120,27 +103,62 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
 
   let j_begin = u32(span.x) / BC * BC;
-  // Software pipelining: the next tile's loads are in flight while this one is computed.
+  // Tile loop. With PREFETCH=1 it is software-pipelined: iteration it stores tile it-1
+  // (already in registers) to workgroup memory, issues the loads of tile it, then computes
+  // tile it-1, so the loads fly during the compute. PREFETCH=0: load, store, compute tile it.
+  // The loads have a constant trip count (the compiler unrolls them and issues all before
+  // the first use) and sit in main: a helper taking the register tile by pointer made a
+  // driver keep it in local memory.
+  let n_tiles = select(0u, cdiv(u32(span.y) - j_begin, BC), u32(span.y) > j_begin);
   var kr: array<GV, NLD>;
   var vr: array<GV, NLD>;
-  fetch(&kr, &vr, lid, b, kvh, j_begin, len);
-  for (var j0 = j_begin; j0 < u32(span.y); j0 += BC) {
-    workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
-    for (var u = 0u; u < NLD; u++) {
-      let idx = lid + u * WG;
-      if (idx < BC * HG) {
-        let jj = idx / HG;
-        let g = idx % HG;
-        for (var s = 0u; s < GS; s++) {
-          k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-          v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+  for (var it = 0u; it < n_tiles + PREFETCH; it++) {
+    if (PREFETCH == 1u && it > 0u) {
+      workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
+      for (var u = 0u; u < NLD; u++) {
+        let idx = lid + u * WG;
+        if (idx < BC * HG) {
+          let jj = idx / HG;
+          let g = idx % HG;
+          for (var s = 0u; s < GS; s++) {
+            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+          }
         }
       }
+      workgroupBarrier();
     }
-    workgroupBarrier();
-    if (j0 + BC < u32(span.y)) {
-      fetch(&kr, &vr, lid, b, kvh, j0 + BC, len);
+    let jf = j_begin + it * BC;
+    for (var u = 0u; u < NLD; u++) {
+      let idx = lid + u * WG;
+      let jj = idx / HG;
+      kr[u] = GV();
+      vr[u] = GV();
+      if (idx < BC * HG && jf < u32(span.y) && jf + jj < len) {   // never past the valid length
+        let at = kv_granule(b, kvh, jf + jj) + idx % HG;
+        kr[u] = k[at];
+        vr[u] = v[at];
+      }
     }
+    if (PREFETCH == 0u) {
+      workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
+      for (var u = 0u; u < NLD; u++) {
+        let idx = lid + u * WG;
+        if (idx < BC * HG) {
+          let jj = idx / HG;
+          let g = idx % HG;
+          for (var s = 0u; s < GS; s++) {
+            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+          }
+        }
+      }
+      workgroupBarrier();
+    }
+    if (it < PREFETCH) {
+      continue;
+    }
+    let j0 = j_begin + (it - PREFETCH) * BC;
 
     var sc: array<array<f32, TC>, TR>;
     for (var a = 0u; a < TR; a++) {

@@ -252,3 +252,30 @@ def test_reduce_many_splits_with_empty_ones(session):
     want, want_lse = ref.reduce(spec, np.nan_to_num(o), lse, sink)
     np.testing.assert_allclose(out, ref.out_layout(spec, want), atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(l_out, want_lse, atol=2e-4)
+
+
+GEOMETRIES = [
+    ("webgpu.decode_partial.f16.m4", {"prefetch": 0}),
+    ("webgpu.decode_partial.f32.m2", {"kv_tile": 8, "threads": 64}),       # 8 lanes per key
+    ("webgpu.decode_partial.f16.m1", {"kv_tile": 32, "threads": 16}),      # 2 keys, 2+ cols a lane
+    ("webgpu.decode_partial.f32.m1", {"kv_tile": 16, "threads": 256}),
+    ("webgpu.prefill.f16.sg", {"prefetch": 0, "q_tile": 8}),
+    ("webgpu.prefill.f32.wgmem", {"q_tile": 16, "kv_tile": 16, "rows_per_thread": 1}),
+    ("webgpu.prefill.f16.wgmem", {"q_tile": 8, "kv_tile": 8, "row_lanes": 4}),
+]
+
+
+@pytest.mark.parametrize("kernel,params", GEOMETRIES,
+                         ids=[f"webgpu-{SLUG}-{k.split('.', 1)[1]}-" + "-".join(
+                             f"{n}{v}" for n, v in p.items()) for k, p in GEOMETRIES])
+@pytest.mark.parametrize("head_size", [80, 128])
+def test_tile_geometries(session, kernel, params, head_size):
+    """Non-default tile shapes and the unpipelined loop, on odd lengths and head sizes."""
+    dtype = "float16" if ".f16." in kernel else "float32"
+    spec = attnreg.AttentionSpec(batch=2, seq_len=5, past_len=70, num_heads=7, kv_num_heads=1,
+                                 head_size=head_size, dtype=dtype, seqlens_k=True,
+                                 kv_capacity=90, local_window=50, head_sink=True,
+                                 return_lse=True, softcap=2.0)
+    t = make_tensors(spec, 17, lengths=[75, 60])
+    got = session.run(spec, t, kernel=kernel, params=params, flags={"split_size": 24})
+    check_close(spec, got, t)

@@ -18,11 +18,15 @@ DTYPES = {"float32": "f32", "float16": "f16"}
 HEAD_SIZES = (8, 256, 8)
 M_TILES = (1, 2, 4)
 
+# prefetch: load the next K/V tile into registers while the current one is computed.
 PREFILL_DEFAULTS: Mapping[str, int] = {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 2,
-                                       "row_lanes": 16}
-# group_tile: query heads of one GQA group per decode workgroup (all of them up to 8, so
-# the group reads its K/V once); only lowered when workgroup storage demands it.
-DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 16, "threads": 128, "group_tile": 8}
+                                       "row_lanes": 16, "prefetch": 1}
+# group_tile: query heads of one GQA group per decode workgroup: the whole group reads its
+# K/V once, up to MAX_VECTORS query vectors (heads x m_tile rows) whose accumulators stay in
+# registers; lowered further only when workgroup storage demands it.
+DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 64, "threads": 128, "group_tile": 16,
+                                      "prefetch": 1}
+MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor).
 SHRINK = {
@@ -46,7 +50,8 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     bc = _p(params, PREFILL_DEFAULTS, "kv_tile")
     tr = min(_p(params, PREFILL_DEFAULTS, "rows_per_thread"), br)
     ncg = min(_p(params, PREFILL_DEFAULTS, "row_lanes"), bc)
-    return {"BR": br, "BC": bc, "TR": tr, "NCG": ncg, "SGW": min(subgroup_width, ncg)}
+    return {"BR": br, "BC": bc, "TR": tr, "NCG": ncg, "SGW": min(subgroup_width, ncg),
+            "PREFETCH": int(bool(_p(params, PREFILL_DEFAULTS, "prefetch")))}
 
 
 def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -67,15 +72,19 @@ def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
 # -- decode_partial -----------------------------------------------------------------------
 def decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
     return {"M": int(params.get("m_tile", 1)),
-            "GT": min(spec.group_size, _p(params, DECODE_DEFAULTS, "group_tile")),
+            "GT": min(spec.group_size, _p(params, DECODE_DEFAULTS, "group_tile"),
+                      max(1, MAX_VECTORS // int(params.get("m_tile", 1)))),
             "BC": _p(params, DECODE_DEFAULTS, "kv_tile"),
-            "WG": _p(params, DECODE_DEFAULTS, "threads")}
+            "WG": _p(params, DECODE_DEFAULTS, "threads"),
+            "PREFETCH": int(bool(_p(params, DECODE_DEFAULTS, "prefetch")))}
 
 
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
     hv, e, r = spec.head_size // 4, spec.itemsize, c["M"] * c["GT"]
-    return r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e + r * c["BC"] * 4
+    hs = max(1, c["WG"] // c["BC"])
+    return (r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e
+            + c["BC"] * r * 4 * (1 + hs) + 4 * r * 4)
 
 
 # -- reduce -------------------------------------------------------------------------------
