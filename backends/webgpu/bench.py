@@ -27,10 +27,11 @@ from attnreg.spec import AttentionSpec
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).
 SWEEPS: dict[str, list[dict[str, Any]]] = {
-    "decode": [{"prefetch": 0}, {"threads": 64}, {"kv_tile": 32}, {"kv_tile": 32, "threads": 64,
-               "prefetch": 0}, {"split_size": 256}],
+    "decode": [{"kv_tile": 32}, {"threads": 256}, {"threads": 64}, {"kv_tile": 32, "threads": 64},
+               {"kv_tile": 16, "threads": 64}, {"prefetch": 0}, {"split_size": 128},
+               {"split_size": 512}],
     "prefill": [{"prefetch": 0}, {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 4},
-                {"q_tile": 64, "kv_tile": 16}, {"rows_per_thread": 1}],
+                {"rows_per_thread": 4}, {"q_tile": 16, "kv_tile": 64, "rows_per_thread": 1}],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
