@@ -144,6 +144,12 @@ class _Gen:
                 if feat in sup:
                     self.add(feat.replace("_", ""), {**d, **ch}, params=split)
             self.add("layouts", {**d, "q_layout": "BNSH", "kv_layout": "BSNH"}, params=split)
+            if "paged" in k.kv_layouts:
+                for ps, lens in ((16, (96, 40)), (5, (96, 3))):
+                    self.add(f"paged{ps}", {**d, "kv_layout": "paged", "page_size": ps,
+                                            "num_pages": 2 * -(-96 // ps) + 3, "seqlens_k": True,
+                                            "kv_capacity": 96, "causal": True},
+                             params=split, lengths=lens)
             if "gqa" in sup:
                 self.add("mqa", {**d, "num_heads": 7, "kv_num_heads": 1}, params=split)
                 self.add("gqa4", {**d, "num_heads": 8, "kv_num_heads": 2}, params=split)

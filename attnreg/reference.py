@@ -32,8 +32,18 @@ def q_canonical(spec: AttentionSpec, q: np.ndarray) -> np.ndarray:
     return q.transpose(0, 2, 1, 3) if spec.q_layout == "BSNH" else q
 
 
-def kv_canonical(spec: AttentionSpec, k: np.ndarray) -> np.ndarray:
+def kv_canonical(spec: AttentionSpec, k: np.ndarray,
+                 block_table: np.ndarray | None = None) -> np.ndarray:
+    """k or v as float64 [B, Nkv, C, H]; a paged pool is gathered through the block table
+    (pages of unused table entries are not read: they may be -1)."""
     k = np.asarray(k, dtype=np.float64)
+    if spec.kv_layout == "paged":
+        assert block_table is not None and spec.page_size is not None
+        ps, pages = spec.page_size, spec.pages_per_seq
+        table = np.where((block_table >= 0) & (block_table < k.shape[0]), block_table, 0)
+        # [B, pages, ps, Nkv, H] -> [B, Nkv, pages*ps, H], cut to C
+        g = k[table.reshape(-1)].reshape(spec.batch, pages * ps, spec.kv_num_heads, -1)
+        return g[:, : spec.capacity].transpose(0, 2, 1, 3)
     return k.transpose(0, 2, 1, 3) if spec.kv_layout == "BSNH" else k
 
 
@@ -53,8 +63,9 @@ class _Problem:
         self.keys = np.arange(c)
         exists = self.keys[None, :] < self.lengths[:, None]                 # [B, C]
         # Keys past L_b may hold NaN; zero them so 0-weights never meet NaN in P @ V.
-        k = kv_canonical(spec, tensors["k"])
-        v = kv_canonical(spec, tensors["v"])
+        table = tensors.get("block_table")
+        k = kv_canonical(spec, tensors["k"], table)
+        v = kv_canonical(spec, tensors["v"], table)
         self.k = np.where(exists[:, None, :, None], k, 0.0)
         self.v = np.where(exists[:, None, :, None], v, 0.0)
         self.q = q_canonical(spec, tensors["q"]).reshape(b, nkv, g, s, h)

@@ -12,6 +12,7 @@ from .errors import SpecError
 
 DTYPES = ("float32", "float16")
 LAYOUTS = ("BSNH", "BNSH")
+KV_LAYOUTS = ("BSNH", "BNSH", "paged")
 
 
 def _exact_int(value: Any) -> Any:
@@ -43,7 +44,9 @@ EXPECTED: dict[str, str] = {
     "head_size": "an integer >= 1",
     "dtype": "one of 'float32', 'float16'",
     "q_layout": "one of 'BSNH', 'BNSH'",
-    "kv_layout": "one of 'BSNH', 'BNSH'",
+    "kv_layout": "one of 'BSNH', 'BNSH', 'paged'",
+    "page_size": "None, or with kv_layout='paged' an integer >= 1 (keys per page)",
+    "num_pages": "None, or with kv_layout='paged' an integer >= 1 (pages in the k/v pools)",
     "causal": "a bool",
     "scale": "None (1/sqrt(head_size)) or a finite float > 0",
     "softcap": "a finite float >= 0 (0 disables)",
@@ -78,7 +81,7 @@ class AttentionSpec(BaseModel):
     head_size: Int = Field(64, ge=1)
     dtype: Literal["float32", "float16"] = "float32"
     q_layout: Literal["BSNH", "BNSH"] = "BSNH"
-    kv_layout: Literal["BSNH", "BNSH"] = "BNSH"
+    kv_layout: Literal["BSNH", "BNSH", "paged"] = "BNSH"
     causal: bool = True
     scale: Float | None = None
     softcap: Float = Field(0.0, ge=0.0)
@@ -89,6 +92,10 @@ class AttentionSpec(BaseModel):
     seqlens_k: bool = False
     head_sink: bool = False
     return_lse: bool = False
+    # Paged KV cache (kv_layout="paged"): k/v are page pools [num_pages, page_size, Nkv, H]
+    # and a block_table [B, ceil(C / page_size)] int32 maps each sequence's pages.
+    page_size: Int | None = Field(None, ge=1)
+    num_pages: Int | None = Field(None, ge=1)
 
     def __init__(self, **data: Any) -> None:
         unknown = sorted(set(data) - set(type(self).model_fields))
@@ -113,6 +120,13 @@ class AttentionSpec(BaseModel):
                             f"None or an integer >= past_len + seq_len = {self.total_len}")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             raise SpecError("scale", self.scale, EXPECTED["scale"])
+        paged = self.kv_layout == "paged"
+        for name in ("page_size", "num_pages"):
+            value = getattr(self, name)
+            if paged and value is None:
+                raise SpecError(name, value, "an integer >= 1, because kv_layout is 'paged'")
+            if not paged and value is not None:
+                raise SpecError(name, value, "None, because kv_layout is not 'paged'")
 
     # -- derived sizes -------------------------------------------------------------------
     @property
@@ -146,7 +160,19 @@ class AttentionSpec(BaseModel):
     @property
     def kv_shape(self) -> tuple[int, int, int, int]:
         b, c, n, h = self.batch, self.capacity, self.kv_num_heads, self.head_size
+        if self.kv_layout == "paged":
+            assert self.num_pages is not None and self.page_size is not None
+            return (self.num_pages, self.page_size, n, h)
         return (b, c, n, h) if self.kv_layout == "BSNH" else (b, n, c, h)
+
+    @property
+    def pages_per_seq(self) -> int:
+        """Block-table width for a paged cache: pages covering the capacity C."""
+        return -(-self.capacity // self.page_size) if self.page_size else 0
+
+    @property
+    def block_table_shape(self) -> tuple[int, int]:
+        return (self.batch, self.pages_per_seq)
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:

@@ -11,7 +11,12 @@ from .errors import SpecError
 from .spec import AttentionSpec
 
 REQUIRED = ("q", "k", "v")
-OPTIONAL = {"bias": "bias", "seqlens_k": "seqlens_k", "head_sink": "head_sink"}
+OPTIONAL = {"bias": "bias", "seqlens_k": "seqlens_k", "head_sink": "head_sink",
+            "block_table": "kv_layout"}
+
+
+def _wants(spec: AttentionSpec, name: str) -> bool:
+    return spec.kv_layout == "paged" if name == "block_table" else bool(getattr(spec, OPTIONAL[name]))
 
 
 def _is_device(value: Any) -> bool:
@@ -51,23 +56,27 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
     """
     if not isinstance(tensors, Mapping):
         raise SpecError("tensors", tensors, "a mapping such as {'q': q, 'k': k, 'v': v}")
-    wanted = set(REQUIRED) | {n for n, flag in OPTIONAL.items() if getattr(spec, flag)}
+    wanted = set(REQUIRED) | {n for n in OPTIONAL if _wants(spec, n)}
     for name in REQUIRED:
         if name not in tensors:
             raise SpecError(f"tensors[{name!r}]", None, "a tensor (q, k and v are required)")
     for name in tensors:
         if name not in wanted:
             why = (f"no such tensor; known: {sorted(set(REQUIRED) | set(OPTIONAL))}"
-                   if name not in OPTIONAL else f"absent because spec.{OPTIONAL[name]} is False")
+                   if name not in OPTIONAL else
+                   "absent because spec.kv_layout is not 'paged'" if name == "block_table" else
+                   f"absent because spec.{OPTIONAL[name]} is False")
             raise SpecError(f"tensors[{name!r}]", tensors[name], why)
     for name in wanted:
         if name not in tensors:
-            raise SpecError(f"tensors[{name!r}]", None,
+            raise SpecError(f"tensors[{name!r}]", None, "a tensor, because spec.kv_layout is 'paged'"
+                            if name == "block_table" else
                             f"a tensor, because spec.{OPTIONAL[name]} is True")
 
     arrays = {n: _as_array(n, tensors[n]) for n in wanted}
     layout_q = f"q_layout={spec.q_layout}"
-    layout_kv = f"kv_layout={spec.kv_layout}, capacity C={spec.capacity}"
+    layout_kv = ("kv_layout=paged: [num_pages, page_size, Nkv, H]" if spec.kv_layout == "paged"
+                 else f"kv_layout={spec.kv_layout}, capacity C={spec.capacity}")
     _check_dtype("q", arrays["q"], (spec.dtype,))
     _check_shape("q", arrays["q"], spec.q_shape, layout_q)
     for name in ("k", "v"):
@@ -104,7 +113,31 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
         if not _is_device(sink) and np.isnan(sink).any():
             raise SpecError("tensors['head_sink']", sink, "no NaN (-inf means no sink)")
 
+    if spec.kv_layout == "paged":
+        _check_block_table(spec, arrays)
     return {n: a if _is_device(a) else np.ascontiguousarray(a) for n, a in arrays.items()}
+
+
+def _check_block_table(spec: AttentionSpec, arrays: Mapping[str, Any]) -> None:
+    """Pages that hold valid keys must exist; entries past a sequence's length are ignored
+    (they may be -1), so a table can be reused while sequences grow."""
+    bt = arrays["block_table"]
+    _check_dtype("block_table", bt, ("int32",))
+    _check_shape("block_table", bt, spec.block_table_shape,
+                 f"[B, ceil(C / page_size)] = [{spec.batch}, {spec.pages_per_seq}]")
+    if _is_device(bt):
+        bt = bt.host if bt.host is not None else bt.numpy()
+    lengths = valid_lengths(spec, arrays)
+    assert spec.page_size is not None and spec.num_pages is not None
+    used = -(-lengths // spec.page_size)
+    for b in range(spec.batch):
+        row = bt[b, : used[b]]
+        bad = (row < 0) | (row >= spec.num_pages)
+        if bad.any():
+            p = int(np.argmax(bad))
+            raise SpecError(f"tensors['block_table'][{b}, {p}]", int(row[p]),
+                            f"a page index in [0, num_pages={spec.num_pages}) (page {p} holds "
+                            f"keys of batch {b}, whose length is {int(lengths[b])})")
 
 
 def split_device_inputs(tensors: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

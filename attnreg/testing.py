@@ -21,6 +21,9 @@ def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
     kernel that reads them fails. ``mask_frac`` puts -inf into that fraction of the bias."""
     rng = np.random.default_rng(seed)
     dt = np.dtype(spec.dtype)
+    if spec.kv_layout == "paged":
+        return _paged(spec, rng, lengths=lengths, bias_shape=bias_shape, mask_frac=mask_frac,
+                      poison=poison, seed=seed)
     t: dict[str, np.ndarray] = {
         "q": rng.standard_normal(spec.q_shape).astype(dt),
         "k": rng.standard_normal(spec.kv_shape).astype(dt),
@@ -46,6 +49,36 @@ def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
         t["bias"] = bias
     if spec.head_sink:
         t["head_sink"] = rng.standard_normal(spec.num_heads).astype(np.float32)
+    return t
+
+
+def _paged(spec: AttentionSpec, rng: np.random.Generator, *, seed: int, lengths: Any,
+           bias_shape: tuple[int, ...] | None, mask_frac: float, poison: bool) -> dict[str, np.ndarray]:
+    """A paged version of the same recipe: each sequence's used pages sit at shuffled pool
+    positions; unused pages and table entries past a sequence's length are poison (NaN, -1)."""
+    assert spec.page_size is not None and spec.num_pages is not None
+    flat = spec.replace(kv_layout="BSNH", page_size=None, num_pages=None)
+    t = make_tensors(flat, seed, lengths=lengths, bias_shape=bias_shape, mask_frac=mask_frac,
+                     poison=poison)
+    lens = valid_lengths(flat, t)
+    ps, n_pages = spec.page_size, spec.num_pages
+    used = [int(-(-L // ps)) for L in lens]
+    if sum(used) > n_pages:
+        raise ValueError(f"num_pages={n_pages} < {sum(used)} pages these lengths need")
+    order = rng.permutation(n_pages)
+    table = np.full(spec.block_table_shape, -1, np.int32)
+    pool_k = np.full(spec.kv_shape, np.nan if poison else 0.0, spec.dtype)
+    pool_v = pool_k.copy()
+    nxt = 0
+    for b in range(spec.batch):
+        for p in range(used[b]):
+            page = int(order[nxt])
+            nxt += 1
+            table[b, p] = page
+            lo, hi = p * ps, min((p + 1) * ps, spec.capacity)
+            pool_k[page, : hi - lo] = t["k"][b, lo:hi]
+            pool_v[page, : hi - lo] = t["v"][b, lo:hi]
+    t["k"], t["v"], t["block_table"] = pool_k, pool_v, table
     return t
 
 

@@ -31,9 +31,11 @@ FIELDS: tuple[tuple[str, str], ...] = (
     # alibi: slope_h = exp2(alibi_e0 * (h + 1)) if h < alibi_n else exp2(alibi_e1 * (2*(h-n)+1))
     ("has_alibi", "I"), ("alibi_n", "I"), ("alibi_e0", "f"), ("alibi_e1", "f"),
     ("pad0", "I"),
+    # paged KV (kv_layout="paged"): key j of batch b lives in page block_table[b, j / page_size]
+    ("paged", "I"), ("page_size", "I"), ("pages_per_seq", "I"), ("pad1", "I"),
 )
 FORMAT = "<" + "".join(code for _, code in FIELDS)
-SIZE = struct.calcsize(FORMAT)            # 128 bytes: a multiple of 16 for WGSL uniforms
+SIZE = struct.calcsize(FORMAT)            # a multiple of 16 bytes, as WGSL uniforms need
 assert SIZE % 16 == 0
 
 
@@ -65,7 +67,10 @@ def values(spec: AttentionSpec, params: Mapping[str, Any],
         "capacity": spec.capacity, "group_size": spec.group_size, "total_len": spec.total_len,
         **dict(zip(("q_sb", "q_sh", "q_ss"),
                    strides(spec.q_layout, spec.num_heads, spec.seq_len, spec.head_size))),
+        # paged pools are [num_pages, page_size, Nkv, H]: strides within one page
         **dict(zip(("kv_sb", "kv_sh", "kv_ss"),
+                   (spec.kv_num_heads * spec.head_size * (spec.page_size or 0), spec.head_size,
+                    spec.kv_num_heads * spec.head_size) if spec.kv_layout == "paged" else
                    strides(spec.kv_layout, spec.kv_num_heads, spec.capacity, spec.head_size))),
         **dict(zip(("bias_sb", "bias_sh", "bias_ss"), bias_strides(spec, bias_shape))),
         "split_size": int(params.get("split_size", spec.capacity)),
@@ -77,6 +82,8 @@ def values(spec: AttentionSpec, params: Mapping[str, Any],
         "has_alibi": int(spec.alibi_max_bias > 0), "alibi_n": n,
         "alibi_e0": -spec.alibi_max_bias / n, "alibi_e1": -spec.alibi_max_bias / 2.0 / n,
         "pad0": 0,
+        "paged": int(spec.kv_layout == "paged"), "page_size": spec.page_size or 0,
+        "pages_per_seq": spec.pages_per_seq, "pad1": 0,
     }
 
 

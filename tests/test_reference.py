@@ -145,3 +145,46 @@ def test_alibi_slopes_match_contract_formula() -> None:
     m0, m1 = 2 ** (-8.0 / n), 2 ** (-4.0 / n)
     want = [m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(12)]
     np.testing.assert_allclose(s, want, rtol=1e-15)
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_paged_layout_equals_contiguous(page_size: int) -> None:
+    spec = attnreg.AttentionSpec(batch=3, seq_len=2, past_len=30, num_heads=4, kv_num_heads=2,
+                                 head_size=8, seqlens_k=True, kv_capacity=40, bias=True)
+    pages = 3 * (-(-40 // page_size)) + 2
+    paged = spec.replace(kv_layout="paged", page_size=page_size, num_pages=pages)
+    t = make_tensors(paged, seed=4, lengths=[40, 7, 2])
+    assert np.isnan(t["k"]).any() and (t["block_table"] == -1).any()
+    t = check_tensors(paged, t)
+    # the same keys, contiguous
+    flat = {"q": t["q"], "bias": t["bias"], "seqlens_k": t["seqlens_k"],
+            "k": np.zeros(spec.kv_shape, np.float32), "v": np.zeros(spec.kv_shape, np.float32)}
+    for b, L in enumerate(t["seqlens_k"]):
+        for j in range(L):
+            page, slot = t["block_table"][b, j // page_size], j % page_size
+            flat["k"][b, :, j] = t["k"][page, slot]
+            flat["v"][b, :, j] = t["v"][page, slot]
+    got = ref.attention(paged, t)
+    want = ref.attention(spec, check_tensors(spec, flat))
+    np.testing.assert_allclose(got[0], want[0], atol=1e-12)
+    assert np.isfinite(got[0]).all()
+
+
+def test_paged_block_table_is_checked() -> None:
+    spec = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=9, num_heads=2, head_size=8,
+                                 kv_layout="paged", page_size=4, num_pages=6, seqlens_k=True)
+    t = make_tensors(spec, seed=1, lengths=[10, 3])
+    bad = dict(t, block_table=t["block_table"].copy())
+    bad["block_table"][1, 0] = 6
+    with pytest.raises(attnreg.SpecError, match=r"block_table'\]\[1, 0\]"):
+        check_tensors(spec, bad)
+    bad["block_table"] = t["block_table"].astype(np.int64)
+    with pytest.raises(attnreg.SpecError, match=r"block_table'\]\.dtype"):
+        check_tensors(spec, bad)
+    with pytest.raises(attnreg.SpecError, match="page_size"):
+        spec.replace(page_size=None)
+    with pytest.raises(attnreg.SpecError, match="num_pages"):
+        attnreg.AttentionSpec(num_pages=3)
+    ok = dict(t, block_table=t["block_table"].copy())
+    ok["block_table"][1, 2] = 99          # past batch 1's length (3 keys = 1 page): ignored
+    check_tensors(spec, ok)
