@@ -37,6 +37,7 @@ class DeviceTensor:
         self.dtype = np.dtype(dtype)
         self.host = host
         self.freed = False
+        self.version = 0            # bumped on every write: derived data (block lists) keys on it
 
     @property
     def nbytes(self) -> int:
@@ -53,6 +54,7 @@ class DeviceTensor:
     def write(self, array: np.ndarray, offset_elems: int = 0) -> None:
         """Copy a host array into the tensor, starting at a flat element offset."""
         self.session._upload(self, array, offset_elems)
+        self.version += 1
 
     def __repr__(self) -> str:
         return f"DeviceTensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device_id})"

@@ -38,14 +38,18 @@ for _f in (
     Flag("apple_tuned_flash", bool, False,
          "Use the Apple-tuned max_k_step in flash prefill. Opt-in; ignored on non-Apple devices.",
          vendor="apple"),
-    Flag("route", str, "auto", "Force the route: 'prefill' (one pass) or 'split_kv' "
-         "(decode_partial + reduce); 'auto' lets the rules decide.",
-         choices=("auto", "prefill", "split_kv")),
+    Flag("route", str, "auto", "Force the route: 'prefill' (one pass), 'split_kv' "
+         "(decode_partial + reduce) or 'split_kv_unfused' (decode_qk + decode_pv + reduce); "
+         "'auto' lets the rules decide.",
+         choices=("auto", "prefill", "split_kv", "split_kv_unfused")),
     Flag("force_kernel", str, "", "Run exactly this kernel id (conformance, debugging); "
          "an error lists why if it cannot run the spec."),
     Flag("split_size", int, 0, "Keys per split-KV split; 0 lets the rules choose."),
     Flag("max_splits", int, 64, "Upper bound on split-KV splits per (batch, head, row)."),
     Flag("m_tile", int, 0, "Query rows per decode workgroup (1, 2 or 4); 0 lets the rules choose."),
+    Flag("block_skip", str, "auto", "Masked-block skipping for a bias: 'on' iterates only over "
+         "KV blocks the bias leaves visible, 'off' never, 'auto' where the rules measured it "
+         "faster.", choices=("auto", "on", "off")),
     Flag("use_tuning_cache", bool, False, "Let measured values from `attnreg tune` override "
          "rule defaults on this device."),
 ):

@@ -16,7 +16,7 @@ from . import hookspecs, rules
 from .caps import DeviceCaps, unavailable
 from .errors import NoKernelError, SpecError
 from .hookspecs import Backend
-from .kernel import KernelInfo
+from .kernel import ROUTES, KernelInfo
 from .plan import OPS, Plan, Stage
 from .spec import AttentionSpec
 
@@ -270,23 +270,30 @@ class _Planner:
         return None
 
     def _routes(self, fired: list[str]) -> list[tuple[str, tuple[str, ...]]]:
-        table = {"prefill": ("prefill",), "split_kv": ("decode_partial", "reduce")}
-        if self.op == "partial":
-            return [("partial", ("decode_partial",))]
         if self.op == "reduce":
             return [("reduce", ("reduce",))]
+        fam = self.forced.family if self.forced is not None else None
+        if self.op == "partial":
+            # Partial states come from the fused kernel or the unfused pair.
+            if fam in ("decode_qk", "decode_pv"):
+                return [("partial_unfused", ROUTES["split_kv_unfused"][:2])]
+            return [("partial", ("decode_partial",)),
+                    ("partial_unfused", ROUTES["split_kv_unfused"][:2])]
         if self.forced is not None:
-            route = "prefill" if self.forced.family == "prefill" else "split_kv"
+            route = {"prefill": "prefill", "decode_qk": "split_kv_unfused",
+                     "decode_pv": "split_kv_unfused"}.get(str(fam), "split_kv")
             fired.append(f"forced_kernel: {self.forced.id} was requested -> route={route}")
-            return [(route, table[route])]
+            return [(route, ROUTES[route])]
         ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op)
         fired += rules.apply(self.rules, ctx, "route", first_only=True)
+        fired += rules.apply(self.rules, ctx, "route_refine")
         route = ctx.params.get("route", "prefill")
-        if route not in table:
-            raise SpecError("route", route, f"one of {sorted(table)} (set by a rule)")
-        alt = "prefill" if route == "split_kv" else "split_kv"
-        explicit = self.flags.get("route", "auto") != "auto"
-        return [(route, table[route])] + ([] if explicit else [(alt, table[alt])])
+        if route not in ROUTES:
+            raise SpecError("route", route, f"one of {sorted(ROUTES)} (set by a rule)")
+        order = [route] + [r for r in ("split_kv", "prefill", "split_kv_unfused") if r != route]
+        if self.flags.get("route", "auto") != "auto":
+            order = [route]
+        return [(r, ROUTES[r]) for r in order]
 
     def _pick(self, family: str, *, primary: bool, prev: list[Stage],
               rejected: dict[str, list[str]], tag: Any, fired: list[str],
@@ -301,8 +308,9 @@ class _Planner:
         # other kernel was not the one.
         for k in cands:
             user = dict(self.params) if primary else {}
-            if family == "reduce" and prev:
-                user.setdefault("n_splits", prev[0].params.get("n_splits", 1))
+            for inherited in ("split_size", "n_splits"):      # later stages follow the first
+                if prev and inherited in prev[0].params:
+                    user.setdefault(inherited, prev[0].params[inherited])
             ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op, kernel=k,
                             params=dict(user), user=frozenset(user))
             k_fired = rules.apply(self.rules, ctx, "params")

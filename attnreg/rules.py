@@ -37,7 +37,7 @@ class Ctx:
 class Rule:
     name: str
     why: str
-    stage: Literal["route", "params"]
+    stage: Literal["route", "route_refine", "params"]
     when: Callable[[Ctx], bool]
     sets: Callable[[Ctx], dict[str, Any]]
 
@@ -127,10 +127,10 @@ _CORE_RULES: tuple[Rule, ...] = (
          "route", lambda c: True, lambda c: {"route": "prefill"}),
     Rule("m_tile_by_seq_len", "m_tile 4/2/1 by seq_len (rows sharing one K/V read), halved "
          "until the workgroup storage fits", "params",
-         lambda c: _family(c, "decode_partial") and _tunable(c, "m_tile"), _m_tile),
+         lambda c: _family(c, "decode_partial", "decode_qk") and _tunable(c, "m_tile"), _m_tile),
     Rule("split_size_fill_device", "enough splits to give every compute unit work, capped by "
          "max_splits, whole kv tiles per split", "params",
-         lambda c: _family(c, "decode_partial") and "split_size" not in c.user,
+         lambda c: _family(c, "decode_partial", "decode_qk") and "split_size" not in c.user,
          lambda c: split_geometry(c.spec, c.caps, {**(c.kernel.defaults if c.kernel else {}),
                                                    **c.params}, c.flags)),
 )
@@ -190,7 +190,7 @@ def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) 
         if rule.stage != stage or not rule.when(ctx):
             continue
         changes = {k: v for k, v in rule.sets(ctx).items() if k not in ctx.user}
-        if rule.stage == "params" and not changes:
+        if rule.stage != "route" and not changes:
             continue
         ctx.params.update(changes)
         sets = ", ".join(f"{k}={v}" for k, v in changes.items())
