@@ -43,7 +43,7 @@ class BlockList:
 
 def build(spec: AttentionSpec, bias: np.ndarray, q_tile: int, kv_tile: int) -> BlockList:
     """Block list of a bias of shape [Bb, Hb, Sb, C] (the contract's broadcast shape)."""
-    bb, hb, sb, c = bias.shape
+    bb, hb, _, c = bias.shape
     s = spec.seq_len
     n_q = -(-s // q_tile)
     n_k = -(-c // kv_tile)
