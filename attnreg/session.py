@@ -263,6 +263,23 @@ class Session:
         _, res = self._launch(spec, "reduce", inputs, kernel, {"n_splits": t}, flags)
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
+    def merge_states(self, states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        """merge_states on this session's device: the states become the splits of one reduce.
+
+        Any leading shape works: (o [..., H], lse [...]) is flattened to R rows, and the reduce
+        runs for a spec of batch 1, one head, R query rows.
+        """
+        o_list, lse_list = _check_states(states)
+        lead, h = o_list[0].shape[:-1], o_list[0].shape[-1]
+        r = int(np.prod(lead)) if lead else 1
+        spec = AttentionSpec(batch=1, seq_len=r, past_len=0, num_heads=1, kv_num_heads=1,
+                             head_size=h, dtype="float32", causal=False, return_lse=True)
+        o_parts = np.stack([o.reshape(r, h).astype(np.float32) for o in o_list], axis=1)[None, None]
+        lse_parts = np.stack([x.reshape(r).astype(np.float32) for x in lse_list], axis=1)[None, None]
+        out, lse = self.reduce_states(spec, np.ascontiguousarray(o_parts),
+                                      np.ascontiguousarray(lse_parts))
+        return out.reshape(*lead, h), lse.reshape(lead)
+
 
 def _check_out(spec: AttentionSpec, out: Any) -> None:
     if not isinstance(out, DeviceTensor) or out.shape != spec.out_shape \
@@ -303,12 +320,7 @@ def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
     return out
 
 
-def merge_states(states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Merge attention states over disjoint key sets: the split-KV reduce's rule.
-
-    Each state is (o [..., H], lse [...]); all must share shapes and dtypes. Returns
-    (o, lse) in the inputs' dtypes. States whose lse is -inf contribute nothing.
-    """
+def _check_states(states: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
     if isinstance(states, (str, bytes)) or not isinstance(states, Sequence) or len(states) < 1:
         raise SpecError("states", states, "a non-empty list of (o, lse) pairs")
     os_: list[np.ndarray] = []
@@ -328,5 +340,21 @@ def merge_states(states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndar
                             f"{lses[0].dtype} like states[0]")
         os_.append(o)
         lses.append(lse)
+    return os_, lses
+
+
+def merge_states(states: Sequence[tuple[Any, Any]], backend: str | None = None,
+                 device: str | int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Merge attention states over disjoint key sets: the split-KV reduce's rule.
+
+    Each state is (o [..., H], lse [...]); all must share shapes and dtypes. States whose lse
+    is -inf contribute nothing. Without ``backend`` this runs in float64 numpy and returns
+    the inputs' dtypes; with one (e.g. "webgpu") it runs that backend's reduce kernel and
+    returns float32.
+    """
+    os_, lses = _check_states(states)
+    if backend is not None:
+        from .api import default_session
+        return default_session(backend, device).merge_states(list(zip(os_, lses)))
     o64, lse64 = reference.merge(list(zip(os_, lses)))
     return o64.astype(os_[0].dtype), lse64.astype(lses[0].dtype)
