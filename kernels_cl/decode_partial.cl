@@ -1,9 +1,13 @@
-// decode_partial: fused QK^T + online softmax + P->V over one KV split (flash decoding).
+// decode_partial: fused QK^T + online softmax + P.V over one KV split (flash decoding).
 // A work-group takes GC query heads of one GQA group x MQ (= m_tile) query rows, so the
 // heads sharing a KV head read each K/V tile once. The grid covers every split and every
 // row tile of any seq_len (on devices without sub-groups all attention comes here).
 // Writes the CONTRACT partial states: o_parts [B,Nq,S,T,H] and lse_parts [B,Nq,S,T],
 // float32, with o = 0 and lse = -inf where a split has no visible key.
+// Two variants (-D SG_IMPL): 0 work-group memory and barriers per tile; otherwise every
+// sub-group streams its own key chunks with no barrier in the loop (see below).
+
+#if SG_IMPL == 0
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_partial(PARAMS P, const __global elem_t* q, const __global elem_t* k,
@@ -53,3 +57,162 @@ void decode_partial(PARAMS P, const __global elem_t* q, const __global elem_t* k
       lse_parts[row] = l[pm] > 0.0f ? m[pm] + alibi_offset(P, &w, r, kr.y) + log(l[pm]) : -INFINITY;
   }
 }
+
+#else  // sub-group decode
+
+// Each sub-group of SG = 32 lanes streams key chunks of its own (chunks ci = wid, wid+NW,
+// ...), so no barrier sits in the key loop; register prefetch keeps the next chunk's loads
+// in flight. Lane l owns float4 dim groups l, l+32, ... of every row and key. A chunk is
+// KC keys for RP (rows padded to a power of two) rows: RP x KC = 32 dot products, summed
+// across lanes by a transposed butterfly (31 shuffles leave dot product l in lane l).
+// The sub-groups' states merge through local memory once, at the end.
+#if SG != 32
+#error "the sub-group decode maps 32 values onto 32 lanes"
+#endif
+#define NW (WG / SG)
+#define KC (SG / RP)
+#define DPL4 ((HD4 + SG - 1) / SG)
+
+#define FETCH_CHUNK(CI)                                                   \
+  for (int c_ = 0; c_ < KC; ++c_)                                         \
+    for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
+      const int j_ = kr.x + (CI) * KC + c_, g_ = lane + d_ * SG;          \
+      pk[c_][d_] = RAW_ZERO;                                              \
+      pv[c_][d_] = RAW_ZERO;                                              \
+      if ((CI) < nchunks && j_ < kr.y && g_ < HD4) {                      \
+        const size_t off_ = (size_t)j_ * P->kv_ss + 4 * g_;               \
+        pk[c_][d_] = LDRAW(kb, off_);                                     \
+        pv[c_][d_] = LDRAW(vb, off_);                                     \
+      }                                                                   \
+    }
+
+// One butterfly level: keep the half of x selected by this lane's bit, add the partner's.
+#define FOLD(H)                                                           \
+  for (int i_ = 0; i_ < (H); ++i_) {                                      \
+    const bool up_ = (lane & (H)) != 0;                                   \
+    const float keep_ = up_ ? x[i_ + (H)] : x[i_];                        \
+    const float send_ = up_ ? x[i_] : x[i_ + (H)];                        \
+    x[i_] = keep_ + SG_XOR(send_, (H));                                   \
+  }
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void decode_partial(PARAMS P, const __global elem_t* q, const __global elem_t* k,
+                    const __global elem_t* v, const __global bias_t* bias,
+                    const __global int* seqlens, __global float* o_parts,
+                    __global float* lse_parts) {
+  __local float red_m[NW * RP];
+  __local float red_l[NW * RP];
+  __local float4 red_o[NW * RP * HD4];
+  SG_SCRATCH_DECL
+
+  const int ns = (int)P->n_splits;
+  int t;
+  Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  const int lo = t * (int)P->split_size;
+  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
+  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const size_t kv_base = (size_t)w.b * P->kv_sb + (size_t)w.kvh * P->kv_sh;
+  const __global elem_t* kb = k + kv_base;
+  const __global elem_t* vb = v + kv_base;
+  const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;
+
+  float4 qr[RP][DPL4];
+  float4 acc[RP][DPL4];
+  float m[RP], l[RP];
+  for (int r = 0; r < RP; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    for (int d = 0; d < DPL4; ++d) {
+      const int g = lane + d * SG;
+      acc[r][d] = (float4)(0.0f);
+      qr[r][d] = (float4)(0.0f);
+      if (g < HD4 && row_ok(P, &w, r)) {
+        const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
+        qr[r][d] = LD4(q, (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
+                              + 4 * g) * P->scale;
+      }
+    }
+  }
+
+  const int nchunks = kr.y > kr.x ? (kr.y - kr.x + KC - 1) / KC : 0;
+  raw4_t pk[KC][DPL4], pv[KC][DPL4];
+  FETCH_CHUNK(wid)
+  // Every sub-group runs the same number of rounds (a round past the end is all masked),
+  // so sub-group operations stay uniform even where they are emulated with barriers.
+  for (int base = 0; base < nchunks; base += NW) {
+    const int ci = base + wid;
+    float4 kf[KC][DPL4], vf[KC][DPL4];
+    for (int c = 0; c < KC; ++c)
+      for (int d = 0; d < DPL4; ++d) {
+        kf[c][d] = cvt4(pk[c][d]);
+        vf[c][d] = cvt4(pv[c][d]);
+      }
+    FETCH_CHUNK(ci + NW)
+    float x[SG];
+    for (int r = 0; r < RP; ++r)
+      for (int c = 0; c < KC; ++c) {
+        float a = 0.0f;
+        for (int d = 0; d < DPL4; ++d) a += dot(qr[r][d], kf[c][d]);
+        x[r * KC + c] = a;
+      }
+    FOLD(16) FOLD(8) FOLD(4) FOLD(2) FOLD(1)
+    const int r = lane / KC, c = lane % KC;
+    const float sc = ci < nchunks ? finish_score(P, &w, bias, r, kr.x + ci * KC + c, kr.y, x[0])
+                                  : -INFINITY;
+    float mx = sc;
+    for (int o = KC / 2; o > 0; o >>= 1) mx = fmax(mx, SG_XOR(mx, o));
+    float mold = -INFINITY;
+    for (int rr = 0; rr < RP; ++rr) mold = rr == r ? m[rr] : mold;
+    const float mnew = fmax(mold, mx);
+    const float p = EXP(sc - SAFE_MAX(mnew));
+    float ps = p;
+    for (int o = KC / 2; o > 0; o >>= 1) ps += SG_XOR(ps, o);
+    for (int rr = 0; rr < RP; ++rr) {
+      const float mn = SG_BCAST(mnew, rr * KC);
+      const float alpha = EXP(m[rr] - SAFE_MAX(mn));
+      l[rr] = l[rr] * alpha + SG_BCAST(ps, rr * KC);
+      m[rr] = mn;
+      for (int d = 0; d < DPL4; ++d) acc[rr][d] *= alpha;
+      for (int cc = 0; cc < KC; ++cc) {
+        const float pc = SG_BCAST(p, rr * KC + cc);
+        for (int d = 0; d < DPL4; ++d) acc[rr][d] += pc * vf[cc][d];
+      }
+    }
+  }
+
+  // merge the sub-groups' (m, l, acc) per row
+  for (int rr = 0; rr < RP; ++rr) {
+    if (lane == 0) {
+      red_m[wid * RP + rr] = m[rr];
+      red_l[wid * RP + rr] = l[rr];
+    }
+    for (int d = 0; d < DPL4; ++d) {
+      const int g = lane + d * SG;
+      if (g < HD4) red_o[(wid * RP + rr) * HD4 + g] = acc[rr][d];
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int idx = lid; idx < R_ROWS * HD4; idx += WG) {
+    const int r = idx / HD4, g = idx % HD4;
+    if (row_ok(P, &w, r)) {
+      float mm = -INFINITY;
+      for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * RP + r]);
+      const float mu = SAFE_MAX(mm);
+      float ll = 0.0f;
+      float4 oo = (float4)(0.0f);
+      for (int ww = 0; ww < NW; ++ww) {
+        const float f = EXP(red_m[ww * RP + r] - mu);
+        ll += red_l[ww * RP + r] * f;
+        oo += red_o[(ww * RP + r) * HD4 + g] * f;
+      }
+      const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
+      const size_t row = ((size_t)(w.b * (int)P->num_heads + h) * P->seq_len + i) * ns + t;
+      vstore4(ll > 0.0f ? oo / ll : (float4)(0.0f), 0, o_parts + row * HD + 4 * g);
+      if (g == 0)
+        lse_parts[row] = ll > 0.0f ? mm + alibi_offset(P, &w, r, kr.y) + log(ll) : -INFINITY;
+    }
+  }
+}
+
+#endif

@@ -75,70 +75,6 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
 
 #else  // sub-group variant
 
-#if SG_IMPL == 1
-#pragma OPENCL EXTENSION cl_khr_subgroups : enable
-#define SG_LANE ((int)get_sub_group_local_id())
-#define SG_ID ((int)get_sub_group_id())
-#define SG_MAX(x) sub_group_reduce_max(x)
-#define SG_SUM(x) sub_group_reduce_add(x)
-#define SG_BCAST(x, i) sub_group_broadcast((x), (uint)(i))
-#define SG_SCRATCH_DECL
-#elif SG_IMPL == 2
-#pragma OPENCL EXTENSION cl_intel_subgroups : enable
-#define SG_LANE ((int)get_sub_group_local_id())
-#define SG_ID ((int)get_sub_group_id())
-#define SG_MAX(x) sub_group_reduce_max(x)
-#define SG_SUM(x) sub_group_reduce_add(x)
-#define SG_BCAST(x, i) intel_sub_group_shuffle((x), (uint)(i))
-#define SG_SCRATCH_DECL
-#elif SG_IMPL == 3
-// NVIDIA's OpenCL has no sub-group extension, but its warps are sub-groups of 32
-// consecutive work-items and its compiler accepts inline PTX.
-inline float nv_xor(float x, int mask) {
-  float r;
-  asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(mask));
-  return r;
-}
-inline float nv_idx(float x, int lane) {
-  float r;
-  asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(x), "r"(lane));
-  return r;
-}
-inline float nv_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmax(x, nv_xor(x, o));
-  return x;
-}
-inline float nv_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += nv_xor(x, o);
-  return x;
-}
-#define SG_LANE ((int)(get_local_id(0) & 31))
-#define SG_ID ((int)(get_local_id(0) >> 5))
-#define SG_MAX(x) nv_max(x)
-#define SG_SUM(x) nv_sum(x)
-#define SG_BCAST(x, i) nv_idx((x), (i))
-#define SG_SCRATCH_DECL
-#else
-// Emulation through local memory: same code path, testable on devices without
-// sub-groups (slow: two barriers per operation; every call site is work-group uniform).
-inline float emu_op(__local float* scr, float x, int op, int src) {
-  const int lid = get_local_id(0), base = lid - lid % SG;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  scr[lid] = x;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (op == 2) return scr[base + src];
-  float r = scr[base];
-  for (int i = 1; i < SG; ++i) r = op ? r + scr[base + i] : fmax(r, scr[base + i]);
-  return r;
-}
-#define SG_LANE ((int)(get_local_id(0) % SG))
-#define SG_ID ((int)(get_local_id(0) / SG))
-#define SG_MAX(x) emu_op(sg_scr, (x), 0, 0)
-#define SG_SUM(x) emu_op(sg_scr, (x), 1, 0)
-#define SG_BCAST(x, i) emu_op(sg_scr, (x), 2, (i))
-#define SG_SCRATCH_DECL __local float sg_scr[WG];
-#endif
-
 #if SG_IMPL == 2 && SG_REQD
 #define SG_ATTR __attribute__((intel_reqd_sub_group_size(SG)))
 #else
@@ -224,7 +160,7 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
       m[a] = mx;
       for (int d = 0; d < DPL; ++d) acc[a][d] *= alpha;
     }
-    // P->V: each V element is read once per sub-group, the probability comes by shuffle
+    // P.V: each V element is read once per sub-group, the probability comes by shuffle
     for (int c = 0; c < KPL; ++c) {
       for (int src = 0; src < SG; ++src) {
         const int jj = c * SG + src;

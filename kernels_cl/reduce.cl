@@ -3,8 +3,7 @@
 // out = sum_t w_t o_t / (sum_t w_t + exp(sink - M)). A split whose lse_t is -inf adds
 // nothing, whatever its o_t holds (partials may come from any backend).
 // One work-group per query row: RW = WG / HD4 split lanes x HD4 float4 dim lanes, so a
-// work-item walks n_splits / RW splits instead of all of them (the reduce is a chain of
-// dependent loads; splitting it keeps it short next to the decode kernel).
+// work-item walks n_splits / RW splits instead of all of them (short load chains).
 
 #define RW (WG / HD4)
 
@@ -23,38 +22,40 @@ void reduce(PARAMS P, const __global float* o_parts, const __global float* lse_p
   const __global float* lp = lse_parts + (size_t)row * ns;
   const bool active = sl < RW;                      // WG may not be a multiple of HD4
 
-  float mx = -INFINITY;
-  if (active) {
-#pragma unroll 8
-    for (int t = sl; t < ns; t += RW) mx = fmax(mx, lp[t]);
-  }
-  if (active && g == 0) red_m[sl] = mx;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  mx = P->has_sink ? sink[h] : -INFINITY;
-  for (int k = 0; k < RW; ++k) mx = fmax(mx, red_m[k]);
-  const float mu = SAFE_MAX(mx);
-
-  float den = 0.0f;
+  // One pass per split lane with online rescaling (no separate max pass: one global
+  // round trip less), then the lanes merge through local memory.
+  float mx = -INFINITY, den = 0.0f;
   float4 num = (float4)(0.0f);
   if (active) {
 #pragma unroll 4
     for (int t = sl; t < ns; t += RW) {
-      float wt = EXP(lp[t] - mu);
-      if (wt > 0.0f) {
-        den += wt;
-        num += wt * vload4(0, o_parts + ((size_t)row * ns + t) * HD + 4 * g);
+      const float lt = lp[t];
+      const float4 ot = vload4(0, o_parts + ((size_t)row * ns + t) * HD + 4 * g);
+      if (lt != -INFINITY) {            // an empty split adds nothing, whatever its o holds
+        const float m2 = fmax(mx, lt);
+        const float f = EXP(mx - m2), wt = EXP(lt - m2);
+        den = den * f + wt;
+        num = num * f + wt * ot;
+        mx = m2;
       }
     }
     red_o[sl * HD4 + g] = num;
-    if (g == 0) red_d[sl] = den;
+    if (g == 0) {
+      red_m[sl] = mx;
+      red_d[sl] = den;
+    }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   if (sl == 0) {
+    float mm = P->has_sink ? sink[h] : -INFINITY;
+    for (int k = 0; k < RW; ++k) mm = fmax(mm, red_m[k]);
+    const float mu = SAFE_MAX(mm);
     den = P->has_sink ? EXP(sink[h] - mu) : 0.0f;
     num = (float4)(0.0f);
     for (int k = 0; k < RW; ++k) {
-      den += red_d[k];
-      num += red_o[k * HD4 + g];
+      const float f = EXP(red_m[k] - mu);
+      den += red_d[k] * f;
+      num += red_o[k * HD4 + g] * f;
     }
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
     ST4(num * inv, out, (size_t)b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g);

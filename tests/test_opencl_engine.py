@@ -149,6 +149,9 @@ def test_routes_follow_subgroups(dev):
     assert attnreg.explain(spec, caps=nv).kernel == "opencl.prefill.f16.sg"
     plan = attnreg.explain(spec, caps=plain)
     assert plan.route == "split_kv" and plan.kernel == "opencl.decode_partial.f16.m4"
+    decode = _spec(past_len=8191, num_heads=32, kv_num_heads=8, head_size=128, dtype="float16")
+    assert attnreg.explain(decode, caps=nv).kernel == "opencl.decode_partial.f16.sg.m1"
+    assert attnreg.explain(decode, caps=plain).kernel == "opencl.decode_partial.f16.m1"
 
 
 def test_prefill_without_subgroups_runs_split_kv(dev):

@@ -27,11 +27,10 @@ from . import programs
 
 # Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
 SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "decode": [("", {}), ("", {"kv_tile": 64}), ("", {"kv_tile": 16}), ("", {"wg": 64}),
-               ("", {"wg": 256}), ("", {"split_size": 256}), ("", {"split_size": 64}),
-               ("", {"stage_v": False}), ("", {"kv_tile": 64, "split_size": 128}),
-               ("", {"fast_exp": True}), ("", {"wg": 64, "kv_tile": 16}),
-               ("", {"wg": 64, "split_size": 64}), ("", {"kv_tile": 16, "split_size": 64})],
+    "decode": [("", {}), ("", {"wg": 64}), ("", {"wg": 256}), ("", {"split_size": 64}),
+               ("", {"split_size": 256}), ("", {"split_size": 512}), ("", {"split_size": 1024}),
+               ("", {"fast_exp": True}), ("", {"wg": 256, "split_size": 512}),
+               ("", {"wg": 64, "split_size": 256}), ("m1", {"wg": 64, "kv_tile": 16})],
     "prefill": [("", {}), ("wgmem", {}), ("sg", {"block_m": 16}), ("wgmem", {"block_m": 16}),
                 ("sg", {"wg": 256}), ("sg", {"block_m": 16, "wg": 64}),
                 ("wgmem", {"wg": 256}), ("sg", {"fast_exp": True}), ("m4", {})],
@@ -55,7 +54,7 @@ def _kernel_id(spec: AttentionSpec, suffix: str) -> str | None:
     if not suffix:
         return None
     tag = "f16" if spec.dtype == "float16" else "f32"
-    if suffix.startswith("m"):
+    if suffix.startswith(("m", "sg.m")):
         return f"opencl.decode_partial.{tag}.{suffix}"
     return f"opencl.prefill.{tag}.{suffix}"
 

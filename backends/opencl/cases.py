@@ -36,18 +36,24 @@ SEQ = (1, 2, 3, 4, 5, 33, 97)
 # Tile boundaries +-1 (tiles are 16/32/64 keys, splits multiples of 16..64), 1, and > 1000.
 TOTALS = (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 1025, 1500)
 
-# variant tag -> (kernel id pattern, how it runs)
+# variant tag -> (kernel id pattern, how it runs). "-sg" variants run natively where the
+# device has sub-groups; "-emu" ones run the same sub-group code with the shuffles
+# emulated in local memory, on any device.
 VARIANTS: dict[str, tuple[str, str]] = {
     "prefill-wgmem": ("opencl.prefill.{dt}.wgmem", "attention"),
-    "prefill-sg": ("opencl.prefill.{dt}.sg", "attention"),      # only where sub-groups exist
-    "prefill-sg-emu": ("opencl.prefill.{dt}.sg", "emulated"),    # same code, emulated shuffles
+    "prefill-sg": ("opencl.prefill.{dt}.sg", "attention"),
+    "prefill-sg-emu": ("opencl.prefill.{dt}.sg", "emulated"),
     "decode_partial-m1": ("opencl.decode_partial.{dt}.m1", "attention"),
     "decode_partial-m2": ("opencl.decode_partial.{dt}.m2", "attention"),
     "decode_partial-m4": ("opencl.decode_partial.{dt}.m4", "attention"),
+    "decode_partial-sg-m1": ("opencl.decode_partial.{dt}.sg.m1", "attention"),
+    "decode_partial-sg-m4": ("opencl.decode_partial.{dt}.sg.m4", "attention"),
+    "decode_partial-sg-m2-emu": ("opencl.decode_partial.{dt}.sg.m2", "emulated"),
     "partial-m4": ("opencl.decode_partial.{dt}.m4", "partial"),  # reduced by the reference
     "partial-m1": ("opencl.decode_partial.{dt}.m1", "partial"),
     "reduce": ("opencl.reduce.{dt}", "reduce"),                  # reference partials reduced here
 }
+NATIVE_SG = ("prefill-sg", "decode_partial-sg-m1", "decode_partial-sg-m4")
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ def build(variants: tuple[str, ...] = tuple(VARIANTS)) -> list[Case]:
                 s = 1 if base == 1 else SEQ[(k * 3 + v) % 7]
                 total = _lift(base, s)
                 if emu:   # the emulation pays two barriers per shuffle: keep it small
-                    s, total, h = min(s, 5), min(total, 65), min(h, 64)
+                    s, total, h = min(s, 5), min(total, 65 if "prefill" in var else 40), min(h, 64)
                 nkv = 1 if g == 7 else 2
                 b = 2 if h <= 96 and total < 1000 else 1
                 tag, changes, kw, masked = features(b, nkv * g, s, total)[fi]
@@ -125,10 +131,9 @@ def build(variants: tuple[str, ...] = tuple(VARIANTS)) -> list[Case]:
                 if mode != "attention" or var.startswith("decode"):
                     split = (16, 48, 32, 100)[k % 4] if spec.capacity > 16 else None
                 m = f"-m{pattern[-1]}" if "decode" in pattern else ""
-                name = (f"{var.split('-')[0]}-{dt}{m}-gqa{g}-h{h}-s{s}-L{total}"
+                fam = "_".join(x for x in var.split("-") if not x.startswith("m") or x == "m")
+                name = (f"{fam}-{dt}{m}-gqa{g}-h{h}-s{s}-L{total}"
                         f"-{ql.lower()}-{kl.lower()}-{tag}")
-                if var.endswith(("-sg", "-sg-emu")):
-                    name = name.replace("prefill", var.replace("-", "_"), 1)
                 out.append(Case(name, var, pattern.format(dt=dt), mode, spec, tag, dict(kw),
                                 masked, split))
     return out
@@ -136,7 +141,7 @@ def build(variants: tuple[str, ...] = tuple(VARIANTS)) -> list[Case]:
 
 def for_device(caps: attnreg.DeviceCaps) -> list[Case]:
     """The cases a device can run natively, plus the emulated sub-group ones."""
-    skip = () if "subgroups" in caps.features else ("prefill-sg",)
+    skip = () if "subgroups" in caps.features else NATIVE_SG
     return build(tuple(v for v in VARIANTS if v not in skip))
 
 
@@ -151,14 +156,16 @@ def tensors_for(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
     return t
 
 
-def _emulated(session: attnreg.Session, case: Case, t: dict[str, np.ndarray]) -> Any:
+def _emulated(session: attnreg.Session, case: Case, t: dict[str, np.ndarray],
+              params: dict[str, Any] | None) -> Any:
     """The sub-group kernel with shuffles emulated in local memory, launched directly
-    (the registry rightly refuses the sg variant on a device without sub-groups)."""
+    (the registry rightly refuses sg variants on a device without sub-groups)."""
     spec = case.spec
-    wg_id = case.kernel.replace(".sg", ".wgmem")
-    plan = session.plan(spec, kernel=wg_id)
-    stage = Stage(case.kernel, "prefill", {**plan.stages[0].params, "sg_impl": "emu"})
-    plan = dataclasses.replace(plan, stages=(stage,))
+    generic = case.kernel.replace(".sg", "" if ".decode_partial." in case.kernel else ".wgmem")
+    plan = session.plan(spec, kernel=generic, params=params)
+    first = plan.stages[0]
+    stage = Stage(case.kernel, first.family, {**first.params, "sg_impl": "emu"})
+    plan = dataclasses.replace(plan, stages=(stage, *plan.stages[1:]))
     res = session.runtime(plan).launch(plan, check_tensors(spec, t))
     return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
@@ -173,7 +180,7 @@ def run_case(session: attnreg.Session, case: Case, seed: int = 0) -> tuple[float
         return testing.compare(spec, session.run(spec, t, kernel=case.kernel, params=params),
                                want)
     if case.mode == "emulated":
-        return testing.compare(spec, _emulated(session, case, t), want)
+        return testing.compare(spec, _emulated(session, case, t, params), want)
     size = case.split_size or spec.capacity
     inputs = check_tensors(spec, t)
     wo, wl = ref.partial_states(spec, inputs, size)

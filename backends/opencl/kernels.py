@@ -41,6 +41,7 @@ class Geometry:
     stage_v: bool = False
     fast_exp: bool = False
     sg_reqd: bool = False     # intel_reqd_sub_group_size(sg) on the kernel
+    rp: int = 0               # sg decode: rows padded to a power of two (RP x KC = 32)
 
     @property
     def rows(self) -> int:
@@ -50,11 +51,14 @@ class Geometry:
         """Bytes of local memory this geometry declares (V staging optional)."""
         if self.family == "reduce":
             return 0
+        emu = self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
+        if self.family == "decode_partial" and self.sg:
+            return ((self.wg // self.sg) * self.rp * (2 + head_size) + emu) * _F32
         kp = head_size + 4
         sv = self.stage_v if stage_v is None else stage_v
         words = self.rows * kp + self.tk * kp + (self.tk * head_size if sv else 0)
         if self.sg:
-            words += self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
+            words += emu
         else:
             words += 2 * self.rows * self.tk + 2 * self.rows
         return words * _F32
@@ -68,7 +72,7 @@ class Geometry:
         return {"WG": self.wg, "GC": self.gc, "MQ": self.mq, "TK": self.tk, "KL": self.kl,
                 "DL": self.dl, "SG": self.sg, "SG_IMPL": self.sg_impl,
                 "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp),
-                "SG_REQD": int(self.sg_reqd)}
+                "SG_REQD": int(self.sg_reqd), "RP": self.rp}
 
 
 def _pow2_floor(n: int) -> int:
@@ -130,6 +134,18 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
         tk = max(4, tile // 2) if big else tile
         kl = min(tk, wg)
         g = Geometry(family, wg=wg, gc=gc, mq=m, tk=tk, kl=kl, dl=dl)
+        if variant == "sg":
+            impl = sg_impl_for(caps, params)
+            sg = 32 if impl in ("emu", "nv") else _sg_size(caps, impl)
+            if sg != 32 or wg % 32:
+                raise SpecError("sub-group size", sg, "32 lanes and wg a multiple of 32 "
+                                "(the sg decode maps 32 dot products onto 32 lanes)")
+            if impl == "khr" and caps is not None and \
+                    "cl_khr_subgroup_shuffle" not in caps.features:
+                raise SpecError("sub-groups", "cl_khr_subgroups",
+                                "cl_khr_subgroup_shuffle too (the sg decode shuffles by xor)")
+            g = Geometry(family, wg=wg, gc=gc, mq=m, tk=tk, kl=kl, dl=dl, sg=32,
+                         sg_impl=SG_IMPLS[impl], rp=_pow2_ceil(gc * m))
     elif variant == "sg":
         impl = sg_impl_for(caps, params)
         sg = _sg_size(caps, impl)
@@ -201,6 +217,7 @@ def kernel_infos() -> list[KernelInfo]:
                 id=f"{BACKEND}.prefill.{tag}.{variant}", backend=BACKEND, family="prefill",
                 dtypes=dt, head_sizes=HEAD_SIZES, features=feats, priority=prio,
                 defaults={"block_m": 32, "kv_tile": 32, "wg": 128},
+                choices={"block_m": (16, 32), "kv_tile": (32, 64), "wg": (64, 128, 256)},
                 workgroup_storage=_storage("prefill", variant),
                 extra_checks=_checks("prefill", variant), doc=doc))
         for m in M_TILES:
@@ -208,10 +225,21 @@ def kernel_infos() -> list[KernelInfo]:
                 id=f"{BACKEND}.decode_partial.{tag}.m{m}", backend=BACKEND,
                 family="decode_partial", dtypes=dt, head_sizes=HEAD_SIZES,
                 params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
+                choices={"kv_tile": (16, 32, 64), "wg": (64, 128, 256)},
                 workgroup_storage=_storage("decode_partial", ""),
                 extra_checks=_checks("decode_partial", ""),
                 doc=f"fused QK^T + online softmax + P.V per KV split, {m} query row(s) x "
-                    "the GQA group's heads per work-group"))
+                    "the GQA group's heads per work-group, barriers per staged tile"))
+            out.append(KernelInfo(
+                id=f"{BACKEND}.decode_partial.{tag}.sg.m{m}", backend=BACKEND,
+                family="decode_partial", dtypes=dt, head_sizes=HEAD_SIZES,
+                features=frozenset({"subgroups"}), priority=10,
+                params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
+                choices={"wg": (64, 128, 256)},
+                workgroup_storage=_storage("decode_partial", "sg"),
+                extra_checks=_checks("decode_partial", "sg"),
+                doc=f"fused split-KV decode, {m} query row(s) x the group's heads; every "
+                    "sub-group streams its own key chunks (no barrier in the key loop)"))
         out.append(KernelInfo(
             id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce", dtypes=dt,
             head_sizes=HEAD_SIZES, doc="merge split-KV partial states and the sink"))
@@ -220,6 +248,7 @@ def kernel_infos() -> list[KernelInfo]:
 
 # kernel id -> (family, variant): what the runtime needs to compile and launch an id.
 VARIANTS: dict[str, tuple[str, str]] = {
-    k.id: (k.family, k.id.split(".")[3] if k.family == "prefill" else "")
+    k.id: (k.family, "sg" if ".sg" in k.id else k.id.split(".")[3] if k.family == "prefill"
+           else "")
     for k in kernel_infos()
 }

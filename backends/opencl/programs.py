@@ -23,8 +23,8 @@ from backends import common
 
 # family -> source files, in include order (the Params struct is generated in front)
 FILES = {
-    "prefill": ("common.cl", "flash_core.cl", "flash_prefill.cl"),
-    "decode_partial": ("common.cl", "flash_core.cl", "decode_partial.cl"),
+    "prefill": ("common.cl", "flash_core.cl", "subgroups.cl", "flash_prefill.cl"),
+    "decode_partial": ("common.cl", "flash_core.cl", "subgroups.cl", "decode_partial.cl"),
     "reduce": ("common.cl", "reduce.cl"),
 }
 ENTRY = {"prefill": "flash_prefill", "decode_partial": "decode_partial", "reduce": "reduce"}
