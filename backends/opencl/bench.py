@@ -31,9 +31,8 @@ SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
                ("", {"split_size": 256}), ("", {"split_size": 512}), ("", {"split_size": 1024}),
                ("", {"fast_exp": True}), ("", {"wg": 256, "split_size": 512}),
                ("", {"wg": 64, "split_size": 256}), ("m1", {"wg": 64, "kv_tile": 16})],
-    "prefill": [("", {}), ("wgmem", {}), ("sg", {"block_m": 16}), ("wgmem", {"block_m": 16}),
-                ("sg", {"wg": 256}), ("sg", {"block_m": 16, "wg": 64}),
-                ("wgmem", {"wg": 256}), ("sg", {"fast_exp": True}), ("m4", {})],
+    "prefill": [("", {}), ("wgmem", {}), ("sg", {"block_m": 16}), ("sg.m4", {}),
+                ("sg.m4", {"wg": 256})],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
