@@ -27,11 +27,8 @@ from attnreg.spec import AttentionSpec
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).
 SWEEPS: dict[str, list[dict[str, Any]]] = {
-    "decode": [{"kv_tile": 32}, {"threads": 256}, {"threads": 64}, {"kv_tile": 32, "threads": 64},
-               {"kv_tile": 16, "threads": 64}, {"prefetch": 0}, {"split_size": 128},
-               {"split_size": 512}],
-    "prefill": [{"prefetch": 0}, {"q_tile": 64, "kv_tile": 16, "rows_per_thread": 4},
-                {"rows_per_thread": 4}, {"q_tile": 16, "kv_tile": 64, "rows_per_thread": 1}],
+    "decode": [{"kv_tile": 32, "threads": 128}, {"kv_tile": 16, "threads": 64}],
+    "prefill": [{"q_tile": 16, "kv_tile": 64, "rows_per_thread": 1}, {"prefetch": 0}],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
@@ -45,7 +42,7 @@ def inputs_for(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
 
 def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray], *,
             params: Mapping[str, Any] | None = None, op: str = "attention", iters: int = 50,
-            warmup: int = 5, check: bool = True) -> dict[str, Any]:
+            warmup: int = 5, warmup_s: float = 0.0, check: bool = True) -> dict[str, Any]:
     """Median GPU/wall microseconds, GB/s and TFLOP/s of one (spec, params) on the session's
     device; with check, the max error against the float64 reference."""
     p = dict(params or {})
@@ -53,7 +50,7 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
     params = p or None
     plan = session.plan(spec, op=op, params=params, flags=flags)
     rt: Any = session.runtime(plan)
-    times = rt.timings(plan, inputs, iters=iters, warmup=warmup)
+    times = rt.timings(plan, inputs, iters=iters, warmup=warmup, warmup_s=warmup_s)
     nbytes, flops = core_bench.traffic(spec)
     gpu = statistics.median(times["gpu_s"]) * 1e6 if times.get("gpu_s") else None
     wall = statistics.median(times["wall_s"]) * 1e6
@@ -71,7 +68,8 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
 
 
 def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: bool = False,
-        checks: Sequence[str] = ("",), rounds: int = 1, log: Any = print) -> list[dict[str, Any]]:
+        checks: Sequence[str] = ("",), rounds: int = 1, warmup_s: float = 0.0,
+        log: Any = print) -> list[dict[str, Any]]:
     """Time every case of the suites (and, with sweep, its parameter variants). Variants are
     timed in ``rounds`` interleaved passes and each keeps its best median, so that a busy
     moment on a shared GPU does not decide a comparison."""
@@ -98,7 +96,7 @@ def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: b
                         _set_checks(mode)
                         try:
                             row = measure(session, spec, inputs, params=params or None, op=op,
-                                          iters=iters,
+                                          iters=iters, warmup_s=warmup_s,
                                           check=check and not params and rnd == 0 and n == 0)
                         except Exception as exc:
                             row = {"spec": spec.short(), "op": op, "params": params,
@@ -137,10 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--checks", default="", help="comma-separated WGSL check modes to compare "
                     "on the default plans (all, bounds, none)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--warmup-s", type=float, default=0.0,
+                    help="launch each case this long before timing it (GPU clocks ramp up)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     rows = run(a.suite, sweep=a.sweep, iters=a.iters, check=not a.no_check, quick=a.quick,
-               checks=a.checks.split(",") if a.checks else ("",), rounds=a.rounds)
+               checks=a.checks.split(",") if a.checks else ("",), rounds=a.rounds, warmup_s=a.warmup_s)
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(rows, fh, indent=1)

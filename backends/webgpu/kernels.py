@@ -24,8 +24,12 @@ PREFILL_DEFAULTS: Mapping[str, int] = {"q_tile": 32, "kv_tile": 32, "rows_per_th
 # group_tile: query heads of one GQA group per decode workgroup: the whole group reads its
 # K/V once, up to MAX_VECTORS query vectors (heads x m_tile rows) whose accumulators stay in
 # registers; lowered further only when workgroup storage demands it.
-DECODE_DEFAULTS: Mapping[str, int] = {"kv_tile": 64, "threads": 128, "group_tile": 16,
-                                      "prefetch": 1}
+# Per dtype, from H100 sweeps (backends/webgpu/bench.py): 16-key tiles over 64 lanes
+# (4 lanes per key in QK, 2 PV streams) for f16; 32-key tiles over 128 lanes for f32.
+DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
+    "float16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
+    "float32": {"kv_tile": 32, "threads": 128, "group_tile": 16, "prefetch": 1},
+}
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor).
@@ -71,12 +75,13 @@ def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
 
 # -- decode_partial -----------------------------------------------------------------------
 def decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    d = DECODE_DEFAULTS[spec.dtype]
     return {"M": int(params.get("m_tile", 1)),
-            "GT": min(spec.group_size, _p(params, DECODE_DEFAULTS, "group_tile"),
+            "GT": min(spec.group_size, _p(params, d, "group_tile"),
                       max(1, MAX_VECTORS // int(params.get("m_tile", 1)))),
-            "BC": _p(params, DECODE_DEFAULTS, "kv_tile"),
-            "WG": _p(params, DECODE_DEFAULTS, "threads"),
-            "PREFETCH": int(bool(_p(params, DECODE_DEFAULTS, "prefetch")))}
+            "BC": _p(params, d, "kv_tile"),
+            "WG": _p(params, d, "threads"),
+            "PREFETCH": int(bool(_p(params, d, "prefetch")))}
 
 
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -148,7 +153,7 @@ def declare() -> list[KernelInfo]:
             out.append(KernelInfo(
                 id=f"{NAME}.decode_partial.{short}.m{m}", backend=NAME, family="decode_partial",
                 dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
-                params={"m_tile": m}, defaults=DECODE_DEFAULTS,
+                params={"m_tile": m}, defaults=DECODE_DEFAULTS[dtype],
                 workgroup_storage=decode_storage, extra_checks=_decode_checks,
                 doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the "
                     "GQA group's heads per workgroup sharing each K/V tile"))

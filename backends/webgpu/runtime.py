@@ -218,47 +218,60 @@ class WebGpuRuntime:
         return res
 
     def timings(self, plan: Plan, inputs: Mapping[str, np.ndarray], *, iters: int = 20,
-                warmup: int = 3) -> dict[str, list[float]]:
-        """Per-launch times of a plan with inputs uploaded once and nothing read back:
-        ``wall_s`` (submit until the queue is idle) always, ``gpu_s`` (timestamp queries
-        around the one compute pass) where the adapter has timestamp-query."""
+                warmup: int = 3, warmup_s: float = 0.0) -> dict[str, list[float]]:
+        """Per-launch times of a plan with inputs uploaded once and nothing read back.
+
+        ``gpu_s`` (where the adapter has timestamp-query): timestamps around the run's one
+        compute pass, with the iterations submitted back to back, so the GPU stays busy
+        and clocked up as in a decode loop. ``wall_s``: host time of submit + wait, one
+        launch at a time. ``warmup_s`` keeps launching for that long first (clocks ramp)."""
         dispatches, _ = self._prepare(plan, inputs)
         queue = self.dev.device.queue
-        for _ in range(warmup):
+        t_end = time.perf_counter() + warmup_s
+        n = 0
+        while n < warmup or time.perf_counter() < t_end:
             queue.submit([self._encode(dispatches).finish()])
+            n += 1
+            if n % 64 == 0:
+                self.dev.wait()
         self.dev.wait()
-        U = self.wgpu.BufferUsage
-        qs = None
+        res: dict[str, list[float]] = {}
         if self.dev.has_timestamps:
-            qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp,
-                                                  count=2 * iters)
+            res["gpu_s"] = self._gpu_times(dispatches, iters)
         wall = []
-        for i in range(iters):
-            ts = None if qs is None else {"query_set": qs, "beginning_of_pass_write_index": 2 * i,
-                                          "end_of_pass_write_index": 2 * i + 1}
-            cmd = self._encode(dispatches, ts).finish()
+        for _ in range(iters):
+            cmd = self._encode(dispatches).finish()
             t0 = time.perf_counter()
             queue.submit([cmd])
             self.dev.wait()
             wall.append(time.perf_counter() - t0)
-        res: dict[str, list[float]] = {"wall_s": wall}
-        if qs is not None:
-            n = 16 * iters
-            resolve = self._buffer("ts_resolve", n, U.QUERY_RESOLVE | U.COPY_SRC)
-            rb = self._buffer("rb_ts", n, U.MAP_READ | U.COPY_DST)
-            enc = self.dev.device.create_command_encoder()
-            enc.resolve_query_set(qs, 0, 2 * iters, resolve, 0)
-            enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
-            queue.submit([enc.finish()])
-            rb.map_sync(self.wgpu.MapMode.READ, 0, n)
-            try:
-                ticks = np.frombuffer(bytes(rb.read_mapped(0, n)), dtype=np.uint64)
-            finally:
-                rb.unmap()
-            qs.destroy()
-            # WebGPU timestamps are nanoseconds.
-            res["gpu_s"] = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(iters)]
+        res["wall_s"] = wall
         return res
+
+    def _gpu_times(self, dispatches: list[_Dispatch], iters: int) -> list[float]:
+        U = self.wgpu.BufferUsage
+        queue = self.dev.device.queue
+        qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2 * iters)
+        cmds = [self._encode(dispatches, {"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                          "end_of_pass_write_index": 2 * i + 1}).finish()
+                for i in range(iters)]
+        for cmd in cmds:
+            queue.submit([cmd])
+        n = 16 * iters
+        resolve = self._buffer("ts_resolve", n, U.QUERY_RESOLVE | U.COPY_SRC)
+        rb = self._buffer("rb_ts", n, U.MAP_READ | U.COPY_DST)
+        enc = self.dev.device.create_command_encoder()
+        enc.resolve_query_set(qs, 0, 2 * iters, resolve, 0)
+        enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
+        queue.submit([enc.finish()])
+        rb.map_sync(self.wgpu.MapMode.READ, 0, n)
+        try:
+            ticks = np.frombuffer(bytes(rb.read_mapped(0, n)), dtype=np.uint64)
+        finally:
+            rb.unmap()
+        qs.destroy()
+        # WebGPU timestamps are nanoseconds.
+        return [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(iters)]
 
     def close(self) -> None:
         for buf, _ in self._bufs.values():
