@@ -73,17 +73,24 @@ void decode_partial(PARAMS P, const __global elem_t* q, const __global elem_t* k
 #define KC (SG / RP)
 #define DPL4 ((HD4 + SG - 1) / SG)
 
-#define FETCH_CHUNK(CI)                                                   \
+#define FETCH_CHUNK(CI, AK, AV)                                           \
   for (int c_ = 0; c_ < KC; ++c_)                                         \
     for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
       const int j_ = kr.x + (CI) * KC + c_, g_ = lane + d_ * SG;          \
-      pk[c_][d_] = RAW_ZERO;                                              \
-      pv[c_][d_] = RAW_ZERO;                                              \
+      AK[c_][d_] = RAW_ZERO;                                              \
+      AV[c_][d_] = RAW_ZERO;                                              \
       if ((CI) < nchunks && j_ < kr.y && g_ < HD4) {                      \
         const size_t off_ = (size_t)j_ * P->kv_ss + 4 * g_;               \
-        pk[c_][d_] = LDRAW(kb, off_);                                     \
-        pv[c_][d_] = LDRAW(vb, off_);                                     \
+        AK[c_][d_] = LDRAW(kb, off_);                                     \
+        AV[c_][d_] = LDRAW(vb, off_);                                     \
       }                                                                   \
+    }
+
+#define COPY_CHUNK(DK, DV_, SK, SV)                                       \
+  for (int c_ = 0; c_ < KC; ++c_)                                         \
+    for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
+      DK[c_][d_] = SK[c_][d_];                                            \
+      DV_[c_][d_] = SV[c_][d_];                                           \
     }
 
 // One butterfly level: keep the half of x selected by this lane's bit, add the partner's.
@@ -136,26 +143,35 @@ void decode_partial(PARAMS P, const __global elem_t* q, const __global elem_t* k
   }
 
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + KC - 1) / KC : 0;
-  raw4_t pk[KC][DPL4], pv[KC][DPL4];
-  FETCH_CHUNK(wid)
+  // Raw chunks in flight: PF = 1 keeps the next chunk loading while this one is computed,
+  // PF = 2 the one after it too (twice the bytes in flight per sub-group, more registers).
+  raw4_t ak[KC][DPL4], av[KC][DPL4];
+  FETCH_CHUNK(wid, ak, av)
+#if PF == 2
+  raw4_t bk[KC][DPL4], bv[KC][DPL4];
+  FETCH_CHUNK(wid + NW, bk, bv)
+#endif
   // Every sub-group runs the same number of rounds (a round past the end is all masked),
   // so sub-group operations stay uniform even where they are emulated with barriers.
   for (int base = 0; base < nchunks; base += NW) {
     const int ci = base + wid;
-    float4 kf[KC][DPL4], vf[KC][DPL4];
-    for (int c = 0; c < KC; ++c)
-      for (int d = 0; d < DPL4; ++d) {
-        kf[c][d] = cvt4(pk[c][d]);
-        vf[c][d] = cvt4(pv[c][d]);
-      }
-    FETCH_CHUNK(ci + NW)
+    raw4_t ck[KC][DPL4], cv[KC][DPL4];
+    COPY_CHUNK(ck, cv, ak, av)
+#if PF == 2
+    COPY_CHUNK(ak, av, bk, bv)
+    FETCH_CHUNK(ci + 2 * NW, bk, bv)
+#else
+    FETCH_CHUNK(ci + NW, ak, av)
+#endif
+    // Conversions happen where the values are used, so few converted tiles are live.
     float x[SG];
-    for (int r = 0; r < RP; ++r)
-      for (int c = 0; c < KC; ++c) {
-        float a = 0.0f;
-        for (int d = 0; d < DPL4; ++d) a += dot(qr[r][d], kf[c][d]);
-        x[r * KC + c] = a;
+    for (int c = 0; c < KC; ++c) {
+      for (int r = 0; r < RP; ++r) x[r * KC + c] = 0.0f;
+      for (int d = 0; d < DPL4; ++d) {
+        const float4 kc = cvt4(ck[c][d]);
+        for (int r = 0; r < RP; ++r) x[r * KC + c] += dot(qr[r][d], kc);
       }
+    }
     FOLD(16) FOLD(8) FOLD(4) FOLD(2) FOLD(1)
     const int r = lane / KC, c = lane % KC;
     const float sc = ci < nchunks ? finish_score(P, &w, bias, r, kr.x + ci * KC + c, kr.y, x[0])
@@ -174,9 +190,13 @@ void decode_partial(PARAMS P, const __global elem_t* q, const __global elem_t* k
       l[rr] = l[rr] * alpha + SG_BCAST(ps, rr * KC);
       m[rr] = mn;
       for (int d = 0; d < DPL4; ++d) acc[rr][d] *= alpha;
-      for (int cc = 0; cc < KC; ++cc) {
-        const float pc = SG_BCAST(p, rr * KC + cc);
-        for (int d = 0; d < DPL4; ++d) acc[rr][d] += pc * vf[cc][d];
+    }
+    for (int cc = 0; cc < KC; ++cc) {
+      float pr[RP];
+      for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);
+      for (int d = 0; d < DPL4; ++d) {
+        const float4 vc = cvt4(cv[cc][d]);
+        for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
       }
     }
   }

@@ -27,12 +27,11 @@ from . import programs
 
 # Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
 SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
-    "decode": [("", {}), ("", {"wg": 64}), ("", {"wg": 256}), ("", {"split_size": 64}),
-               ("", {"split_size": 256}), ("", {"split_size": 512}), ("", {"split_size": 1024}),
-               ("", {"fast_exp": True}), ("", {"wg": 256, "split_size": 512}),
-               ("", {"wg": 64, "split_size": 256}), ("m1", {"wg": 64, "kv_tile": 16})],
+    "decode": [("", {}), ("", {"prefetch": 2}), ("", {"prefetch": 2, "wg": 256, "split_size": 512}),
+               ("", {"wg": 256, "split_size": 512}), ("", {"prefetch": 2, "split_size": 256}),
+               ("", {"prefetch": 2, "wg": 64}), ("m1", {"wg": 64, "kv_tile": 16})],
     "prefill": [("", {}), ("wgmem", {}), ("sg", {"block_m": 16}), ("sg.m4", {}),
-                ("sg.m4", {"wg": 256})],
+                ("sg.m4", {"prefetch": 2})],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
@@ -76,7 +75,8 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
         "wall_us": round(wall, 2), "kv_gb_s": round(kv_bytes(spec) / gpu / 1e3, 1),
         "tflops": round(flops / gpu / 1e6, 3),
         "stage_us": {k: round(statistics.median(v) * 1e6, 2)
-                     for k, v in times.get("stage_gpu_s", {}).items()}}
+                     for k, v in times.get("stage_gpu_s", {}).items()},
+        "kernel_info": times.get("kernels", {})}
     if want is not None:
         got = session.run(spec, inputs, kernel=kernel, params=params)
         row["max_err"] = float(np.abs(got.astype(np.float64) - want).max())
@@ -121,12 +121,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--out", default=None, help="write the rows as JSON")
     ap.add_argument("--binaries", default=None, help="directory for the built binaries")
+    ap.add_argument("--logs", default=None, help="file for the compiler logs")
     a = ap.parse_args(argv)
     rows = run(a.suite or list(core_bench.SUITES), device=a.device, sweep=a.sweep,
                iters=a.iters, check=not a.no_check, quick=a.quick)
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(rows, fh, indent=1)
+    if a.logs:
+        with open(a.logs, "w") as fh:
+            for key, text in programs.build_logs().items():
+                fh.write(f"== {' '.join(key.options)}\n{text.strip()}\n")
     if a.binaries:
         os.makedirs(a.binaries, exist_ok=True)
         for n, (key, blob) in enumerate(programs.binaries().items()):

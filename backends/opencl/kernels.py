@@ -42,6 +42,7 @@ class Geometry:
     fast_exp: bool = False
     sg_reqd: bool = False     # intel_reqd_sub_group_size(sg) on the kernel
     rp: int = 0               # sg decode: rows padded to a power of two (RP x KC = 32)
+    pf: int = 1               # sg decode: chunks in flight ahead of the one computed
 
     @property
     def rows(self) -> int:
@@ -72,7 +73,7 @@ class Geometry:
         return {"WG": self.wg, "GC": self.gc, "MQ": self.mq, "TK": self.tk, "KL": self.kl,
                 "DL": self.dl, "SG": self.sg, "SG_IMPL": self.sg_impl,
                 "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp),
-                "SG_REQD": int(self.sg_reqd), "RP": self.rp}
+                "SG_REQD": int(self.sg_reqd), "RP": self.rp, "PF": self.pf}
 
 
 def _pow2_floor(n: int) -> int:
@@ -144,8 +145,9 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
                     "cl_khr_subgroup_shuffle" not in caps.features:
                 raise SpecError("sub-groups", "cl_khr_subgroups",
                                 "cl_khr_subgroup_shuffle too (the sg decode shuffles by xor)")
+            pf = _int_param(params, "prefetch", 1, lo=1, hi=2)
             g = Geometry(family, wg=wg, gc=gc, mq=m, tk=tk, kl=kl, dl=dl, sg=32,
-                         sg_impl=SG_IMPLS[impl], rp=_pow2_ceil(gc * m))
+                         sg_impl=SG_IMPLS[impl], rp=_pow2_ceil(gc * m), pf=pf)
     elif variant == "sg":
         impl = sg_impl_for(caps, params)
         sg = _sg_size(caps, impl)

@@ -10,6 +10,7 @@ so the Session re-plans and the next candidate runs.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -41,8 +42,12 @@ def load_source(family: str) -> str:
     return common.opencl_struct() + "".join(read_file(f) for f in FILES[family])
 
 
+EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosis
+
+
 def options(defines: dict[str, int], extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    return BASE_OPTIONS + extra + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
+    env = tuple(os.environ.get(EXTRA_ENV, "").split())
+    return BASE_OPTIONS + extra + env + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
 
 
 @dataclass(frozen=True)
@@ -110,4 +115,14 @@ def binaries() -> dict[Key, bytes]:
         for k, p in _PROGRAMS.items():
             blobs: list[bytes] = p.get_info(cl.program_info.BINARIES)  # type: ignore[assignment]
             out[k] = bytes(blobs[0])
+        return out
+
+
+def build_logs() -> dict[Key, str]:
+    """The compiler's log of every built program (ptxas statistics with -cl-nv-verbose)."""
+    with _LOCK:
+        out: dict[Key, str] = {}
+        for k, p in _PROGRAMS.items():
+            dev = p.get_info(cl.program_info.DEVICES)[0]  # type: ignore[index]
+            out[k] = str(p.get_build_info(dev, cl.program_build_info.LOG))
         return out

@@ -243,7 +243,13 @@ class OpenCLRuntime:
                 gpu.append((evs[-1].profile.end - evs[0].profile.start) * 1e-9)
                 for ln, ev in zip(prep.launches, evs):
                     stages[ln.kernel_id].append((ev.profile.end - ev.profile.start) * 1e-9)
-            return {"gpu_s": gpu, "wall_s": wall, "stage_gpu_s": stages}
+            info = cl.kernel_work_group_info
+            kinfo = {ln.kernel_id: {
+                "private_bytes": int(ln.kernel.get_work_group_info(info.PRIVATE_MEM_SIZE,
+                                                                   self.device)),
+                "local_bytes": int(ln.kernel.get_work_group_info(info.LOCAL_MEM_SIZE, self.device)),
+                "work_items": ln.lsize, "groups": ln.gsize // ln.lsize} for ln in prep.launches}
+            return {"gpu_s": gpu, "wall_s": wall, "stage_gpu_s": stages, "kernels": kinfo}
 
     def close(self) -> None:
         with self._lock:
