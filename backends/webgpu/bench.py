@@ -42,7 +42,7 @@ def inputs_for(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
 
 def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray], *,
             params: Mapping[str, Any] | None = None, op: str = "attention", iters: int = 50,
-            warmup: int = 5, warmup_s: float = 0.0, check: bool = True) -> dict[str, Any]:
+            warmup: int = 5, warmup_s: float = 0.2, check: bool = True) -> dict[str, Any]:
     """Median GPU/wall microseconds, GB/s and TFLOP/s of one (spec, params) on the session's
     device; with check, the max error against the float64 reference."""
     p = dict(params or {})
@@ -68,7 +68,7 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
 
 
 def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: bool = False,
-        checks: Sequence[str] = ("",), rounds: int = 1, warmup_s: float = 0.0,
+        checks: Sequence[str] = ("",), rounds: int = 1, warmup_s: float = 0.2,
         log: Any = print) -> list[dict[str, Any]]:
     """Time every case of the suites (and, with sweep, its parameter variants). Variants are
     timed in ``rounds`` interleaved passes and each keeps its best median, so that a busy
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--checks", default="", help="comma-separated WGSL check modes to compare "
                     "on the default plans (all, bounds, none)")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--warmup-s", type=float, default=0.0,
+    ap.add_argument("--warmup-s", type=float, default=0.2,
                     help="launch each case this long before timing it (GPU clocks ramp up)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)

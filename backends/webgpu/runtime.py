@@ -218,13 +218,14 @@ class WebGpuRuntime:
         return res
 
     def timings(self, plan: Plan, inputs: Mapping[str, np.ndarray], *, iters: int = 20,
-                warmup: int = 3, warmup_s: float = 0.0) -> dict[str, list[float]]:
+                warmup: int = 3, warmup_s: float = 0.2) -> dict[str, list[float]]:
         """Per-launch times of a plan with inputs uploaded once and nothing read back.
 
         ``gpu_s`` (where the adapter has timestamp-query): timestamps around the run's one
         compute pass, with the iterations submitted back to back, so the GPU stays busy
         and clocked up as in a decode loop. ``wall_s``: host time of submit + wait, one
-        launch at a time. ``warmup_s`` keeps launching for that long first (clocks ramp)."""
+        launch at a time. ``warmup_s`` keeps launching for that long first: an idle H100
+        sits at 345 MHz and short bursts of launches were timed 2-8x slow without it."""
         dispatches, _ = self._prepare(plan, inputs)
         queue = self.dev.device.queue
         t_end = time.perf_counter() + warmup_s
