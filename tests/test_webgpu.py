@@ -279,3 +279,16 @@ def test_tile_geometries(session, kernel, params, head_size):
     t = make_tensors(spec, 17, lengths=[75, 60])
     got = session.run(spec, t, kernel=kernel, params=params, flags={"split_size": 24})
     check_close(spec, got, t)
+
+
+@pytest.mark.parametrize("head_size", [12, 512])
+def test_merge_states_through_the_reduce(session, head_size):
+    """attnreg.merge_states(backend='webgpu') runs webgpu.reduce (any multiple of 4 to 1024)."""
+    rng = np.random.default_rng(head_size)
+    states = [(rng.standard_normal((2, 3, head_size)).astype(np.float32),
+               (rng.standard_normal((2, 3)) * 2).astype(np.float32)) for _ in range(5)]
+    states[1][1][0, 0] = -np.inf
+    o, lse = attnreg.merge_states(states, backend="webgpu")
+    want_o, want_lse = ref.merge(states)
+    np.testing.assert_allclose(o, want_o, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(lse, want_lse, atol=2e-4)

@@ -159,7 +159,8 @@ def declare() -> list[KernelInfo]:
                     "GQA group's heads per workgroup sharing each K/V tile"))
         out.append(KernelInfo(
             id=f"{NAME}.reduce.{short}", backend=NAME, family="reduce",
-            dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
+            # vec4 columns, one workgroup of 256 lanes per row: any multiple of 4 to 1024
+            dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), features=_features(dtype),
             workgroup_storage=reduce_storage,
             doc="merges split-KV partial states and the head sink into out and lse"))
     return out
