@@ -124,7 +124,7 @@ class WebGpuRuntime:
         if stage.family == "prefill":
             return _cdiv(spec.seq_len, consts["BR"]) * spec.num_heads * spec.batch
         if stage.family == "decode_partial":
-            return (int(p["n_splits"]) * _cdiv(spec.seq_len, consts["M"])
+            return (_cdiv(spec.capacity, int(p["split_size"])) * _cdiv(spec.seq_len, consts["M"])
                     * _cdiv(spec.group_size, consts["GT"]) * spec.kv_num_heads * spec.batch)
         return spec.batch * spec.num_heads * spec.seq_len
 
@@ -135,13 +135,21 @@ class WebGpuRuntime:
         U = self.wgpu.BufferUsage
         stages = [plan.stage("reduce")] if plan.op == "reduce" else list(plan.stages)
         split = next((s for s in stages if s.family == "decode_partial"), stages[0])
-        n_splits = int(split.params.get("n_splits", 1))
+        geometry = dict(split.params)
+        if split.family == "decode_partial":
+            # The contract fixes T = ceil(C / split_size); derive it rather than trust a caller
+            # who passed split_size alone.
+            geometry.setdefault("split_size", spec.capacity)
+            geometry["n_splits"] = _cdiv(spec.capacity, int(geometry["split_size"]))
+        elif plan.op == "reduce":
+            geometry["n_splits"] = int(inputs["o_parts"].shape[3])
+        n_splits = int(geometry.get("n_splits", 1))
         bias = inputs.get("bias")
         if bias is not None and bias.dtype != np.float32:
             bias = bias.astype(np.float32)        # float16 -> float32 is exact
         params = self._buffer("params", common.SIZE, U.UNIFORM | U.COPY_DST)
         self.dev.device.queue.write_buffer(
-            params, 0, common.pack(spec, split.params, None if bias is None else bias.shape))
+            params, 0, common.pack(spec, geometry, None if bias is None else bias.shape))
 
         rd, wr = self._dummy(False), self._dummy(True)
         b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
