@@ -128,6 +128,10 @@ _CORE_RULES: tuple[Rule, ...] = (
     Rule("m_tile_by_seq_len", "m_tile 4/2/1 by seq_len (rows sharing one K/V read), halved "
          "until the workgroup storage fits", "params",
          lambda c: _family(c, "decode_partial", "decode_qk") and _tunable(c, "m_tile"), _m_tile),
+    Rule("n_splits_from_split_size", "the caller fixed split_size: n_splits = ceil(C / split_size)",
+         "params", lambda c: _family(c, "decode_partial", "decode_qk") and "split_size" in c.user
+         and "n_splits" not in c.user,
+         lambda c: {"n_splits": _cdiv(c.spec.capacity, int(c.params["split_size"]))}),
     Rule("split_size_fill_device", "enough splits to give every compute unit work, capped by "
          "max_splits, whole kv tiles per split", "params",
          lambda c: _family(c, "decode_partial", "decode_qk") and "split_size" not in c.user,
