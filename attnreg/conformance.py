@@ -209,7 +209,8 @@ def profile_cases(devices: Iterable[DeviceCaps]) -> tuple[list[Case], dict[str, 
     for name, caps in profiles().items():
         targets = [d for d in devs if d.backend == caps.backend]
         vendor_flags = [f.name for f in flag_table().values() if f.vendor == caps.vendor]
-        for flags in [{}] + [{f: True} for f in vendor_flags]:
+        flag_sets: list[dict[str, Any]] = [{}] + [{f: True} for f in vendor_flags]
+        for flags in flag_sets:
             for work, spec in PROFILE_SPECS:
                 try:
                     plan = reg.plan(spec, caps=caps, flags=flags)
