@@ -235,3 +235,16 @@ def test_partials_reduce_on_reference(dev, split):
     got = attnreg.reduce_states(spec, wo.astype(np.float32), wl.astype(np.float32),
                                 t["head_sink"], backend="opencl", device=dev.id)
     check_close(spec, got, t, what="reference partials + opencl reduce")
+
+
+@pytest.mark.parametrize("head_size", [20, 512, 1024])
+def test_merge_states_any_head_size(dev, head_size):
+    rng = np.random.default_rng(head_size)
+    states = [(rng.standard_normal((2, 3, head_size)).astype(np.float32),
+               rng.standard_normal((2, 3)).astype(np.float32)) for _ in range(3)]
+    states[1][1][0, 0] = -np.inf                        # an empty state adds nothing
+    states[1][0][0, 0] = np.nan
+    o, lse = attnreg.merge_states(states, backend="opencl", device=dev.id)
+    wo, wl = ref.merge(states)
+    np.testing.assert_allclose(o, wo, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(lse, wl, atol=2e-4)

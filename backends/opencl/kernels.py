@@ -242,9 +242,11 @@ def kernel_infos() -> list[KernelInfo]:
                 extra_checks=_checks("decode_partial", "sg"),
                 doc=f"fused split-KV decode, {m} query row(s) x the group's heads; every "
                     "sub-group streams its own key chunks (no barrier in the key loop)"))
+        # The reduce also serves merge_states, whose head size is anything a caller has.
         out.append(KernelInfo(
             id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce", dtypes=dt,
-            head_sizes=HEAD_SIZES, doc="merge split-KV partial states and the sink"))
+            head_sizes=(4, 1024, 4), extra_checks=_checks("reduce", ""),
+            doc="merge split-KV partial states and the sink"))
     return out
 
 
