@@ -100,7 +100,7 @@ class _Gen:
     def base(self) -> dict[str, Any]:
         dtype = sorted(self.k.dtypes)[0]
         m = int(self.k.params.get("m_tile", 1))
-        s = {"prefill": 33, "decode_partial": m, "reduce": 3}[self.k.family]
+        s = {"prefill": 33, "reduce": 3}.get(self.k.family, m)
         if self.k.max_seq_len is not None:
             s = min(s, self.k.max_seq_len)
         return dict(batch=2, seq_len=s, past_len=70, num_heads=4, kv_num_heads=2,
@@ -112,8 +112,7 @@ class _Gen:
             spec = AttentionSpec(**fields)
         except ValueError:
             return
-        check = {"prefill": "attention", "decode_partial": "attention",
-                 "reduce": "reduce"}[self.k.family]
+        check = "reduce" if self.k.family == "reduce" else "attention"
         if self.k.not_supported_reasons(spec, self.dev, dict(kw.get("params", ()))):
             return          # outside the kernel's declared support: not a cell
         self.out.append(Case(self.dev.backend, self.dev.id, self.dev.slug, self.k.id,
@@ -123,7 +122,7 @@ class _Gen:
     def generate(self) -> list[Case]:
         k, sup = self.k, self.k.supports
         split = (("split_size", int(k.defaults.get("kv_tile", 16))),) \
-            if k.family == "decode_partial" else ()
+            if k.family in ("decode_partial", "decode_qk", "decode_fused") else ()
         for dtype in sorted(k.dtypes):
             d = {"dtype": dtype}
             self.add("plain", d, params=split)
@@ -173,12 +172,13 @@ class _Gen:
                 s = min(self.base()["seq_len"], total)
                 self.add(f"L{total}", {**d, "batch": 1, "seq_len": s, "past_len": total - s,
                                        "causal": True}, params=split)
-            if k.family == "decode_partial":
+            if k.family in ("decode_partial", "decode_qk", "decode_fused"):
                 m = int(k.params.get("m_tile", 1))
                 for s in sorted({1, 2, 3, 4, 5, m + 1} - {m}):
                     self.add(f"S{s}", {**d, "seq_len": s, "causal": True}, params=split)
-                self.add("partials", {**d, "causal": True, "local_window": 20},
-                         params=split, check="partial")
+                if k.family != "decode_fused":       # fused kernels keep partials inside
+                    self.add("partials", {**d, "causal": True, "local_window": 20},
+                             params=split, check="partial")
             if k.family == "prefill":
                 for s in (1, 2, 5, 97):
                     self.add(f"S{s}", {**d, "seq_len": s, "causal": True})

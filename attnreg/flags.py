@@ -41,7 +41,7 @@ for _f in (
     Flag("route", str, "auto", "Force the route: 'prefill' (one pass), 'split_kv' "
          "(decode_partial + reduce) or 'split_kv_unfused' (decode_qk + decode_pv + reduce); "
          "'auto' lets the rules decide.",
-         choices=("auto", "prefill", "split_kv", "split_kv_unfused")),
+         choices=("auto", "prefill", "split_kv", "split_kv_unfused", "split_kv_fused")),
     Flag("force_kernel", str, "", "Run exactly this kernel id (conformance, debugging); "
          "an error lists why if it cannot run the spec."),
     Flag("split_size", int, 0, "Keys per split-KV split; 0 lets the rules choose."),

@@ -15,12 +15,14 @@ TOLERANCE: Mapping[str, tuple[float, float]] = MappingProxyType(
     {"float32": (2e-5, 1e-4), "float16": (4e-3, 4e-3)})
 LSE_ATOL: Mapping[str, float] = MappingProxyType({"float32": 2e-4, "float16": 2e-3})
 
-FAMILIES = ("prefill", "decode_partial", "reduce", "decode_qk", "decode_pv")
+FAMILIES = ("prefill", "decode_partial", "reduce", "decode_qk", "decode_pv", "decode_fused")
 # Families of the split-KV routes, in launch order.
 ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "prefill": ("prefill",),
     "split_kv": ("decode_partial", "reduce"),
     "split_kv_unfused": ("decode_qk", "decode_pv", "reduce"),
+    # split-KV in one launch: the last workgroup of each row merges the splits
+    "split_kv_fused": ("decode_fused",),
 })
 # Every contract feature a spec can use (AttentionSpec.features names them).
 ALL_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_lse", "softcap",
@@ -41,17 +43,17 @@ def binding_bytes(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -
     parts = spec.batch * spec.num_heads * spec.seq_len * splits * spec.head_size * 4
     sizes: dict[str, int] = {}
     scores = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
-    if family in ("prefill", "decode_partial", "decode_qk"):
+    if family in ("prefill", "decode_partial", "decode_qk", "decode_fused"):
         sizes.update(q=q, k=kv)
         if spec.bias:
             sizes["bias"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
-    if family in ("prefill", "decode_partial", "decode_pv"):
+    if family in ("prefill", "decode_partial", "decode_pv", "decode_fused"):
         sizes["v"] = kv
     if family in ("decode_qk", "decode_pv"):
         sizes["scores"] = scores
-    if family == "prefill":
+    if family in ("prefill", "decode_fused"):
         sizes["out"] = q
-    if family in ("decode_partial", "reduce", "decode_pv"):
+    if family in ("decode_partial", "reduce", "decode_pv", "decode_fused"):
         sizes["o_parts"] = parts
     if family == "reduce":
         sizes["out"] = q

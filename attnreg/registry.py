@@ -281,7 +281,8 @@ class _Planner:
                     ("partial_unfused", ROUTES["split_kv_unfused"][:2])]
         if self.forced is not None:
             route = {"prefill": "prefill", "decode_qk": "split_kv_unfused",
-                     "decode_pv": "split_kv_unfused"}.get(str(fam), "split_kv")
+                     "decode_pv": "split_kv_unfused",
+                     "decode_fused": "split_kv_fused"}.get(str(fam), "split_kv")
             fired.append(f"forced_kernel: {self.forced.id} was requested -> route={route}")
             return [(route, ROUTES[route])]
         ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op)
@@ -290,7 +291,8 @@ class _Planner:
         route = ctx.params.get("route", "prefill")
         if route not in ROUTES:
             raise SpecError("route", route, f"one of {sorted(ROUTES)} (set by a rule)")
-        order = [route] + [r for r in ("split_kv", "prefill", "split_kv_unfused") if r != route]
+        order = [route] + [r for r in ("split_kv", "prefill", "split_kv_unfused", "split_kv_fused")
+                           if r != route]
         if self.flags.get("route", "auto") != "auto":
             order = [route]
         return [(r, ROUTES[r]) for r in order]

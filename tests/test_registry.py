@@ -160,3 +160,29 @@ def test_explain_text_reads_like_a_plan() -> None:
     text = attnreg.explain(DECODE, backend="reference").explain()
     for word in ("spec:", "route: split_kv", "kernels:", "rules fired:", "split_kv_few_rows"):
         assert word in text
+
+
+class _FusedPlugin:
+    @attnreg.hookimpl
+    def attnreg_register_kernels(self, register):  # type: ignore[no-untyped-def]
+        register(attnreg.KernelInfo(id="toy.decode_fused.f32", backend="toy",
+                                    family="decode_fused", dtypes=frozenset({"float32"}),
+                                    head_sizes=(8, 64, 8), defaults={"kv_tile": 16}))
+
+
+def test_fused_split_kv_is_preferred_when_a_kernel_exists(toy: ToyPlugin) -> None:
+    assert attnreg.explain(DECODE, backend="toy").route == "split_kv"
+    attnreg.register_plugin(_FusedPlugin(), name="toy-fused")
+    try:
+        plan = attnreg.explain(DECODE, backend="toy")
+        assert plan.route == "split_kv_fused" and plan.kernels == ("toy.decode_fused.f32",)
+        assert any(r.startswith("split_kv_fused_when_available") for r in plan.rules)
+        assert plan.params["n_splits"] * plan.params["split_size"] >= DECODE.capacity
+        # where the fused kernel cannot run, the two-launch route stays
+        assert attnreg.explain(DECODE.replace(head_size=128), backend="toy").route != \
+            "split_kv_fused"
+        t = make_tensors(DECODE, seed=4)
+        with attnreg.Session(backend="toy") as s:
+            check_close(DECODE, s.run(DECODE, t), t)
+    finally:
+        attnreg.unregister_plugin(name="toy-fused")
