@@ -167,7 +167,8 @@ class _FusedPlugin:
     def attnreg_register_kernels(self, register):  # type: ignore[no-untyped-def]
         register(attnreg.KernelInfo(id="toy.decode_fused.f32", backend="toy",
                                     family="decode_fused", dtypes=frozenset({"float32"}),
-                                    head_sizes=(8, 64, 8), defaults={"kv_tile": 16}))
+                                    head_sizes=(8, 64, 8), defaults={"kv_tile": 16},
+                                    supports=attnreg.kernel.ALL_FEATURES - {"head_sink"}))
 
 
 def test_fused_split_kv_is_preferred_when_a_kernel_exists(toy: ToyPlugin) -> None:
@@ -179,8 +180,7 @@ def test_fused_split_kv_is_preferred_when_a_kernel_exists(toy: ToyPlugin) -> Non
         assert any(r.startswith("split_kv_fused_when_available") for r in plan.rules)
         assert plan.params["n_splits"] * plan.params["split_size"] >= DECODE.capacity
         # where the fused kernel cannot run, the two-launch route stays
-        assert attnreg.explain(DECODE.replace(head_size=128), backend="toy").route != \
-            "split_kv_fused"
+        assert attnreg.explain(DECODE.replace(head_sink=True), backend="toy").route == "split_kv"
         t = make_tensors(DECODE, seed=4)
         with attnreg.Session(backend="toy") as s:
             check_close(DECODE, s.run(DECODE, t), t)
