@@ -19,7 +19,7 @@ import numpy as np
 
 from . import api
 from .caps import DeviceCaps
-from .errors import SpecError
+from .errors import NoKernelError, SpecError
 from .session import Session
 from .spec import AttentionSpec
 from .tensors import check_tensors
@@ -137,6 +137,11 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
     rows: list[Row] = []
     for dev in devs:
         with Session(backend=dev.backend, device=dev.id) as session:
+            roof = copy_bandwidth(session, dev)
+            if roof is not None:
+                log(f"  {dev.backend}/{dev.slug}: measured copy bandwidth {roof:.1f} GB/s (the roof)")
+                rows.append(Row("roof", "copy-bandwidth", dev.backend, dev.slug, "copy", None,
+                                float("nan"), roof, None, None, {"roof": True}))
             for suite in suites:
                 for case in table[suite]:
                     rows.append(_bench_one(session, dev, suite, case, iters, warmup, check, log))
@@ -145,6 +150,56 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
             for case in table[suite]:
                 rows += peer_rows(suite, case, iters, warmup, log)
     return rows
+
+
+def copy_bandwidth(session: Session, dev: DeviceCaps) -> float | None:
+    """The device's measured copy bandwidth (GB/s), when its runtime can measure it."""
+    try:
+        spec = AttentionSpec(seq_len=1, past_len=0, head_size=8)
+        rt = session.runtime(session.plan(spec))
+        probe = getattr(rt, "copy_bandwidth", None)
+        return float(probe()) if probe is not None else None
+    except Exception:            # a missing roof must not stop the bench
+        return None
+
+
+def roofline_png(rows: Sequence[Row], path: str) -> str | None:
+    """Effective GB/s against arithmetic intensity (FLOP/byte) per device, with the measured
+    copy bandwidth as the roof. Needs matplotlib (pip install attnreg[bench]); returns the
+    reason when it cannot draw."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'attnreg[bench]')"
+    fig, ax = plt.subplots(figsize=(8, 5))
+    table = {c.name: c.spec for cases in (*SUITES.values(), *QUICK.values()) for c in cases}
+    devices = sorted({(r.backend, r.device) for r in rows if r.suite != "roof"})
+    for backend, dev in devices:
+        pts = [r for r in rows if (r.backend, r.device) == (backend, dev) and r.gb_s
+               and r.case in table]
+        if not pts:
+            continue
+        xs = [traffic(table[r.case])[1] / traffic(table[r.case])[0] for r in pts]
+        line = ax.scatter(xs, [float(r.gb_s or 0) for r in pts], label=f"{backend}/{dev}")
+        for x, r in zip(xs, pts):
+            ax.annotate(r.case, (x, r.gb_s), fontsize=6, alpha=0.7)
+        roof = next((r.gb_s for r in rows if r.suite == "roof" and (r.backend, r.device)
+                     == (backend, dev)), None)
+        if roof:
+            ax.axhline(roof, linestyle="--", color=line.get_facecolor()[0],
+                       label=f"{backend}/{dev} copy roof {roof:.0f} GB/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
+    ax.set_ylabel("effective bandwidth (GB/s)")
+    ax.set_title("attnreg bench: effective bandwidth vs arithmetic intensity")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
 
 
 def peer_rows(suite: str, case: Case, iters: int, warmup: int,
@@ -180,10 +235,16 @@ def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters:
     n = max(3, iters // 10) if dev.backend == "reference" else iters
     try:
         times, kernels = time_case(session, spec, inputs, n, min(warmup, n))
+    except NoKernelError as exc:  # this device cannot run the case: say why, not a failure
+        first = next((r[0] for r in exc.rejected.values() if r), "no kernel")
+        log(f"  {dev.backend}/{dev.slug} {case.name}: not supported ({first})")
+        return Row(suite, case.name, dev.backend, dev.slug, f"n/a: {first}", None, float("nan"),
+                   None, None, None)
     except Exception as exc:      # one failing case must not hide the others' numbers
         log(f"  {dev.backend}/{dev.slug} {case.name}: FAILED {exc!r}")
-        return Row(suite, case.name, dev.backend, dev.slug, f"FAILED: {exc}", None, float("nan"),
-                   None, None, None)
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Row(suite, case.name, dev.backend, dev.slug, f"FAILED: {msg[:80]}", None,
+                   float("nan"), None, None, None)
     nbytes, flops = traffic(spec)
     gpu = _median_us(times["gpu_s"]) if times.get("gpu_s") else None
     wall = _median_us(times["wall_s"])
@@ -207,11 +268,11 @@ def ratios(rows: Sequence[Row]) -> str:
     def basis(r: Row) -> float:
         return r.gpu_us if r.gpu_us is not None else r.wall_us
 
-    ours_backends = {"webgpu", "opencl"}
+    ours_backends = {"webgpu", "opencl", "browser"}
     out = []
-    for case in dict.fromkeys(r.case for r in rows):
+    for case in dict.fromkeys(r.case for r in rows if r.suite != "roof"):
         mine = [r for r in rows if r.case == case and r.backend in ours_backends
-                and not r.kernels.startswith("FAILED")]
+                and not r.kernels.startswith(("FAILED", "n/a"))]
         if not mine:
             continue
         best = min(mine, key=basis)
@@ -240,6 +301,10 @@ def format_rows(rows: Sequence[Row]) -> str:
     ref = {r.case: r.wall_us for r in rows if r.backend == "reference"}
     out = []
     for r in rows:
+        if r.suite == "roof":
+            out.append((r.case, r.backend, r.device, "device-to-device copy", "-", "-",
+                        f(r.gb_s, ".1f"), "-", "-", "-"))
+            continue
         basis = r.gpu_us if r.gpu_us is not None else r.wall_us
         vs = f"{ref[r.case] / basis:.1f}x" if r.case in ref and r.backend != "reference" else "-"
         out.append((r.case, r.backend, r.device, r.kernels, f(r.gpu_us, ".1f"), f(r.wall_us, ".1f"),

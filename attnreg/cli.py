@@ -1,4 +1,4 @@
-"""`attnreg devices | explain | demo | bench | conformance`."""
+"""`attnreg devices | explain | demo | bench | conformance | export-wgsl`."""
 
 from __future__ import annotations
 
@@ -234,6 +234,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     print(bench.ratios(rows))
     if a.json:
         bench.write_json(rows, a.json)
+    if a.png:
+        why = bench.roofline_png(rows, a.png)
+        print(f"roofline: {why}" if why else f"roofline written to {a.png}")
     return 1 if any(r.kernels.startswith("FAILED") for r in rows) else 0
 
 
@@ -273,6 +276,11 @@ def cmd_conformance(a: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_export_wgsl(a: argparse.Namespace) -> int:
+    from backends.browser.export import main as export_main   # the browser plugin's command
+    return export_main(a, spec_from_args(a))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnreg", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -298,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--iters", type=int, default=50)
     b.add_argument("--warmup", type=int, default=5)
     b.add_argument("--json", metavar="PATH")
+    b.add_argument("--png", metavar="PATH", help="roofline plot (needs matplotlib)")
     b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time ONNX Runtime WebGPU and torch SDPA when installed")
     b.set_defaults(fn=cmd_bench)
@@ -324,6 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kernels", help="list registered kernel variants")
     k.add_argument("--backend")
     k.set_defaults(fn=cmd_kernels)
+    x = sub.add_parser("export-wgsl", help="write a plan's specialised WGSL and an ES module "
+                       "(attention.js) for a web app")
+    add_spec_options(x)
+    x.add_argument("--out", required=True, metavar="DIR")
+    x.add_argument("--backend-caps", default="browser-profile", metavar="CAPS",
+                   help="plan for: browser-profile (WebGPU default limits, the default), browser, "
+                   "webgpu (the probed adapters), or a stored WebGPU profile name")
+    x.add_argument("--check", action="store_true", help="also run the module in headless "
+                   "Chromium against the float64 reference")
+    x.set_defaults(fn=cmd_export_wgsl)
     return p
 
 
