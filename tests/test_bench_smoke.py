@@ -28,7 +28,7 @@ def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
         assert row["max_err"] is not None and row["max_err"] < 4e-3, row
         assert row["wall_us"] > 0
         measured.add(row["backend"])
-    assert measured == backends - {"ort-webgpu", "torch"}
+    assert {"reference", "webgpu", "opencl"} <= measured
     assert "ratios" in r.stdout
 
 
