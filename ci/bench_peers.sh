@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up of the optional comparison peers for `attnreg bench` (attnreg/peers.py):
+# Idempotent set-up of the optional comparison peers for `attnreg bench` (attnreg/peers/):
 #   - onnxruntime-webgpu 1.27.0 and onnx (the ONNX Runtime WebGPU EP peer),
 #   - libvulkan-dev (headers) and the lavapipe pass-through ICD shim that lets Dawn, inside
 #     onnxruntime-webgpu, accept Debian 12's Mesa 22.3 lavapipe; built into .peers/ (ignored).

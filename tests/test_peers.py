@@ -95,20 +95,20 @@ def test_unsupported_features_are_named():
 def test_shim_is_left_alone_when_disabled_or_a_driver_is_named(monkeypatch, tmp_path):
     icd = tmp_path / "lvp_shim_icd.json"
     icd.write_text("{}")
-    monkeypatch.setattr(peers, "shim_in_use", None)
+    monkeypatch.setattr(peers.vulkan, "shim_in_use", None)
     monkeypatch.setenv("ATTNREG_PEERS_SHIM", "0")
     assert peers.shim_path() is None and peers.ensure_vulkan_env() is None
     # A user-named non-lavapipe driver (the NVIDIA ICD on the GPU machine) is never replaced.
     monkeypatch.delenv("ATTNREG_PEERS_SHIM")
-    monkeypatch.setattr(peers, "_SHIM_JSON", icd)
-    monkeypatch.setattr(peers, "_HW_NODES", ())
+    monkeypatch.setattr(peers.vulkan, "_SHIM_JSON", icd)
+    monkeypatch.setattr(peers.vulkan, "_HW_NODES", ())
     monkeypatch.setenv("VK_ICD_FILENAMES", "/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json")
     assert peers.ensure_vulkan_env() is None
-    assert peers.shim_in_use is None
+    assert peers.vulkan.shim_in_use is None
     # Named lavapipe, nothing else: the shim replaces it.
     monkeypatch.setenv("VK_ICD_FILENAMES", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
     assert peers.ensure_vulkan_env() == str(icd)
-    assert peers.shim_in_use == str(icd) and sys.modules["os"].environ["VK_ICD_FILENAMES"] == str(icd)
+    assert peers.vulkan.shim_in_use == str(icd) and sys.modules["os"].environ["VK_ICD_FILENAMES"] == str(icd)
 
 
 # -- ONNX Runtime WebGPU (skips without onnxruntime-webgpu and a WebGPU adapter) -----------
@@ -119,7 +119,7 @@ def _ort_or_skip() -> None:
 
 
 def _on_lavapipe() -> bool:
-    return peers.shim_in_use is not None or peers._lavapipe_only()
+    return peers.vulkan.shim_in_use is not None or peers.vulkan._lavapipe_only()
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

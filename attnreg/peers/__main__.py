@@ -1,0 +1,5 @@
+"""python -m attnreg.peers"""
+
+from .run import main
+
+raise SystemExit(main())
