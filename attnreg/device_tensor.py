@@ -51,6 +51,12 @@ class DeviceTensor:
         """Read the tensor back to the host (one device read)."""
         return self.session._download(self)
 
+    def free(self) -> None:
+        """Release the device memory now; the tensor cannot be used afterwards."""
+        if not self.freed:
+            self.session._free(self)
+            self.freed = True
+
     def write(self, array: np.ndarray, offset_elems: int = 0) -> None:
         """Copy a host array into the tensor, starting at a flat element offset."""
         self.session._upload(self, array, offset_elems)

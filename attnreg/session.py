@@ -194,6 +194,12 @@ class Session:
         else:
             t.handle[off:end] = arr.view(np.uint8).reshape(-1)
 
+    def _free(self, t: DeviceTensor) -> None:
+        rt = self._runtimes.get(t.device_id)
+        free = getattr(rt, "free", None)
+        if free is not None:
+            free(t.handle)
+
     def _download(self, t: DeviceTensor) -> np.ndarray:
         rt = self._device_runtime(t.device_id)
         down = getattr(rt, "download", None)
