@@ -90,8 +90,9 @@ fn q_granule(b: u32, h: u32, i: u32) -> u32 {
   return (b * P.q_sb + h * P.q_sh + i * P.q_ss) / GE;
 }
 
+// kv_elem (generated): contiguous layouts, or the page of key j through the block table.
 fn kv_granule(b: u32, n: u32, j: u32) -> u32 {
-  return (b * P.kv_sb + n * P.kv_sh + j * P.kv_ss) / GE;
+  return kv_elem(b, n, j) / GE;
 }
 
 // The head sink as an extra logit, or MASKED when absent (a -inf sink means no sink).

@@ -138,8 +138,8 @@ def test_compile_failure_falls_back_to_next_kernel(monkeypatch):
     require_devices("webgpu")
     real = wsource.build
 
-    def build(family, dtype, head_size, consts, subgroups=False):
-        text = real(family, dtype, head_size, consts, subgroups)
+    def build(family, dtype, head_size, consts, subgroups=False, **kw):
+        text = real(family, dtype, head_size, consts, subgroups, **kw)
         return text + "\nfn broken( {\n" if subgroups else text
     monkeypatch.setattr(wsource, "build", build)
     spec = attnreg.AttentionSpec(seq_len=40, past_len=3, num_heads=2, kv_num_heads=1,
@@ -170,10 +170,10 @@ def test_pipelines_shared_across_sessions_buffers_reused():
         dev = wdevice.get(rt.caps)
         compiled = dev.compiles
         bufs = {n: id(b) for n, (b, _) in rt._bufs.items()}
-        groups = dict(rt._groups)
+        made = rt.counters["bind_groups"]
         check_close(spec, s1.run(spec, t), t)
         assert {n: id(b) for n, (b, _) in rt._bufs.items()} == bufs
-        assert rt._groups == groups
+        assert rt.counters["bind_groups"] == made
     with attnreg.Session(backend="webgpu") as s2:
         check_close(spec, s2.run(spec, t), t)
     assert dev.compiles == compiled

@@ -51,7 +51,28 @@ BINDINGS: dict[str, list[tuple[int, str]]] = {
     "prefill": _ATTN,
     "decode_partial": _ATTN,
     "reduce": [(0, "uniform"), (1, "read"), (2, "read"), (3, "read"), (4, "rw"), (5, "rw")],
+    # q, k, v, bias, seqlens, sink in; scores [B,Nq,S,C] and per-split (max, sum) out
+    "decode_qk": _ATTN,
+    # v, seqlens, scores, stats in; o_parts, lse_parts out
+    "decode_pv": [(0, "uniform"), (1, "read"), (2, "read"), (3, "read"), (4, "read"),
+                  (5, "rw"), (6, "rw")],
+    # f16 strips at 2-byte offsets (memory.py): params, source words, destination words
+    "patch16": [(0, "uniform"), (1, "read"), (2, "rw")],
 }
+# Optional read-only inputs a variant adds after its family's bindings (the paged KV block
+# table, the masked-block list) sit at source.AUX_BINDINGS; a layout key names them:
+# "prefill+block_table".
+
+
+def layout_key(family: str, aux: tuple[str, ...] = ()) -> str:
+    """The bind-group layout of a family with optional aux inputs (sorted, '+'-joined)."""
+    return "+".join((family, *sorted(aux)))
+
+
+def bindings(key: str) -> list[tuple[int, str]]:
+    """(binding, kind) of a layout key: the family's bindings, then its aux inputs."""
+    family, *aux = key.split("+")
+    return BINDINGS[family] + [(source.AUX_BINDINGS[a][family], "read") for a in aux]
 
 
 class GpuDevice:
@@ -91,7 +112,7 @@ class GpuDevice:
         buf.destroy()
 
     def layout(self, family: str) -> tuple[Any, Any]:
-        """(bind group layout, pipeline layout) of a family, made once."""
+        """(bind group layout, pipeline layout) of a family or layout key, made once."""
         if family not in self._layouts:
             wgpu = self.wgpu
             kinds = {"uniform": wgpu.BufferBindingType.uniform,
@@ -99,7 +120,7 @@ class GpuDevice:
                      "rw": wgpu.BufferBindingType.storage}
             bgl = self.device.create_bind_group_layout(entries=[
                 {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
-                 "buffer": {"type": kinds[kind]}} for i, kind in BINDINGS[family]])
+                 "buffer": {"type": kinds[kind]}} for i, kind in bindings(family)])
             pl = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
             self._layouts[family] = (bgl, pl)
         return self._layouts[family]
@@ -114,9 +135,10 @@ class GpuDevice:
         return self.device.create_shader_module(label=label, code=wgsl)
 
     def pipeline(self, kernel_id: str, family: str, wgsl: str) -> Any:
-        """The compute pipeline for this source, compiled on first use. A compile or
-        validation failure raises KernelUnavailable carrying the compiler's message."""
-        key = (kernel_id, source.digest(wgsl), os.environ.get(CHECKS_ENV, ""))
+        """The compute pipeline for this source, compiled on first use (``family`` is the
+        layout key). A compile or validation failure raises KernelUnavailable carrying the
+        compiler's message."""
+        key = (kernel_id, source.digest(wgsl), os.environ.get(CHECKS_ENV, "") + family)
         with self._lock:
             got = self._pipelines.get(key)
             if got is not None:

@@ -102,6 +102,17 @@ def reduce_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     return REDUCE_THREADS * 4 + 1024 * 4 + nsg * (spec.head_size // 4) * 16 + nsg * 4
 
 
+def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
+                 subgroup_width: int = 1, bias_shape: tuple[int, ...] | None = None,
+                 op: str = "attention") -> dict[str, int]:
+    """The compile-time constants of one stage (what its WGSL prefix defines)."""
+    if family == "prefill":
+        return prefill_consts(spec, params, subgroup_width)
+    if family == "decode_partial":
+        return decode_consts(spec, params)
+    return reduce_consts(spec, params)
+
+
 def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 

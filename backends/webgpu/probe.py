@@ -13,7 +13,8 @@ NAME = "webgpu"
 FEATURES = {"shader-f16": "shader-f16", "subgroup": "subgroups",
             "timestamp-query": "timestamp-query"}
 # Features a kernel may need; requested on the device whenever the adapter has them.
-REQUEST = ("shader-f16", "subgroup", "timestamp-query")
+# timestamp-query-inside-encoders (native) times a plain buffer copy (copy_bandwidth).
+REQUEST = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-encoders")
 
 LIMITS = {
     "workgroup_storage": "max-compute-workgroup-storage-size",

@@ -1,21 +1,36 @@
-"""A Session's view of one WebGPU device: its buffers and bind groups (reused across calls),
-and the encoding of a plan into one command encoder and one submit."""
+"""A Session's view of one WebGPU device: a plan encoded into dispatches once per set of
+buffers (plan once, run many), launched with one encoder and one submit.
+
+``launch`` takes numpy arrays (copied into the runtime's staging buffers) or DeviceTensors
+(their buffers are bound as they are), and with ``outputs={"out": DeviceTensor}`` writes the
+result there and returns without reading back or waiting. What a launch binds -- pipelines,
+bind groups, the parameter block, the grids -- is prepared once per (plan, buffers) and
+reused; freeing or growing a buffer forgets what was prepared with it.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from attnreg import blocks as blockmod
 from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 from backends import common
 
 from . import device, kernels, source
+from .memory import DeviceMemory
+
+_STAGING = {"q": "q", "k": "k", "v": "v", "bias": "bias", "seqlens_k": "seqlens",
+            "head_sink": "sink", "block_table": "block_table", "o_parts": "o_parts",
+            "lse_parts": "lse_parts"}
+_SPLIT_FAMILIES = ("decode_partial", "decode_qk")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -34,6 +49,20 @@ def fold_grid(n: int, limit: int) -> tuple[int, int, int]:
     return x, y, z
 
 
+def stage_aux(stage: Stage, spec: AttentionSpec) -> tuple[str, ...]:
+    """The optional inputs a stage binds: the paged block table, the masked-block list."""
+    aux = []
+    if spec.kv_layout == "paged" and stage.family in source.AUX_BINDINGS["block_table"]:
+        aux.append("block_table")
+    if stage.params.get("block_skip") and stage.family in source.AUX_BINDINGS["block_list"]:
+        aux.append("block_list")
+    return tuple(aux)
+
+
+def _is_device(x: Any) -> bool:
+    return hasattr(x, "handle") and hasattr(x, "device_id")
+
+
 @dataclass
 class _Dispatch:
     pipeline: Any
@@ -50,145 +79,212 @@ class _Output:
     shape: tuple[int, ...]
 
 
-class WebGpuRuntime:
-    """Implements attnreg.Runtime for one adapter; compiled pipelines live in the shared
-    device (backends.webgpu.device), buffers and bind groups here."""
+@dataclass
+class _Prepared:
+    plan: Plan                        # held: its id keys the cache
+    dispatches: list[_Dispatch]
+    outs: list[_Output]
+    bound: tuple[Any, ...]            # every buffer the bind groups hold
+
+
+class WebGpuRuntime(DeviceMemory):
+    """Implements attnreg.Runtime (with the optional DeviceTensor methods) for one adapter;
+    compiled pipelines live in the shared device (backends.webgpu.device)."""
+
+    MAX_PREPARED = 64
 
     def __init__(self, caps: DeviceCaps) -> None:
         self.caps = caps
         self.dev = device.get(caps)
         self.wgpu = self.dev.wgpu
-        self._bufs: dict[str, tuple[Any, int]] = {}
-        self._groups: dict[tuple[int, ...], Any] = {}
+        self._init_memory()
+        self._prepared: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
+        # Buffers derived from a DeviceTensor (f32 copy of an f16 bias, block lists):
+        # key -> (tensor, version, buffer); rebuilt when the tensor is written.
+        self._derived: dict[tuple[Any, ...], tuple[Any, int, Any]] = {}
         self._limit = caps.limit("workgroups_per_dim") or 65535
 
-    # -- buffers --------------------------------------------------------------------------
-    def _buffer(self, name: str, nbytes: int, usage: int) -> Any:
-        """A buffer of at least nbytes, reused while big enough (bind groups follow it)."""
-        nbytes = max(16, _cdiv(nbytes, 16) * 16)
-        got = self._bufs.get(name)
-        if got is None or got[1] < nbytes:
-            if got is not None:
-                got[0].destroy()
-                self._groups.clear()
-            buf = self.dev.device.create_buffer(label=name, size=nbytes, usage=usage)
-            self._bufs[name] = got = (buf, nbytes)
-        return got[0]
-
-    def _upload(self, name: str, arr: np.ndarray) -> Any:
-        U = self.wgpu.BufferUsage
-        data = np.ascontiguousarray(arr)
-        buf = self._buffer(name, data.nbytes, U.STORAGE | U.COPY_DST)
-        raw = data.view(np.uint8).reshape(-1)
-        if raw.size % 4:
-            raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
-        self.dev.device.queue.write_buffer(buf, 0, raw)
-        return buf
-
-    def _storage(self, name: str, nbytes: int) -> Any:
-        U = self.wgpu.BufferUsage
-        return self._buffer(name, nbytes, U.STORAGE | U.COPY_SRC | U.COPY_DST)
-
-    def _dummy(self, writable: bool) -> Any:
-        # A read-only and a writable stand-in: one buffer may not be both in one dispatch.
-        return self._storage("dummy_w" if writable else "dummy_r", 16)
-
-    def _bind(self, family: str, pipeline: Any, buffers: list[Any]) -> Any:
-        key = (id(pipeline), *map(id, buffers))
-        group = self._groups.get(key)
-        if group is None:
-            bgl, _ = self.dev.layout(family)
-            group = self.dev.device.create_bind_group(layout=bgl, entries=[
-                {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(buffers)])
-            self._groups[key] = group
-        return group
+    def _forget(self, buf: Any) -> None:
+        for key in [k for k, p in self._prepared.items() if any(b is buf for b in p.bound)]:
+            del self._prepared[key]
+        for key in [k for k, (t, _, b) in self._derived.items()
+                    if b is buf or getattr(t, "handle", None) is buf]:
+            self._derived.pop(key)
 
     # -- planning a run into dispatches ------------------------------------------------------
-    def _pipeline(self, stage: Stage, spec: AttentionSpec) -> Any:
+    def _pipeline(self, stage: Stage, spec: AttentionSpec, *, bias_shape: tuple[int, ...] | None
+                  = None, op: str = "attention") -> tuple[Any, dict[str, int]]:
+        """(compiled pipeline, compile-time constants) of one stage. Reads only self.caps and
+        self.dev.pipeline (the browser backend specialises through it with stand-ins)."""
         p = stage.params
         sg = p.get("reduction") == "subgroup"
-        if stage.family == "prefill":
-            width = 1
-            if sg:
-                width = 1 << max(0, (self.caps.subgroup_min_size or 4).bit_length() - 1)
-            consts = kernels.prefill_consts(spec, p, width)
-        elif stage.family == "decode_partial":
-            consts = kernels.decode_consts(spec, p)
-        else:
-            consts = kernels.reduce_consts(spec, p)
-        wgsl = source.build(stage.family, spec.dtype, spec.head_size, consts, subgroups=sg)
-        return self.dev.pipeline(stage.kernel, stage.family, wgsl), consts
+        width = 1
+        if sg:
+            width = 1 << max(0, (self.caps.subgroup_min_size or 4).bit_length() - 1)
+        consts = kernels.stage_consts(stage.family, spec, p, subgroup_width=width,
+                                      bias_shape=bias_shape, op=op)
+        aux = stage_aux(stage, spec)
+        wgsl = source.build(stage.family, spec.dtype, spec.head_size, consts, subgroups=sg,
+                            aux=aux)
+        return self.dev.pipeline(stage.kernel, device.layout_key(stage.family, aux), wgsl), consts
 
     def _groups_of(self, stage: Stage, spec: AttentionSpec, consts: Mapping[str, int]) -> int:
         p = stage.params
         if stage.family == "prefill":
             return _cdiv(spec.seq_len, consts["BR"]) * spec.num_heads * spec.batch
-        if stage.family == "decode_partial":
+        if stage.family in ("decode_partial", "decode_qk", "decode_pv"):
             return (_cdiv(spec.capacity, int(p["split_size"])) * _cdiv(spec.seq_len, consts["M"])
                     * _cdiv(spec.group_size, consts["GT"]) * spec.kv_num_heads * spec.batch)
         return spec.batch * spec.num_heads * spec.seq_len
 
-    def _prepare(self, plan: Plan, inputs: Mapping[str, np.ndarray]
-                 ) -> tuple[list[_Dispatch], list[_Output]]:
-        """Upload inputs and the parameter block; return the dispatches and the outputs."""
+    # -- inputs ------------------------------------------------------------------------------
+    def _input(self, name: str, value: Any) -> Any:
+        """The buffer to bind for one input: a DeviceTensor's own buffer, or a staging buffer
+        holding a host array (bias as float32: float16 -> float32 is exact)."""
+        if _is_device(value):
+            if name == "bias" and value.dtype != np.float32:
+                return self._derive(("bias32", id(value)), value,
+                                    lambda: value.numpy().astype(np.float32))
+            return value.handle
+        arr = np.asarray(value)
+        if name == "bias" and arr.dtype != np.float32:
+            arr = arr.astype(np.float32)
+        return self._upload(_STAGING[name], arr)
+
+    def _derive(self, key: tuple[Any, ...], tensor: Any, make: Any) -> Any:
+        hit = self._derived.get(key)
+        if hit is not None and hit[0] is tensor and hit[1] == tensor.version:
+            return hit[2]
+        if hit is not None:
+            self._forget(hit[2])
+        data = np.ascontiguousarray(make())
+        buf = self.alloc(data.nbytes)
+        self.upload(buf, data, 0)
+        self._derived[key] = (tensor, tensor.version, buf)
+        return buf
+
+    def _block_list(self, spec: AttentionSpec, stage: Stage, consts: Mapping[str, int],
+                    bias: Any) -> Any:
+        """The masked-block list of the bias for this stage's tiles, packed for the kernel:
+        [entries base, CSR offsets, block id | all-zero flag << 31]. Lists of a DeviceTensor
+        bias are built once per written version; host biases are rebuilt per call."""
+        q_tile = consts["BR"] if stage.family == "prefill" else consts["M"]
+        kv_tile = consts["BC"]
+
+        def packed() -> np.ndarray:
+            bl = blockmod.cached(spec, bias, q_tile, kv_tile)
+            head = np.array([1 + len(bl.offsets)], np.uint32)
+            ids = bl.blocks.astype(np.uint32) | (bl.zero.astype(np.uint32) << np.uint32(31))
+            return np.concatenate([head, bl.offsets.astype(np.uint32), ids, np.zeros(1, np.uint32)])
+        if _is_device(bias):
+            return self._derive(("blocks", id(bias), q_tile, kv_tile), bias, packed)
+        return self._upload(f"blocks_{stage.family}", packed())
+
+    # -- preparing a launch -----------------------------------------------------------------
+    def _prepare(self, plan: Plan, inputs: Mapping[str, Any],
+                 outputs: Mapping[str, Any] | None = None) -> _Prepared:
+        """Bind the inputs (uploading host arrays) and return the launch prepared for this
+        plan and these buffers, building it on first use."""
         spec = plan.spec
-        U = self.wgpu.BufferUsage
         stages = [plan.stage("reduce")] if plan.op == "reduce" else list(plan.stages)
-        split = next((s for s in stages if s.family == "decode_partial"), stages[0])
+        bound = {name: self._input(name, x) for name, x in inputs.items()}
+        bias = inputs.get("bias")
+        bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
+        consts = [kernels.stage_consts(st.family, spec, st.params, bias_shape=bias_shape,
+                                       op=plan.op) for st in stages]
+        for st, c in zip(stages, consts):
+            if "block_list" in stage_aux(st, spec):
+                bound[f"block_list_{st.family}"] = self._block_list(spec, st, c, bias)
+        if outputs and outputs.get("out") is not None:
+            bound["out"] = outputs["out"].handle
+        key = (id(plan), bias_shape, tuple(sorted((n, id(b)) for n, b in bound.items())))
+        got = self._prepared.get(key)
+        if got is not None:
+            self._prepared.move_to_end(key)
+            self.counters["prepared_hits"] += 1
+            return got
+        got = self._build(plan, stages, bound, bias_shape, self._geometry(plan, stages, inputs))
+        self._prepared[key] = got
+        while len(self._prepared) > self.MAX_PREPARED:
+            self._prepared.popitem(last=False)
+        return got
+
+    @staticmethod
+    def _geometry(plan: Plan, stages: list[Stage], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The split geometry the parameter block is packed from (the split stage's)."""
+        split = next((s for s in stages if s.family in _SPLIT_FAMILIES), stages[0])
         geometry = dict(split.params)
-        if split.family == "decode_partial":
+        if split.family in _SPLIT_FAMILIES:
             # The contract fixes T = ceil(C / split_size); derive it rather than trust a caller
             # who passed split_size alone.
-            geometry.setdefault("split_size", spec.capacity)
-            geometry["n_splits"] = _cdiv(spec.capacity, int(geometry["split_size"]))
+            geometry.setdefault("split_size", plan.spec.capacity)
+            geometry["n_splits"] = _cdiv(plan.spec.capacity, int(geometry["split_size"]))
         elif plan.op == "reduce":
             geometry["n_splits"] = int(inputs["o_parts"].shape[3])
-        n_splits = int(geometry.get("n_splits", 1))
-        bias = inputs.get("bias")
-        if bias is not None and bias.dtype != np.float32:
-            bias = bias.astype(np.float32)        # float16 -> float32 is exact
-        params = self._buffer("params", common.SIZE, U.UNIFORM | U.COPY_DST)
-        self.dev.device.queue.write_buffer(
-            params, 0, common.pack(spec, geometry, None if bias is None else bias.shape))
+        geometry["n_splits"] = int(geometry.get("n_splits", 1))
+        return geometry
+
+    def _build(self, plan: Plan, stages: list[Stage], bound: dict[str, Any],
+               bias_shape: tuple[int, ...] | None, geometry: dict[str, Any]) -> _Prepared:
+        spec = plan.spec
+        U = self.wgpu.BufferUsage
+        self.counters["prepares"] += 1
+        n_splits = int(geometry["n_splits"])
+        params = self.dev.device.create_buffer(label="params", size=common.SIZE,
+                                               usage=U.UNIFORM | U.COPY_DST)
+        self.dev.device.queue.write_buffer(params, 0, common.pack(spec, geometry, bias_shape))
 
         rd, wr = self._dummy(False), self._dummy(True)
         b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
         parts = b * nq * s * n_splits
-        if plan.op == "reduce":
-            o_parts = self._upload("o_parts", inputs["o_parts"])
-            lse_parts = self._upload("lse_parts", inputs["lse_parts"])
-        else:
-            o_parts = self._storage("o_parts", parts * h * 4)
-            lse_parts = self._storage("lse_parts", parts * 4)
-            attn_in = [params, self._upload("q", inputs["q"]), self._upload("k", inputs["k"]),
-                       self._upload("v", inputs["v"]),
-                       rd if bias is None else self._upload("bias", bias),
-                       rd if "seqlens_k" not in inputs else self._upload("seqlens", inputs["seqlens_k"]),
-                       rd if "head_sink" not in inputs else self._upload("sink", inputs["head_sink"])]
-        sink = rd if "head_sink" not in inputs else self._upload("sink", inputs["head_sink"])
-        out = self._storage("out", b * nq * s * h * spec.itemsize)
+        if plan.op != "reduce":
+            bound.setdefault("o_parts", self._storage("o_parts", parts * h * 4))
+            bound.setdefault("lse_parts", self._storage("lse_parts", parts * 4))
+        if any(st.family == "decode_qk" for st in stages):
+            bound["scores"] = self._storage("scores", b * nq * s * spec.capacity * 4)
+            bound["stats"] = self._storage("stats", parts * 8)
+        out = bound["out"] if "out" in bound else self._storage("out", b * nq * s * h * spec.itemsize)
         lse = self._storage("lse", b * nq * s * 4) if spec.return_lse else wr
+        attn_in = [params, bound.get("q", rd), bound.get("k", rd), bound.get("v", rd),
+                   bound.get("bias", rd), bound.get("seqlens_k", rd), bound.get("head_sink", rd)]
 
-        dispatches = []
+        dispatches, held = [], [params, out, lse, *bound.values()]
         for st in stages:
-            pipe, consts = self._pipeline(st, spec)
-            if st.family == "prefill":
+            pipe, consts = self._pipeline(st, spec, bias_shape=bias_shape, op=plan.op)
+            fam = st.family
+            if fam == "prefill":
                 bufs = [*attn_in, out, lse]
-            elif st.family == "decode_partial":
-                bufs = [*attn_in, o_parts, lse_parts]
+            elif fam == "decode_partial":
+                bufs = [*attn_in, bound["o_parts"], bound["lse_parts"]]
+            elif fam == "decode_qk":
+                bufs = [*attn_in, bound["scores"], bound["stats"]]
+            elif fam == "decode_pv":
+                bufs = [params, bound.get("v", rd), bound.get("seqlens_k", rd), bound["scores"],
+                        bound["stats"], bound["o_parts"], bound["lse_parts"]]
             else:
-                bufs = [params, o_parts, lse_parts, sink, out, lse]
+                bufs = [params, bound["o_parts"], bound["lse_parts"], bound.get("head_sink", rd),
+                        out, lse]
+            aux = stage_aux(st, spec)
+            bufs += [bound["block_table"] if a == "block_table" else bound[f"block_list_{fam}"]
+                     for a in aux]
+            bgl, _ = self.dev.layout(device.layout_key(fam, aux))
+            group = self.dev.device.create_bind_group(layout=bgl, entries=[
+                {"binding": i, "resource": {"buffer": buf}}
+                for (i, _), buf in zip(device.bindings(device.layout_key(fam, aux)), bufs)])
+            self.counters["bind_groups"] += 1
             grid = fold_grid(self._groups_of(st, spec, consts), self._limit)
-            dispatches.append(_Dispatch(pipe, self._bind(st.family, pipe, bufs), grid))
+            dispatches.append(_Dispatch(pipe, group, grid))
 
         if plan.op == "partial":
-            outs = [_Output("o_parts", o_parts, parts * h * 4, "float32", (b, nq, s, n_splits, h)),
-                    _Output("lse_parts", lse_parts, parts * 4, "float32", (b, nq, s, n_splits))]
+            outs = [_Output("o_parts", bound["o_parts"], parts * h * 4, "float32",
+                            (b, nq, s, n_splits, h)),
+                    _Output("lse_parts", bound["lse_parts"], parts * 4, "float32",
+                            (b, nq, s, n_splits))]
         else:
             outs = [_Output("out", out, b * nq * s * h * spec.itemsize, spec.dtype, spec.out_shape)]
             if spec.return_lse:
                 outs.append(_Output("lse", lse, b * nq * s * 4, "float32", spec.lse_shape))
-        return dispatches, outs
+        return _Prepared(plan, dispatches, outs, tuple(held))
 
     def _encode(self, dispatches: list[_Dispatch], timestamps: Any = None) -> Any:
         enc = self.dev.device.create_command_encoder()
@@ -202,39 +298,48 @@ class WebGpuRuntime:
         return enc
 
     # -- Runtime protocol ----------------------------------------------------------------
-    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def launch(self, plan: Plan, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run a plan: all its dispatches and the output copies in one encoder and one
-        submit; only the outputs come back to the host."""
-        dispatches, outs = self._prepare(plan, inputs)
+        submit. Outputs given as DeviceTensors (``outputs={"out": t}``) are written in place
+        and returned as they are, with no read-back and no wait; the others come back to
+        the host."""
+        prep = self._prepare(plan, inputs, outputs)
+        given = {n: t for n, t in (outputs or {}).items() if t is not None}
         U = self.wgpu.BufferUsage
-        enc = self._encode(dispatches)
+        enc = self._encode(prep.dispatches)
         readback = []
-        for o in outs:
+        for o in prep.outs:
+            if o.name in given:
+                continue
             rb = self._buffer(f"rb_{o.name}", o.nbytes, U.MAP_READ | U.COPY_DST)
             enc.copy_buffer_to_buffer(o.buffer, 0, rb, 0, _cdiv(o.nbytes, 4) * 4)
-            readback.append(rb)
+            readback.append((o, rb))
         self.dev.device.queue.submit([enc.finish()])
-        res: dict[str, np.ndarray] = {}
-        for o, rb in zip(outs, readback):
+        self.counters["submits"] += 1
+        res: dict[str, Any] = dict(given)
+        for o, rb in readback:
             size = _cdiv(o.nbytes, 4) * 4
             rb.map_sync(self.wgpu.MapMode.READ, 0, size)
             try:
                 raw = bytes(rb.read_mapped(0, size))
             finally:
                 rb.unmap()
+            self.counters["readbacks"] += 1
+            self.counters["readback_bytes"] += o.nbytes
             res[o.name] = np.frombuffer(raw[:o.nbytes], dtype=o.dtype).reshape(o.shape).copy()
         return res
 
-    def timings(self, plan: Plan, inputs: Mapping[str, np.ndarray], *, iters: int = 20,
+    def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3, warmup_s: float = 0.2) -> dict[str, list[float]]:
-        """Per-launch times of a plan with inputs uploaded once and nothing read back.
+        """Per-launch times of a plan with inputs bound once and nothing read back.
 
         ``gpu_s`` (where the adapter has timestamp-query): timestamps around the run's one
         compute pass, with the iterations submitted back to back, so the GPU stays busy
         and clocked up as in a decode loop. ``wall_s``: host time of submit + wait, one
         launch at a time. ``warmup_s`` keeps launching for that long first: an idle H100
         sits at 345 MHz and short bursts of launches were timed 2-8x slow without it."""
-        dispatches, _ = self._prepare(plan, inputs)
+        dispatches = self._prepare(plan, inputs).dispatches
         queue = self.dev.device.queue
         t_end = time.perf_counter() + warmup_s
         n = 0
@@ -283,7 +388,6 @@ class WebGpuRuntime:
         return [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(iters)]
 
     def close(self) -> None:
-        for buf, _ in self._bufs.values():
-            buf.destroy()
-        self._bufs.clear()
-        self._groups.clear()
+        self._prepared.clear()
+        self._derived.clear()
+        self._close_memory()

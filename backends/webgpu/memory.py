@@ -1,0 +1,226 @@
+"""Device memory of a WebGPU runtime: the Session's DeviceTensors (alloc / upload / download /
+free), the runtime's own named buffers (host-input staging, scratch, read-back), and the
+copy-bandwidth probe that gives the bench its roof.
+
+Every host<->device transfer is counted in ``counters`` so tests can check that a decode
+loop over resident tensors moves nothing it does not have to.
+"""
+
+from __future__ import annotations
+
+import statistics
+import struct
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from . import device, source
+
+# queue.writeBuffer and copies need 4-byte offsets and sizes; storage bindings at an offset
+# need the device's minStorageBufferOffsetAlignment (256 on every adapter we know).
+_WORD = 4
+_BIND_ALIGN = 256
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class DeviceMemory:
+    """Buffers of one runtime. Subclasses define ``_forget(buffer)``: drop everything that
+    binds a buffer about to be destroyed (prepared bind groups)."""
+
+    dev: device.GpuDevice
+    wgpu: Any
+
+    def _init_memory(self) -> None:
+        self._bufs: dict[str, tuple[Any, int]] = {}
+        self._owned: dict[int, Any] = {}           # id -> buffer handed out by alloc()
+        self.counters: Counter[str] = Counter()
+
+    def _forget(self, buf: Any) -> None:  # pragma: no cover - overridden
+        pass
+
+    # -- the runtime's own buffers ----------------------------------------------------------
+    def _buffer(self, name: str, nbytes: int, usage: int) -> Any:
+        """A named buffer of at least nbytes, reused while big enough. Growing it destroys
+        the old one, and everything prepared with it is forgotten."""
+        nbytes = max(16, cdiv(nbytes, 16) * 16)
+        got = self._bufs.get(name)
+        if got is None or got[1] < nbytes:
+            if got is not None:
+                self._forget(got[0])
+                got[0].destroy()
+            buf = self.dev.device.create_buffer(label=name, size=nbytes, usage=usage)
+            self._bufs[name] = got = (buf, nbytes)
+        return got[0]
+
+    def _storage(self, name: str, nbytes: int) -> Any:
+        U = self.wgpu.BufferUsage
+        return self._buffer(name, nbytes, U.STORAGE | U.COPY_SRC | U.COPY_DST)
+
+    def _upload(self, name: str, arr: np.ndarray) -> Any:
+        """A host input copied into the named buffer (counted as a host upload)."""
+        data = np.ascontiguousarray(arr)
+        buf = self._storage(name, data.nbytes)
+        raw = data.view(np.uint8).reshape(-1)
+        if raw.size % _WORD:
+            raw = np.concatenate([raw, np.zeros(_WORD - raw.size % _WORD, np.uint8)])
+        self.dev.device.queue.write_buffer(buf, 0, raw)
+        self.counters["host_uploads"] += 1
+        self.counters["host_upload_bytes"] += int(data.nbytes)
+        return buf
+
+    def _dummy(self, writable: bool) -> Any:
+        # A read-only and a writable stand-in: one buffer may not be both in one dispatch.
+        return self._storage("dummy_w" if writable else "dummy_r", 16)
+
+    def _read(self, buf: Any, nbytes: int, enc: Any = None) -> bytes:
+        """Copy nbytes from the start of buf to the host (one submit and wait)."""
+        U = self.wgpu.BufferUsage
+        size = cdiv(nbytes, _WORD) * _WORD
+        rb = self._buffer("rb_download", size, U.MAP_READ | U.COPY_DST)
+        enc = enc or self.dev.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(buf, 0, rb, 0, size)
+        self.dev.device.queue.submit([enc.finish()])
+        rb.map_sync(self.wgpu.MapMode.READ, 0, size)
+        try:
+            raw = bytes(rb.read_mapped(0, size))
+        finally:
+            rb.unmap()
+        self.counters["readbacks"] += 1
+        self.counters["readback_bytes"] += nbytes
+        return raw[:nbytes]
+
+    # -- DeviceTensor memory (the optional Runtime methods) --------------------------------------
+    def alloc(self, nbytes: int) -> Any:
+        """A device buffer for a DeviceTensor: STORAGE | COPY_SRC | COPY_DST, size rounded up
+        to 4 bytes. Its contents are unspecified until written."""
+        U = self.wgpu.BufferUsage
+        size = max(_WORD, cdiv(int(nbytes), _WORD) * _WORD)
+        buf = self.dev.device.create_buffer(label="tensor", size=size,
+                                            usage=U.STORAGE | U.COPY_SRC | U.COPY_DST)
+        self._owned[id(buf)] = buf
+        self.counters["allocs"] += 1
+        return buf
+
+    def upload(self, handle: Any, array: np.ndarray, offset_bytes: int = 0) -> None:
+        """Write a host array into a device buffer at a byte offset. 4-byte aligned strips go
+        through queue.writeBuffer; f16 strips at an odd element offset or of odd length go
+        through the patch16 kernel (no read-back; queue order keeps writes in call order)."""
+        raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        off, n = int(offset_bytes), int(raw.size)
+        if n == 0:
+            return
+        if off < 0 or off + n > handle.size:
+            raise ValueError(f"upload of {n} B at {off} overruns a {handle.size} B buffer")
+        self.counters["host_uploads"] += 1
+        self.counters["host_upload_bytes"] += n
+        if off % _WORD == 0 and n % _WORD == 0:
+            self.dev.device.queue.write_buffer(handle, off, raw)
+            return
+        if off % 2 or n % 2:
+            raise ValueError(f"upload at byte {off} of {n} B: offsets and sizes must be even")
+        self._patch16(handle, raw, off)
+
+    def _patch16(self, dst: Any, raw: np.ndarray, off: int) -> None:
+        U = self.wgpu.BufferUsage
+        q = self.dev.device.queue
+        padded = raw if raw.size % _WORD == 0 else np.concatenate([raw, np.zeros(2, np.uint8)])
+        src = self._buffer("patch_src", padded.size, U.STORAGE | U.COPY_DST)
+        q.write_buffer(src, 0, padded)
+        base = off // _BIND_ALIGN * _BIND_ALIGN          # bind a window: buffers may exceed
+        end = cdiv(off + raw.size, _WORD) * _WORD         # the storage-binding limit
+        first = (off - base) // _WORD
+        nwords = (end - base) // _WORD - first
+        params = self._buffer("patch_params", 16, U.UNIFORM | U.COPY_DST)
+        q.write_buffer(params, 0, struct.pack("<4I", off - base, raw.size, first, nwords))
+        key = device.layout_key("patch16")
+        pipe = self.dev.pipeline("webgpu.patch16", key, source.load("patch16"))
+        group = self.dev.device.create_bind_group(layout=self.dev.layout(key)[0], entries=[
+            {"binding": 0, "resource": {"buffer": params}},
+            {"binding": 1, "resource": {"buffer": src, "offset": 0, "size": padded.size}},
+            {"binding": 2, "resource": {"buffer": dst, "offset": base, "size": end - base}}])
+        enc = self.dev.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, group)
+        groups = cdiv(nwords, 64)
+        x = min(groups, 65535)
+        cp.dispatch_workgroups(x, cdiv(groups, x), 1)
+        cp.end()
+        q.submit([enc.finish()])
+        self.counters["patch16"] += 1
+
+    def download(self, handle: Any, nbytes: int) -> bytes:
+        """The first nbytes of a device buffer (one copy, one wait)."""
+        return self._read(handle, int(nbytes))
+
+    def free(self, handle: Any) -> None:
+        """Destroy a buffer from alloc(); prepared launches that bound it are forgotten, so a
+        later buffer at the same address never meets a stale bind group."""
+        self._forget(handle)
+        self._owned.pop(id(handle), None)
+        handle.destroy()
+        self.counters["frees"] += 1
+
+    def _close_memory(self) -> None:
+        for buf, _ in self._bufs.values():
+            buf.destroy()
+        for buf in self._owned.values():
+            buf.destroy()
+        self._bufs.clear()
+        self._owned.clear()
+
+    # -- the roof ------------------------------------------------------------------------
+    def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+        """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written
+        (the same accounting as the bench's effective GB/s). One copy_buffer_to_buffer of
+        ``nbytes`` per sample, timed by timestamps written inside the encoder where the
+        device has them (wall clock of submit + wait otherwise); the median of ``repeats``
+        after one warm-up copy."""
+        U = self.wgpu.BufferUsage
+        d = self.dev.device
+        nbytes = cdiv(int(nbytes), _WORD) * _WORD
+        src = d.create_buffer(size=nbytes, usage=U.COPY_SRC | U.COPY_DST)
+        dst = d.create_buffer(size=nbytes, usage=U.COPY_SRC | U.COPY_DST)
+        inside = "timestamp-query-inside-encoders" in self.dev.features
+        try:
+            enc = d.create_command_encoder()
+            enc.clear_buffer(src)
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)        # warm-up (pages, clocks)
+            d.queue.submit([enc.finish()])
+            self.dev.wait()
+            secs = self._timed_copies(src, dst, nbytes, repeats) if inside else []
+            if not secs:
+                for _ in range(repeats):
+                    enc = d.create_command_encoder()
+                    enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+                    cmd = enc.finish()
+                    t0 = time.perf_counter()
+                    d.queue.submit([cmd])
+                    self.dev.wait()
+                    secs.append(time.perf_counter() - t0)
+        finally:
+            src.destroy()
+            dst.destroy()
+        return 2 * nbytes / statistics.median(secs) / 1e9
+
+    def _timed_copies(self, src: Any, dst: Any, nbytes: int, repeats: int) -> list[float]:
+        U = self.wgpu.BufferUsage
+        d = self.dev.device
+        qs = d.create_query_set(type=self.wgpu.QueryType.timestamp, count=2 * repeats)
+        enc = d.create_command_encoder()
+        for i in range(repeats):
+            enc._write_timestamp(qs, 2 * i)
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+            enc._write_timestamp(qs, 2 * i + 1)
+        resolve = d.create_buffer(size=16 * repeats, usage=U.QUERY_RESOLVE | U.COPY_SRC)
+        enc.resolve_query_set(qs, 0, 2 * repeats, resolve, 0)
+        ticks = np.frombuffer(self._read(resolve, 16 * repeats, enc), dtype=np.uint64)
+        qs.destroy()
+        resolve.destroy()
+        secs = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(repeats)]
+        return [s for s in secs if s > 0]
