@@ -71,12 +71,17 @@ fn alibi_slope(h: u32) -> f32 {
 
 // s = scale * q.k (the scale is folded into q on load) -> softcap -> bias -> alibi, clamped.
 fn logit(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32) -> f32 {
+  return logit_b(dot_qk, b, h, i, j, pos, true);
+}
+
+// with_bias false: the bias is known to be 0 here (a block flagged all-zero); not loaded.
+fn logit_b(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32, with_bias: bool) -> f32 {
   var s = dot_qk;
   if (P.softcap > 0.0) {
     // clamp: some tanh lowerings overflow to NaN for large arguments; tanh(15) == 1 in f32
     s = P.softcap * tanh(clamp(s / P.softcap, -15.0, 15.0));
   }
-  if (P.has_bias != 0u) {
+  if (P.has_bias != 0u && with_bias) {
     s = s + bias[b * P.bias_sb + h * P.bias_sh + i * P.bias_ss + j];
   }
   if (P.has_alibi != 0u) {
@@ -112,4 +117,39 @@ fn finish_row(m: f32, l: f32, sink_l: f32) -> vec2<f32> {
   }
   let lf = l * exp(m - mf) + exp(sink_l - mf);
   return vec2<f32>(exp(m - mf) / lf, mf + log(lf));
+}
+
+// Masked-block lists (blk_range / blk_entry are generated; stubs without a list). Row of
+// the list for (batch b, query head h, query tile qt): the bias's own broadcast rows.
+fn blk_row(b: u32, h: u32, qt: u32, n_qt: u32) -> u32 {
+  let hb = select(1u, P.num_heads, P.bias_sh != 0u);
+  let bb = select(0u, b, P.bias_sb != 0u);
+  let hh = select(0u, h, P.bias_sh != 0u);
+  return (bb * hb + hh) * n_qt + qt;
+}
+
+// First index in [lo, hi) of the (ascending) list whose block id is >= kb.
+fn blk_lower(lo: u32, hi: u32, kb: u32) -> u32 {
+  var a = lo;
+  var z = hi;
+  while (a < z) {
+    let mid = (a + z) / 2u;
+    if ((blk_entry(mid) & 0x7fffffffu) < kb) {
+      a = mid + 1u;
+    } else {
+      z = mid;
+    }
+  }
+  return a;
+}
+
+// [first, last) entries of list row r whose blocks (of bk keys) meet keys [klo, khi).
+fn blk_span(r: u32, klo: u32, khi: u32, bk: u32) -> vec2<u32> {
+  let rg = blk_range(r);
+  if (khi <= klo) {
+    return vec2<u32>(rg.x, rg.x);
+  }
+  let first = blk_lower(rg.x, rg.y, klo / bk);
+  let last = blk_lower(first, rg.y, cdiv(khi, bk));
+  return vec2<u32>(first, last);
 }

@@ -1,28 +1,44 @@
-// flash_prefill: one workgroup owns BR query rows of one head and streams the keys in tiles
-// of BC with an online softmax (FlashAttention-2 order: S = QK^T tile, row max, P = exp,
-// O += PV). Threads form BR/TR row groups of NCG lanes: a lane owns TR rows and the columns
-// tx, tx+NCG, ... of the S tile (so its K reads fall in different banks), and the O columns
-// tx, tx+NCG, ... (vec4s). Row maxima are combined over the NCG lanes of a row group:
-// lane_max() (subgroup shuffles over SGW lanes in the subgroup variant, identity otherwise),
+// flash_prefill: one workgroup owns BR query rows of one head and streams the keys with an
+// online softmax (FlashAttention-2 order: S = QK^T, row max, P = exp, O += PV). Threads form
+// BR/TR row groups of NCG lanes: a lane owns TR rows and the score columns tx, tx+NCG, ... of
+// each step, and a share of the output columns.
+//
+// Keys arrive in units of BC keys and are consumed in inner steps of STEP keys (max_k_step:
+// the TR x STEP/NCG scores a lane keeps in private memory). Variants, all from prefix
+// constants (kernels.prefill_consts):
+//   STAGE 1 ("workgroup"): a unit is a K/V tile staged in workgroup memory by the whole
+//     workgroup (PREFETCH pipelines the next tile through registers), NSTEP steps per tile;
+//   STAGE 0 ("direct"): a unit is one step; each row group reads the step's K rows and V
+//     rows straight from memory (together it reads each of them once), no staging;
+//   OUTW 1 ("half_workgroup"): of a lane's OSL output vec4 slots (OCU units of OW vec4s),
+//     OSW = half, rounded up, live in workgroup memory (o_s, each lane its own entries), the
+//     other OSR in registers; OUTW 0: all OSL in registers;
+//   BLOCKS 1: units are the listed blocks of the masked-block list (block_skip), each with
+//     its all-zero flag (the bias is not loaded for those), instead of every unit in span.
+// An output unit is OW vec4 columns: one vec4 (STAGE 1, read from v_s) or one load granule
+// (STAGE 0, read from v). Row maxima and sums are combined over the NCG lanes of a row
+// group: lane_max()/lane_sum() (subgroup shuffles over SGW lanes in the subgroup variant),
 // then workgroup memory for the NCG/SGW groups left.
-// Prefix constants: BR, BC, TR, NCG, SGW, PREFETCH; functions lane_max, lane_sum.
+// Prefix constants: BR, BC, STEP, NSTEP, TR, NCG, SGW, PREFETCH, STAGE, KVS, OUTW, OW, NU,
+// OCU, OSL, OSR, OSW, OSZ.
 
-const TC: u32 = BC / NCG;                 // S columns per lane
+const TC: u32 = STEP / NCG;               // scores per lane and row in a step
 const WG: u32 = (BR / TR) * NCG;
-const OC: u32 = (HV + NCG - 1u) / NCG;    // O vec4 columns per lane
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
 const NG: u32 = NCG / SGW;                // lane groups left after the shuffles
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
+const PRE: u32 = PREFETCH * STAGE;        // tiles in flight ahead of the compute
+const ORN: u32 = max(OSR, 1u);            // register accumulator vec4s per row
 
 @group(0) @binding(7) var<storage, read_write> out: array<vec4<T>>;
 @group(0) @binding(8) var<storage, read_write> lse: array<f32>;
 
 var<workgroup> q_s: array<vec4<f32>, BR * HV>;
-var<workgroup> k_s: array<vec4<T>, BC * KS>;
-var<workgroup> v_s: array<vec4<T>, BC * HV>;
-var<workgroup> p_s: array<f32, BR * BC>;
+var<workgroup> k_s: array<vec4<T>, KVS * KS>;
+var<workgroup> v_s: array<vec4<T>, KVS * HV>;
+var<workgroup> p_s: array<f32, BR * STEP>;
 var<workgroup> red_s: array<f32, BR * NG>;
-
+var<workgroup> o_s: array<vec4<f32>, OSZ>;
 
 // Combine one value per row over the NCG lanes of a row group (max or sum). Called in
 // uniform control flow by every invocation (it holds a barrier when NG > 1).
@@ -55,6 +71,20 @@ fn rows_reduce(x: array<f32, TR>, ty: u32, tx: u32, is_max: bool) -> array<f32, 
   return r;
 }
 
+// Index of a lane's workgroup-memory output slot c (c < OSW) for one row.
+fn osi(row: u32, tx: u32, c: u32) -> u32 {
+  return (row * NCG + tx) * OSW + c;
+}
+
+// (first key, bias needed) of unit it: contiguous units from u_first, or listed blocks.
+fn unit_of(it: u32, u_first: u32, l_first: u32) -> vec2<u32> {
+  if (BLOCKS == 1u) {
+    let e = blk_entry(l_first + it);
+    return vec2<u32>((e & 0x7fffffffu) * BC, 1u - (e >> 31u));
+  }
+  return vec2<u32>((u_first + it) * BC, 1u);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -74,6 +104,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let tx = lid % NCG;
   let i0 = rt * BR;
   let span = key_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
+  let hi = u32(span.y);
 
   for (var u = 0u; u < (BR * HG + WG - 1u) / WG; u++) {
     let idx = lid + u * WG;
@@ -90,145 +121,216 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
     }
   }
+  workgroupBarrier();     // q_s is read by every lane (STAGE 0 has no staging barrier first)
 
   var m: array<f32, TR>;
   var l: array<f32, TR>;
-  var o: array<array<vec4<f32>, OC>, TR>;
+  var o: array<array<vec4<f32>, ORN>, TR>;
   for (var a = 0u; a < TR; a++) {
     m[a] = MASKED;
     l[a] = 0.0;
-    for (var c = 0u; c < OC; c++) {
+    for (var c = 0u; c < ORN; c++) {
       o[a][c] = vec4<f32>(0.0);
+    }
+    for (var c = 0u; c < OSW; c++) {
+      o_s[osi(ty * TR + a, tx, c)] = vec4<f32>(0.0);
     }
   }
 
-  let j_begin = u32(span.x) / BC * BC;
-  // Tile loop. With PREFETCH=1 it is software-pipelined: iteration it stores tile it-1
-  // (already in registers) to workgroup memory, issues the loads of tile it, then computes
-  // tile it-1, so the loads fly during the compute. PREFETCH=0: load, store, compute tile it.
-  // The loads have a constant trip count (the compiler unrolls them and issues all before
-  // the first use) and sit in main: a helper taking the register tile by pointer made a
-  // driver keep it in local memory.
-  let n_tiles = select(0u, cdiv(u32(span.y) - j_begin, BC), u32(span.y) > j_begin);
+  // The units to visit: every unit meeting [span.x, span.y), or the listed blocks there.
+  let u_first = u32(span.x) / BC;
+  var n_units = select(0u, cdiv(hi, BC) - u_first, hi > u32(span.x));
+  var l_first = 0u;
+  if (BLOCKS == 1u) {
+    let ls = blk_span(blk_row(b, h, rt, n_rt), u32(span.x), hi, BC);
+    l_first = ls.x;
+    n_units = ls.y - ls.x;
+  }
+
+  // Unit loop. STAGE 1 with PREFETCH: iteration it stores tile it-1 (already in registers)
+  // to workgroup memory, issues the loads of tile it, then computes tile it-1, so the loads
+  // fly during the compute. The loads have a constant trip count (the compiler unrolls them
+  // and issues all before the first use) and sit in main: a helper taking the register
+  // tile by pointer made a driver keep it in local memory.
   var kr: array<GV, NLD>;
   var vr: array<GV, NLD>;
-  for (var it = 0u; it < n_tiles + PREFETCH; it++) {
-    if (PREFETCH == 1u && it > 0u) {
-      workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
-      for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          let jj = idx / HG;
-          let g = idx % HG;
-          for (var s = 0u; s < GS; s++) {
-            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+  for (var it = 0u; it < n_units + PRE; it++) {
+    if (STAGE == 1u) {
+      if (PRE == 1u && it > 0u) {
+        workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
+        for (var u = 0u; u < NLD; u++) {
+          let idx = lid + u * WG;
+          if (idx < BC * HG) {
+            let jj = idx / HG;
+            let g = idx % HG;
+            for (var s = 0u; s < GS; s++) {
+              k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+              v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+            }
           }
         }
+        workgroupBarrier();
       }
-      workgroupBarrier();
-    }
-    let jf = j_begin + it * BC;
-    for (var u = 0u; u < NLD; u++) {
-      let idx = lid + u * WG;
-      let jj = idx / HG;
-      kr[u] = GV();
-      vr[u] = GV();
-      if (idx < BC * HG && jf < u32(span.y) && jf + jj < len) {   // never past the valid length
-        let at = kv_granule(b, kvh, jf + jj) + idx % HG;
-        kr[u] = k[at];
-        vr[u] = v[at];
+      var jf = 0u;
+      if (it < n_units) {
+        jf = unit_of(it, u_first, l_first).x;
       }
-    }
-    if (PREFETCH == 0u) {
-      workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
       for (var u = 0u; u < NLD; u++) {
         let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          let jj = idx / HG;
-          let g = idx % HG;
-          for (var s = 0u; s < GS; s++) {
-            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
-          }
+        let jj = idx / HG;
+        kr[u] = GV();
+        vr[u] = GV();
+        if (idx < BC * HG && it < n_units && jf + jj < hi) {   // never past the valid length
+          let at = kv_granule(b, kvh, jf + jj) + idx % HG;
+          kr[u] = k[at];
+          vr[u] = v[at];
         }
       }
-      workgroupBarrier();
+      if (PRE == 0u) {
+        workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
+        for (var u = 0u; u < NLD; u++) {
+          let idx = lid + u * WG;
+          if (idx < BC * HG) {
+            let jj = idx / HG;
+            let g = idx % HG;
+            for (var s = 0u; s < GS; s++) {
+              k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
+              v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
+            }
+          }
+        }
+        workgroupBarrier();
+      }
+      if (it < PRE) {
+        continue;
+      }
     }
-    if (it < PREFETCH) {
-      continue;
-    }
-    let j0 = j_begin + (it - PREFETCH) * BC;
+    let cur = unit_of(it - PRE, u_first, l_first);
+    let wb = cur.y == 1u;
 
-    var sc: array<array<f32, TC>, TR>;
-    for (var a = 0u; a < TR; a++) {
-      for (var e = 0u; e < TC; e++) {
-        sc[a][e] = 0.0;
-      }
-    }
-    for (var c = 0u; c < HV; c++) {
-      var kc: array<vec4<f32>, TC>;
-      for (var e = 0u; e < TC; e++) {
-        kc[e] = vec4<f32>(k_s[(tx + NCG * e) * KS + c]);
-      }
+    for (var st = 0u; st < NSTEP; st++) {
+      let js = cur.x + st * STEP;           // first key of this step
+
+      // S = QK^T for the lane's TR rows and TC keys, accumulated in private memory.
+      var sc: array<array<f32, TC>, TR>;
       for (var a = 0u; a < TR; a++) {
-        let qa = q_s[(ty * TR + a) * HV + c];
         for (var e = 0u; e < TC; e++) {
-          sc[a][e] += dot(qa, kc[e]);
+          sc[a][e] = 0.0;
         }
       }
-    }
-
-    var mx: array<f32, TR>;
-    for (var a = 0u; a < TR; a++) {
-      let i = i0 + ty * TR + a;
-      let pos = row_pos(len, i);
-      var best = MASKED;
-      for (var e = 0u; e < TC; e++) {
-        let j = j0 + tx + NCG * e;
-        var x = MASKED;
-        if (i < P.seq_len && key_visible(i32(j), pos, len)) {
-          x = logit(sc[a][e], b, h, i, j, pos);
+      if (STAGE == 1u) {
+        for (var c = 0u; c < HV; c++) {
+          var kc: array<vec4<f32>, TC>;
+          for (var e = 0u; e < TC; e++) {
+            kc[e] = vec4<f32>(k_s[(st * STEP + tx + NCG * e) * KS + c]);
+          }
+          for (var a = 0u; a < TR; a++) {
+            let qa = q_s[(ty * TR + a) * HV + c];
+            for (var e = 0u; e < TC; e++) {
+              sc[a][e] += dot(qa, kc[e]);
+            }
+          }
         }
-        sc[a][e] = x;
-        best = max(best, x);
-      }
-      mx[a] = best;
-    }
-    mx = rows_reduce(mx, ty, tx, true);
-
-    for (var a = 0u; a < TR; a++) {
-      let m_new = max(m[a], mx[a]);
-      // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
-      let m_use = select(m_new, 0.0, m_new <= MASKED);
-      let alpha = exp(m[a] - m_use);
-      m[a] = m_new;
-      var psum = 0.0;
-      for (var e = 0u; e < TC; e++) {
-        let p = exp(sc[a][e] - m_use);
-        psum += p;
-        p_s[(ty * TR + a) * BC + tx + NCG * e] = p;
-      }
-      l[a] = l[a] * alpha + psum;
-      for (var c = 0u; c < OC; c++) {
-        o[a][c] *= alpha;
-      }
-    }
-    workgroupBarrier();
-
-    for (var jj = 0u; jj < BC; jj++) {
-      var vv: array<vec4<f32>, OC>;
-      for (var c = 0u; c < OC; c++) {
-        let col = tx + NCG * c;
-        vv[c] = vec4<f32>(0.0);
-        if (col < HV) {
-          vv[c] = vec4<f32>(v_s[jj * HV + col]);
+      } else {
+        var kb: array<u32, TC>;
+        var ok: array<bool, TC>;
+        for (var e = 0u; e < TC; e++) {
+          let j = js + tx + NCG * e;
+          ok[e] = j < hi;                   // never past the valid length
+          kb[e] = 0u;
+          if (ok[e]) {
+            kb[e] = kv_granule(b, kvh, j);
+          }
+        }
+        for (var g = 0u; g < HG; g++) {
+          var kg: array<GV, TC>;
+          for (var e = 0u; e < TC; e++) {
+            kg[e] = GV();
+            if (ok[e]) {
+              kg[e] = k[kb[e] + g];
+            }
+          }
+          for (var s = 0u; s < GS; s++) {
+            for (var a = 0u; a < TR; a++) {
+              let qa = q_s[(ty * TR + a) * HV + g * GS + s];
+              for (var e = 0u; e < TC; e++) {
+                sc[a][e] += dot(qa, vec4<f32>(g_part(kg[e], s)));
+              }
+            }
+          }
         }
       }
+
+      var mx: array<f32, TR>;
       for (var a = 0u; a < TR; a++) {
-        let p = p_s[(ty * TR + a) * BC + jj];
-        for (var c = 0u; c < OC; c++) {
-          o[a][c] += p * vv[c];
+        let i = i0 + ty * TR + a;
+        let pos = row_pos(len, i);
+        var best = MASKED;
+        for (var e = 0u; e < TC; e++) {
+          let j = js + tx + NCG * e;
+          var x = MASKED;
+          if (i < P.seq_len && j < hi && key_visible(i32(j), pos, len)) {
+            x = logit_b(sc[a][e], b, h, i, j, pos, wb);
+          }
+          sc[a][e] = x;
+          best = max(best, x);
+        }
+        mx[a] = best;
+      }
+      mx = rows_reduce(mx, ty, tx, true);
+      workgroupBarrier();     // the previous step's readers are done with p_s
+
+      for (var a = 0u; a < TR; a++) {
+        let m_new = max(m[a], mx[a]);
+        // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
+        let m_use = select(m_new, 0.0, m_new <= MASKED);
+        let alpha = exp(m[a] - m_use);
+        m[a] = m_new;
+        var psum = 0.0;
+        for (var e = 0u; e < TC; e++) {
+          let p = exp(sc[a][e] - m_use);
+          psum += p;
+          p_s[(ty * TR + a) * STEP + tx + NCG * e] = p;
+        }
+        l[a] = l[a] * alpha + psum;
+        for (var c = 0u; c < ORN; c++) {
+          o[a][c] *= alpha;
+        }
+        for (var c = 0u; c < OSW; c++) {
+          o_s[osi(ty * TR + a, tx, c)] *= alpha;
+        }
+      }
+      workgroupBarrier();
+
+      // O += P V over the step's keys; the lane's output units are tx, tx+NCG, ...
+      for (var jj = 0u; jj < STEP; jj++) {
+        let j = js + jj;
+        var vv: array<vec4<f32>, OSL>;
+        for (var c = 0u; c < OCU; c++) {
+          let un = tx + NCG * c;
+          for (var s = 0u; s < OW; s++) {
+            vv[c * OW + s] = vec4<f32>(0.0);
+          }
+          if (un < NU) {
+            if (STAGE == 1u) {
+              vv[c] = vec4<f32>(v_s[(st * STEP + jj) * HV + un]);
+            } else if (j < hi) {            // never past the valid length
+              let gv = v[kv_granule(b, kvh, j) + un];
+              for (var s = 0u; s < OW; s++) {
+                vv[c * OW + s] = vec4<f32>(g_part(gv, s));
+              }
+            }
+          }
+        }
+        for (var a = 0u; a < TR; a++) {
+          let p = p_s[(ty * TR + a) * STEP + jj];
+          for (var c = 0u; c < OSR; c++) {
+            o[a][c] += p * vv[c];
+          }
+          for (var c = 0u; c < OSW; c++) {
+            let at = osi(ty * TR + a, tx, c);
+            o_s[at] += p * vv[OSR + c];
+          }
         }
       }
     }
@@ -241,10 +343,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i < P.seq_len) {
       let fin = finish_row(m[a], l[a], sink_logit(h));
       let base = (b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u;
-      for (var c = 0u; c < OC; c++) {
-        let col = tx + NCG * c;
-        if (col < HV) {
-          out[base + col] = vec4<T>(o[a][c] * fin.x);
+      for (var c = 0u; c < OSL; c++) {
+        let un = tx + NCG * (c / OW);
+        if (un < NU) {
+          var acc = vec4<f32>(0.0);
+          if (c < OSR) {
+            acc = o[a][c];
+          } else {
+            acc = o_s[osi(ty * TR + a, tx, c - OSR)];
+          }
+          out[base + un * OW + c % OW] = vec4<T>(acc * fin.x);
         }
       }
       if (P.return_lse != 0u && tx == 0u) {

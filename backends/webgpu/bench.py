@@ -28,7 +28,9 @@ from attnreg.spec import AttentionSpec
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).
 SWEEPS: dict[str, list[dict[str, Any]]] = {
     "decode": [{"kv_tile": 32, "threads": 128}, {"kv_tile": 16, "threads": 64}],
-    "prefill": [{"q_tile": 16, "kv_tile": 64, "rows_per_thread": 1}, {"prefetch": 0}],
+    "prefill": [{"q_tile": 16, "kv_tile": 64, "rows_per_thread": 1}, {"prefetch": 0},
+                {"kv_staging": "direct"}, {"kv_staging": "workgroup"},
+                {"out_tile": "half_workgroup"}],
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]

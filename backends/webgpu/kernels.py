@@ -19,8 +19,20 @@ HEAD_SIZES = (8, 256, 8)
 M_TILES = (1, 2, 4)
 
 # prefetch: load the next K/V tile into registers while the current one is computed.
-PREFILL_DEFAULTS: Mapping[str, int] = {"q_tile": 32, "kv_tile": 32, "rows_per_thread": 2,
-                                       "row_lanes": 16, "prefetch": 1}
+# max_k_step: keys per inner step (their scores live in private memory); kv_staging:
+# "workgroup" stages kv_tile-key K/V tiles in workgroup memory for the whole workgroup,
+# "direct" lets each row group read K/V straight from memory (no staging, no K/V barriers);
+# out_tile: "registers" keeps the output accumulator in registers, "half_workgroup" moves
+# half of each lane's output columns to workgroup memory.
+PREFILL_DEFAULTS: Mapping[str, Any] = {
+    "q_tile": 32, "kv_tile": 32, "rows_per_thread": 2, "row_lanes": 16, "prefetch": 1,
+    "max_k_step": 32, "kv_staging": "direct", "out_tile": "registers"}
+KV_STAGING = ("direct", "workgroup")
+OUT_TILE = ("registers", "half_workgroup")
+# What `attnreg tune` sweeps (48 combinations, its cap).
+PREFILL_CHOICES: Mapping[str, tuple[Any, ...]] = {
+    "max_k_step": (8, 16, 32, 64), "kv_staging": KV_STAGING, "out_tile": OUT_TILE,
+    "q_tile": (4, 16, 32)}
 # group_tile: query heads of one GQA group per decode workgroup: the whole group reads its
 # K/V once, up to MAX_VECTORS query vectors (heads x m_tile rows) whose accumulators stay in
 # registers; lowered further only when workgroup storage demands it.
@@ -34,13 +46,18 @@ MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor).
 SHRINK = {
-    "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4)),
+    "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4),
+                ("max_k_step", 8)),
     "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
 }
 
 
-def _p(params: Mapping[str, Any], defaults: Mapping[str, int], name: str) -> int:
+def _p(params: Mapping[str, Any], defaults: Mapping[str, Any], name: str) -> int:
     return int(params.get(name, defaults[name]))
+
+
+def _s(params: Mapping[str, Any], defaults: Mapping[str, Any], name: str) -> str:
+    return str(params.get(name, defaults[name]))
 
 
 def _features(dtype: str, *extra: str) -> frozenset[str]:
@@ -50,12 +67,27 @@ def _features(dtype: str, *extra: str) -> frozenset[str]:
 # -- prefill ----------------------------------------------------------------------------
 def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
                    subgroup_width: int = 1) -> dict[str, int]:
-    br = _p(params, PREFILL_DEFAULTS, "q_tile")
-    bc = _p(params, PREFILL_DEFAULTS, "kv_tile")
-    tr = min(_p(params, PREFILL_DEFAULTS, "rows_per_thread"), br)
-    ncg = min(_p(params, PREFILL_DEFAULTS, "row_lanes"), bc)
-    return {"BR": br, "BC": bc, "TR": tr, "NCG": ncg, "SGW": min(subgroup_width, ncg),
-            "PREFETCH": int(bool(_p(params, PREFILL_DEFAULTS, "prefetch")))}
+    """Tiles of the flash prefill (shaders/flash_prefill.wgsl names them)."""
+    d = PREFILL_DEFAULTS
+    br = _p(params, d, "q_tile")
+    stage = _s(params, d, "kv_staging") == "workgroup"
+    step = _p(params, d, "max_k_step")
+    bc = _p(params, d, "kv_tile") if stage else step
+    step = min(step, bc)
+    tr = min(_p(params, d, "rows_per_thread"), br)
+    ncg = min(_p(params, d, "row_lanes"), step)
+    gs = 2 if spec.dtype == "float16" else 1          # vec4s per 16-byte load granule
+    ow = 1 if stage else gs                           # vec4s per output unit
+    nu = spec.head_size // 4 // ow
+    ocu = -(-nu // ncg)
+    osl = ocu * ow                                    # output vec4 slots per lane and row
+    half = _s(params, d, "out_tile") == "half_workgroup"
+    osw = (osl + 1) // 2 if half else 0               # of which in workgroup memory
+    return {"BR": br, "BC": bc, "STEP": step, "NSTEP": bc // step, "TR": tr, "NCG": ncg,
+            "SGW": min(subgroup_width, ncg), "PREFETCH": int(bool(_p(params, d, "prefetch"))),
+            "STAGE": int(stage), "KVS": bc if stage else 1, "OUTW": int(half), "OW": ow,
+            "NU": nu, "OCU": ocu, "OSL": osl, "OSR": osl - osw, "OSW": osw,
+            "OSZ": max(1, br * ncg * osw)}
 
 
 def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -64,8 +96,9 @@ def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     sgw = 4 if params.get("reduction") == "subgroup" else 1
     c = prefill_consts(spec, params, sgw)
     hv, e = spec.head_size // 4, spec.itemsize
-    return (c["BR"] * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e
-            + c["BR"] * c["BC"] * 4 + c["BR"] * max(1, c["NCG"] // c["SGW"]) * 4)
+    return (c["BR"] * hv * 16 + c["KVS"] * (hv + 1) * 4 * e + c["KVS"] * hv * 4 * e
+            + c["BR"] * c["STEP"] * 4 + c["BR"] * max(1, c["NCG"] // c["SGW"]) * 4
+            + c["OSZ"] * 16)
 
 
 def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -128,10 +161,14 @@ def _thread_check(threads: Callable[[AttentionSpec, Mapping[str, Any]], int]
 
 
 def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
-    c = prefill_consts(spec, params)
-    why = [f"{n}={c[k]} must be a power of two" for n, k in
-           (("q_tile", "BR"), ("kv_tile", "BC"), ("rows_per_thread", "TR"), ("row_lanes", "NCG"))
-           if not _pow2(c[k])]
+    d = PREFILL_DEFAULTS
+    why = [f"{n}={params.get(n, d[n])!r} is not one of {allowed}" for n, allowed in
+           (("kv_staging", KV_STAGING), ("out_tile", OUT_TILE)) if params.get(n, d[n]) not in allowed]
+    if why:
+        return why
+    why = [f"{n}={params.get(n, d[n])} must be a power of two" for n in
+           ("q_tile", "kv_tile", "rows_per_thread", "row_lanes", "max_k_step")
+           if not _pow2(_p(params, d, n))]
     return why or _thread_check(prefill_threads)(spec, caps, params)
 
 
@@ -155,11 +192,12 @@ def declare() -> list[KernelInfo]:
                 dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
                 features=_features(dtype, *feats), priority=prio,
                 params={"reduction": "subgroup" if variant == "sg" else "workgroup"},
-                defaults=PREFILL_DEFAULTS, workgroup_storage=prefill_storage,
-                extra_checks=_prefill_checks,
-                doc="flash attention over q_tile query rows per workgroup, online softmax over "
-                    "kv_tile keys; row maxima via " + ("subgroup shuffles" if variant == "sg"
-                                                       else "workgroup memory")))
+                defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES,
+                workgroup_storage=prefill_storage, extra_checks=_prefill_checks,
+                doc="flash attention over q_tile query rows per workgroup, online softmax in "
+                    "steps of max_k_step keys, K/V staged per kv_tile in workgroup memory or "
+                    "read directly (kv_staging); row maxima via " + (
+                        "subgroup shuffles" if variant == "sg" else "workgroup memory")))
         for m in M_TILES:
             out.append(KernelInfo(
                 id=f"{NAME}.decode_partial.{short}.m{m}", backend=NAME, family="decode_partial",
@@ -187,5 +225,13 @@ def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any]
     changed: dict[str, int] = {}
     for name, floor in SHRINK.get(kernel.family, ()):
         while kernel.storage_need(spec, p) > limit and int(p.get(name, 0)) > floor:
-            p[name] = changed[name] = int(p[name]) // 2
+            # Halve to the first value that saves storage (a value clamped by the spec, such
+            # as group_tile above the GQA group, saves nothing until it drops below it); a
+            # tile that holds no storage here (kv_tile when K/V are not staged) stays.
+            need, cand = kernel.storage_need(spec, p), int(p[name]) // 2
+            while cand > floor and kernel.storage_need(spec, {**p, name: cand}) >= need:
+                cand //= 2
+            if kernel.storage_need(spec, {**p, name: cand}) >= need:
+                break
+            p[name] = changed[name] = cand
     return changed

@@ -34,6 +34,19 @@ def _fit(ctx: Ctx) -> dict[str, int]:
     return kernels.fit_tiles(ctx.kernel, ctx.spec, ctx.params, ctx.caps.limit("workgroup_storage"))
 
 
+def _step_over_tile(ctx: Ctx) -> bool:
+    p = {**(ctx.kernel.defaults if ctx.kernel else {}), **ctx.params}
+    return (_ours(ctx) and ctx.kernel is not None and ctx.kernel.family == "prefill"
+            and p.get("kv_staging") == "workgroup" and "max_k_step" not in ctx.user
+            and int(p.get("max_k_step", 0)) > int(p.get("kv_tile", 0)))
+
+
+STEP_IN_TILE = Rule(
+    "webgpu_step_within_staged_tile",
+    "with K/V staged in workgroup memory an inner step reads one staged kv_tile tile: "
+    "max_k_step is capped at kv_tile", "params", _step_over_tile,
+    lambda c: {"max_k_step": int({**(c.kernel.defaults if c.kernel else {}), **c.params}["kv_tile"])})
+
 FIT_TILES = Rule(
     "webgpu_tiles_fit_storage",
     "WebGPU prefill/decode tiles are halved (kv_tile, then q_tile or group_tile) until the "
@@ -54,3 +67,4 @@ def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> 
 @attnreg.hookimpl
 def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
     register(FIT_TILES)
+    register(STEP_IN_TILE)
