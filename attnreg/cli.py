@@ -277,7 +277,7 @@ def cmd_conformance(a: argparse.Namespace) -> int:
 
 
 def cmd_export_wgsl(a: argparse.Namespace) -> int:
-    from backends.browser.export import main as export_main   # the browser plugin's command
+    from backends.browser.export import main as export_main  # the browser plugin's command
     return export_main(a, spec_from_args(a))
 
 
