@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine (run as root, or with sudo available):
-# the CI devices' drivers (lavapipe for WebGPU, PoCL for OpenCL) and a virtual environment
+# the CI devices' drivers (lavapipe for WebGPU, PoCL for OpenCL, Chromium for the browser
+# backend) and a virtual environment
 # in .venv with attnreg installed editable plus its test tools. Safe to run again: it
 # installs only what is missing.
 set -euo pipefail
@@ -9,7 +10,8 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=$(command -v sudo || true); fi
 
-pkgs=(mesa-vulkan-drivers libvulkan1 pocl-opencl-icd ocl-icd-libopencl1)
+# chromium: the browser backend's headless Chromium (WebGPU through Dawn/Tint, on SwiftShader).
+pkgs=(mesa-vulkan-drivers libvulkan1 pocl-opencl-icd ocl-icd-libopencl1 chromium)
 # Debian's own python3 needs python3-venv for `python3 -m venv`; other Pythons bring it.
 python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv python3-pip)
 missing=()

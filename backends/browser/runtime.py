@@ -1,0 +1,185 @@
+"""A Session's browser: one headless Chromium (started on first launch, ended by close(),
+and on errors and timeouts), and the encoding of a plan into one job for its page.
+
+A launch sends one binary message: the buffers to (re)fill (the parameter block from
+backends.common, the inputs' raw bytes), the stages (WGSL from backends.webgpu's
+specialisation; the source only the first time this page sees it, pipelines are cached
+there by source hash), and the outputs to read back. All stages run in one compute pass
+and one submit, as in backends.webgpu.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from attnreg.caps import DeviceCaps
+from attnreg.errors import KernelUnavailable
+from attnreg.plan import Plan
+from backends import common
+
+from . import stages as stagemod
+from .host import BrowserError, BrowserHost
+
+
+def _raw(arr: np.ndarray) -> bytes:
+    """An array's bytes, padded to a multiple of 4 (WebGPU's writeBuffer granule)."""
+    data = np.ascontiguousarray(arr).tobytes()
+    return data + b"\0" * (-len(data) % 4)
+
+
+class BrowserRuntime:
+    """Implements attnreg.Runtime on the page of one headless Chromium."""
+
+    def __init__(self, caps: DeviceCaps) -> None:
+        self.caps = caps
+        self.host: BrowserHost | None = None
+        self._sent: set[str] = set()         # pipeline keys whose source this page has
+        self.browsers_started = 0
+        self.warnings: list[str] = []        # Tint's non-error compiler messages
+        self.last_ms: dict[str, float] = {}  # the page's compile / run time of the last job
+        self._lock = threading.Lock()
+
+    # -- the browser ---------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The browser's process id (None before the first launch and after close)."""
+        return self.host.pid if self.host is not None and self.host.alive() else None
+
+    def _ensure_host(self) -> BrowserHost:
+        if self.host is not None and self.host.alive():
+            return self.host
+        if self.host is not None:
+            self.host.close()
+        self.host, self._sent = None, set()
+        host = BrowserHost("run")
+        if host.hello.get("error") or "deviceFeatures" not in host.hello:
+            host.close()
+            raise BrowserError(f"WebGPU in headless Chromium: {host.hello.get('error')}")
+        self.host = host
+        self.browsers_started += 1
+        return host
+
+    # -- a plan as one job -------------------------------------------------------------------
+    def job(self, plan: Plan, inputs: Mapping[str, np.ndarray]
+            ) -> tuple[dict[str, Any], dict[str, bytes], list[tuple[str, str, tuple[int, ...]]],
+                       list[stagemod.StageProgram]]:
+        """(header, blobs, outputs as (name, dtype, shape), stage programs) of one launch;
+        the header carries every stage's source (launch drops those the page has)."""
+        spec = plan.spec
+        bias = inputs.get("bias")
+        if bias is not None and bias.dtype != np.float32:
+            bias = bias.astype(np.float32)          # float16 -> float32 is exact
+        bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
+        progs = stagemod.programs(plan, self.caps, bias_shape)
+        n_parts = int(inputs["o_parts"].shape[3]) if plan.op == "reduce" else None
+        geometry = stagemod.split_params(plan, n_parts)
+        n_splits = int(geometry.get("n_splits", 1))
+        b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
+        parts = b * nq * s * n_splits
+        # A host-cast stage computes in float32: its inputs are widened here (exactly) and
+        # the output it writes is rounded back to the spec's dtype after the read-back.
+        in_dtype = progs[0].dtype
+        out_dtype = progs[-1].dtype
+        blobs: dict[str, bytes] = {"params": common.pack(spec, geometry, bias_shape)}
+        buffers: list[dict[str, Any]] = [{"name": "params", "usage": "uniform",
+                                          "size": common.SIZE, "blob": "params"}]
+        names: dict[str, str] = {"params": "params"}
+
+        def upload(name: str, arr: np.ndarray) -> None:
+            blobs[name] = _raw(arr)
+            buffers.append({"name": name, "usage": "storage", "size": len(blobs[name]),
+                            "blob": name})
+            names[name] = name
+
+        def scratch(name: str, nbytes: int) -> None:
+            buffers.append({"name": name, "usage": "storage", "size": nbytes})
+            names[name] = name
+
+        # Absent inputs bind a read-only stand-in, absent outputs a writable one: one buffer
+        # may not be both in one dispatch.
+        scratch("dummy_r", 16)
+        scratch("dummy_w", 16)
+        names.update(bias="dummy_r", seqlens="dummy_r", sink="dummy_r", lse="dummy_w")
+        if plan.op == "reduce":
+            upload("o_parts", inputs["o_parts"])
+            upload("lse_parts", inputs["lse_parts"])
+        else:
+            scratch("o_parts", parts * h * 4)
+            scratch("lse_parts", parts * 4)
+            for name in ("q", "k", "v"):
+                upload(name, inputs[name].astype(in_dtype, copy=False))
+            if bias is not None:
+                upload("bias", bias)
+            if "seqlens_k" in inputs:
+                upload("seqlens", inputs["seqlens_k"])
+        if "head_sink" in inputs:
+            upload("sink", inputs["head_sink"])
+        scratch("out", b * nq * s * h * np.dtype(out_dtype).itemsize)
+        if spec.return_lse:
+            scratch("lse", b * nq * s * 4)
+
+        outs: list[tuple[str, str, tuple[int, ...]]]
+        if plan.op == "partial":
+            outs = [("o_parts", "float32", (b, nq, s, n_splits, h)),
+                    ("lse_parts", "float32", (b, nq, s, n_splits))]
+        else:
+            outs = [("out", out_dtype, tuple(spec.out_shape))]
+            if spec.return_lse:
+                outs.append(("lse", "float32", tuple(spec.lse_shape)))
+        header = {
+            "label": "+".join(p.kernel for p in progs),
+            "buffers": buffers,
+            "stages": [{"key": p.key, "label": p.kernel, "family": p.family, "wgsl": p.wgsl,
+                        "entry": p.entry, "grid": list(p.grid),
+                        "bindings": [[i, kind, names[buf]] for i, kind, buf in p.bindings]}
+                       for p in progs],
+            "outputs": [{"name": n, "buffer": n,
+                         "size": int(np.prod(shape)) * np.dtype(dt).itemsize}
+                        for n, dt, shape in outs],
+        }
+        return header, blobs, outs, progs
+
+    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run a plan in the browser; a stage Tint rejects raises KernelUnavailable with
+        the compiler's messages (the session then plans without it)."""
+        header, blobs, outs, _ = self.job(plan, inputs)
+        with self._lock:
+            return self._launch(plan, header, blobs, outs)
+
+    def _launch(self, plan: Plan, header: dict[str, Any], blobs: dict[str, bytes],
+                outs: list[tuple[str, str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+        host = self._ensure_host()
+        for attempt in range(2):
+            sent = {**header, "stages": [
+                {**st, "wgsl": None if st["key"] in self._sent else st["wgsl"]}
+                for st in header["stages"]]}
+            reply, data = host.call(sent, blobs)
+            if reply.get("ok") or reply.get("kind") != "missing" or attempt:
+                break
+            self._sent.clear()                    # the page lost its cache: send sources
+        self.warnings += [w for w in reply.get("warnings", []) if w not in self.warnings]
+        if not reply.get("ok"):
+            kind, err = reply.get("kind"), reply.get("error", "")
+            if kind == "compile":
+                raise KernelUnavailable(str(reply.get("stage")),
+                                        f"WGSL compile failed in Chromium (Tint): {err}")
+            raise BrowserError(f"the page could not run {header['label']} ({kind}): {err}")
+        self._sent.update(st["key"] for st in header["stages"])
+        self.last_ms = dict(reply.get("ms", {}))
+        res: dict[str, np.ndarray] = {}
+        for name, dtype, shape in outs:
+            arr = np.frombuffer(bytes(data[name]), dtype=dtype).reshape(shape)
+            res[name] = arr.astype(plan.spec.dtype) if name == "out" else arr.copy()
+        return res
+
+    def close(self) -> None:
+        """End this session's browser (and every process it started); a launch in flight
+        on another thread then fails with BrowserError."""
+        host, self.host = self.host, None
+        self._sent = set()
+        if host is not None:
+            host.close()
