@@ -144,7 +144,9 @@ class _Gen:
                     self.add(feat.replace("_", ""), {**d, **ch}, params=split)
             self.add("layouts", {**d, "q_layout": "BNSH", "kv_layout": "BSNH"}, params=split)
             if "paged" in k.kv_layouts:
-                for ps, lens in ((16, (96, 40)), (5, (96, 3))):
+                # (96, 3): a sequence shorter than one page (at least seq_len keys)
+                short = max(3, int(self.base()["seq_len"]))
+                for ps, lens in ((16, (96, 40)), (5, (96, short))):
                     self.add(f"paged{ps}", {**d, "kv_layout": "paged", "page_size": ps,
                                             "num_pages": 2 * -(-96 // ps) + 3, "seqlens_k": True,
                                             "kv_capacity": 96, "causal": True},
