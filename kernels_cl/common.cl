@@ -6,6 +6,14 @@
 
 #define HD4 (HD / 4)
 
+// NVIDIA-only inline PTX (set by the host only when the probe found NVIDIA's OpenCL).
+#ifndef CVT_PTX
+#define CVT_PTX 0
+#endif
+#ifndef NV_FENCE
+#define NV_FENCE 0
+#endif
+
 // The parameter block lives in a __constant buffer: uniform reads hit the constant cache,
 // and helpers can take its address without the compiler copying it to private memory.
 #define PARAMS __constant Params*
@@ -20,6 +28,21 @@ typedef half elem_t;           // only ever a pointer target: no cl_khr_fp16 nee
 typedef uint2 raw4_t;
 #define LDRAW(p, i) vload2(0, (const __global uint*)((p) + (i)))
 #define RAW_ZERO ((uint2)(0u))
+#if CVT_PTX
+// NVIDIA: one cvt.f32.f16 per value (exact), on the raw bits where they are used.
+inline float2 nv_h2f2(uint x) {
+  float a, b;
+  asm("{.reg .f16 low, high;\n\t"
+      "mov.b32 {low, high}, %2;\n\t"
+      "cvt.f32.f16 %0, low;\n\t"
+      "cvt.f32.f16 %1, high;\n\t}"
+      : "=f"(a), "=f"(b) : "r"(x));
+  return (float2)(a, b);
+}
+inline float4 cvt4(uint2 b) {
+  return (float4)(nv_h2f2(b.x), nv_h2f2(b.y));
+}
+#else
 // f16 bits -> f32 without cl_khr_fp16: shift into place, rescale the exponent (exact for
 // normals and subnormals), then patch inf/nan and the sign.
 inline float4 cvt4(uint2 b) {
@@ -29,6 +52,7 @@ inline float4 cvt4(uint2 b) {
   f = select(f, as_float4((em << 13) | 0x7f800000u), em >= (uint4)(0x7c00u));
   return as_float4(as_uint4(f) | ((h & 0x8000u) << 16));
 }
+#endif
 #else
 #define LD4(p, i) vload4(0, (p) + (i))
 #define ST4(x, p, i) vstore4((x), 0, (p) + (i))
@@ -56,4 +80,5 @@ typedef float bias_t;
 
 // -inf never meets -inf in a subtraction: an all-masked running max subtracts 0.
 #define SAFE_MAX(m) ((m) == -INFINITY ? 0.0f : (m))
+
 

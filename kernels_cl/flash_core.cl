@@ -5,6 +5,9 @@
 //   TK       keys per tile staged in local memory
 //   KL, DL   key lanes of the score phase, float4 dim lanes of the P.V phase
 //   STAGE_V  1: V tiles go through local memory too (when the device has room)
+//   PAGED    0: K/V rows are contiguous per (batch, kv head); else the page size of a paged
+//            pool [num_pages, PAGED, Nkv, H] whose pages the block table maps
+//   BLOCK_SKIP 1: iterate over the KV blocks of a CSR block list instead of every tile
 // K/V tiles are software-pipelined: each work-item holds its share of the next tile in
 // registers (NLD float4 groups, raw storage bits) while the current tile is computed.
 
@@ -18,15 +21,35 @@
 #define DV ((HD4 + DL - 1) / DL)
 #define NLD ((TK * HD4 + WG - 1) / WG)
 
-// Load this work-item's share of the tile starting at key T0 (zeros past kr.y: nothing
-// beyond the range is read). Needs lid, kr, P, kb, vb, pk, pv in scope.
-#define FETCH(T0)                                                       \
+#ifndef PAGED
+#define PAGED 0
+#endif
+#ifndef BLOCK_SKIP
+#define BLOCK_SKIP 0
+#endif
+
+// Element offset of key j's row from the (batch, kv head) base. Paged: the page the block
+// table row `btab` (this batch's) maps key j to; only pages of keys < L_b are ever looked
+// up, so unused (-1) entries and unused pages are never touched.
+#if PAGED
+#define KV_BASE(P, b, kvh) ((size_t)(kvh) * (P)->kv_sh)
+#define KOFF(j) ((size_t)btab[(j) / PAGED] * P->kv_sb + (size_t)((j) % PAGED) * P->kv_ss)
+#define BTAB(P, table, b) ((table) + (size_t)(b) * (P)->pages_per_seq)
+#else
+#define KV_BASE(P, b, kvh) ((size_t)(b) * (P)->kv_sb + (size_t)(kvh) * (P)->kv_sh)
+#define KOFF(j) ((size_t)(j) * P->kv_ss)
+#define BTAB(P, table, b) (table)
+#endif
+
+// Load this work-item's share of the tile of keys [T0, T1) (zeros past T1: nothing beyond
+// the range is read). Needs lid, P, btab, kb, vb, pk, pv in scope.
+#define FETCH(T0, T1)                                                   \
   for (int n = 0; n < NLD; ++n) {                                       \
     const int idx_ = lid + n * WG, jj_ = idx_ / HD4, g_ = idx_ % HD4;   \
     pk[n] = RAW_ZERO;                                                   \
     pv[n] = RAW_ZERO;                                                   \
-    if (idx_ < TK * HD4 && (T0) + jj_ < kr.y) {                         \
-      const size_t off_ = (size_t)((T0) + jj_) * P->kv_ss + 4 * g_;     \
+    if (idx_ < TK * HD4 && (T0) + jj_ < (T1)) {                         \
+      const size_t off_ = KOFF((T0) + jj_) + 4 * g_;                    \
       pk[n] = LDRAW(kb, off_);                                          \
       if (STAGE_V) pv[n] = LDRAW(vb, off_);                             \
     }                                                                   \
@@ -72,17 +95,20 @@ inline bool row_ok(PARAMS P, const Rows* w, int r) {
   return r < R_ROWS && r / MQ < w->gcv && w->i0 + r % MQ < (int)P->seq_len;
 }
 
-// Score of row r against key j (visible, scaled q already in Qs); -inf if masked.
-inline float finish_score(PARAMS P, const Rows* w, const __global bias_t* bias,
-                          int r, int j, int khi, float dotv) {
-  if (!row_ok(P, w, r) || j >= khi) return -INFINITY;
+// Score of row r against key j (scaled q already applied); -inf if masked or j >= jend.
+// ALiBi is taken relative to kref - 1 (the end of the row tile's key range); use_bias 0
+// skips the bias of a block the block list marks all-zero.
+inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias,
+                            int r, int j, int jend, int kref, bool use_bias, float dotv) {
+  const int khi = kref;
+  if (!row_ok(P, w, r) || j >= jend) return -INFINITY;
   int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
   int p = w->L - (int)P->seq_len + i;
   if (P->causal && j > p) return -INFINITY;
   if (P->local_window > 0 && j <= p - P->local_window) return -INFINITY;
   float s = dotv;
   if (P->softcap > 0.0f) s = P->softcap * tanh(s / P->softcap);
-  if (P->has_bias)
+  if (P->has_bias && use_bias)
     s += LDB(bias, (size_t)w->b * P->bias_sb + (size_t)h * P->bias_sh + (size_t)i * P->bias_ss
                        + (size_t)j);
   // ALiBi relative to the last key of the range, not to p: the heaviest keys then carry
@@ -90,6 +116,20 @@ inline float finish_score(PARAMS P, const Rows* w, const __global bias_t* bias,
   if (P->has_alibi) s += alibi_slope(P, h) * (float)(j - (khi - 1));
   return s;
 }
+
+inline float finish_score(PARAMS P, const Rows* w, const __global bias_t* bias,
+                          int r, int j, int khi, float dotv) {
+  return finish_score_r(P, w, bias, r, j, khi, khi, true, dotv);
+}
+
+// Where row r's split-t partial state (or statistics) goes: [B, Nq, S, T] order.
+inline size_t part_row(PARAMS P, const Rows* w, int r, int t) {
+  const int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
+  return ((size_t)(w->b * (int)P->num_heads + h) * P->seq_len + i) * P->n_splits + t;
+}
+
+// Start of row r's scores in a [B, Nq, S, C] buffer (the unfused decode).
+#define SCORE_ROW(P, w, r) (part_row((P), (w), (r), 0) / (P)->n_splits * (P)->capacity)
 
 // What the scores of row r lack, for an absolute lse (0 without ALiBi).
 inline float alibi_offset(PARAMS P, const Rows* w, int r, int khi) {
@@ -112,11 +152,63 @@ inline void load_q(PARAMS P, const Rows* w, const __global elem_t* q, __local fl
   }
 }
 
-// The flash loop over keys [kr.x, kr.y): per tile, stage K (and V), scores into Ss,
+// The tiles a work-group visits within its key range kr: dense, every TK keys from kr.x;
+// with BLOCK_SKIP, the listed blocks ids[first .. first + count) (ascending block indices
+// of TK keys) clipped to kr. Tile `it` covers keys [x, y); past the end it is empty.
+typedef struct {
+  int2 kr;
+  int first, count;
+} Tiles;
+
+inline Tiles dense_tiles(int2 kr) {
+  Tiles t;
+  t.kr = kr;
+  t.first = 0;
+  t.count = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
+  return t;
+}
+
+inline int2 tile_keys(const Tiles* ts, const __global int* ids, int it) {
+  if (it >= ts->count) return (int2)(0, 0);
+#if BLOCK_SKIP
+  const int b = ids[ts->first + it];
+  return (int2)(max(b * TK, ts->kr.x), min(b * TK + TK, ts->kr.y));
+#else
+  const int t0 = ts->kr.x + it * TK;
+  return (int2)(t0, min(t0 + TK, ts->kr.y));
+#endif
+}
+
+// Whether tile `it` needs its bias (a listed block marked all-zero does not).
+inline bool tile_bias(const Tiles* ts, const __global int* zero, int it) {
+#if BLOCK_SKIP
+  return it >= ts->count || zero[ts->first + it] == 0;
+#else
+  return true;
+#endif
+}
+
+// Block-list row of a work-group: the bias's own broadcast (batch, head) x query tile.
+inline int list_row(PARAMS P, const Rows* w) {
+  const int nqt = ((int)P->seq_len + MQ - 1) / MQ;
+  const int hb = P->bias_sh ? (int)P->num_heads : 1;
+  return ((P->bias_sb ? w->b : 0) * hb + (P->bias_sh ? w->h0 : 0)) * nqt + w->i0 / MQ;
+}
+
+// Entries [x, y) of a block-list row whose blocks intersect the key range kr.
+inline int2 listed(const __global int* off, const __global int* ids, int row, int2 kr) {
+  int a = off[row], e = off[row + 1];
+  while (a < e && (ids[a] + 1) * TK <= kr.x) ++a;
+  while (e > a && ids[e - 1] * TK >= kr.y) --e;
+  return (int2)(a, e);
+}
+
+// The flash loop over the tiles of ts: per tile, stage K (and V), scores into Ss,
 // row max + probabilities into Ps, then P.V into the caller's accumulators. Every
 // work-item runs the same number of iterations (barriers stay uniform). On return each
 // work-item holds, for its P.V rows, acc (unnormalised), l (sum of p) and m (max).
-inline void flash_rows(PARAMS P, const Rows* w, int2 kr,
+inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* ids,
+                       const __global int* zero, const __global int* btab,
                        const __global elem_t* kb, const __global elem_t* vb,
                        const __global bias_t* bias,
                        __local float* Qs, __local float* Ks, __local float* Vs,
@@ -133,13 +225,16 @@ inline void flash_rows(PARAMS P, const Rows* w, int2 kr,
   }
   if (lid < R_ROWS) Mrun[lid] = -INFINITY;
   raw4_t pk[NLD], pv[NLD];
-  FETCH(kr.x)
-  for (int t0 = kr.x; t0 < kr.y; t0 += TK) {
-    const int tn = min(TK, kr.y - t0);
+  int2 tr = tile_keys(&ts, ids, 0);
+  FETCH(tr.x, tr.y)
+  for (int it = 0; it < ts.count; ++it) {
+    const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
+    const bool use_bias = tile_bias(&ts, zero, it);
     // 1. stage the prefetched tile, then start fetching the next one
     STORE_TILE(KP)
     barrier(CLK_LOCAL_MEM_FENCE);
-    FETCH(t0 + TK)
+    tr = tile_keys(&ts, ids, it + 1);
+    FETCH(tr.x, tr.y)
     // 2. scores: each work-item an MR x NK block (rows strided by RL, keys by KL)
     float s[MR][NK];
     for (int a = 0; a < MR; ++a)
@@ -159,7 +254,8 @@ inline void flash_rows(PARAMS P, const Rows* w, int2 kr,
       if (r < R_ROWS) {
         for (int n = 0; n < NK; ++n) {
           int jj = kl + n * KL;
-          Ss[r * TK + jj] = finish_score(P, w, bias, r, t0 + jj, kr.y, s[a][n]);
+          Ss[r * TK + jj] = finish_score_r(P, w, bias, r, t0 + jj, t1, ts.kr.y, use_bias,
+                                           s[a][n]);
         }
       }
     }
@@ -205,7 +301,7 @@ inline void flash_rows(PARAMS P, const Rows* w, int2 kr,
 #if STAGE_V
               a2[dv] += p * vload4(0, Vs + jj * HD + 4 * g);
 #else
-              a2[dv] += p * LD4(vb, (size_t)(t0 + jj) * P->kv_ss + 4 * g);
+              a2[dv] += p * LD4(vb, KOFF(t0 + jj) + 4 * g);
 #endif
             }
           }

@@ -4,7 +4,38 @@
 //   1, 2, 3, 9  sub-groups: cl_khr_subgroups, cl_intel_subgroups, NVIDIA warp shuffles
 //               through inline PTX, or a local-memory emulation used by the tests
 // KV tiles wholly beyond the causal diagonal, seqlens_k or the window are never visited:
-// the key loop is bounded by key_range().
+// the key loop is bounded by key_range(). With BLOCK_SKIP the loop visits only the listed
+// blocks of the work-group's row tile (and work-groups run heaviest first, by wg_order).
+
+// Kernel arguments shared by both variants (block list, order and table may be NULL).
+#define PREFILL_ARGS                                                                    \
+  PARAMS P, const __global elem_t* q, const __global elem_t* k, const __global elem_t* v, \
+      const __global bias_t* bias, const __global int* seqlens, const __global float* sink, \
+      const __global int* table, const __global int* blk_off, const __global int* blk_ids,  \
+      const __global int* blk_zero, const __global int* wg_order, __global elem_t* out,     \
+      __global float* lse
+
+// This work-group's rows, key range and tiles.
+inline Tiles prefill_tiles(PARAMS P, const __global int* seqlens, const __global int* blk_off,
+                           const __global int* blk_ids, const __global int* wg_order, Rows* w) {
+  const int n = get_num_groups(0);
+  int t;
+#if BLOCK_SKIP
+  *w = decompose(P, seqlens, wg_order[get_group_id(0)], 1, &t);
+#else
+  // Heaviest (latest, longest causal range) row tiles first: better tail balance.
+  *w = decompose(P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
+#endif
+  const int i1 = min(w->i0 + MQ, (int)P->seq_len) - 1;
+  const int2 kr = key_range(P, w->L, w->i0, i1, 0, (int)P->capacity);
+  Tiles ts = dense_tiles(kr);
+#if BLOCK_SKIP
+  const int2 e = listed(blk_off, blk_ids, list_row(P, w), kr);
+  ts.first = e.x;
+  ts.count = e.y - e.x;
+#endif
+  return ts;
+}
 
 inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], float l,
                         float m, const __global float* sink, __global elem_t* out,
@@ -33,10 +64,7 @@ inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], flo
 #if SG_IMPL == 0
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
-                   const __global elem_t* v, const __global bias_t* bias,
-                   const __global int* seqlens, const __global float* sink,
-                   __global elem_t* out, __global float* lse) {
+void flash_prefill(PREFILL_ARGS) {
   __local float Qs[R_ROWS * KP];
   __local float Ks[TK * KP];
 #if STAGE_V
@@ -49,19 +77,15 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
   __local float Mrun[R_ROWS];
   __local float Mnew[R_ROWS];
 
-  // Heaviest (latest, longest causal range) row tiles first: better tail balance.
-  const int n = get_num_groups(0);
-  int t;
-  Rows w = decompose(P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
-  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
-  int2 kr = key_range(P, w.L, w.i0, i1, 0, (int)P->capacity);
-
-  const size_t kv_base = (size_t)w.b * P->kv_sb + (size_t)w.kvh * P->kv_sh;
+  Rows w;
+  const Tiles ts = prefill_tiles(P, seqlens, blk_off, blk_ids, wg_order, &w);
+  const int2 kr = ts.kr;
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   load_q(P, &w, q, Qs);
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
-  flash_rows(P, &w, kr, k + kv_base, v + kv_base, bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew,
-             acc, l, m);
+  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, table, w.b), k + kv_base, v + kv_base,
+             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
 
   const int lid = get_local_id(0);
   const int dl = lid % DL, prl = lid / DL;
@@ -91,10 +115,7 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
 #define DPL ((HD + SG - 1) / SG)  // output dims per lane
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) SG_ATTR
-void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
-                   const __global elem_t* v, const __global bias_t* bias,
-                   const __global int* seqlens, const __global float* sink,
-                   __global elem_t* out, __global float* lse) {
+void flash_prefill(PREFILL_ARGS) {
   __local float Qs[R_ROWS * KP];
   __local float Ks[TK * KP];
 #if STAGE_V
@@ -104,12 +125,11 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
 #endif
   SG_SCRATCH_DECL
 
-  const int n = get_num_groups(0);
-  int t;
-  Rows w = decompose(P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
-  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
-  int2 kr = key_range(P, w.L, w.i0, i1, 0, (int)P->capacity);
-  const size_t kv_base = (size_t)w.b * P->kv_sb + (size_t)w.kvh * P->kv_sh;
+  Rows w;
+  const Tiles ts = prefill_tiles(P, seqlens, blk_off, blk_ids, wg_order, &w);
+  const int2 kr = ts.kr;
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
+  const __global int* btab = BTAB(P, table, w.b);
   const __global elem_t* kb = k + kv_base;
   const __global elem_t* vb = v + kv_base;
   const int lid = get_local_id(0);
@@ -123,12 +143,15 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
     for (int d = 0; d < DPL; ++d) acc[a][d] = 0.0f;
   }
   raw4_t pk[NLD], pv[NLD];
-  FETCH(kr.x)
-  for (int t0 = kr.x; t0 < kr.y; t0 += TK) {
-    const int tn = min(TK, kr.y - t0);
+  int2 tr = tile_keys(&ts, blk_ids, 0);
+  FETCH(tr.x, tr.y)
+  for (int it = 0; it < ts.count; ++it) {
+    const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
+    const bool use_bias = tile_bias(&ts, blk_zero, it);
     STORE_TILE(KP)
     barrier(CLK_LOCAL_MEM_FENCE);
-    FETCH(t0 + TK)
+    tr = tile_keys(&ts, blk_ids, it + 1);
+    FETCH(tr.x, tr.y)
     float s[RS][KPL];
     for (int a = 0; a < RS; ++a)
       for (int c = 0; c < KPL; ++c) s[a][c] = 0.0f;
@@ -145,7 +168,8 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
       int r = sg * RS + a;
       float mx = m[a];
       for (int c = 0; c < KPL; ++c) {
-        s[a][c] = finish_score(P, &w, bias, r, t0 + lane + c * SG, kr.y, s[a][c]);
+        s[a][c] = finish_score_r(P, &w, bias, r, t0 + lane + c * SG, t1, kr.y, use_bias,
+                                 s[a][c]);
         mx = fmax(mx, s[a][c]);
       }
       mx = SG_MAX(mx);
@@ -170,9 +194,9 @@ void flash_prefill(PARAMS P, const __global elem_t* q, const __global elem_t* k,
 #if STAGE_V
           vv[d] = (jj < tn && dd < HD) ? Vs[jj * HD + dd] : 0.0f;
 #elif IS_F16
-          vv[d] = (jj < tn && dd < HD) ? vload_half((size_t)(t0 + jj) * P->kv_ss + dd, vb) : 0.0f;
+          vv[d] = (jj < tn && dd < HD) ? vload_half(KOFF(t0 + jj) + dd, vb) : 0.0f;
 #else
-          vv[d] = (jj < tn && dd < HD) ? vb[(size_t)(t0 + jj) * P->kv_ss + dd] : 0.0f;
+          vv[d] = (jj < tn && dd < HD) ? vb[KOFF(t0 + jj) + dd] : 0.0f;
 #endif
         }
         for (int a = 0; a < RS; ++a) {

@@ -73,3 +73,12 @@ inline float emu_op(__local float* scr, float x, int op, int src) {
 #define SG_XOR(x, m) emu_op(sg_scr, (x), 3, (m))
 #define SG_SCRATCH_DECL __local float sg_scr[WG];
 #endif
+
+// Functions that use sub-group operations take the emulation's scratch as a parameter.
+#if SG_IMPL == 9
+#define SG_SCRATCH_PARAM , __local float* sg_scr
+#define SG_SCRATCH_ARG , sg_scr
+#else
+#define SG_SCRATCH_PARAM
+#define SG_SCRATCH_ARG
+#endif

@@ -57,10 +57,16 @@ def test_every_axis_value_in_every_variant():
         seen = ocases.axis_values([c for c in allcases if c.variant == var])
         assert seen["dtype"] == {"float32", "float16"}, var
         assert seen["gqa"] == {1, 4, 7}, var
-        assert seen["layouts"] == {(a, b) for a in ("BSNH", "BNSH") for b in ("BSNH", "BNSH")}
-        assert seen["feature"] == {f[0] for f in ocases.features(1, 1, 1, 1)}, var
-        if var.endswith("-emu"):
-            continue       # the emulated shuffles run on small shapes only
+        layouts = {(a, b) for a in ("BSNH", "BNSH") for b in ("BSNH", "BNSH")}
+        if var.endswith("-paged"):
+            layouts = {(a, "paged") for a in ("BSNH", "BNSH")}
+            pages = {c.spec.page_size for c in allcases if c.variant == var}
+            assert pages == set(ocases.PAGE_SIZES), var
+        assert seen["layouts"] == layouts, var
+        feats = ocases.skip_features if "-bs" in var else ocases.features
+        assert seen["feature"] == {f[0] for f in feats(1, 1, 1, 1)}, var
+        if "-emu" in var or "-bs" in var:
+            continue       # small shapes (emulated shuffles), or fewer slots (bias features)
         assert seen["head_size"] == set(ocases.HEADS), var
         assert seen["seq_len"] == set(ocases.SEQ), var
         totals = seen["total_len"]
@@ -69,6 +75,19 @@ def test_every_axis_value_in_every_variant():
         assert any(t % 32 in (31, 0, 1) and t > 1 for t in totals), (var, totals)
     totals = ocases.axis_values(allcases)["total_len"]
     assert {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129} <= totals
+
+
+def test_block_skip_cases_skip_blocks():
+    """The document-mask cases really leave whole blocks out (and mark zero blocks)."""
+    from attnreg import blocks
+    docs = [c for c in ocases.build(("prefill-wgmem-bs",)) if c.feature.startswith("docs")]
+    assert docs
+    skipped = zero = 0
+    for c in docs:
+        bl = blocks.build(c.spec, ocases.tensors_for(c)["bias"], 16, 16)
+        skipped += bl.density < 1.0
+        zero += int(bl.zero.sum()) > 0
+    assert skipped >= 2 and zero >= 1
 
 
 def test_case_ids_read_like_sentences():

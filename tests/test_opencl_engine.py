@@ -127,7 +127,7 @@ def test_storage_limit_halves_m_tile_or_rejects(dev):
     small = dev.model_copy(update={"limits": {**dev.limits, "workgroup_storage": 24 * 1024}})
     plan = attnreg.explain(_spec(seq_len=4, head_size=128, num_heads=16, kv_num_heads=4),
                            caps=small)
-    assert plan.stage("decode_partial").params["m_tile"] < 4
+    assert plan.route == "split_kv_fused" and plan.params["m_tile"] < 4
     tiny = dev.model_copy(update={"limits": {**dev.limits, "workgroup_storage": 1024}})
     with pytest.raises(attnreg.NoKernelError, match="workgroup storage"):
         attnreg.explain(_spec(head_size=128), caps=tiny)
@@ -148,10 +148,12 @@ def test_routes_follow_subgroups(dev):
     spec = _spec(seq_len=512, past_len=0, dtype="float16", head_size=128)
     assert attnreg.explain(spec, caps=nv).kernel == "opencl.prefill.f16.sg"
     plan = attnreg.explain(spec, caps=plain)
-    assert plan.route == "split_kv" and plan.kernel == "opencl.decode_partial.f16.m4"
+    assert plan.route == "split_kv_fused" and plan.kernel == "opencl.decode_fused.f16.m4"
     decode = _spec(past_len=8191, num_heads=32, kv_num_heads=8, head_size=128, dtype="float16")
-    assert attnreg.explain(decode, caps=nv).kernel == "opencl.decode_partial.f16.sg.m1"
-    assert attnreg.explain(decode, caps=plain).kernel == "opencl.decode_partial.f16.m1"
+    assert attnreg.explain(decode, caps=nv).kernel == "opencl.decode_fused.f16.sg.m1"
+    assert attnreg.explain(decode, caps=plain).kernel == "opencl.decode_fused.f16.m1"
+    two = attnreg.explain(decode, caps=nv, flags={"route": "split_kv"})
+    assert two.kernels == ("opencl.decode_partial.f16.sg.m1", "opencl.reduce.f16")
 
 
 def test_prefill_without_subgroups_runs_split_kv(dev):
@@ -160,7 +162,7 @@ def test_prefill_without_subgroups_runs_split_kv(dev):
     with attnreg.Session(backend="opencl", device=dev.id) as s:
         out, plan = s.run_with_plan(spec, t)
     if "subgroups" not in dev.features:
-        assert plan.route == "split_kv"
+        assert plan.route == "split_kv_fused"
     check_close(spec, out, t, what=str(plan.kernels))
 
 
@@ -170,7 +172,8 @@ def test_build_failure_replans_to_next_candidate(dev, monkeypatch):
 
     def broken(family: str) -> str:
         src = orig(family)
-        return src + "\n#error injected by the test\n" if family == "decode_partial" else src
+        broken = family in ("decode_partial", "decode_fused")
+        return src + "\n#error injected by the test\n" if broken else src
 
     monkeypatch.setattr(programs, "load_source", broken)
     spec = _spec(seq_len=4, past_len=36, return_lse=True)
@@ -179,8 +182,9 @@ def test_build_failure_replans_to_next_candidate(dev, monkeypatch):
         got, plan = s.run_with_plan(spec, t)
     check_close(spec, got, t, what=str(plan.kernels))
     assert plan.kernel.startswith("opencl.prefill.")
-    reasons = " ".join(plan.rejected["opencl.decode_partial.f32.m4"])
-    assert "OpenCL build failed" in reasons and "injected by the test" in reasons
+    for kid in ("opencl.decode_partial.f32.m4", "opencl.decode_fused.f32.m4"):
+        reasons = " ".join(plan.rejected[kid])
+        assert "OpenCL build failed" in reasons and "injected by the test" in reasons, kid
 
 
 def test_programs_shared_across_sessions(dev):
@@ -201,11 +205,13 @@ def test_buffers_reused_within_session(dev):
         s.run(spec, t)
         plan = s.plan(spec)
         rt = s.runtime(plan)
-        pool = dict(rt._pool)
+        pool = rt.mem.pool_ids()
+        prepared = rt.stats["prepared"]
         for seed in (6, 7):
             t2 = make_tensors(spec, seed=seed)
             check_close(spec, s.run(spec, t2), t2)
-        assert {k: id(v) for k, v in rt._pool.items()} == {k: id(v) for k, v in pool.items()}
+        assert rt.mem.pool_ids() == pool
+        assert rt.stats["prepared"] == prepared, "same plan and buffers: the launch is reused"
 
 
 def test_timings_shape(dev):

@@ -52,8 +52,31 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "partial-m4": ("opencl.decode_partial.{dt}.m4", "partial"),  # reduced by the reference
     "partial-m1": ("opencl.decode_partial.{dt}.m1", "partial"),
     "reduce": ("opencl.reduce.{dt}", "reduce"),                  # reference partials reduced here
+    "decode_fused-m1": ("opencl.decode_fused.{dt}.m1", "attention"),
+    "decode_fused-m4": ("opencl.decode_fused.{dt}.m4", "attention"),
+    "decode_fused-sg-m1": ("opencl.decode_fused.{dt}.sg.m1", "attention"),
+    "decode_fused-sg-m4": ("opencl.decode_fused.{dt}.sg.m4", "attention"),
+    "decode_fused-sg-m2-emu": ("opencl.decode_fused.{dt}.sg.m2", "emulated"),
+    "unfused-m1": ("opencl.decode_qk.{dt}.m1", "attention"),     # decode_qk -> decode_pv -> reduce
+    "unfused-m4": ("opencl.decode_qk.{dt}.m4", "attention"),
+    "partial-unfused-m2": ("opencl.decode_qk.{dt}.m2", "partial"),
+    # paged KV pools (page sizes rotate), every family that reads K/V
+    "prefill-wgmem-paged": ("opencl.prefill.{dt}.wgmem", "attention"),
+    "prefill-sg-paged": ("opencl.prefill.{dt}.sg", "attention"),
+    "decode_fused-m2-paged": ("opencl.decode_fused.{dt}.m2", "attention"),
+    "decode_fused-sg-m1-paged": ("opencl.decode_fused.{dt}.sg.m1", "attention"),
+    "decode_partial-sg-m2-emu-paged": ("opencl.decode_partial.{dt}.sg.m2", "emulated"),
+    "unfused-m2-paged": ("opencl.decode_qk.{dt}.m2", "attention"),
+    # masked-block skipping: bias features only, block-diagonal biases among them
+    "prefill-wgmem-bs": ("opencl.prefill.{dt}.wgmem.bs", "attention"),
+    "prefill-sg-bs": ("opencl.prefill.{dt}.sg.bs", "attention"),
+    "prefill-sg-bs-emu": ("opencl.prefill.{dt}.sg.bs", "emulated"),
+    "decode_partial-m1-bs": ("opencl.decode_partial.{dt}.m1.bs", "attention"),
+    "decode_partial-m4-bs-paged": ("opencl.decode_partial.{dt}.m4.bs", "attention"),
 }
-NATIVE_SG = ("prefill-sg", "decode_partial-sg-m1", "decode_partial-sg-m4")
+NATIVE_SG = ("prefill-sg", "decode_partial-sg-m1", "decode_partial-sg-m4", "decode_fused-sg-m1",
+             "decode_fused-sg-m4", "prefill-sg-paged", "decode_fused-sg-m1-paged", "prefill-sg-bs")
+PAGE_SIZES = (16, 5, 1, 32)
 
 
 @dataclass(frozen=True)
@@ -94,6 +117,20 @@ def features(b: int, nq: int, s: int, c: int) -> list[tuple[str, dict[str, Any],
     ]
 
 
+def skip_features(b: int, nq: int, s: int, c: int
+                  ) -> list[tuple[str, dict[str, Any], dict[str, Any], bool]]:
+    """The bias features, plus document masks (block-diagonal biases: whole blocks -inf)
+    -- what a block-skipping variant can run."""
+    return [f for f in features(b, nq, s, c) if f[1].get("bias")] + [
+        ("docs-shared-zero", {"bias": True}, {"docs": 3, "bias_shape": (1, 1, s, c)}, False),
+        ("docs-heads", {"bias": True, "causal": False}, {"docs": 4, "doc_values": True}, False),
+        ("docs-everything", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0,
+                             "alibi_max_bias": 4.0, "head_sink": True, "return_lse": True,
+                             "bias": True},
+         {"docs": 2, "doc_values": True, "bias_shape": (1, nq, s, c + 5)}, False),
+    ]
+
+
 def _lift(total: int, s: int) -> int:
     """A total length >= s that keeps total's position relative to 64-key tiles."""
     return total if total >= s else total + 64 * math.ceil((s - total) / 64)
@@ -108,11 +145,12 @@ def build(variants: tuple[str, ...] = tuple(VARIANTS)) -> list[Case]:
     out: list[Case] = []
     for v, var in enumerate(variants):
         pattern, mode = VARIANTS[var]
-        emu = var.endswith("-emu")
+        emu = "-emu" in var
+        feat_fn = skip_features if "-bs" in var else features
         for di, (dtype, dt) in enumerate(DT.items()):
-            feats = features(1, 1, 1, 1)
-            for fi in range(len(feats)):
-                k = di * len(feats) + fi
+            nfeat = len(feat_fn(1, 1, 1, 1))
+            for fi in range(nfeat):
+                k = di * nfeat + fi
                 ql, kl = LAYOUTS[(k // 3 + v) % 4]
                 g = GQA[(k // 2 + v) % 3]
                 h = HEADS[(k + v) % 6]
@@ -123,17 +161,26 @@ def build(variants: tuple[str, ...] = tuple(VARIANTS)) -> list[Case]:
                     s, total, h = min(s, 5), min(total, 65 if "prefill" in var else 40), min(h, 64)
                 nkv = 1 if g == 7 else 2
                 b = 2 if h <= 96 and total < 1000 else 1
-                tag, changes, kw, masked = features(b, nkv * g, s, total)[fi]
+                tag, changes, kw, masked = feat_fn(b, nkv * g, s, total)[fi]
+                layout: dict[str, Any] = {"kv_layout": kl}
+                kv_tag = kl.lower()
+                if var.endswith("-paged"):
+                    ps = PAGE_SIZES[k % len(PAGE_SIZES)]
+                    cap = int(changes.get("kv_capacity", total))
+                    layout = {"kv_layout": "paged", "page_size": ps,
+                              "num_pages": b * -(-cap // ps) + 3}
+                    kv_tag = f"paged{ps}"
                 spec = AttentionSpec(batch=b, seq_len=s, past_len=total - s, num_heads=nkv * g,
                                      kv_num_heads=nkv, head_size=h, dtype=dtype, q_layout=ql,
-                                     kv_layout=kl, **changes)
+                                     **layout, **changes)
                 split = None
-                if mode != "attention" or var.startswith("decode"):
+                if mode != "attention" or "decode" in var or "unfused" in var:
                     split = (16, 48, 32, 100)[k % 4] if spec.capacity > 16 else None
                 m = f"-m{pattern[-1]}" if "decode" in pattern else ""
-                fam = "_".join(x for x in var.split("-") if not x.startswith("m") or x == "m")
+                fam = "_".join(x for x in var.split("-")
+                               if x not in ("emu", "paged") and (not x.startswith("m") or x == "m"))
                 name = (f"{fam}-{dt}{m}-gqa{g}-h{h}-s{s}-L{total}"
-                        f"-{ql.lower()}-{kl.lower()}-{tag}")
+                        f"-{ql.lower()}-{kv_tag}{'-emu' * emu}-{tag}")
                 out.append(Case(name, var, pattern.format(dt=dt), mode, spec, tag, dict(kw),
                                 masked, split))
     return out
@@ -148,7 +195,10 @@ def for_device(caps: attnreg.DeviceCaps) -> list[Case]:
 def tensors_for(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
     kw = dict(case.make)
     bias_f16 = kw.pop("bias_f16", False)
+    docs, doc_values = kw.pop("docs", 0), kw.pop("doc_values", False)
     t = testing.make_tensors(case.spec, seed, **kw)
+    if docs:
+        t["bias"] = doc_mask(case.spec, t["bias"], docs, doc_values)
     if case.masked_row:
         t["bias"][:, :, 0, :] = -np.inf
     if bias_f16 and case.spec.dtype == "float16":
@@ -156,12 +206,23 @@ def tensors_for(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
     return t
 
 
+def doc_mask(spec: AttentionSpec, bias: np.ndarray, docs: int, keep_values: bool) -> np.ndarray:
+    """A block-diagonal bias: query row i sees key j only if both lie in the same of
+    ``docs`` equal documents of the key range (packed sequences); 0 or the given values
+    inside a document, -inf across."""
+    c = bias.shape[3]
+    rows = spec.total_len - spec.seq_len + np.arange(bias.shape[2])
+    same = (rows[:, None] * docs // c) == (np.arange(c)[None, :] * docs // c)
+    inside = bias if keep_values else np.zeros_like(bias)
+    return np.where(same[None, None], inside, -np.inf).astype(bias.dtype)
+
+
 def _emulated(session: attnreg.Session, case: Case, t: dict[str, np.ndarray],
               params: dict[str, Any] | None) -> Any:
     """The sub-group kernel with shuffles emulated in local memory, launched directly
     (the registry rightly refuses sg variants on a device without sub-groups)."""
     spec = case.spec
-    generic = case.kernel.replace(".sg", "" if ".decode_partial." in case.kernel else ".wgmem")
+    generic = case.kernel.replace(".sg", ".wgmem" if ".prefill." in case.kernel else "")
     plan = session.plan(spec, kernel=generic, params=params)
     first = plan.stages[0]
     stage = Stage(case.kernel, first.family, {**first.params, "sg_impl": "emu"})

@@ -22,6 +22,10 @@ M_TILES = (1, 2, 4)
 ROWS_MAX = 16                     # decode rows (heads x m_tile) per work-group
 SG_EMULATED = 8                   # sub-group size of the local-memory emulation (tests)
 SG_IMPLS = {"khr": 1, "intel": 2, "nv": 3, "emu": 9}
+DECODES = ("decode_partial", "decode_fused", "decode_qk", "decode_pv")
+NV_SHUFFLE = "nv_warp_shuffle"    # probe.py's feature for NVIDIA's OpenCL (inline PTX)
+# cvt="auto" on NVIDIA: PTX cvt.f32.f16 instead of the bit-manipulating conversion.
+CVT_PTX_DEFAULT = True
 _F32 = 4
 
 
@@ -43,6 +47,8 @@ class Geometry:
     sg_reqd: bool = False     # intel_reqd_sub_group_size(sg) on the kernel
     rp: int = 0               # sg decode: rows padded to a power of two (RP x KC = 32)
     pf: int = 1               # sg decode: chunks in flight ahead of the one computed
+    cvt_ptx: bool = False     # f16 -> f32 through PTX cvt.f32.f16 (NVIDIA only)
+    nv_fence: bool = False    # decode_fused: PTX membar.gl next to the OpenCL fences (NVIDIA)
 
     @property
     def rows(self) -> int:
@@ -52,17 +58,22 @@ class Geometry:
         """Bytes of local memory this geometry declares (V staging optional)."""
         if self.family == "reduce":
             return 0
+        flag = 1 if self.family == "decode_fused" else 0       # the "last work-group" word
         emu = self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
-        if self.family == "decode_partial" and self.sg:
-            return ((self.wg // self.sg) * self.rp * (2 + head_size) + emu) * _F32
+        if self.family in DECODES and self.sg:
+            return ((self.wg // self.sg) * self.rp * (2 + head_size) + emu + flag) * _F32
         kp = head_size + 4
+        if self.family == "decode_qk":
+            return (self.rows * kp + self.tk * kp + 2 * self.rows * self.kl) * _F32
+        if self.family == "decode_pv":
+            return (self.rows * self.tk + (self.wg // self.dl) * head_size + 3 * self.rows) * _F32
         sv = self.stage_v if stage_v is None else stage_v
         words = self.rows * kp + self.tk * kp + (self.tk * head_size if sv else 0)
         if self.sg:
             words += emu
         else:
             words += 2 * self.rows * self.tk + 2 * self.rows
-        return words * _F32
+        return (words + flag) * _F32
 
     def n_groups(self, spec: AttentionSpec, n_splits: int = 1) -> int:
         row_tiles = -(-spec.seq_len // self.mq)
@@ -73,7 +84,8 @@ class Geometry:
         return {"WG": self.wg, "GC": self.gc, "MQ": self.mq, "TK": self.tk, "KL": self.kl,
                 "DL": self.dl, "SG": self.sg, "SG_IMPL": self.sg_impl,
                 "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp),
-                "SG_REQD": int(self.sg_reqd), "RP": self.rp, "PF": self.pf}
+                "SG_REQD": int(self.sg_reqd), "RP": self.rp, "PF": self.pf,
+                "CVT_PTX": int(self.cvt_ptx), "NV_FENCE": int(self.nv_fence)}
 
 
 def _pow2_floor(n: int) -> int:
@@ -117,6 +129,18 @@ def sg_impl_for(caps: DeviceCaps | None, params: Mapping[str, Any]) -> str:
     return "nv"
 
 
+def nv_platform(caps: DeviceCaps | None) -> bool:
+    """NVIDIA's own OpenCL (inline PTX available), as the probe reports it."""
+    return caps is not None and NV_SHUFFLE in caps.features
+
+
+def _nv_knob(params: Mapping[str, Any], name: str, caps: DeviceCaps | None, auto: bool) -> bool:
+    v = params.get(name, "auto")
+    if v not in ("auto", "ptx", "cl"):
+        raise SpecError(f"params[{name!r}]", v, "'auto', 'ptx' or 'cl'")
+    return nv_platform(caps) and (auto if v == "auto" else v == "ptx")
+
+
 def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str, Any],
              caps: DeviceCaps | None = None) -> Geometry:
     """Block sizes for one launch. ``caps`` None gives the device-independent minimum
@@ -129,9 +153,11 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     tile = _int_param(params, "kv_tile", 32, lo=4, hi=256)
     big = spec.head_size > 128          # halve tiles so K/Q tiles stay within 48 KiB
     dl = min(_pow2_ceil(h4), wg)
-    if family == "decode_partial":
+    # Per-head block lists (a bias with Nq > 1 heads) need one head per work-group.
+    per_head = int(params.get("bias_heads", 1)) > 1 and bool(params.get("block_skip"))
+    if family in DECODES:
         m = int(params.get("m_tile", 1))
-        gc = min(spec.group_size, max(1, ROWS_MAX // m))
+        gc = 1 if per_head else min(spec.group_size, max(1, ROWS_MAX // m))
         tk = max(4, tile // 2) if big else tile
         kl = min(tk, wg)
         g = Geometry(family, wg=wg, gc=gc, mq=m, tk=tk, kl=kl, dl=dl)
@@ -155,7 +181,7 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
             raise SpecError("params['wg']", wg, f"a multiple of the sub-group size {sg}")
         block = _int_param(params, "block_m", 32, lo=1, hi=256)
         rows = max(wg // sg, block // 4 if big else block)
-        gc = min(_pow2_floor(spec.group_size), max(1, rows // 8))
+        gc = 1 if per_head else min(_pow2_floor(spec.group_size), max(1, rows // 8))
         reqd = impl == "intel" and caps is not None and \
             "cl_intel_required_subgroup_size" in caps.features
         g = Geometry(family, wg=wg, gc=gc, mq=rows // gc, tk=max(tile, sg), kl=min(tile, wg),
@@ -163,15 +189,22 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     else:
         block = _int_param(params, "block_m", 32, lo=1, hi=256)
         rows = max(1, block // 2) if big else block
-        gc = min(_pow2_floor(spec.group_size), max(1, rows // 8))
+        gc = 1 if per_head else min(_pow2_floor(spec.group_size), max(1, rows // 8))
         tk = max(8, tile // 2) if big else tile
         kl = min(8, tk)
         g = Geometry(family, wg=wg, gc=gc, mq=max(1, rows // gc), tk=tk, kl=kl, dl=dl)
+    changes: dict[str, Any] = {}
     if params.get("fast_exp"):
-        g = Geometry(**{**g.__dict__, "fast_exp": True})
+        changes["fast_exp"] = True
+    if spec.dtype == "float16":
+        changes["cvt_ptx"] = _nv_knob(params, "cvt", caps, CVT_PTX_DEFAULT)
+    if family == "decode_fused":
+        changes["nv_fence"] = _nv_knob(params, "fence", caps, True)
+    if changes:
+        g = Geometry(**{**g.__dict__, **changes})
     if g.rows > g.wg:
         raise SpecError("params", dict(params), f"at most wg={g.wg} rows per work-group")
-    if caps is not None:
+    if caps is not None and family in ("prefill", "decode_partial", "decode_fused"):
         # Stage V through local memory when the device has the room (forceable off/on).
         limit = caps.limit("workgroup_storage") or 0
         want = params.get("stage_v")
@@ -190,9 +223,12 @@ def _storage(family: str, variant: str) -> Callable[[AttentionSpec, Mapping[str,
     return need
 
 
-def _checks(family: str, variant: str
+def _checks(family: str, variant: str, block_skip: bool = False
             ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+        if block_skip and not spec.bias:
+            return ["block skipping reads the KV blocks a bias leaves visible: spec.bias is "
+                    "False (use the ordinary variant)"]
         try:
             g = geometry(family, variant, spec, params, caps)
         except SpecError as exc:
@@ -205,54 +241,96 @@ def _checks(family: str, variant: str
     return check
 
 
+PAGED_OK = frozenset({"BSNH", "BNSH", "paged"})
+SKIP_DOC = ("; iterates only over the KV blocks the bias leaves visible (CSR block lists, "
+            "bias of all-zero blocks not loaded)")
+
+
+def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool | None = None,
+          **kw: Any) -> KernelInfo:
+    params = dict(kw.pop("params", {}))
+    if block_skip is not None:
+        params["block_skip"] = block_skip
+    return KernelInfo(id=kid, backend=BACKEND, family=family, dtypes=frozenset({dtype}),
+                      head_sizes=kw.pop("head_sizes", HEAD_SIZES), kv_layouts=PAGED_OK,
+                      params=params, workgroup_storage=_storage(family, variant),
+                      extra_checks=_checks(family, variant, bool(block_skip)), **kw)
+
+
 def kernel_infos() -> list[KernelInfo]:
-    """Every OpenCL variant: prefill (wgmem, sg), decode_partial (m1/m2/m4), reduce."""
+    """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping), decode_partial
+    (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
+    decode_qk (m1/m2/m4) + decode_pv, and reduce."""
     out: list[KernelInfo] = []
     for dtype, tag in DTYPES.items():
-        dt = frozenset({dtype})
         for variant, feats, prio, doc in (
             ("wgmem", frozenset(), 0, "flash prefill, work-group memory only (any device)"),
             ("sg", frozenset({"subgroups"}), 10, "flash prefill, row max/sum/probabilities "
              "through sub-group operations (khr, intel, or NVIDIA warp shuffles)"),
         ):
-            out.append(KernelInfo(
-                id=f"{BACKEND}.prefill.{tag}.{variant}", backend=BACKEND, family="prefill",
-                dtypes=dt, head_sizes=HEAD_SIZES, features=feats, priority=prio,
-                defaults={"block_m": 32, "kv_tile": 32, "wg": 128},
-                choices={"block_m": (16, 32), "kv_tile": (32, 64), "wg": (64, 128, 256)},
-                workgroup_storage=_storage("prefill", variant),
-                extra_checks=_checks("prefill", variant), doc=doc))
+            for skip in (False, True):
+                out.append(_info(
+                    "prefill", variant, f"{BACKEND}.prefill.{tag}.{variant}" + ".bs" * skip,
+                    dtype, block_skip=skip, features=feats, priority=prio,
+                    defaults={"block_m": 32, "kv_tile": 32, "wg": 128},
+                    choices={"block_m": (16, 32), "kv_tile": (32, 64), "wg": (64, 128, 256)},
+                    doc=doc + (SKIP_DOC + "; heaviest row tiles first" if skip else "")))
         for m in M_TILES:
-            out.append(KernelInfo(
-                id=f"{BACKEND}.decode_partial.{tag}.m{m}", backend=BACKEND,
-                family="decode_partial", dtypes=dt, head_sizes=HEAD_SIZES,
-                params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
-                choices={"kv_tile": (16, 32, 64), "wg": (64, 128, 256)},
-                workgroup_storage=_storage("decode_partial", ""),
-                extra_checks=_checks("decode_partial", ""),
-                doc=f"fused QK^T + online softmax + P.V per KV split, {m} query row(s) x "
-                    "the GQA group's heads per work-group, barriers per staged tile"))
-            out.append(KernelInfo(
-                id=f"{BACKEND}.decode_partial.{tag}.sg.m{m}", backend=BACKEND,
-                family="decode_partial", dtypes=dt, head_sizes=HEAD_SIZES,
-                features=frozenset({"subgroups"}), priority=10,
+            for skip in (False, True):
+                out.append(_info(
+                    "decode_partial", "", f"{BACKEND}.decode_partial.{tag}.m{m}" + ".bs" * skip,
+                    dtype, block_skip=skip, params={"m_tile": m},
+                    defaults={"kv_tile": 32, "wg": 128},
+                    choices={"kv_tile": (16, 32, 64), "wg": (64, 128, 256)},
+                    doc=f"fused QK^T + online softmax + P.V per KV split, {m} query row(s) x "
+                        "the GQA group's heads per work-group, barriers per staged tile"
+                        + (SKIP_DOC + "; listed blocks spread evenly over the splits"
+                           if skip else "")))
+            out.append(_info(
+                "decode_partial", "sg", f"{BACKEND}.decode_partial.{tag}.sg.m{m}", dtype,
+                block_skip=False, features=frozenset({"subgroups"}), priority=10,
                 params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
                 choices={"wg": (64, 128, 256)},
-                workgroup_storage=_storage("decode_partial", "sg"),
-                extra_checks=_checks("decode_partial", "sg"),
                 doc=f"fused split-KV decode, {m} query row(s) x the group's heads; every "
                     "sub-group streams its own key chunks (no barrier in the key loop)"))
+            for variant, feats, prio in (("", frozenset(), 0),
+                                         ("sg", frozenset({"subgroups"}), 10)):
+                sg = ".sg" if variant else ""
+                out.append(_info(
+                    "decode_fused", variant, f"{BACKEND}.decode_fused.{tag}{sg}.m{m}", dtype,
+                    block_skip=False, features=feats, priority=prio, params={"m_tile": m},
+                    defaults={"kv_tile": 32, "wg": 128},
+                    choices={"wg": (64, 128, 256)} if variant else
+                    {"kv_tile": (16, 32, 64), "wg": (64, 128, 256)},
+                    doc=f"split-KV decode in one launch ({'sub-group' if variant else 'tiled'}"
+                        f" splits, m_tile {m}): each work-group writes its split's partial "
+                        "state; the last to finish a row tile (atomic ticket) merges all "
+                        "splits and the sink into out/lse"))
+            out.append(_info(
+                "decode_qk", "", f"{BACKEND}.decode_qk.{tag}.m{m}", dtype, block_skip=False,
+                params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
+                choices={"kv_tile": (16, 32, 64), "wg": (64, 128, 256)},
+                doc=f"unfused decode, kernel 1: QK^T scores [B,Nq,S,C] and per-split max/sum "
+                    f"({m} query row(s) x the group's heads per work-group)"))
+        out.append(_info(
+            "decode_pv", "", f"{BACKEND}.decode_pv.{tag}", dtype,
+            defaults={"kv_tile": 32, "wg": 128}, choices={"wg": (64, 128, 256)},
+            doc="unfused decode, kernel 2: normalise the scores of a split and multiply by "
+                "V into the contract partial states (row tiling follows decode_qk)"))
         # The reduce also serves merge_states, whose head size is anything a caller has.
         out.append(KernelInfo(
-            id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce", dtypes=dt,
-            head_sizes=(4, 1024, 4), extra_checks=_checks("reduce", ""),
-            doc="merge split-KV partial states and the sink"))
+            id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce",
+            dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), kv_layouts=PAGED_OK,
+            extra_checks=_checks("reduce", ""), doc="merge split-KV partial states and the sink"))
     return out
 
 
+def variant_of(k: KernelInfo) -> str:
+    """'sg', 'wgmem' (prefill) or '' (tiled decode families, reduce)."""
+    if ".sg" in k.id:
+        return "sg"
+    return "wgmem" if k.family == "prefill" else ""
+
+
 # kernel id -> (family, variant): what the runtime needs to compile and launch an id.
-VARIANTS: dict[str, tuple[str, str]] = {
-    k.id: (k.family, "sg" if ".sg" in k.id else k.id.split(".")[3] if k.family == "prefill"
-           else "")
-    for k in kernel_infos()
-}
+VARIANTS: dict[str, tuple[str, str]] = {k.id: (k.family, variant_of(k)) for k in kernel_infos()}

@@ -7,11 +7,10 @@ from typing import Any, Literal
 
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
 
-from .kernels import BACKEND
+from .kernels import BACKEND, NV_SHUFFLE
 
 # Extensions that decide variants; every extension is listed as a feature anyway.
 SUBGROUP_EXTENSIONS = ("cl_khr_subgroups", "cl_intel_subgroups")
-NV_SHUFFLE = "nv_warp_shuffle"     # warps as sub-groups through inline PTX (NVIDIA only)
 
 
 def _get(dev: Any, name: str, default: Any = None) -> Any:

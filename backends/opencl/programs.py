@@ -23,12 +23,17 @@ from attnreg.errors import KernelUnavailable
 from backends import common
 
 # family -> source files, in include order (the Params struct is generated in front)
+_DECODE = ("common.cl", "flash_core.cl", "subgroups.cl", "decode_core.cl")
 FILES = {
     "prefill": ("common.cl", "flash_core.cl", "subgroups.cl", "flash_prefill.cl"),
-    "decode_partial": ("common.cl", "flash_core.cl", "subgroups.cl", "decode_partial.cl"),
+    "decode_partial": (*_DECODE, "decode_partial.cl"),
+    "decode_fused": (*_DECODE, "decode_fused.cl"),
+    "decode_qk": ("common.cl", "flash_core.cl", "decode_qk.cl"),
+    "decode_pv": ("common.cl", "flash_core.cl", "decode_pv.cl"),
     "reduce": ("common.cl", "reduce.cl"),
 }
-ENTRY = {"prefill": "flash_prefill", "decode_partial": "decode_partial", "reduce": "reduce"}
+ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
+         **{f: f for f in ("decode_partial", "decode_fused", "decode_qk", "decode_pv")}}
 BASE_OPTIONS = ("-cl-std=CL1.2",)
 
 

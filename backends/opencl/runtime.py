@@ -1,8 +1,12 @@
-"""OpenCLRuntime: one device opened for one Session -- its queue, buffer pool and launches.
+"""OpenCLRuntime: one device opened for one Session -- its queue, memory and launches.
 
-Programs come from the process-wide cache in programs.py (a new Session does not
-rebuild); buffers are pooled per Session by (role, size); a run uploads its inputs,
-enqueues every stage, reads back only the outputs and waits once (one queue.finish).
+Programs come from the process-wide cache in programs.py (a new Session does not rebuild).
+Plan once, run many: a launch is *prepared* once per (plan, bound buffers) -- kernel objects
+created and their arguments set -- and later calls with the same plan and buffers only
+enqueue it. DeviceTensors are bound directly (no host copy); host arrays go into pooled
+buffers of fixed role and size, so a decode loop keeps hitting the same prepared launch.
+A run enqueues every stage on one in-order queue and waits once (one queue.finish), or,
+with ``outputs={"out": DeviceTensor}``, not at all.
 """
 
 from __future__ import annotations
@@ -17,17 +21,20 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from attnreg import blocks
 from attnreg.caps import DeviceCaps
-from attnreg.errors import KernelUnavailable, SpecError
+from attnreg.errors import KernelUnavailable
 from attnreg.plan import Plan, Stage
-from attnreg.spec import AttentionSpec
 from backends import common
 
-from . import kernels, programs
+from . import kernels, launches, programs
+from .memory import DeviceMemory
 
-_POOL_MAX = 48                 # buffers kept per session (least recently used go first)
+_PREP_MAX = 32                 # prepared launches kept per session
 _CTX_LOCK = threading.Lock()
 _CONTEXTS: dict[str, tuple[cl.Context, cl.Device]] = {}
+_INPUTS = ("q", "k", "v", "bias", "seqlens_k", "head_sink", "block_table", "o_parts",
+           "lse_parts")
 
 
 def device_context(caps: DeviceCaps) -> tuple[cl.Context, cl.Device]:
@@ -44,17 +51,17 @@ def device_context(caps: DeviceCaps) -> tuple[cl.Context, cl.Device]:
 @dataclass
 class _Launch:
     kernel_id: str
-    kernel: cl.Kernel
+    kernel: cl.Kernel          # this launch's own kernel object: its arguments are set once
     gsize: int
     lsize: int
-    args: list[Any]
 
 
 @dataclass
 class _Prepared:
-    launches: list[_Launch]
+    plan: Plan
+    launches: list[_Launch] = field(default_factory=list)
     outputs: dict[str, tuple[cl.Buffer, tuple[int, ...], Any]] = field(default_factory=dict)
-    uploads: list[Any] = field(default_factory=list)
+    keep: list[Any] = field(default_factory=list)     # buffers the arguments refer to
 
 
 def _variant(kernel_id: str) -> tuple[str, str]:
@@ -64,61 +71,63 @@ def _variant(kernel_id: str) -> tuple[str, str]:
     return info
 
 
+def _is_device(x: Any) -> bool:
+    return hasattr(x, "handle") and hasattr(x, "device_id")
+
+
 class OpenCLRuntime:
-    """Runs plans on one OpenCL device; implements attnreg.Runtime (and timings)."""
+    """Runs plans on one OpenCL device; implements attnreg.Runtime, DeviceTensor storage
+    (alloc/upload/download/free), timings() and copy_bandwidth()."""
 
     def __init__(self, caps: DeviceCaps) -> None:
         self.caps = caps
         self.ctx, self.device = device_context(caps)
         props = cl.command_queue_properties.PROFILING_ENABLE
         self.queue = cl.CommandQueue(self.ctx, self.device, properties=props)
-        self._pool: OrderedDict[tuple[str, int], cl.Buffer] = OrderedDict()
-        self._kernels: dict[tuple[int, str], cl.Kernel] = {}
-        self._params: OrderedDict[bytes, cl.Buffer] = OrderedDict()
+        self.mem = DeviceMemory(caps, self.ctx, self.queue)
+        self.stats = self.mem.stats
+        self.stats.update(prepared=0, launches=0)
+        self._checked: set[tuple[int, str]] = set()
+        self._preps: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
+        self._lists: OrderedDict[int, tuple[blocks.BlockList, dict[str, cl.Buffer]]] = OrderedDict()
         self._lock = threading.RLock()
 
-    # -- resources ---------------------------------------------------------------------
-    def _buffer(self, role: str, nbytes: int) -> cl.Buffer:
-        key = (role, max(4, int(nbytes)))
-        buf = self._pool.pop(key, None)
-        if buf is None:
-            if nbytes > (self.caps.limit("buffer_size") or nbytes):
-                raise SpecError(role, f"{nbytes} bytes", f"at most buffer_size="
-                                f"{self.caps.limit('buffer_size')} bytes on {self.caps.name}")
-            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, key[1])
-            while len(self._pool) >= _POOL_MAX:
-                self._pool.popitem(last=False)[1].release()
-        self._pool[key] = buf
-        return buf
+    # -- device memory (DeviceTensor storage; see memory.py) ---------------------------
+    def alloc(self, nbytes: int) -> cl.Buffer:
+        """A device buffer for a DeviceTensor."""
+        return self.mem.alloc(nbytes)
 
-    def _param_block(self, block: bytes) -> cl.Buffer:
-        """The parameter block as a small __constant buffer, one per distinct block (a
-        decode loop reuses it: no upload per launch)."""
-        buf = self._params.pop(block, None)
-        if buf is None:
-            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                            hostbuf=np.frombuffer(block, np.uint8))
-            while len(self._params) >= _POOL_MAX:
-                self._params.popitem(last=False)[1].release()
-        self._params[block] = buf
-        return buf
+    def upload(self, handle: cl.Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        """Host array -> buffer at a byte offset, ordered with the launches."""
+        with self._lock:
+            self.mem.upload(handle, array, offset_bytes)
 
-    def _upload(self, prep: _Prepared, role: str, arr: np.ndarray) -> cl.Buffer:
-        buf = self._buffer(role, arr.nbytes)
-        prep.uploads.append(cl.enqueue_copy(self.queue, buf, arr, is_blocking=False))
-        return buf
+    def download(self, handle: cl.Buffer, nbytes: int) -> bytes:
+        """Buffer -> host bytes, after every launch enqueued before."""
+        with self._lock:
+            return self.mem.download(handle, nbytes)
 
-    def _kernel(self, kernel_id: str, family: str, g: kernels.Geometry,
-                defines: dict[str, int]) -> cl.Kernel:
-        source = programs.load_source(family)
-        prog = programs.build(self.ctx, self.device, kernel_id, source,
-                              programs.options({**defines, **g.defines()}))
-        key = (prog.int_ptr, programs.ENTRY[family])
-        k = self._kernels.get(key)
-        if k is None:
-            k = cl.Kernel(prog, programs.ENTRY[family])
+    def free(self, handle: cl.Buffer) -> None:
+        with self._lock:
+            self.mem.free(handle)
+
+    def copy_bandwidth(self) -> float:
+        """Device-to-device copy GB/s (bytes read + written), the bench's roof."""
+        with self._lock:
+            return self.mem.copy_bandwidth()
+
+    # -- programs ----------------------------------------------------------------------
+    def _program(self, kernel_id: str, family: str, defines: dict[str, int]) -> cl.Program:
+        return programs.build(self.ctx, self.device, kernel_id, programs.load_source(family),
+                              programs.options(defines))
+
+    def _new_kernel(self, kernel_id: str, family: str, g: kernels.Geometry,
+                    defines: dict[str, int]) -> cl.Kernel:
+        prog = self._program(kernel_id, family, defines)
+        k = cl.Kernel(prog, programs.ENTRY[family])
+        if (prog.int_ptr, kernel_id) not in self._checked:
             self._check_kernel(kernel_id, k, g)
-            self._kernels[key] = k
+            self._checked.add((prog.int_ptr, kernel_id))
         return k
 
     def _check_kernel(self, kernel_id: str, k: cl.Kernel, g: kernels.Geometry) -> None:
@@ -144,95 +153,140 @@ class OpenCLRuntime:
             raise KernelUnavailable(kernel_id, f"uses {local} B of local memory, device has "
                                     f"{limit} B")
 
-    # -- planning a launch -------------------------------------------------------------
-    def _stage(self, prep: _Prepared, spec: AttentionSpec, stage: Stage,
-               bufs: dict[str, cl.Buffer], bias: np.ndarray | None,
-               split: dict[str, int]) -> None:
-        family, variant = _variant(stage.kernel)
-        params = {**stage.params, **split}
-        g = kernels.geometry(family, variant, spec, params, self.caps)
-        defines = {"IS_F16": int(spec.dtype == "float16"), "HD": spec.head_size,
-                   "BIAS_F16": int(bias is not None and bias.dtype == np.float16)}
-        k = self._kernel(stage.kernel, family, g, defines)
-        block = self._param_block(common.pack(spec, params, None if bias is None else bias.shape))
-        if family == "reduce":
-            gsize = spec.batch * spec.num_heads * spec.seq_len * g.wg
-            args = [block, bufs["o_parts"], bufs["lse_parts"], bufs.get("head_sink"),
-                    bufs["out"], bufs.get("lse")]
-        elif family == "prefill":
-            gsize = g.n_groups(spec) * g.wg
-            args = [block, bufs["q"], bufs["k"], bufs["v"], bufs.get("bias"),
-                    bufs.get("seqlens_k"), bufs.get("head_sink"), bufs["out"], bufs.get("lse")]
-        else:
-            gsize = g.n_groups(spec, int(params["n_splits"])) * g.wg
-            args = [block, bufs["q"], bufs["k"], bufs["v"], bufs.get("bias"),
-                    bufs.get("seqlens_k"), bufs["o_parts"], bufs["lse_parts"]]
-        prep.launches.append(_Launch(stage.kernel, k, gsize, g.wg, args))
+    # -- binding -----------------------------------------------------------------------
+    def _bind_inputs(self, inputs: Mapping[str, Any], private: bool) -> dict[str, Any]:
+        """Buffers for the inputs: a DeviceTensor's own, or a pooled copy of a host array."""
+        bufs: dict[str, Any] = {}
+        for name in _INPUTS:
+            x = inputs.get(name)
+            if x is None:
+                continue
+            bufs[name] = x.handle if _is_device(x) else \
+                self.mem.upload_pooled(name, np.asarray(x), private=private)
+        return bufs
 
-    def _prepare(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> _Prepared:
+    def _block_lists(self, plan: Plan, stage: Stage, g: kernels.Geometry, bias: Any,
+                     bufs: dict[str, Any]) -> None:
+        """Block-list buffers (and the prefill order) for a block-skipping stage. A
+        DeviceTensor bias's lists are built and uploaded once per bias version."""
         spec = plan.spec
-        prep = _Prepared([])
-        bufs: dict[str, cl.Buffer] = {}
-        for name in ("q", "k", "v", "bias", "seqlens_k", "head_sink", "o_parts", "lse_parts"):
-            if name in inputs:
-                bufs[name] = self._upload(prep, name, np.ascontiguousarray(inputs[name]))
+        bl = blocks.cached(spec, bias, g.mq, g.tk)
+        arrays = {"blk_off": bl.offsets, "blk_ids": bl.blocks, "blk_zero": bl.zero}
+        if stage.family == "prefill":
+            arrays["wg_order"] = launches.heavy_first(spec, g, bl)
+        if not _is_device(bias):
+            for name, arr in arrays.items():
+                bufs[name] = self.mem.upload_pooled(name, arr.astype(np.int32))
+            return
+        hit = self._lists.get(id(bl))
+        if hit is None or hit[0] is not bl or set(hit[1]) != set(arrays):
+            made = {}
+            for name, arr in arrays.items():
+                a = np.ascontiguousarray(arr, np.int32)
+                made[name] = self.mem.alloc(max(4, a.nbytes))
+                if a.size:
+                    self.mem.upload(made[name], a)
+            hit = self._lists[id(bl)] = (bl, made)
+            while len(self._lists) > 16:
+                self._lists.popitem(last=False)
+        bufs.update(hit[1])
+
+    def _prepare(self, plan: Plan, inputs: Mapping[str, Any],
+                 outputs: Mapping[str, Any] | None = None) -> _Prepared:
+        spec = plan.spec
+        bufs = self._bind_inputs(inputs, private=bool(outputs))
         bias = inputs.get("bias")
-        split: dict[str, int] = {}
+        bias_shape = tuple(bias.shape) if bias is not None else None
+        bias_f16 = bias is not None and np.dtype(bias.dtype) == np.float16
+        split = launches.split_params(plan)
         if plan.op == "reduce":
-            split["n_splits"] = int(inputs["o_parts"].shape[3])
-        elif plan.op == "partial" or plan.route == "split_kv":
-            # One split geometry for both stages, derived from split_size (a caller may
-            # give split_size alone; the reduce must see the same n_splits).
-            size = int(plan.stage("decode_partial").params.get("split_size", spec.capacity))
-            split = {"split_size": size, "n_splits": -(-spec.capacity // size)}
+            split = {"n_splits": int(inputs["o_parts"].shape[3])}
+        for name, size in launches.scratch_sizes(plan, split).items():
+            bufs.setdefault(name, self.mem.pooled(name, size))
+        outs: dict[str, tuple[cl.Buffer, tuple[int, ...], Any]] = {}
+        if plan.op == "partial":
             parts = (spec.batch, spec.num_heads, spec.seq_len, split["n_splits"])
-            bufs["o_parts"] = self._buffer("o_parts", int(np.prod(parts)) * spec.head_size * 4)
-            bufs["lse_parts"] = self._buffer("lse_parts", int(np.prod(parts)) * 4)
-            if plan.op == "partial":
-                prep.outputs["o_parts"] = (bufs["o_parts"], (*parts, spec.head_size), np.float32)
-                prep.outputs["lse_parts"] = (bufs["lse_parts"], parts, np.float32)
-        if plan.op != "partial":
-            out_bytes = int(np.prod(spec.out_shape)) * spec.itemsize
-            bufs["out"] = self._buffer("out", out_bytes)
-            prep.outputs["out"] = (bufs["out"], spec.out_shape, np.dtype(spec.dtype))
+            outs["o_parts"] = (bufs["o_parts"], (*parts, spec.head_size), np.float32)
+            outs["lse_parts"] = (bufs["lse_parts"], parts, np.float32)
+        else:
+            out = (outputs or {}).get("out")
+            if out is not None:
+                bufs["out"] = out.handle
+            else:
+                bufs["out"] = self.mem.pooled("out", int(np.prod(spec.out_shape)) * spec.itemsize)
+                outs["out"] = (bufs["out"], spec.out_shape, np.dtype(spec.dtype))
             if spec.return_lse:
-                bufs["lse"] = self._buffer("lse", int(np.prod(spec.lse_shape)) * 4)
-                prep.outputs["lse"] = (bufs["lse"], spec.lse_shape, np.float32)
+                bufs["lse"] = self.mem.pooled("lse", int(np.prod(spec.lse_shape)) * 4)
+                outs["lse"] = (bufs["lse"], spec.lse_shape, np.float32)
+        staged = []
         for stage in plan.stages:
-            self._stage(prep, spec, stage, bufs, bias, split)
+            family, variant = _variant(stage.kernel)
+            params = launches.stage_params(plan, stage, split, bias_shape)
+            g = kernels.geometry(family, variant, spec, params, self.caps)
+            if params.get("block_skip"):
+                self._block_lists(plan, stage, g, bias, bufs)
+            if family == "decode_fused":
+                n = launches.tiles(spec, g, params) * 4
+                bufs.setdefault("tickets", self.mem.pooled("tickets", n, zeroed=True))
+            staged.append((stage, family, params, g))
+        key = (id(plan), bias_shape, bias_f16,
+               tuple(sorted((n, id(b)) for n, b in bufs.items() if b is not None)))
+        prep = self._preps.pop(key, None)
+        if prep is None or prep.plan is not plan:
+            prep = _Prepared(plan, outputs=outs, keep=list(bufs.values()))
+            for stage, family, params, g in staged:
+                k = self._new_kernel(stage.kernel, family, g,
+                                     launches.defines(spec, g, bias_f16, params))
+                block = self.mem.param_block(common.pack(spec, params, bias_shape))
+                k.set_args(*launches.arguments(family, block, bufs))
+                prep.keep.append(block)
+                prep.launches.append(_Launch(stage.kernel, k,
+                                             launches.global_size(family, spec, g, params), g.wg))
+            self.stats["prepared"] += 1
+        self._preps[key] = prep
+        while len(self._preps) > _PREP_MAX:
+            self._preps.popitem(last=False)
         return prep
 
     def _enqueue(self, prep: _Prepared) -> list[cl.Event]:
-        return [ln.kernel(self.queue, (ln.gsize,), (ln.lsize,), *ln.args)
+        self.stats["launches"] += 1
+        return [cl.enqueue_nd_range_kernel(self.queue, ln.kernel, (ln.gsize,), (ln.lsize,))
                 for ln in prep.launches]
 
     # -- Runtime protocol --------------------------------------------------------------
-    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the plan's stages; partial states stay on the device between stages."""
+    def launch(self, plan: Plan, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run the plan's stages; intermediate states stay on the device. Inputs may be
+        numpy arrays or DeviceTensors. With ``outputs={"out": DeviceTensor}`` the result is
+        written there and nothing waits (lse, if asked for, still comes back to the host)."""
         with self._lock:
-            prep = self._prepare(plan, inputs)
+            prep = self._prepare(plan, inputs, outputs)
             try:
                 self._enqueue(prep)
             except cl.Error as exc:
                 raise KernelUnavailable(plan.kernel, f"enqueue failed: {exc}") from None
-            res: dict[str, np.ndarray] = {}
+            res: dict[str, Any] = {}
             for name, (buf, shape, dtype) in prep.outputs.items():
                 res[name] = np.empty(shape, dtype)
                 cl.enqueue_copy(self.queue, res[name], buf, is_blocking=False)
-            self.queue.finish()
+                self.stats["host_downloads"] += 1
+            if outputs and "out" in outputs:
+                res["out"] = outputs["out"]
+            if prep.outputs:
+                self.mem.sync()
             return res
 
-    def timings(self, plan: Plan, inputs: Mapping[str, np.ndarray], *, iters: int = 20,
+    def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3) -> dict[str, Any]:
         """Upload once, run ``iters`` times without reading back. gpu_s: first kernel's
         start to last kernel's end (profiling events); wall_s: host time per launch
         (enqueue to finish); stage_gpu_s: each kernel's own GPU time."""
         with self._lock:
             prep = self._prepare(plan, inputs)
-            self.queue.finish()
+            self.mem.sync()
             for _ in range(warmup):
                 self._enqueue(prep)
-            self.queue.finish()
+            self.mem.sync()
             gpu, wall = [], []
             stages: dict[str, list[float]] = {ln.kernel_id: [] for ln in prep.launches}
             for _ in range(iters):
@@ -253,9 +307,9 @@ class OpenCLRuntime:
 
     def close(self) -> None:
         with self._lock:
-            self.queue.finish()
-            for buf in [*self._pool.values(), *self._params.values()]:
-                buf.release()
-            self._pool.clear()
-            self._params.clear()
-            self._kernels.clear()
+            self._preps.clear()
+            for _, made in self._lists.values():
+                for buf in made.values():
+                    buf.release()
+            self._lists.clear()
+            self.mem.close()

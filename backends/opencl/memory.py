@@ -1,0 +1,151 @@
+"""Device memory of one OpenCL runtime: DeviceTensor storage, the per-session buffer pool,
+parameter blocks, and the copy-bandwidth probe.
+
+DeviceTensors own plain ``cl.Buffer`` handles (``alloc``/``upload``/``download``/``free``);
+the pool holds the runtime's own buffers (uploads of host inputs, partial states, scratch),
+keyed by role and size so that a decode loop gets the same buffers every call -- which is
+what lets a prepared launch keep its kernel arguments. Every host<->device transfer is
+counted in ``stats`` (tests check that resident inputs cost none).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from attnreg.caps import DeviceCaps
+from attnreg.errors import SpecError
+
+POOL_MAX = 48                 # buffers kept per session (least recently used go first)
+COPY_BYTES = 256 * 2**20      # copy-bandwidth probe size
+
+
+class DeviceMemory:
+    """Buffers of one runtime on one device (all operations go through one in-order queue)."""
+
+    def __init__(self, caps: DeviceCaps, ctx: cl.Context, queue: cl.CommandQueue) -> None:
+        self.caps, self.ctx, self.queue = caps, ctx, queue
+        self._pool: OrderedDict[tuple[str, int], cl.Buffer] = OrderedDict()
+        self._params: OrderedDict[bytes, cl.Buffer] = OrderedDict()
+        # Host arrays of non-blocking uploads, kept alive (and unchanged) until the next sync.
+        self._pending: list[Any] = []
+        self.stats = {"host_uploads": 0, "host_downloads": 0, "allocs": 0}
+
+    # -- DeviceTensor storage (attnreg's optional Runtime methods) ---------------------
+    def _check_size(self, what: str, nbytes: int) -> None:
+        cap = self.caps.limit("buffer_size")
+        if cap is not None and nbytes > cap:
+            raise SpecError(what, f"{nbytes} bytes", f"at most buffer_size={cap} bytes on "
+                            f"{self.caps.name}")
+
+    def alloc(self, nbytes: int) -> cl.Buffer:
+        """A device buffer of at least ``nbytes`` (contents unspecified)."""
+        self._check_size("tensor", int(nbytes))
+        self.stats["allocs"] += 1
+        return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(4, int(nbytes)))
+
+    def upload(self, handle: cl.Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
+        """Copy a host array into a buffer at a byte offset (ordered with every launch)."""
+        arr = np.array(array, copy=True, order="C")     # the caller may reuse its array
+        self.stats["host_uploads"] += 1
+        ev = cl.enqueue_copy(self.queue, handle, arr, dst_offset=int(offset_bytes),
+                             is_blocking=False)
+        self._keep(ev, arr)
+
+    def download(self, handle: cl.Buffer, nbytes: int) -> bytes:
+        """The first ``nbytes`` of a buffer (waits for the launches that write it)."""
+        out = np.empty(int(nbytes), np.uint8)
+        self.stats["host_downloads"] += 1
+        cl.enqueue_copy(self.queue, out, handle, is_blocking=True)
+        self._pending.clear()
+        return out.tobytes()
+
+    def free(self, handle: cl.Buffer) -> None:
+        """Release a tensor's buffer once the queue no longer uses it."""
+        self.sync()
+        handle.release()
+
+    def sync(self) -> None:
+        self.queue.finish()
+        self._pending.clear()
+
+    def _keep(self, *objs: Any) -> None:
+        self._pending.extend(objs)
+        if len(self._pending) > 256:        # bound host memory held for in-flight copies
+            self.sync()
+
+    # -- the runtime's own buffers -----------------------------------------------------
+    def pooled(self, role: str, nbytes: int, *, zeroed: bool = False) -> cl.Buffer:
+        """The pool's buffer for (role, size); ``zeroed`` ones are filled with 0 when created
+        (kernels that use them must leave them 0 again, see decode_fused)."""
+        key = (role, max(4, int(nbytes)))
+        buf = self._pool.pop(key, None)
+        if buf is None:
+            self._check_size(role, key[1])
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, key[1])
+            if zeroed:
+                cl.enqueue_fill_buffer(self.queue, buf, np.uint32(0), 0, key[1])
+            while len(self._pool) >= POOL_MAX:
+                # Not released here: a prepared launch may still hold it (GC frees it).
+                self._pool.popitem(last=False)
+        self._pool[key] = buf
+        return buf
+
+    def upload_pooled(self, role: str, array: np.ndarray, *, private: bool = False) -> cl.Buffer:
+        """A host input copied into the pool's buffer for its role; ``private`` first takes
+        a host copy (for runs that return before the copy has happened)."""
+        arr = np.array(array, copy=True, order="C") if private else np.ascontiguousarray(array)
+        buf = self.pooled(role, arr.nbytes)
+        self.stats["host_uploads"] += 1
+        ev = cl.enqueue_copy(self.queue, buf, arr, is_blocking=False)
+        self._keep(ev, arr)
+        return buf
+
+    def param_block(self, block: bytes) -> cl.Buffer:
+        """The parameter block as a small __constant buffer, one per distinct block (a
+        decode loop reuses it: no upload per launch)."""
+        buf = self._params.pop(block, None)
+        if buf is None:
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                            hostbuf=np.frombuffer(block, np.uint8))
+            while len(self._params) >= POOL_MAX:
+                self._params.popitem(last=False)
+        self._params[block] = buf
+        return buf
+
+    def pool_ids(self) -> dict[tuple[str, int], int]:
+        return {k: id(v) for k, v in self._pool.items()}
+
+    # -- probes ------------------------------------------------------------------------
+    def copy_bandwidth(self, nbytes: int = COPY_BYTES, iters: int = 10) -> float:
+        """Device-to-device copy bandwidth in GB/s, counting bytes read and written (a copy
+        of n bytes moves 2n), median of ``iters`` copies timed by profiling events."""
+        limit = self.caps.limit("buffer_size") or nbytes
+        n = int(min(nbytes, limit)) // 4 * 4
+        src = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, n)
+        dst = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, n)
+        try:
+            cl.enqueue_fill_buffer(self.queue, src, np.float32(1.0), 0, n)
+            for _ in range(2):                                  # warm-up (clocks ramp)
+                cl.enqueue_copy(self.queue, dst, src)
+            self.queue.finish()
+            secs = []
+            for _ in range(iters):
+                ev = cl.enqueue_copy(self.queue, dst, src)
+                ev.wait()
+                secs.append((ev.profile.end - ev.profile.start) * 1e-9)
+            return 2 * n / statistics.median(secs) / 1e9
+        finally:
+            src.release()
+            dst.release()
+
+    def close(self) -> None:
+        self.sync()
+        for buf in [*self._pool.values(), *self._params.values()]:
+            buf.release()
+        self._pool.clear()
+        self._params.clear()

@@ -1,0 +1,255 @@
+// The split-KV decode tile shared by decode_partial and decode_fused: one work-group's
+// partial state -- GC query heads of one GQA group x MQ (= m_tile) query rows over one KV
+// split -- written in the CONTRACT format: o_parts [B,Nq,S,T,H] and lse_parts [B,Nq,S,T],
+// float32, o = 0 and lse = -inf where the split has no visible key.
+// Two variants (-D SG_IMPL): 0 work-group memory and barriers per tile; otherwise every
+// sub-group streams its own key chunks with no barrier in the loop (see below).
+// With BLOCK_SKIP (tiled variant only) a split is a share of the row tile's listed blocks
+// (blocks spread evenly over the splits), not a range of split_size keys.
+
+// Kernel arguments both decode kernels start with (table, block list may be NULL).
+#define DECODE_ARGS                                                                      \
+  PARAMS P, const __global elem_t* q, const __global elem_t* k, const __global elem_t* v, \
+      const __global bias_t* bias, const __global int* seqlens, const __global int* table,  \
+      const __global int* blk_off, const __global int* blk_ids, const __global int* blk_zero
+#define DECODE_ARG_NAMES P, q, k, v, bias, seqlens, table, blk_off, blk_ids, blk_zero
+
+#if SG_IMPL == 0
+
+#if STAGE_V
+#define DECODE_LOCALS                                                     \
+  __local float Qs[R_ROWS * KP], Ks[TK * KP], Vs[TK * HD], Ss[R_ROWS * TK], \
+      Ps[R_ROWS * TK], Mrun[R_ROWS], Mnew[R_ROWS];
+#else
+#define DECODE_LOCALS                                                     \
+  __local float Qs[R_ROWS * KP], Ks[TK * KP], Ss[R_ROWS * TK], Ps[R_ROWS * TK], \
+      Mrun[R_ROWS], Mnew[R_ROWS];                                        \
+  __local float* Vs = 0;
+#endif
+#define DECODE_LOCAL_NAMES Qs, Ks, Vs, Ss, Ps, Mrun, Mnew
+
+inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* lse_parts,
+                        Rows* wout, __local float* Qs, __local float* Ks, __local float* Vs,
+                        __local float* Ss, __local float* Ps, __local float* Mrun,
+                        __local float* Mnew) {
+  const int ns = (int)P->n_splits;
+  int t;
+  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  *wout = w;
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
+#if BLOCK_SKIP
+  // The whole key range; this split takes entries [n t / ns, n (t+1) / ns) of its list.
+  const int2 kr = key_range(P, w.L, w.i0, i1, 0, (int)P->capacity);
+  const int2 e = listed(blk_off, blk_ids, list_row(P, &w), kr);
+  const int n = e.y - e.x;
+  Tiles ts = dense_tiles(kr);
+  ts.first = e.x + n * t / ns;
+  ts.count = e.x + n * (t + 1) / ns - ts.first;
+#else
+  const int lo = t * (int)P->split_size;
+  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
+  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const Tiles ts = dense_tiles(kr);
+#endif
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
+  load_q(P, &w, q, Qs);
+  float4 acc[PMR][DV];
+  float l[PMR], m[PMR];
+  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, table, w.b), k + kv_base, v + kv_base,
+             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
+
+  const int lid = get_local_id(0);
+  const int dl = lid % DL, prl = lid / DL;
+  for (int pm = 0; pm < PMR; ++pm) {
+    const int r = prl + pm * PRL;
+    if (!row_ok(P, &w, r)) continue;
+    const size_t row = part_row(P, &w, r, t);
+    const float inv = l[pm] > 0.0f ? 1.0f / l[pm] : 0.0f;
+    for (int dv = 0; dv < DV; ++dv) {
+      const int g = dl + dv * DL;
+      if (g < HD4) vstore4(acc[pm][dv] * inv, 0, o_parts + row * HD + 4 * g);
+    }
+    if (dl == 0)
+      lse_parts[row] = l[pm] > 0.0f ? m[pm] + alibi_offset(P, &w, r, kr.y) + log(l[pm])
+                                    : -INFINITY;
+  }
+}
+
+#else  // sub-group decode
+
+// Each sub-group of SG = 32 lanes streams key chunks of its own (chunks ci = wid, wid+NW,
+// ...), so no barrier sits in the key loop; register prefetch keeps the next chunk's loads
+// in flight. Lane l owns float4 dim groups l, l+32, ... of every row and key. A chunk is
+// KC keys for RP (rows padded to a power of two) rows: RP x KC = 32 dot products, summed
+// across lanes by a transposed butterfly (31 shuffles leave dot product l in lane l).
+// The sub-groups' states merge through local memory once, at the end.
+#if SG != 32
+#error "the sub-group decode maps 32 values onto 32 lanes"
+#endif
+#define NW (WG / SG)
+#define KC (SG / RP)
+#define DPL4 ((HD4 + SG - 1) / SG)
+
+#define FETCH_CHUNK(CI, AK, AV)                                           \
+  for (int c_ = 0; c_ < KC; ++c_)                                         \
+    for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
+      const int j_ = kr.x + (CI) * KC + c_, g_ = lane + d_ * SG;          \
+      AK[c_][d_] = RAW_ZERO;                                              \
+      AV[c_][d_] = RAW_ZERO;                                              \
+      if ((CI) < nchunks && j_ < kr.y && g_ < HD4) {                      \
+        const size_t off_ = KOFF(j_) + 4 * g_;                            \
+        AK[c_][d_] = LDRAW(kb, off_);                                     \
+        AV[c_][d_] = LDRAW(vb, off_);                                     \
+      }                                                                   \
+    }
+
+#define COPY_CHUNK(DK, DV_, SK, SV)                                       \
+  for (int c_ = 0; c_ < KC; ++c_)                                         \
+    for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
+      DK[c_][d_] = SK[c_][d_];                                            \
+      DV_[c_][d_] = SV[c_][d_];                                           \
+    }
+
+// One butterfly level: keep the half of x selected by this lane's bit, add the partner's.
+#define FOLD(H)                                                           \
+  for (int i_ = 0; i_ < (H); ++i_) {                                      \
+    const bool up_ = (lane & (H)) != 0;                                   \
+    const float keep_ = up_ ? x[i_ + (H)] : x[i_];                        \
+    const float send_ = up_ ? x[i_] : x[i_ + (H)];                        \
+    x[i_] = keep_ + SG_XOR(send_, (H));                                   \
+  }
+
+#define DECODE_LOCALS                                                     \
+  __local float red_m[NW * RP], red_l[NW * RP];                           \
+  __local float4 red_o[NW * RP * HD4];                                    \
+  SG_SCRATCH_DECL
+#define DECODE_LOCAL_NAMES red_m, red_l, red_o SG_SCRATCH_ARG
+
+inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* lse_parts,
+                        Rows* wout, __local float* red_m, __local float* red_l,
+                        __local float4* red_o SG_SCRATCH_PARAM) {
+  const int ns = (int)P->n_splits;
+  int t;
+  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  *wout = w;
+  const int lo = t * (int)P->split_size;
+  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
+  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
+  const __global int* btab = BTAB(P, table, w.b);
+  const __global elem_t* kb = k + kv_base;
+  const __global elem_t* vb = v + kv_base;
+  const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;
+
+  float4 qr[RP][DPL4];
+  float4 acc[RP][DPL4];
+  float m[RP], l[RP];
+  for (int r = 0; r < RP; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    for (int d = 0; d < DPL4; ++d) {
+      const int g = lane + d * SG;
+      acc[r][d] = (float4)(0.0f);
+      qr[r][d] = (float4)(0.0f);
+      if (g < HD4 && row_ok(P, &w, r)) {
+        const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
+        qr[r][d] = LD4(q, (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
+                              + 4 * g) * P->scale;
+      }
+    }
+  }
+
+  const int nchunks = kr.y > kr.x ? (kr.y - kr.x + KC - 1) / KC : 0;
+  // Raw chunks in flight: PF = 1 keeps the next chunk loading while this one is computed,
+  // PF = 2 the one after it too (twice the bytes in flight per sub-group, more registers).
+  raw4_t ak[KC][DPL4], av[KC][DPL4];
+  FETCH_CHUNK(wid, ak, av)
+#if PF == 2
+  raw4_t bk[KC][DPL4], bv[KC][DPL4];
+  FETCH_CHUNK(wid + NW, bk, bv)
+#endif
+  // Every sub-group runs the same number of rounds (a round past the end is all masked),
+  // so sub-group operations stay uniform even where they are emulated with barriers.
+  for (int base = 0; base < nchunks; base += NW) {
+    const int ci = base + wid;
+    raw4_t ck[KC][DPL4], cv[KC][DPL4];
+    COPY_CHUNK(ck, cv, ak, av)
+#if PF == 2
+    COPY_CHUNK(ak, av, bk, bv)
+    FETCH_CHUNK(ci + 2 * NW, bk, bv)
+#else
+    FETCH_CHUNK(ci + NW, ak, av)
+#endif
+    // Conversions happen where the values are used, so few converted tiles are live.
+    float x[SG];
+    for (int c = 0; c < KC; ++c) {
+      for (int r = 0; r < RP; ++r) x[r * KC + c] = 0.0f;
+      for (int d = 0; d < DPL4; ++d) {
+        const float4 kc = cvt4(ck[c][d]);
+        for (int r = 0; r < RP; ++r) x[r * KC + c] += dot(qr[r][d], kc);
+      }
+    }
+    FOLD(16) FOLD(8) FOLD(4) FOLD(2) FOLD(1)
+    const int r = lane / KC, c = lane % KC;
+    const float sc = ci < nchunks ? finish_score(P, &w, bias, r, kr.x + ci * KC + c, kr.y, x[0])
+                                  : -INFINITY;
+    float mx = sc;
+    for (int o = KC / 2; o > 0; o >>= 1) mx = fmax(mx, SG_XOR(mx, o));
+    float mold = -INFINITY;
+    for (int rr = 0; rr < RP; ++rr) mold = rr == r ? m[rr] : mold;
+    const float mnew = fmax(mold, mx);
+    const float p = EXP(sc - SAFE_MAX(mnew));
+    float ps = p;
+    for (int o = KC / 2; o > 0; o >>= 1) ps += SG_XOR(ps, o);
+    for (int rr = 0; rr < RP; ++rr) {
+      const float mn = SG_BCAST(mnew, rr * KC);
+      const float alpha = EXP(m[rr] - SAFE_MAX(mn));
+      l[rr] = l[rr] * alpha + SG_BCAST(ps, rr * KC);
+      m[rr] = mn;
+      for (int d = 0; d < DPL4; ++d) acc[rr][d] *= alpha;
+    }
+    for (int cc = 0; cc < KC; ++cc) {
+      float pr[RP];
+      for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);
+      for (int d = 0; d < DPL4; ++d) {
+        const float4 vc = cvt4(cv[cc][d]);
+        for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
+      }
+    }
+  }
+
+  // merge the sub-groups' (m, l, acc) per row
+  for (int rr = 0; rr < RP; ++rr) {
+    if (lane == 0) {
+      red_m[wid * RP + rr] = m[rr];
+      red_l[wid * RP + rr] = l[rr];
+    }
+    for (int d = 0; d < DPL4; ++d) {
+      const int g = lane + d * SG;
+      if (g < HD4) red_o[(wid * RP + rr) * HD4 + g] = acc[rr][d];
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int idx = lid; idx < R_ROWS * HD4; idx += WG) {
+    const int r = idx / HD4, g = idx % HD4;
+    if (row_ok(P, &w, r)) {
+      float mm = -INFINITY;
+      for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * RP + r]);
+      const float mu = SAFE_MAX(mm);
+      float ll = 0.0f;
+      float4 oo = (float4)(0.0f);
+      for (int ww = 0; ww < NW; ++ww) {
+        const float f = EXP(red_m[ww * RP + r] - mu);
+        ll += red_l[ww * RP + r] * f;
+        oo += red_o[(ww * RP + r) * HD4 + g] * f;
+      }
+      const size_t row = part_row(P, &w, r, t);
+      vstore4(ll > 0.0f ? oo / ll : (float4)(0.0f), 0, o_parts + row * HD + 4 * g);
+      if (g == 0)
+        lse_parts[row] = ll > 0.0f ? mm + alibi_offset(P, &w, r, kr.y) + log(ll) : -INFINITY;
+    }
+  }
+}
+
+#endif

@@ -1,0 +1,88 @@
+// decode_pv: the second kernel of the unfused decode. Per work-group (the same row tiling
+// as decode_qk, so the same key range per row): p_j = exp(s_j - m_t) / l_t from the
+// scores and statistics decode_qk wrote, times V, into the CONTRACT partial states
+// o_parts [B,Nq,S,T,H] and lse_parts [B,Nq,S,T] (lse_t = m_t + log l_t; o = 0 and
+// lse = -inf for a split without visible keys). The reduce then merges the splits.
+// Probabilities of a TK-key tile are staged in local memory; DL lanes own float4 dims,
+// WG / DL key lanes take every (WG / DL)-th key of the tile, and merge at the end.
+
+#define KLN (WG / DL)              // key lanes of the P.V phase
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void decode_pv(PARAMS P, const __global elem_t* v, const __global int* seqlens,
+               const __global int* table, const __global float* scores,
+               const __global float* stats, __global float* o_parts,
+               __global float* lse_parts) {
+  __local float Ps[R_ROWS * TK];
+  __local float4 red[KLN * HD4];
+  __local float Mt[R_ROWS];
+  __local float Lt[R_ROWS];
+  __local float Il[R_ROWS];
+
+  const int ns = (int)P->n_splits;
+  int t;
+  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  const int lo = t * (int)P->split_size;
+  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
+  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const __global int* btab = BTAB(P, table, w.b);
+  const __global elem_t* vb = v + KV_BASE(P, w.b, w.kvh);
+  const int lid = get_local_id(0);
+  const int dl = lid % DL, kn = lid / DL;
+  const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * ns;
+
+  if (lid < R_ROWS) {
+    const int rc = row_ok(P, &w, lid) ? lid : 0;        // clamped: row 0 always exists
+    const size_t row = part_row(P, &w, rc, t);
+    const float lt = stats[nrows + row];
+    Mt[lid] = SAFE_MAX(stats[row]);
+    Lt[lid] = lt;
+    Il[lid] = lt > 0.0f ? 1.0f / lt : 0.0f;
+  }
+  float4 acc[R_ROWS][DV];
+  for (int r = 0; r < R_ROWS; ++r)
+    for (int dv = 0; dv < DV; ++dv) acc[r][dv] = (float4)(0.0f);
+  for (int t0 = kr.x; t0 < kr.y; t0 += TK) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int idx = lid; idx < R_ROWS * TK; idx += WG) {
+      const int r = idx / TK, j = t0 + idx % TK;
+      const int rc = row_ok(P, &w, r) ? r : 0, jc = min(j, kr.y - 1);
+      const float s = scores[SCORE_ROW(P, &w, rc) + jc];
+      Ps[idx] = (j < kr.y && row_ok(P, &w, r)) ? EXP(s - Mt[r]) * Il[r] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int jj = kn; jj < TK; jj += KLN) {
+      const int j = min(t0 + jj, kr.y - 1);             // clamped; p is 0 past the range
+      for (int dv = 0; dv < DV; ++dv) {
+        const int g = min(dl + dv * DL, HD4 - 1);
+        const float4 vv = LD4(vb, KOFF(j) + 4 * g);
+        for (int r = 0; r < R_ROWS; ++r) acc[r][dv] += Ps[r * TK + jj] * vv;
+      }
+    }
+  }
+  // merge the key lanes, one row at a time
+  for (int r = 0; r < R_ROWS; ++r) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int dv = 0; dv < DV; ++dv) {
+      const int g = dl + dv * DL;
+      if (g < HD4) red[kn * HD4 + g] = acc[r][dv];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (kn == 0 && row_ok(P, &w, r)) {
+      const size_t row = part_row(P, &w, r, t);
+      const bool any = Lt[r] > 0.0f;
+      for (int dv = 0; dv < DV; ++dv) {
+        const int g = dl + dv * DL;
+        if (g < HD4) {
+          float4 o = (float4)(0.0f);
+          for (int c = 0; c < KLN; ++c) o += red[c * HD4 + g];
+          vstore4(any ? o : (float4)(0.0f), 0, o_parts + row * HD + 4 * g);
+        }
+      }
+      if (dl == 0)
+        lse_parts[row] = any ? Mt[r] + alibi_offset(P, &w, r, kr.y) + log(Lt[r])
+                             : -INFINITY;
+    }
+  }
+}

@@ -1,0 +1,92 @@
+// decode_qk: the first kernel of the unfused decode (FlashInfer's proposal). Per work-group
+// (GC heads x MQ rows of one GQA group, one KV split): QK^T over the split's visible keys,
+// written as final scores (softcap, bias, ALiBi and masks applied; -inf where masked) to
+// scores [B, Nq, S, C] float32, plus the split's softmax statistics per row: max m_t and
+// sum l_t = sum_j exp(s_j - m_t) into stats [2, B, Nq, S, T] (m_t = -inf, l_t = 0 for a
+// split without visible keys). Only keys of the split's key range are written; decode_pv
+// (same row tiling) reads exactly those.
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void decode_qk(PARAMS P, const __global elem_t* q, const __global elem_t* k,
+               const __global bias_t* bias, const __global int* seqlens,
+               const __global int* table, __global float* scores, __global float* stats) {
+  __local float Qs[R_ROWS * KP];
+  __local float Ks[TK * KP];
+  __local float red_m[R_ROWS * KL];
+  __local float red_l[R_ROWS * KL];
+  __local float* Vs = 0;                   // STORE_TILE's V half is off (STAGE_V is 0)
+
+  const int ns = (int)P->n_splits;
+  int t;
+  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  const int lo = t * (int)P->split_size;
+  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
+  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const Tiles ts = dense_tiles(kr);
+  const __global int* btab = BTAB(P, table, w.b);
+  const __global elem_t* kb = k + KV_BASE(P, w.b, w.kvh);
+  const __global elem_t* vb = kb;          // FETCH's V half is off (STAGE_V is 0 here)
+  const int lid = get_local_id(0);
+  const int kl = lid % KL, rl = lid / KL;
+  load_q(P, &w, q, Qs);
+
+  // per work-item running (max, sum) of its keys, for each of its rows
+  float m[MR], l[MR];
+  for (int a = 0; a < MR; ++a) {
+    m[a] = -INFINITY;
+    l[a] = 0.0f;
+  }
+  raw4_t pk[NLD], pv[NLD];
+  int2 tr = tile_keys(&ts, 0, 0);
+  FETCH(tr.x, tr.y)
+  for (int it = 0; it < ts.count; ++it) {
+    const int t0 = tr.x, t1 = tr.y;
+    STORE_TILE(KP)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    tr = tile_keys(&ts, 0, it + 1);
+    FETCH(tr.x, tr.y)
+    for (int a = 0; a < MR; ++a) {
+      const int r = rl + a * RL, rc = min(r, R_ROWS - 1);
+      float s[NK];
+      for (int n = 0; n < NK; ++n) s[n] = 0.0f;
+      for (int g = 0; g < HD4; ++g) {
+        const float4 qv = vload4(0, Qs + rc * KP + 4 * g);
+        for (int n = 0; n < NK; ++n) s[n] += dot(qv, vload4(0, Ks + (kl + n * KL) * KP + 4 * g));
+      }
+      float mx = m[a];
+      for (int n = 0; n < NK; ++n) {
+        const int j = t0 + kl + n * KL;
+        s[n] = finish_score_r(P, &w, bias, r, j, t1, kr.y, true, s[n]);
+        mx = fmax(mx, s[n]);
+        if (r < R_ROWS && j < t1 && row_ok(P, &w, r)) scores[SCORE_ROW(P, &w, r) + j] = s[n];
+      }
+      const float mu = SAFE_MAX(mx);
+      float ls = l[a] * EXP(m[a] - mu);
+      for (int n = 0; n < NK; ++n) ls += EXP(s[n] - mu);
+      m[a] = mx;
+      l[a] = ls;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  // combine the KL key lanes of every row
+  for (int a = 0; a < MR; ++a) {
+    const int r = rl + a * RL;
+    if (r < R_ROWS) {
+      red_m[r * KL + kl] = m[a];
+      red_l[r * KL + kl] = l[a];
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid < R_ROWS && row_ok(P, &w, lid)) {
+    float mx = -INFINITY;
+    for (int c = 0; c < KL; ++c) mx = fmax(mx, red_m[lid * KL + c]);
+    const float mu = SAFE_MAX(mx);
+    float ls = 0.0f;
+    for (int c = 0; c < KL; ++c) ls += red_l[lid * KL + c] * EXP(red_m[lid * KL + c] - mu);
+    const size_t row = part_row(P, &w, lid, t);
+    const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * ns;
+    stats[row] = ls > 0.0f ? mx : -INFINITY;
+    stats[nrows + row] = ls;
+  }
+}
