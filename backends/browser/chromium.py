@@ -206,9 +206,18 @@ class Chromium:
         with _LIVE_LOCK:
             _LIVE.discard(self)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # Also runs at interpreter shutdown, when module globals may already be gone.
+        if getattr(self, "_closed", True):
+            return
+        try:  # noqa: SIM105
             self.close(grace=1.0)
+        except Exception:
+            pass
 
 
 @atexit.register

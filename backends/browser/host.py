@@ -64,6 +64,15 @@ class BrowserHost:
     def alive(self) -> bool:
         return self.browser is not None and self.browser.alive()
 
+    def _gone(self) -> str:
+        """Why the host cannot take a job."""
+        b = self.browser
+        if b is None or b.closed:
+            return "the browser host is closed"
+        tail = b.log_tail()
+        return (f"chromium exited (status {b.proc.poll()}) before the job was sent"
+                + (f"; its log ends:\n{tail}" if tail else ""))
+
     def _wait(self, got: Callable[[], _T | None], timeout: float, what: str) -> _T:
         """Wait for ``got()``; fail early if the browser dies or the page reports trouble."""
         srv = self.server
@@ -91,7 +100,9 @@ class BrowserHost:
         ended (the host is then dead) and BrowserError raised."""
         with self._call_lock:
             if not self.alive():
-                raise BrowserError("the browser host is closed")
+                why = self._gone()
+                self.close()
+                raise BrowserError(why)
             self._seq += 1
             seq = self._seq
             self.server.submit(wire.encode({**header, "id": seq}, blobs))
