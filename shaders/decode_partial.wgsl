@@ -12,7 +12,12 @@
 //   PV   NS streams x PVW lanes: a lane owns CPL vec4 columns of the output for all R query
 //        vectors and a stream takes every NS-th key; streams share the running maximum, so
 //        their sums simply add up at the end.
-// Prefix constants: M, GT, BC (keys per tile), WG (threads), PREFETCH.
+// BLOCKS 1 (block_skip): tiles are the blocks of the masked-block list that the row tile's
+// list keeps; with BAL 1 (op attention) the row's listed blocks are dealt out evenly over
+// the splits instead of by key range (any partition of the keys reduces to the same
+// result); with BAL 0 (op partial) a split keeps its key range, as the contract's partial
+// states require. Blocks flagged all-zero skip the bias load.
+// Prefix constants: M, GT, BC (keys per tile), WG (threads), PREFETCH, BAL.
 
 const R: u32 = GT * M;
 const HS: u32 = max(1u, WG / BC);         // QK lanes per key
@@ -45,18 +50,30 @@ struct Wg {
   hc: u32,
   i0: u32,
   len: u32,
+  klo: u32,
   khi: u32,
 }
 
-// Logit of query vector r against key j, or MASKED if j is invisible to it.
-fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32) -> f32 {
+// Logit of query vector r against key j, or MASKED if j is invisible to it (or outside this
+// split's keys). with_bias false: the tile's bias is known to be all 0.
+fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
   let gh = w.hc * GT + r / M;
   let i = w.i0 + r % M;
   let pos = row_pos(w.len, i);
-  if (gh < P.group_size && i < P.seq_len && j < w.khi && key_visible(i32(j), pos, w.len)) {
-    return logit(dot_qk, w.b, w.kvh * P.group_size + gh, i, j, pos);
+  if (gh < P.group_size && i < P.seq_len && j >= w.klo && j < w.khi
+      && key_visible(i32(j), pos, w.len)) {
+    return logit_b(dot_qk, w.b, w.kvh * P.group_size + gh, i, j, pos, with_bias);
   }
   return MASKED;
+}
+
+// (first key, bias needed) of tile it: consecutive tiles from klo, or listed blocks.
+fn tile_of(it: u32, klo: u32, l_first: u32) -> vec2<u32> {
+  if (BLOCKS == 1u) {
+    let e = blk_entry(l_first + it);
+    return vec2<u32>((e & 0x7fffffffu) * BC, 1u - (e >> 31u));
+  }
+  return vec2<u32>(klo + it * BC, 1u);
 }
 
 @compute @workgroup_size(WG)
@@ -81,9 +98,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
   let span = key_span(len, i0, min(i0 + M, P.seq_len) - 1u);
   let split_lo = t * P.split_size;
-  let klo = max(split_lo, u32(span.x));
-  let khi = min(min(split_lo + P.split_size, P.capacity), u32(span.y));
-  let w = Wg(b, kvh, hc, i0, len, khi);
+  var klo = max(split_lo, u32(span.x));
+  var khi = min(min(split_lo + P.split_size, P.capacity), u32(span.y));
+  var n_tiles = select(0u, cdiv(khi - klo, BC), khi > klo);
+  var l_first = 0u;
+  if (BLOCKS == 1u) {
+    // GT is 1 when the bias differs per head, so one list row serves the workgroup.
+    let row = blk_row(b, kvh * P.group_size + hc * GT, rt, n_rt);
+    if (BAL == 1u) {
+      klo = u32(span.x);
+      khi = u32(span.y);
+      let ls = blk_span(row, klo, khi, BC);
+      let per = cdiv(ls.y - ls.x, P.n_splits);
+      l_first = ls.x + min(t * per, ls.y - ls.x);
+      n_tiles = ls.x + min((t + 1u) * per, ls.y - ls.x) - l_first;
+    } else {
+      let ls = blk_span(row, klo, khi, BC);
+      l_first = ls.x;
+      n_tiles = ls.y - ls.x;
+    }
+  }
+  let w = Wg(b, kvh, hc, i0, len, klo, khi);
 
   // Query vector r is head hc*GT + r/M of the group, row i0 + r%M; absent ones load zeros.
   for (var u = 0u; u < (R * HG + WG - 1u) / WG; u++) {
@@ -124,7 +159,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // The loads have a constant trip count (the compiler unrolls them and issues all before
   // the first use) and sit in main: a helper taking the register tile by pointer made a
   // driver keep it in local memory.
-  let n_tiles = select(0u, cdiv(khi - klo, BC), khi > klo);
   var kr: array<GV, NLD>;
   var vr: array<GV, NLD>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
@@ -143,13 +177,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       workgroupBarrier();
     }
-    let jf = klo + it * BC;
+    var jf = 0u;
+    if (it < n_tiles) {
+      jf = tile_of(it, klo, l_first).x;
+    }
     for (var u = 0u; u < NLD; u++) {
       let idx = lid + u * WG;
       let jj = idx / HG;
       kr[u] = GV();
       vr[u] = GV();
-      if (idx < BC * HG && jf + jj < khi) {   // only this split's keys, never past the valid length
+      // only this split's keys, never past the valid length
+      if (idx < BC * HG && it < n_tiles && jf + jj >= klo && jf + jj < khi) {
         let at = kv_granule(b, kvh, jf + jj) + idx % HG;
         kr[u] = k[at];
         vr[u] = v[at];
@@ -173,7 +211,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (it < PREFETCH) {
       continue;
     }
-    let j0 = klo + (it - PREFETCH) * BC;
+    let cur = tile_of(it - PREFETCH, klo, l_first);
+    let j0 = cur.x;
+    let wb = cur.y == 1u;
 
     // QK: lane (slice h, key jj); consecutive lanes take consecutive keys (distinct banks).
     let h = lid / min(BC, KW);
@@ -192,7 +232,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       for (var r = 0u; r < R; r++) {
         if (HS == 1u) {
-          p_s[jj * R + r] = vec_logit(w, r, j0 + jj, sc[r]);
+          p_s[jj * R + r] = vec_logit(w, r, j0 + jj, sc[r], wb);
         } else {
           part_s[(jj * R + r) * HS + h] = sc[r];
         }
@@ -207,7 +247,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           for (var hh = 0u; hh < HS; hh++) {
             s += part_s[e * HS + hh];
           }
-          p_s[e] = vec_logit(w, e % R, j0 + e / R, s);
+          p_s[e] = vec_logit(w, e % R, j0 + e / R, s, wb);
         }
       }
       workgroupBarrier();

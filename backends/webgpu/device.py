@@ -53,9 +53,9 @@ BINDINGS: dict[str, list[tuple[int, str]]] = {
     "reduce": [(0, "uniform"), (1, "read"), (2, "read"), (3, "read"), (4, "rw"), (5, "rw")],
     # q, k, v, bias, seqlens, sink in; scores [B,Nq,S,C] and per-split (max, sum) out
     "decode_qk": _ATTN,
-    # v, seqlens, scores, stats in; o_parts, lse_parts out
-    "decode_pv": [(0, "uniform"), (1, "read"), (2, "read"), (3, "read"), (4, "read"),
-                  (5, "rw"), (6, "rw")],
+    # attn_common's v (3) and seqlens (5); o_parts, lse_parts out; scores, stats in
+    "decode_pv": [(0, "uniform"), (3, "read"), (5, "read"), (7, "rw"), (8, "rw"),
+                  (9, "read"), (10, "read")],
     # f16 strips at 2-byte offsets (memory.py): params, source words, destination words
     "patch16": [(0, "uniform"), (1, "read"), (2, "rw")],
 }

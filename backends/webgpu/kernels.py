@@ -42,6 +42,7 @@ DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
     "float16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
     "float32": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
 }
+DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads": (64, 128)}
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor).
@@ -49,6 +50,8 @@ SHRINK = {
     "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4),
                 ("max_k_step", 8)),
     "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
+    "decode_qk": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
+    "decode_pv": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
 }
 
 
@@ -107,14 +110,21 @@ def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
 
 
 # -- decode_partial -----------------------------------------------------------------------
-def decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
+                  bias_shape: tuple[int, ...] | None = None, op: str = "attention",
+                  ) -> dict[str, int]:
+    """Tiles of decode_partial and decode_qk. A block-skipping variant over a bias that
+    differs per head takes one head per workgroup (GT 1: one block list per workgroup) and,
+    for op attention, deals the listed blocks out evenly over the splits (BAL)."""
     d = DECODE_DEFAULTS[spec.dtype]
-    return {"M": int(params.get("m_tile", 1)),
-            "GT": min(spec.group_size, _p(params, d, "group_tile"),
-                      max(1, MAX_VECTORS // int(params.get("m_tile", 1)))),
-            "BC": _p(params, d, "kv_tile"),
-            "WG": _p(params, d, "threads"),
-            "PREFETCH": int(bool(_p(params, d, "prefetch")))}
+    blocks = bool(params.get("block_skip"))
+    gt = min(spec.group_size, _p(params, d, "group_tile"),
+             max(1, MAX_VECTORS // int(params.get("m_tile", 1))))
+    if blocks and bias_shape is not None and bias_shape[1] > 1:
+        gt = 1
+    return {"M": int(params.get("m_tile", 1)), "GT": gt, "BC": _p(params, d, "kv_tile"),
+            "WG": _p(params, d, "threads"), "PREFETCH": int(bool(_p(params, d, "prefetch"))),
+            "BAL": int(blocks and op == "attention")}
 
 
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -141,9 +151,34 @@ def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
     """The compile-time constants of one stage (what its WGSL prefix defines)."""
     if family == "prefill":
         return prefill_consts(spec, params, subgroup_width)
-    if family == "decode_partial":
-        return decode_consts(spec, params)
+    if family in ("decode_partial", "decode_qk"):
+        return decode_consts(spec, params, bias_shape, op)
+    if family == "decode_pv":
+        return pv_consts(spec, params)
     return reduce_consts(spec, params)
+
+
+def pv_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    """Tiles of decode_pv: its own rows per workgroup (it reads scores, not the query, so
+    any row tiling works): up to 4 rows sharing each V tile, the GQA group's heads."""
+    d = DECODE_DEFAULTS[spec.dtype]
+    m = 4 if spec.seq_len >= 4 else 2 if spec.seq_len >= 2 else 1
+    return {"M": m, "GT": min(spec.group_size, _p(params, d, "group_tile"), MAX_VECTORS // m),
+            "BC": _p(params, d, "kv_tile"), "WG": _p(params, d, "threads"),
+            "PREFETCH": int(bool(_p(params, d, "prefetch")))}
+
+
+def qk_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = decode_consts(spec, params)
+    hv, e, r = spec.head_size // 4, spec.itemsize, c["M"] * c["GT"]
+    hs = max(1, c["WG"] // c["BC"])
+    return r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * r * 4 * (1 + hs)
+
+
+def pv_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = pv_consts(spec, params)
+    hv, e, r = spec.head_size // 4, spec.itemsize, c["M"] * c["GT"]
+    return c["BC"] * hv * 4 * e + c["BC"] * r * 4 + r * 8 + r * hv * 16
 
 
 def _pow2(n: int) -> bool:
@@ -172,6 +207,13 @@ def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, 
     return why or _thread_check(prefill_threads)(spec, caps, params)
 
 
+def _pv_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+    c = pv_consts(spec, params)
+    why = [f"{n}={c[k]} must be a power of two" for n, k in
+           (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
+    return why or _thread_check(lambda s, p: pv_consts(s, p)["WG"])(spec, caps, params)
+
+
 def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = decode_consts(spec, params)
     why = [f"{n}={c[k]} must be a power of two" for n, k in
@@ -181,37 +223,91 @@ def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, A
     return why or _thread_check(lambda s, p: decode_consts(s, p)["WG"])(spec, caps, params)
 
 
+KV_LAYOUTS = frozenset({"BSNH", "BNSH", "paged"})
+
+
+def _prefill(dtype: str, variant: str, blocks: bool) -> KernelInfo:
+    short = DTYPES[dtype]
+    sg = variant == "sg"
+    return KernelInfo(
+        id=f"{NAME}.prefill.{short}.{variant}" + (".blocks" if blocks else ""), backend=NAME,
+        family="prefill", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
+        features=_features(dtype, *(("subgroups",) if sg else ())), priority=10 if sg else 0,
+        kv_layouts=KV_LAYOUTS,
+        params={"reduction": "subgroup" if sg else "workgroup", "block_skip": blocks},
+        defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES, workgroup_storage=prefill_storage,
+        extra_checks=_block_checks(_prefill_checks) if blocks else _prefill_checks,
+        doc="flash attention over q_tile query rows per workgroup, online softmax in steps "
+            "of max_k_step keys, K/V staged per kv_tile in workgroup memory or read directly "
+            "(kv_staging); row maxima via " + ("subgroup shuffles" if sg else "workgroup memory")
+            + ("; visits only the KV blocks the bias's block list keeps" if blocks else ""))
+
+
+def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
+    short = DTYPES[dtype]
+    return KernelInfo(
+        id=f"{NAME}.decode_partial.{short}.m{m}" + (".blocks" if blocks else ""), backend=NAME,
+        family="decode_partial", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
+        features=_features(dtype), kv_layouts=KV_LAYOUTS,
+        params={"m_tile": m, "block_skip": blocks}, defaults=DECODE_DEFAULTS[dtype],
+        choices=DECODE_CHOICES, workgroup_storage=decode_storage,
+        extra_checks=_block_checks(_decode_checks) if blocks else _decode_checks,
+        doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the GQA "
+            "group's heads per workgroup sharing each K/V tile"
+            + ("; visits only the listed KV blocks, dealt out evenly over the splits"
+               if blocks else ""))
+
+
+def _block_checks(inner: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]
+                  ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
+    def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+        if not spec.bias:
+            return ["block skipping needs a bias to build its block list (spec.bias is False)"]
+        return inner(spec, caps, params)
+    return check
+
+
 def declare() -> list[KernelInfo]:
-    """Every WebGPU kernel variant: prefill (subgroup / workgroup-memory), decode_partial
-    (m_tile 1/2/4) and reduce, each in f32 and f16."""
+    """The WebGPU kernel variants every WebGPU host can bind: prefill (subgroup /
+    workgroup-memory), decode_partial (m_tile 1/2/4), the unfused pair decode_qk (m_tile
+    1/2/4) + decode_pv, and reduce, each in f32 and f16. The K/V readers take contiguous
+    and paged caches (the paged ones bind a block table)."""
     out: list[KernelInfo] = []
     for dtype, short in DTYPES.items():
-        for variant, feats, prio in (("sg", ("subgroups",), 10), ("wgmem", (), 0)):
-            out.append(KernelInfo(
-                id=f"{NAME}.prefill.{short}.{variant}", backend=NAME, family="prefill",
-                dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
-                features=_features(dtype, *feats), priority=prio,
-                params={"reduction": "subgroup" if variant == "sg" else "workgroup"},
-                defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES,
-                workgroup_storage=prefill_storage, extra_checks=_prefill_checks,
-                doc="flash attention over q_tile query rows per workgroup, online softmax in "
-                    "steps of max_k_step keys, K/V staged per kv_tile in workgroup memory or "
-                    "read directly (kv_staging); row maxima via " + (
-                        "subgroup shuffles" if variant == "sg" else "workgroup memory")))
+        out += [_prefill(dtype, v, False) for v in ("sg", "wgmem")]
+        out += [_decode(dtype, m, False) for m in M_TILES]
         for m in M_TILES:
             out.append(KernelInfo(
-                id=f"{NAME}.decode_partial.{short}.m{m}", backend=NAME, family="decode_partial",
+                id=f"{NAME}.decode_qk.{short}.m{m}", backend=NAME, family="decode_qk",
                 dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
-                params={"m_tile": m}, defaults=DECODE_DEFAULTS[dtype],
-                workgroup_storage=decode_storage, extra_checks=_decode_checks,
-                doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the "
-                    "GQA group's heads per workgroup sharing each K/V tile"))
+                kv_layouts=KV_LAYOUTS, params={"m_tile": m}, defaults=DECODE_DEFAULTS[dtype],
+                choices=DECODE_CHOICES, workgroup_storage=qk_storage, extra_checks=_decode_checks,
+                doc=f"unfused decode, kernel 1: QK^T per KV split for {m} query row(s) x the "
+                    "GQA group's heads, scores [B,Nq,S,C] f32 and per-split max/sum out"))
+        out.append(KernelInfo(
+            id=f"{NAME}.decode_pv.{short}", backend=NAME, family="decode_pv",
+            dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
+            kv_layouts=KV_LAYOUTS, defaults=DECODE_DEFAULTS[dtype], choices=DECODE_CHOICES,
+            workgroup_storage=pv_storage, extra_checks=_pv_checks,
+            doc="unfused decode, kernel 2: normalises decode_qk's scores with the split's "
+                "statistics and multiplies by V into the contract's partial states"))
         out.append(KernelInfo(
             id=f"{NAME}.reduce.{short}", backend=NAME, family="reduce",
             # vec4 columns, one workgroup of 256 lanes per row: any multiple of 4 to 1024
             dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), features=_features(dtype),
-            workgroup_storage=reduce_storage,
+            kv_layouts=KV_LAYOUTS, workgroup_storage=reduce_storage,       # reads no K/V
             doc="merges split-KV partial states and the head sink into out and lse"))
+    return out
+
+
+def declare_block_skip() -> list[KernelInfo]:
+    """The masked-block-skipping variants of prefill and decode_partial (params
+    block_skip=True): they bind the bias's block list, which only backends.webgpu's runtime
+    builds, so they are declared apart from declare()."""
+    out: list[KernelInfo] = []
+    for dtype in DTYPES:
+        out += [_prefill(dtype, v, True) for v in ("sg", "wgmem")]
+        out += [_decode(dtype, m, True) for m in M_TILES]
     return out
 
 

@@ -25,8 +25,7 @@ class WebGpuBackend:
 
 def _ours(ctx: Ctx) -> bool:
     k = ctx.kernel
-    return (k is not None and k.backend == probe.NAME
-            and k.family in ("prefill", "decode_partial") and "kv_tile" in k.defaults)
+    return k is not None and k.backend == probe.NAME and k.family in kernels.SHRINK
 
 
 def _fit(ctx: Ctx) -> dict[str, int]:
@@ -47,6 +46,23 @@ STEP_IN_TILE = Rule(
     "max_k_step is capped at kv_tile", "params", _step_over_tile,
     lambda c: {"max_k_step": int({**(c.kernel.defaults if c.kernel else {}), **c.params}["kv_tile"])})
 
+def _block_skip(ctx: Ctx) -> dict[str, bool]:
+    mode = ctx.flags.get("block_skip", "auto")
+    on = ctx.spec.bias and (mode == "on" or (mode == "auto" and _skip_pays(ctx)))
+    return {"block_skip": bool(on)}
+
+
+def _skip_pays(ctx: Ctx) -> bool:
+    return False
+
+
+BLOCK_SKIP = Rule(
+    "webgpu_block_skip",
+    "flag block_skip: 'on' (with a bias) runs the variant that visits only the KV blocks the "
+    "bias's block list keeps; 'off' and no bias the dense kernel", "params",
+    lambda c: c.kernel is not None and c.kernel.backend == probe.NAME
+    and "block_skip" in c.kernel.params and "block_skip" not in c.user, _block_skip)
+
 FIT_TILES = Rule(
     "webgpu_tiles_fit_storage",
     "WebGPU prefill/decode tiles are halved (kv_tile, then q_tile or group_tile) until the "
@@ -60,11 +76,12 @@ def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> No
 
 @attnreg.hookimpl
 def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.declare():
+    for k in kernels.declare() + kernels.declare_block_skip():
         register(k)
 
 
 @attnreg.hookimpl
 def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
+    register(BLOCK_SKIP)
     register(FIT_TILES)
     register(STEP_IN_TILE)

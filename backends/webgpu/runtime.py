@@ -259,14 +259,14 @@ class WebGpuRuntime(DeviceMemory):
             elif fam == "decode_qk":
                 bufs = [*attn_in, bound["scores"], bound["stats"]]
             elif fam == "decode_pv":
-                bufs = [params, bound.get("v", rd), bound.get("seqlens_k", rd), bound["scores"],
-                        bound["stats"], bound["o_parts"], bound["lse_parts"]]
+                bufs = [params, bound.get("v", rd), bound.get("seqlens_k", rd), bound["o_parts"],
+                        bound["lse_parts"], bound["scores"], bound["stats"]]
             else:
                 bufs = [params, bound["o_parts"], bound["lse_parts"], bound.get("head_sink", rd),
                         out, lse]
             aux = stage_aux(st, spec)
             bufs += [bound["block_table"] if a == "block_table" else bound[f"block_list_{fam}"]
-                     for a in aux]
+                     for a in sorted(aux)]            # device.bindings() order
             bgl, _ = self.dev.layout(device.layout_key(fam, aux))
             group = self.dev.device.create_bind_group(layout=bgl, entries=[
                 {"binding": i, "resource": {"buffer": buf}}

@@ -15,12 +15,12 @@ FILES = {
     "decode_partial": ("attn_common", "decode_partial"),
     "reduce": ("reduce",),
     "decode_qk": ("attn_common", "decode_qk"),
-    "decode_pv": ("decode_pv",),
+    "decode_pv": ("attn_common", "decode_pv"),
 }
 # Optional inputs of a variant, declared by the prefix after its family's bindings (at these
 # binding numbers, per family); backends.webgpu.device builds the matching layouts.
 AUX_BINDINGS: dict[str, dict[str, int]] = {
-    "block_table": {"prefill": 9, "decode_partial": 9, "decode_qk": 9, "decode_pv": 7},
+    "block_table": {"prefill": 9, "decode_partial": 9, "decode_qk": 9, "decode_pv": 11},
     "block_list": {"prefill": 10, "decode_partial": 10},
 }
 # Memory helpers every K/V-reading family calls. kv_elem: element offset of key j of
