@@ -122,6 +122,24 @@ class _Launcher:
 
 
 _LAUNCHER = _Launcher()
+_DIR_PREFIX = "attnreg-chromium-"
+
+
+def _sweep_stale_dirs() -> None:
+    """Remove the profiles of browsers whose Python process died without closing them
+    (killed, or crashed: atexit never ran). The owner's pid is in the directory name."""
+    if not os.path.isdir("/proc/self"):
+        return                         # no way to tell a live owner from a dead one
+    base = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            if not name.startswith(_DIR_PREFIX):
+                continue
+            owner = name[len(_DIR_PREFIX):].split("-", 1)[0]
+            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
 _LIVE: weakref.WeakSet[Chromium] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 
@@ -140,7 +158,8 @@ class Chromium:
                 f"set {BINARY_ENV} to a Chrome/Chromium binary")
         self.binary = exe
         self.tag = uuid.uuid4().hex
-        self.dir = tempfile.mkdtemp(prefix="attnreg-chromium-")
+        _sweep_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
         self.log_path = os.path.join(self.dir, "chromium.log")
         profile = os.path.join(self.dir, "profile")
         env = {**os.environ, TAG_ENV: self.tag}
