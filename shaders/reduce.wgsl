@@ -121,7 +121,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       d += den_s[g];
     }
     var res = vec4<f32>(0.0);
-    var lse_v = bitcast<f32>(0xff800000u);
+    let neg_inf_bits = 0xff800000u;      // not a folded constant: Tint rejects infinite ones
+    var lse_v = bitcast<f32>(neg_inf_bits);
     if (mx > MASKED) {
       res = a / d;
       lse_v = m_use + log(d);
