@@ -190,10 +190,10 @@ class WebGpuRuntime(DeviceMemory):
         bound = {name: self._input(name, x) for name, x in inputs.items()}
         bias = inputs.get("bias")
         bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
-        consts = [kernels.stage_consts(st.family, spec, st.params, bias_shape=bias_shape,
-                                       op=plan.op) for st in stages]
-        for st, c in zip(stages, consts):
-            if "block_list" in stage_aux(st, spec):
+        for st in stages:
+            if st.params.get("block_skip") and "block_list" in stage_aux(st, spec):
+                c = kernels.stage_consts(st.family, spec, st.params, bias_shape=bias_shape,
+                                         op=plan.op)
                 bound[f"block_list_{st.family}"] = self._block_list(spec, st, c, bias)
         if outputs and outputs.get("out") is not None:
             bound["out"] = outputs["out"].handle
