@@ -76,10 +76,13 @@ def _m_tile(ctx: Ctx) -> dict[str, Any]:
 PRIVATE_BYTES = 16 * 1024
 
 
-def default_max_k_step(spec: AttentionSpec) -> int:
-    """Largest of 64/32/16/8 keys whose K rows fit PRIVATE_BYTES at this head size and dtype."""
+def default_max_k_step(spec: AttentionSpec, budget: int = PRIVATE_BYTES // 2) -> int:
+    """Largest of 64/32/16/8 keys whose K rows (at this head size and dtype) fit ``budget``.
+
+    The default budget is half of the 16 KiB private memory, leaving the rest for the query
+    row and the accumulators; the Apple-tuned path spends all of it."""
     for step in (64, 32, 16, 8):
-        if step * spec.head_size * spec.itemsize <= PRIVATE_BYTES:
+        if step * spec.head_size * spec.itemsize <= budget:
             return step
     return 8
 
@@ -144,15 +147,16 @@ _CORE_RULES: tuple[Rule, ...] = (
 
 
 VENDOR_RULES: tuple[Rule, ...] = (
-    Rule("max_k_step_fits_private", "keys per inner step sized so their K rows fit 16 KiB of "
-         "private memory at this head size and dtype", "params",
+    Rule("max_k_step_fits_private", "keys per inner step sized so their K rows take at most "
+         "half of 16 KiB of private memory at this head size and dtype (the rest holds the "
+         "query row and accumulators)", "params",
          lambda c: _family(c, "prefill") and _tunable(c, "max_k_step"),
          lambda c: {"max_k_step": default_max_k_step(c.spec)}),
-    Rule("apple_tuned_max_k_step", "opt-in (flag apple_tuned_flash) on Apple GPUs: twice the "
-         "keys per step, which Apple's large register file holds without spilling", "params",
-         lambda c: _family(c, "prefill") and _tunable(c, "max_k_step")
+    Rule("apple_tuned_max_k_step", "opt-in (flag apple_tuned_flash) on Apple GPUs: K rows may "
+         "fill the whole 16 KiB, which Apple's large register file holds without spilling",
+         "params", lambda c: _family(c, "prefill") and _tunable(c, "max_k_step")
          and bool(c.flags.get("apple_tuned_flash")) and c.caps.vendor == "apple",
-         lambda c: {"max_k_step": min(64, 2 * default_max_k_step(c.spec))}),
+         lambda c: {"max_k_step": default_max_k_step(c.spec, PRIVATE_BYTES)}),
     Rule("nvidia_kv_in_workgroup_memory", "NVIDIA: stage K/V tiles in workgroup (shared) memory, "
          "read once per workgroup instead of once per subgroup", "params",
          lambda c: _family(c, "prefill") and _tunable(c, "kv_staging") and c.caps.vendor == "nvidia",
