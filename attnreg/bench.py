@@ -126,14 +126,16 @@ def time_case(session: Session, spec: AttentionSpec, inputs: Mapping[str, np.nda
 
 def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str | None = None,
                quick: bool = False, iters: int = 50, warmup: int = 5, check: bool = True,
-               peers: bool = True, log: Callable[[str], None] = print) -> list[Row]:
+               peers: bool = True, gpu_only: bool = False,
+               log: Callable[[str], None] = print) -> list[Row]:
     table = QUICK if quick else SUITES
     for s in suites:
-        if s not in table:
-            raise SpecError("suite", s, f"one of {sorted(table)}")
+        if s not in table and s != "decode-loop":
+            raise SpecError("suite", s, f"one of {sorted([*table, 'decode-loop'])}")
     devs = [d for d in api.devices(backend) if d.available]
     if device is not None:
         devs = [d for d in devs if device in (d.id, d.name) or device.lower() in d.name.lower()]
+    devs = _device_filter(devs, gpu_only)
     rows: list[Row] = []
     for dev in devs:
         with Session(backend=dev.backend, device=dev.id) as session:
@@ -143,11 +145,19 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
                 rows.append(Row("roof", "copy-bandwidth", dev.backend, dev.slug, "copy", None,
                                 float("nan"), roof, None, None, {"roof": True}))
             for suite in suites:
-                for case in table[suite]:
+                for case in table.get(suite, []):
                     rows.append(_bench_one(session, dev, suite, case, iters, warmup, check, log))
+    if "decode-loop" in suites:
+        for dev in (d for d in devs if d.backend != "reference"):
+            with Session(backend=dev.backend, device=dev.id) as session:
+                try:
+                    rows.append(decode_loop(session, dev, length=512 if quick else 2048,
+                                            steps=8 if quick else 64, log=log))
+                except NoKernelError as exc:
+                    log(f"  {dev.backend}/{dev.slug} decode-loop: n/a ({exc.explanation[:80]})")
     if peers:
         for suite in suites:
-            for case in table[suite]:
+            for case in table.get(suite, []):
                 rows += peer_rows(suite, case, iters, warmup, log)
     return rows
 
@@ -202,6 +212,48 @@ def roofline_png(rows: Sequence[Row], path: str) -> str | None:
     return None
 
 
+def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps: int = 64,
+                dtype: str = "float16", log: Callable[[str], None] = print) -> Row:
+    """A real decode loop's cost per step on one device: the next query row and the new
+    token's K/V written to device tensors, attention into a device ``out`` (no read-back),
+    GQA 32/8 H=128 over a static KV cache of ``length`` keys. Reports the host time of a
+    step (submit only) and of a step that also waits for the result (one 8 KiB read)."""
+    rng = np.random.default_rng(0)
+    b, nkv, h, nq = 1, 8, 128, 32
+    cache = session.kv_cache(batch=b, kv_num_heads=nkv, head_size=h, capacity=length + steps,
+                             dtype=dtype, device=dev.id)
+    fill = rng.standard_normal((b, length - 1, nkv, h)).astype(dtype)
+    cache.append(fill, fill)
+    spec = cache.spec(num_heads=nq, seq_len=1, causal=True)
+    q = session.empty(spec.q_shape, dtype, device=dev.id)
+    out = session.empty(spec.out_shape, dtype, device=dev.id)
+    kv1 = rng.standard_normal((b, 1, nkv, h)).astype(dtype)
+    q_host = rng.standard_normal(spec.q_shape).astype(dtype)
+    submit, waited = [], []
+    plans_before = len(session._plans)
+    for i in range(steps):
+        t0 = time.perf_counter()
+        q.write(q_host)
+        cache.append(kv1, kv1)
+        session.run(spec, cache.tensors(q), out=out)
+        t1 = time.perf_counter()
+        if i % 2:
+            out.numpy()                      # wait for the GPU: the step a sampler would see
+            waited.append(time.perf_counter() - t0)
+        else:
+            submit.append(t1 - t0)
+        if i == 0:
+            submit.clear()                   # the first step plans and compiles
+    replans = len(session._plans) - plans_before
+    sub, wait = _median_us(submit), _median_us(waited)
+    log(f"  {dev.backend}/{dev.slug} decode-loop L={length}: step {sub:.1f} us submit, "
+        f"{wait:.1f} us with the wait ({replans} plan(s) for {steps} steps)")
+    dt = "f16" if dtype == "float16" else "f32"
+    return Row("decode-loop", f"decode-loop-{dt}-L{length}", dev.backend, dev.slug,
+               "KV cache + device tensors", None, wait, None, None, None,
+               {"submit_us": sub, "plans": replans, "steps": steps})
+
+
 def peer_rows(suite: str, case: Case, iters: int, warmup: int,
               log: Callable[[str], None]) -> list[Row]:
     """ONNX Runtime WebGPU and torch SDPA on the same case, when they are installed."""
@@ -226,6 +278,11 @@ def peer_rows(suite: str, case: Case, iters: int, warmup: int,
                                             "problem": res.get("problem", ""),
                                             "submit_us": res.get("submit_us")}))
     return out
+
+
+def _device_filter(devs: list[DeviceCaps], gpu_only: bool) -> list[DeviceCaps]:
+    """GPUs (and the reference, which is the baseline) when gpu_only."""
+    return [d for d in devs if not gpu_only or d.device_type == "gpu" or d.backend == "reference"]
 
 
 def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters: int,
@@ -270,7 +327,7 @@ def ratios(rows: Sequence[Row]) -> str:
 
     ours_backends = {"webgpu", "opencl", "browser"}
     out = []
-    for case in dict.fromkeys(r.case for r in rows if r.suite != "roof"):
+    for case in dict.fromkeys(r.case for r in rows if r.suite not in ("roof", "decode-loop")):
         mine = [r for r in rows if r.case == case and r.backend in ours_backends
                 and not r.kernels.startswith(("FAILED", "n/a"))]
         if not mine:
@@ -304,6 +361,11 @@ def format_rows(rows: Sequence[Row]) -> str:
         if r.suite == "roof":
             out.append((r.case, r.backend, r.device, "device-to-device copy", "-", "-",
                         f(r.gb_s, ".1f"), "-", "-", "-"))
+            continue
+        if r.suite == "decode-loop":
+            out.append((r.case, r.backend, r.device, f"{r.kernels}; submit "
+                        f"{r.extra['submit_us']:.1f} us, {r.extra['plans']} plan(s)", "-",
+                        f(r.wall_us, ".1f"), "-", "-", "-", "-"))
             continue
         basis = r.gpu_us if r.gpu_us is not None else r.wall_us
         vs = f"{ref[r.case] / basis:.1f}x" if r.case in ref and r.backend != "reference" else "-"

@@ -226,7 +226,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from . import bench
     suites = a.suite or ["decode", "whisper", "prefill"]
     rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
-                            iters=a.iters, warmup=a.warmup, peers=a.peers,
+                            iters=a.iters, warmup=a.warmup, peers=a.peers, gpu_only=a.gpu_only,
                             log=lambda m: print(m, file=sys.stderr))
     print(bench.format_rows(rows))
     print()
@@ -299,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="time named suites on every device, side by side")
     b.add_argument("--suite", action="append", choices=["decode", "long-context", "whisper",
-                                                        "prefill"])
+                                                        "prefill", "decode-loop"])
+    b.add_argument("--gpu-only", action="store_true",
+                   help="only GPU devices (plus the numpy reference as the baseline)")
     b.add_argument("--backend")
     b.add_argument("--device")
     b.add_argument("--quick", action="store_true", help="small sizes (CI smoke)")
