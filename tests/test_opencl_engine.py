@@ -151,7 +151,13 @@ def test_routes_follow_subgroups(dev):
     assert plan.route == "split_kv_fused" and plan.kernel == "opencl.decode_fused.f16.m4"
     decode = _spec(past_len=8191, num_heads=32, kv_num_heads=8, head_size=128, dtype="float16")
     assert attnreg.explain(decode, caps=nv).kernel == "opencl.decode_fused.f16.sg.m1"
-    assert attnreg.explain(decode, caps=plain).kernel == "opencl.decode_fused.f16.m1"
+    gpu = plain.model_copy(update={"device_type": "gpu"})
+    assert attnreg.explain(decode, caps=gpu).kernel == "opencl.decode_fused.f16.m1"
+    cpu = plain.model_copy(update={"device_type": "cpu"})      # the measured crossover
+    assert attnreg.explain(decode, caps=cpu).kernels == (
+        "opencl.decode_qk.f16.m1", "opencl.decode_pv.f16", "opencl.reduce.f16")
+    short = decode.replace(past_len=1023, num_heads=8, kv_num_heads=2)
+    assert attnreg.explain(short, caps=cpu).kernel == "opencl.decode_fused.f16.m1"
     two = attnreg.explain(decode, caps=nv, flags={"route": "split_kv"})
     assert two.kernels == ("opencl.decode_partial.f16.sg.m1", "opencl.reduce.f16")
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,12 +233,15 @@ def _emulated(session: attnreg.Session, case: Case, t: dict[str, np.ndarray],
     return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
 
-def run_case(session: attnreg.Session, case: Case, seed: int = 0) -> tuple[float, str]:
-    """(max error, problem or '') of one case on the session's OpenCL device."""
+def run_case(session: attnreg.Session, case: Case, seed: int = 0,
+             extra_params: Mapping[str, Any] | None = None) -> tuple[float, str]:
+    """(max error, problem or '') of one case on the session's OpenCL device;
+    ``extra_params`` are forced on the case's kernel (e.g. {"cvt": "cl"} on NVIDIA)."""
     spec = case.spec
     t = tensors_for(case, seed)
     want = testing.expected(spec, t)
-    params = {"split_size": case.split_size} if case.split_size else None
+    params = {**({"split_size": case.split_size} if case.split_size else {}),
+              **(extra_params or {})} or None
     if case.mode == "attention":
         return testing.compare(spec, session.run(spec, t, kernel=case.kernel, params=params),
                                want)
@@ -246,7 +251,8 @@ def run_case(session: attnreg.Session, case: Case, seed: int = 0) -> tuple[float
     inputs = check_tensors(spec, t)
     wo, wl = ref.partial_states(spec, inputs, size)
     if case.mode == "partial":
-        o, lse = session.partial_states(spec, t, split_size=size, kernel=case.kernel)
+        o, lse = session.partial_states(spec, t, split_size=size, kernel=case.kernel,
+                                        params=extra_params)
         err, why = testing.compare_partials(spec, (o, lse), (wo, wl), TOLERANCE[spec.dtype])
         if why:
             return err, why
@@ -271,28 +277,43 @@ def axis_values(cases: list[Case]) -> dict[str, set[Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every case on one OpenCL device; print failures and a summary."""
+    """Run cases on one OpenCL device; print failures and a summary (and write JSON)."""
     ap = argparse.ArgumentParser(description="OpenCL conformance cases")
     ap.add_argument("--device", default=None)
-    ap.add_argument("filters", nargs="*")
+    ap.add_argument("--variants", default="", help="comma-separated variant names (default all)")
+    ap.add_argument("--dtype", default=None, help="float16 or float32 only")
+    ap.add_argument("--params", default="{}", help="JSON params forced on every case's kernel")
+    ap.add_argument("--json", default=None, help="write the summary and failures here")
+    ap.add_argument("filters", nargs="*", help="substrings of case names")
     a = ap.parse_args(argv)
-    bad, worst, t0 = 0, 0.0, time.perf_counter()
+    params = json.loads(a.params)
+    bad: list[str] = []
+    worst, t0 = 0.0, time.perf_counter()
     with attnreg.Session(backend="opencl", device=a.device) as s:
         caps = s.plan(AttentionSpec()).caps
-        cases = [c for c in for_device(caps) if not a.filters or any(f in c.name for f in a.filters)]
-        print(f"{caps.label}: {len(cases)} cases", flush=True)
+        wanted = [v for v in a.variants.split(",") if v]
+        cases = [c for c in (build(tuple(wanted)) if wanted else for_device(caps))
+                 if (not a.filters or any(f in c.name for f in a.filters))
+                 and (a.dtype is None or c.spec.dtype == a.dtype)]
+        print(f"{caps.label}: {len(cases)} cases {params or ''}", flush=True)
         for case in cases:
             try:
-                err, why = run_case(s, case)
+                err, why = run_case(s, case, extra_params=params)
             except Exception as exc:
                 err, why = math.inf, f"{type(exc).__name__}: {str(exc)[:500]}"
             if why:
-                bad += 1
+                bad.append(f"{case.name}: {why}")
                 print(f"FAIL {case.name}: {why}", flush=True)
             else:
                 worst = max(worst, err)
-    print(f"{len(cases) - bad}/{len(cases)} pass in {time.perf_counter() - t0:.1f} s; largest "
+    secs = time.perf_counter() - t0
+    print(f"{len(cases) - len(bad)}/{len(cases)} pass in {secs:.1f} s; largest "
           f"error of a passing case {worst:.3g}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"variants": wanted, "params": params, "dtype": a.dtype,
+                       "cases": len(cases), "failed": len(bad), "failures": bad,
+                       "worst_err": worst, "seconds": round(secs, 1)}, fh, indent=1)
     return 1 if bad else 0
 
 

@@ -25,7 +25,7 @@ SG_IMPLS = {"khr": 1, "intel": 2, "nv": 3, "emu": 9}
 DECODES = ("decode_partial", "decode_fused", "decode_qk", "decode_pv")
 NV_SHUFFLE = "nv_warp_shuffle"    # probe.py's feature for NVIDIA's OpenCL (inline PTX)
 # cvt="auto" on NVIDIA: PTX cvt.f32.f16 instead of the bit-manipulating conversion.
-CVT_PTX_DEFAULT = True
+CVT_PTX_DEFAULT = False
 _F32 = 4
 
 

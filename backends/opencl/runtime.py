@@ -90,6 +90,8 @@ class OpenCLRuntime:
         self._checked: set[tuple[int, str]] = set()
         self._preps: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
         self._lists: OrderedDict[int, tuple[blocks.BlockList, dict[str, cl.Buffer]]] = OrderedDict()
+        self._layouts: dict[tuple[Any, ...], tuple[Plan, dict[str, int], list[Any],
+                                                   dict[str, int]]] = {}
         self._lock = threading.RLock()
 
     # -- device memory (DeviceTensor storage; see memory.py) ---------------------------
@@ -191,6 +193,17 @@ class OpenCLRuntime:
                 self._lists.popitem(last=False)
         bufs.update(hit[1])
 
+    def _layout(self, plan: Plan, split: Mapping[str, int], bias_shape: tuple[int, ...] | None
+                ) -> list[tuple[Stage, str, dict[str, Any], kernels.Geometry]]:
+        """Each stage's family, parameters and geometry (pure: cached per plan)."""
+        out = []
+        for stage in plan.stages:
+            family, variant = _variant(stage.kernel)
+            params = launches.stage_params(plan, stage, split, bias_shape)
+            out.append((stage, family, params,
+                        kernels.geometry(family, variant, plan.spec, params, self.caps)))
+        return out
+
     def _prepare(self, plan: Plan, inputs: Mapping[str, Any],
                  outputs: Mapping[str, Any] | None = None) -> _Prepared:
         spec = plan.spec
@@ -198,10 +211,17 @@ class OpenCLRuntime:
         bias = inputs.get("bias")
         bias_shape = tuple(bias.shape) if bias is not None else None
         bias_f16 = bias is not None and np.dtype(bias.dtype) == np.float16
-        split = launches.split_params(plan)
-        if plan.op == "reduce":
-            split = {"n_splits": int(inputs["o_parts"].shape[3])}
-        for name, size in launches.scratch_sizes(plan, split).items():
+        n_parts = int(inputs["o_parts"].shape[3]) if plan.op == "reduce" else 0
+        lkey = (id(plan), bias_shape, n_parts)
+        hit = self._layouts.get(lkey)
+        if hit is None or hit[0] is not plan:
+            split = {"n_splits": n_parts} if n_parts else launches.split_params(plan)
+            hit = self._layouts[lkey] = (plan, split, self._layout(plan, split, bias_shape),
+                                         launches.scratch_sizes(plan, split))
+            while len(self._layouts) > _PREP_MAX:
+                self._layouts.pop(next(iter(self._layouts)))
+        _, split, staged, scratch = hit
+        for name, size in scratch.items():
             bufs.setdefault(name, self.mem.pooled(name, size))
         outs: dict[str, tuple[cl.Buffer, tuple[int, ...], Any]] = {}
         if plan.op == "partial":
@@ -218,17 +238,12 @@ class OpenCLRuntime:
             if spec.return_lse:
                 bufs["lse"] = self.mem.pooled("lse", int(np.prod(spec.lse_shape)) * 4)
                 outs["lse"] = (bufs["lse"], spec.lse_shape, np.float32)
-        staged = []
-        for stage in plan.stages:
-            family, variant = _variant(stage.kernel)
-            params = launches.stage_params(plan, stage, split, bias_shape)
-            g = kernels.geometry(family, variant, spec, params, self.caps)
+        for stage, family, params, g in staged:
             if params.get("block_skip"):
                 self._block_lists(plan, stage, g, bias, bufs)
             if family == "decode_fused":
                 n = launches.tiles(spec, g, params) * 4
                 bufs.setdefault("tickets", self.mem.pooled("tickets", n, zeroed=True))
-            staged.append((stage, family, params, g))
         key = (id(plan), bias_shape, bias_f16,
                tuple(sorted((n, id(b)) for n, b in bufs.items() if b is not None)))
         prep = self._preps.pop(key, None)
@@ -308,6 +323,7 @@ class OpenCLRuntime:
     def close(self) -> None:
         with self._lock:
             self._preps.clear()
+            self._layouts.clear()
             for _, made in self._lists.values():
                 for buf in made.values():
                     buf.release()
