@@ -54,6 +54,10 @@ def conformance(device: str, workers: int, deadline_s: float, tmp: Path) -> dict
     done: list[dict[str, Any]] = []
     todo = list(enumerate(jobs))
     while todo or running:
+        if todo and time.perf_counter() - t0 > deadline_s:
+            done += [{"set": j[0], "variants": j[3], "dtype": j[2], "error": "not started: "
+                      "past the deadline"} for _, j in todo]
+            todo = []
         while todo and len(running) < workers:
             n, job = todo.pop(0)
             _, params, dtype, variants = job
