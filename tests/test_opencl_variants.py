@@ -167,3 +167,27 @@ def test_ptx_knobs_only_on_nvidia(dev):
     assert not mine.cvt_ptx and not mine.nv_fence            # never inline PTX off NVIDIA
     with pytest.raises(attnreg.SpecError, match="cvt"):
         okernels.geometry("decode_fused", "", spec, {"cvt": "fast"}, dev)
+
+
+def test_nvidia_rules_from_the_h100_measurements(dev):
+    nv = dev.model_copy(update={"features": dev.features | {"subgroups", oprobe.NV_SHUFFLE},
+                                "vendor": "nvidia", "device_type": "gpu", "compute_units": 132,
+                                "limits": {**dev.limits, "workgroup_storage": 49152}})
+
+    def decode(L: int, dtype: str = "float16", nq: int = 32, h: int = 128) -> AttentionSpec:
+        return AttentionSpec(seq_len=1, past_len=L - 1, num_heads=nq, kv_num_heads=8,
+                             head_size=h, dtype=dtype)
+
+    target = attnreg.explain(decode(8192), caps=nv)          # the issue-4 decode
+    assert target.kernels == ("opencl.decode_fused.f16.sg.m1",)
+    assert target.params["fast_exp"] is True and target.params["n_splits"] == 64
+    assert okernels.geometry("decode_fused", "sg", decode(8192), target.params, nv).cvt_ptx
+    f32 = attnreg.explain(decode(8192, "float32"), caps=nv)
+    assert f32.params["split_size"] == 256 and f32.params["n_splits"] == 32
+    assert attnreg.explain(decode(2048, "float32"), caps=nv).params["n_splits"] == 16
+    for spec in (decode(8192, nq=64), decode(32768, h=64)):
+        plan = attnreg.explain(spec, caps=nv)
+        assert plan.route == "split_kv" and "opencl_nvidia_two_launch" in " ".join(plan.rules)
+    assert attnreg.explain(decode(4096, nq=64), caps=nv).route == "split_kv_fused"
+    forced = attnreg.explain(decode(8192, nq=64), caps=nv, flags={"route": "split_kv_fused"})
+    assert forced.route == "split_kv_fused"

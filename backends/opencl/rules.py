@@ -1,0 +1,111 @@
+"""The OpenCL plugin's rules, as data: each cites the measurement behind it (PoCL in CI,
+NVIDIA's OpenCL on the H100 through backends/opencl/gpu_check.py). They run after the
+built-in rules, so they see the route and split geometry those chose."""
+
+from __future__ import annotations
+
+from attnreg.rules import Ctx, Rule
+
+from . import kernels
+
+# Query rows from which block skipping pays in "auto" mode.
+SKIP_MIN_ROWS = 16
+
+
+def _ours(ctx: Ctx) -> bool:
+    return ctx.caps.backend == kernels.BACKEND
+
+
+def _skip_pays(ctx: Ctx) -> bool:
+    """auto: a bias whose whole query tiles x KV blocks are -inf (packed sequences, document
+    masks) makes the dense loop mostly wasted; with few query rows a per-head bias costs the
+    GQA sharing (one head per work-group) and a single row tile has little to skip."""
+    return ctx.op == "attention" and ctx.spec.seq_len >= SKIP_MIN_ROWS
+
+
+def _block_skip(ctx: Ctx) -> dict[str, bool]:
+    mode = ctx.flags.get("block_skip", "auto")
+    on = ctx.spec.bias and ctx.op == "attention" and (
+        mode == "on" or (mode == "auto" and _skip_pays(ctx)))
+    return {"block_skip": bool(on)}
+
+
+BLOCK_SKIP = Rule(
+    "opencl_block_skip",
+    "flag block_skip (OpenCL): 'on' with a bias runs the variants that visit only the KV blocks "
+    "the bias's block list keeps; 'auto' does so from 16 query rows: 4 x 512 packed sequences "
+    "(block-diagonal bias, causal) ran 4.6x (f16) / 4.4x (f32) faster on the H100 and 3.3-4.5x "
+    "on PoCL with identical results, and a bias with nothing to skip cost 0.87-0.91x (H100) / "
+    "1.02-1.07x (PoCL) of the dense time; one decode row over 4 packed documents gained only "
+    "1.11x on the H100 (the tiled decode_partial.bs against the sub-group fused decode) and a "
+    "per-head decode bias lost 1.5-2.9x on PoCL; 'off', no bias, or partial states: dense",
+    "params",
+    lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    and "block_skip" in c.kernel.params and "block_skip" not in c.user, _block_skip)
+
+
+def _decode_row(c: Ctx) -> bool:
+    return (_ours(c) and c.op == "attention" and c.spec.seq_len == 1
+            and c.flags.get("route", "auto") == "auto")
+
+
+UNFUSED_ON_CPU = Rule(
+    "opencl_unfused_decode_on_cpu",
+    "OpenCL CPU devices, one query row: the unfused decode (decode_qk -> decode_pv -> reduce) "
+    "measured faster than the fused decodes on PoCL (2 cores, f16, Nkv=2) for GQA group 8 "
+    "(1.3-2.7x, e.g. H=128 L=8192: 14.0 vs 38.3 ms) and from L=4096 at groups 1 and 4 "
+    "(1.0-1.4x, e.g. group 4 H=64 L=8192: 4.7 vs 5.8 ms); below that the fused decode wins or "
+    "ties (group 4 H=128 L=2048: 1.13 vs 1.65 ms). On the H100 the unfused decode never won "
+    "(1.5-2.2x slower over groups 1/4/8, H 64/128, L 512-32768)", "route_refine",
+    lambda c: _decode_row(c) and c.caps.device_type == "cpu"
+    and c.params.get("route") in ("split_kv", "split_kv_fused")
+    and (c.spec.group_size >= 8 or c.spec.total_len >= 4096),
+    lambda c: {"route": "split_kv_unfused"})
+
+NVIDIA_TWO_LAUNCH = Rule(
+    "opencl_nvidia_two_launch_long_context",
+    "NVIDIA OpenCL, one query row, L >= 8192 with GQA group >= 8 or head size <= 64: the "
+    "two-launch decode (decode_partial + reduce) measured 2-11% faster than decode_fused on "
+    "the H100 (group 8 H=128: 51.1 vs 57.3 us at L=8192, 131.3 vs 137.0 at 32768; group 4 "
+    "H=64: 78.3 vs 81.9 us at 32768): the last work-group's merge of 64 splits x 8 rows is "
+    "latency-bound and outlasts the reduce launch there; elsewhere the one launch wins "
+    "(e.g. GQA 32/8 H=128 f16 L=8192: 26.6 vs 28.3 us)", "route_refine",
+    lambda c: _decode_row(c) and kernels.nv_platform(c.caps)
+    and c.params.get("route") == "split_kv_fused" and c.spec.total_len >= 8192
+    and (c.spec.group_size >= 8 or c.spec.head_size <= 64),
+    lambda c: {"route": "split_kv"})
+
+
+def _nv_fused(c: Ctx) -> bool:
+    return (c.kernel is not None and c.kernel.backend == kernels.BACKEND
+            and c.kernel.family == "decode_fused" and kernels.nv_platform(c.caps))
+
+
+NVIDIA_FAST_EXP = Rule(
+    "opencl_nvidia_fused_fast_exp",
+    "NVIDIA OpenCL decode_fused: native_exp (ex2.approx) measured 1-4% faster on the H100 (GQA "
+    "32/8 H=128 f16 with PTX conversion: 25.5 vs 26.6 us at L=8192, 67.3 vs 68.2 at 32768; f32 "
+    "L=8192: 44.7 vs 45.7 us) and passed the conformance cases there (f16 and f32)", "params",
+    lambda c: _nv_fused(c) and "fast_exp" not in c.user, lambda c: {"fast_exp": True})
+
+
+def _f32_wider(c: Ctx) -> bool:
+    if not (_nv_fused(c) and c.spec.dtype == "float32" and "split_size" not in c.user
+            and not c.flags.get("split_size") and "split_size" in c.params):
+        return False
+    size = 2 * int(c.params["split_size"])
+    rows = -(-c.spec.seq_len // int(c.params.get("m_tile", 1)))
+    groups = -(-c.spec.capacity // size) * c.spec.batch * c.spec.kv_num_heads * rows
+    return size < c.spec.capacity and groups >= (c.caps.compute_units or 1)
+
+
+NVIDIA_F32_SPLITS = Rule(
+    "opencl_nvidia_f32_fused_splits",
+    "NVIDIA OpenCL decode_fused in float32: splits twice as long while the grid still gives "
+    "every compute unit a work-group; the f32 kernel holds 208 registers (ptxas), so 512 "
+    "work-groups of 128 run in two waves: GQA 32/8 H=128 L=8192 measured 39.2 vs 45.7 us on "
+    "the H100 (split 256 vs 128)", "params", _f32_wider,
+    lambda c: {"split_size": 2 * int(c.params["split_size"]),
+               "n_splits": -(-c.spec.capacity // (2 * int(c.params["split_size"])))})
+
+RULES = (BLOCK_SKIP, UNFUSED_ON_CPU, NVIDIA_TWO_LAUNCH, NVIDIA_FAST_EXP, NVIDIA_F32_SPLITS)
