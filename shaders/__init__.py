@@ -6,7 +6,7 @@ from functools import cache
 from importlib import resources
 
 FAMILIES = ("attn_common", "flash_prefill", "decode_partial", "reduce", "decode_qk", "decode_pv",
-            "patch16")
+            "patch16", "copy_bw")
 
 
 @cache

@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 import attnreg
+from attnreg import rules
 from attnreg.profiles import profiles
 from backends.webgpu import kernels as wkernels
 from backends.webgpu import source as wsource
@@ -85,27 +86,32 @@ def test_wgmem_variant_with_direct_and_half_tiles(session):
 
 PREFILL = attnreg.AttentionSpec(seq_len=512, past_len=0, num_heads=32, kv_num_heads=8,
                                 head_size=128, dtype="float16", causal=True)
+STEP = rules.default_max_k_step(PREFILL)
 
 
-@pytest.mark.parametrize("profile,flags,want", [
-    ("nvidia-h100", {}, {"kv_staging": "workgroup", "max_k_step": 32, "kv_tile": 32}),
-    ("apple-m4-max", {}, {"kv_staging": "direct", "max_k_step": 64, "q_tile": 32}),
-    ("qualcomm-adreno-x1", {}, {"out_tile": "half_workgroup", "q_tile": 16}),
-    ("intel-meteor-lake", {}, {"kv_staging": "direct", "out_tile": "registers"}),
-    ("lavapipe", {}, {"q_tile": 4, "kv_staging": "direct"}),
+@pytest.mark.parametrize("profile,want", [
+    ("nvidia-h100", {"kv_staging": "workgroup", "max_k_step": min(STEP, 32), "kv_tile": 32}),
+    ("apple-m4-max", {"kv_staging": "direct", "max_k_step": STEP, "out_tile": "registers"}),
+    ("qualcomm-adreno-x1", {"kv_staging": "direct", "out_tile": "half_workgroup"}),
+    ("intel-meteor-lake", {"kv_staging": "direct", "out_tile": "registers"}),
+    ("lavapipe", {"q_tile": 4, "kv_staging": "direct"}),
 ])
-def test_profile_plans(profile, flags, want):
-    plan = attnreg.registry.get().plan(PREFILL, caps=profiles()[profile], flags=flags)
+def test_profile_plans(profile, want):
+    caps = profiles()[profile]
+    plan = attnreg.registry.get().plan(PREFILL, caps=caps)
     assert plan.kernel == "webgpu.prefill.f16.sg"
     assert {k: plan.params[k] for k in want} == want
+    k = attnreg.registry.get().kernel(plan.kernel)
+    assert k.storage_need(PREFILL, plan.params) <= caps.limit("workgroup_storage")
 
 
-def test_apple_flag_doubles_the_step_where_it_can():
-    spec = PREFILL.replace(dtype="float32")
+def test_apple_flag_raises_the_step():
     reg = attnreg.registry.get()
     apple = profiles()["apple-m4-max"]
-    assert reg.plan(spec, caps=apple).params["max_k_step"] == 32
-    tuned = reg.plan(spec, caps=apple, flags={"apple_tuned_flash": True})
-    assert tuned.params["max_k_step"] == 64
-    intel = reg.plan(spec, caps=profiles()["intel-meteor-lake"], flags={"apple_tuned_flash": True})
-    assert intel.params["max_k_step"] == 32 and "apple_tuned_flash" in intel.ignored_flags
+    base = reg.plan(PREFILL, caps=apple).params["max_k_step"]
+    tuned = reg.plan(PREFILL, caps=apple, flags={"apple_tuned_flash": True})
+    assert tuned.params["max_k_step"] == rules.default_max_k_step(PREFILL, rules.PRIVATE_BYTES)
+    assert tuned.params["max_k_step"] > base
+    intel = reg.plan(PREFILL, caps=profiles()["intel-meteor-lake"],
+                     flags={"apple_tuned_flash": True})
+    assert intel.params["max_k_step"] == base and "apple_tuned_flash" in intel.ignored_flags

@@ -58,6 +58,7 @@ BINDINGS: dict[str, list[tuple[int, str]]] = {
                   (9, "read"), (10, "read")],
     # f16 strips at 2-byte offsets (memory.py): params, source words, destination words
     "patch16": [(0, "uniform"), (1, "read"), (2, "rw")],
+    "copy_bw": [(0, "uniform"), (1, "read"), (2, "rw")],
 }
 # Optional read-only inputs a variant adds after its family's bindings (the paged KV block
 # table, the masked-block list) sit at source.AUX_BINDINGS; a layout key names them:

@@ -54,40 +54,53 @@ def _block_skip(ctx: Ctx) -> dict[str, bool]:
 
 def _skip_pays(ctx: Ctx) -> bool:
     """'auto': where measured faster end to end. On CPU adapters the kernel takes 100-500 ms
-    at 4 x 512 packed tokens, the host-side block list (attnreg.blocks.build) 2-40 ms."""
+    at 4 x 128 packed tokens, the host-side block list (attnreg.blocks.build) 2-40 ms; on
+    GPUs the list of a host bias (40 ms at 2048 x 2048, 0.6 s with 8 heads) costs more than
+    the kernel saves (H100: 3.36 -> 0.78 ms)."""
     return ctx.caps.device_type == "cpu"
 
 
 BLOCK_SKIP = Rule(
     "webgpu_block_skip",
     "flag block_skip with a bias: 'on' runs the variant that visits only the KV blocks the "
-    "bias's block list keeps; 'auto' does so on CPU adapters (lavapipe, 4 x 128 packed "
-    "sequences: prefill 3.6-3.7x, decode rows 2.5x faster, and 0.97x the dense time on a "
-    "bias with nothing to skip, while the host list costs 2-40 ms next to a 100-500 ms "
-    "kernel); on GPUs a host bias's list costs more than the kernel saves, so 'auto' keeps "
-    "the dense kernel there (use 'on' with a device-resident bias: its list is built once "
-    "per written version)", "params",
+    "bias's block list keeps (4 x 512 packed sequences, block-diagonal bias, GPU time: "
+    "H100 prefill 4.3x non-causal, 2.2x causal, decode S=4 1.9x; 0.89x the dense time with "
+    "nothing to skip, as all-zero blocks skip the bias load); 'auto' does so on CPU adapters "
+    "(lavapipe 3.6-3.7x prefill, 2.5x decode rows), where the host-built list (2-40 ms) is "
+    "small next to the kernel, but not on GPUs, where a host bias's list costs more than the "
+    "kernel saves (use 'on' with a device-resident bias: its list is built once per "
+    "written version)", "params",
     lambda c: c.spec.bias and c.kernel is not None and c.kernel.backend == probe.NAME
     and "block_skip" in c.kernel.params and "block_skip" not in c.user, _block_skip)
 
 
 # -- unfused decode crossover ------------------------------------------------------------------
-# Where decode_qk + decode_pv measured faster than decode_partial (fused), by device kind:
-# (min GQA group, head sizes, min total length). Empty: fused everywhere it was measured.
-UNFUSED_WINS: dict[str, list[tuple[int, tuple[int, ...], int]]] = {}
+# Where decode_qk + decode_pv measured faster than decode_partial (fused), by vendor or device
+# type: (min GQA group, head sizes, min total length), single-row decode (the measured case).
+# backends.webgpu.bench_variants crossover, f16, Nkv=8, S=1, L=512..32768:
+#   H100: unfused 1.19-1.99x slower everywhere except GQA group 8, H=128, L >= 8192
+#         (fused 81.9 / 399.7 us, unfused 76.4 / 383.1 us at L=8192 / 32768: 0.93x, 0.96x),
+#         where the fused kernel's 8 query vectors per workgroup run short of registers;
+#   lavapipe: unfused 1.05-1.25x slower (noisy, shared 2-core host; no region wins).
+UNFUSED_WINS: dict[str, list[tuple[int, tuple[int, ...], int]]] = {
+    "nvidia": [(8, (128,), 8192)],
+}
 
 
 def _unfused_wins(ctx: Ctx) -> bool:
     regions = UNFUSED_WINS.get(ctx.caps.vendor, []) + UNFUSED_WINS.get(ctx.caps.device_type, [])
     s = ctx.spec
-    return any(s.group_size >= g and s.head_size in hs and s.total_len >= L
-               for g, hs, L in regions)
+    return s.seq_len == 1 and any(s.group_size >= g and s.head_size in hs and s.total_len >= L
+                                  for g, hs, L in regions)
 
 
 UNFUSED_CROSSOVER = Rule(
     "webgpu_unfused_decode_crossover",
-    "split-KV decode as two kernels (decode_qk writes scores + split statistics, decode_pv "
-    "normalises x V) where it measured faster than the fused decode_partial",
+    "single-row decode with GQA group >= 8, H=128 and L >= 8192 on NVIDIA: two kernels "
+    "(decode_qk scores + split statistics, decode_pv normalise x V) measured 0.93-0.96x the "
+    "fused decode_partial on the H100 (81.9 -> 76.4 us at L=8192, 399.7 -> 383.1 us at "
+    "32768); everywhere else measured the fused kernel is faster (H100 1.19-1.99x, "
+    "lavapipe 1.05-1.25x)",
     "route_refine", lambda c: c.caps.backend == probe.NAME and c.params.get("route") == "split_kv"
     and c.flags.get("route", "auto") == "auto" and _unfused_wins(c),
     lambda c: {"route": "split_kv_unfused"})
