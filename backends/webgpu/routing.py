@@ -81,7 +81,8 @@ BLOCK_SKIP = Rule(
 #   H100: unfused 1.19-1.99x slower everywhere except GQA group 8, H=128, L >= 8192
 #         (fused 81.9 / 399.7 us, unfused 76.4 / 383.1 us at L=8192 / 32768: 0.93x, 0.96x),
 #         where the fused kernel's 8 query vectors per workgroup run short of registers;
-#   lavapipe: unfused 1.05-1.25x slower (noisy, shared 2-core host; no region wins).
+#   lavapipe: 0.76-2.33x, mostly slower, no consistent region (a shared, loaded 2-core
+#             host: the same cell moved by 20-40% between runs), so no CPU entry.
 UNFUSED_WINS: dict[str, list[tuple[int, tuple[int, ...], int]]] = {
     "nvidia": [(8, (128,), 8192)],
 }
@@ -99,8 +100,8 @@ UNFUSED_CROSSOVER = Rule(
     "single-row decode with GQA group >= 8, H=128 and L >= 8192 on NVIDIA: two kernels "
     "(decode_qk scores + split statistics, decode_pv normalise x V) measured 0.93-0.96x the "
     "fused decode_partial on the H100 (81.9 -> 76.4 us at L=8192, 399.7 -> 383.1 us at "
-    "32768); everywhere else measured the fused kernel is faster (H100 1.19-1.99x, "
-    "lavapipe 1.05-1.25x)",
+    "32768); everywhere else measured on the H100 the fused kernel is faster (unfused "
+    "1.19-1.99x slower); lavapipe showed no consistent region",
     "route_refine", lambda c: c.caps.backend == probe.NAME and c.params.get("route") == "split_kv"
     and c.flags.get("route", "auto") == "auto" and _unfused_wins(c),
     lambda c: {"route": "split_kv_unfused"})
