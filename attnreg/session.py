@@ -234,6 +234,27 @@ class Session:
         _, res = self._launch(spec, "attention", inputs, kernel, params, flags, out)
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
+    def prepare(self, spec: AttentionSpec, tensors: Mapping[str, Any], *,
+                out: DeviceTensor | None = None, kernel: str | None = None,
+                params: Mapping[str, Any] | None = None,
+                flags: Mapping[str, Any] | None = None) -> PreparedRun:
+        """Plan and validate once; the returned callable launches with no per-call checks.
+
+        For decode loops over DeviceTensors (a KV cache): the tensors' shapes and dtypes
+        cannot change, so validating them once is enough; the lengths of a KVCache are
+        range-checked by its ``append``. Calling runs the plan and returns what
+        :meth:`run` would.
+        """
+        _check_spec(spec)
+        inputs = check_tensors(spec, tensors)
+        if out is not None:
+            _check_out(spec, out)
+        self._launch(spec, "attention", inputs, kernel, params, flags, out)   # compile, warm
+        plan = self.plan(spec, kernel=kernel, params=params, flags=flags)
+        rt = self.runtime(plan)
+        self._device_inputs(plan, rt, dict(inputs))        # ownership/device checks, once
+        return PreparedRun(self, plan, rt, dict(inputs), out)
+
     def run_with_plan(self, spec: AttentionSpec, tensors: Mapping[str, Any], **kw: Any
                       ) -> tuple[Any, Plan]:
         """Like run(), also returning the plan that actually ran."""
@@ -285,6 +306,38 @@ class Session:
         out, lse = self.reduce_states(spec, np.ascontiguousarray(o_parts),
                                       np.ascontiguousarray(lse_parts))
         return out.reshape(*lead, h), lse.reshape(lead)
+
+
+class PreparedRun:
+    """A validated (plan, tensors, out) triple; calling it launches (see Session.prepare)."""
+
+    def __init__(self, session: Session, plan: Plan, runtime: Runtime, inputs: dict[str, Any],
+                 out: DeviceTensor | None) -> None:
+        self.session, self.plan, self.runtime = session, plan, runtime
+        self.inputs, self.out = inputs, out
+        self._on_device = getattr(runtime, "alloc", None) is not None
+        self._resident = out is not None and self._on_device
+
+    def __call__(self) -> Any:
+        if self.session.closed:
+            raise SpecError("session", "closed", "an open Session (it was closed)")
+        if any(isinstance(x, DeviceTensor) and x.freed for x in self.inputs.values()):
+            raise SpecError("tensors", "freed", "live DeviceTensors (one was freed)")
+        spec = self.plan.spec
+        # Runtimes without device memory read DeviceTensors through the host on every call
+        # (their contents, e.g. a growing cache, change between calls).
+        inputs = self.inputs if self._on_device else \
+            self.session._device_inputs(self.plan, self.runtime, self.inputs)
+        res: dict[str, Any]
+        if self._resident:
+            res = self.runtime.launch(self.plan, inputs,
+                                      outputs={"out": self.out})  # type: ignore[call-arg]
+        else:
+            res = self.runtime.launch(self.plan, inputs)
+            if self.out is not None:
+                self.out.write(res["out"])
+                res = {**res, "out": self.out}
+        return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
 
 def _check_out(spec: AttentionSpec, out: Any) -> None:

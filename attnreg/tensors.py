@@ -31,8 +31,12 @@ def _as_array(name: str, value: Any) -> Any:
     raise SpecError(f"tensors[{name!r}]", value, "a numpy array (or an object with __array__)")
 
 
+_DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "int32")}
+
+
 def _check_dtype(name: str, arr: Any, allowed: tuple[str, ...]) -> None:
-    if arr.dtype.name not in allowed:
+    # dtype objects compare fast; dtype.name builds a string on every call (hot in a decode loop)
+    if not any(arr.dtype == _DTYPE_OBJ.get(a, a) for a in allowed):
         raise SpecError(f"tensors[{name!r}].dtype", arr.dtype.name,
                         " or ".join(allowed) + " (attnreg never casts inputs silently)")
 

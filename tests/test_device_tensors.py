@@ -74,3 +74,25 @@ def test_device_tensor_errors(dev: attnreg.DeviceCaps) -> None:
             t.write(np.zeros(4, np.float32), offset_elems=3)
         out = s.run(spec, cache.tensors(q))          # host out when out= is not given
         np.testing.assert_allclose(out, np.ones(spec.out_shape), atol=1e-6)
+
+
+@pytest.mark.parametrize("dev", DEVICES, ids=IDS)
+def test_prepared_decode_call_matches_run(dev: attnreg.DeviceCaps) -> None:
+    rng = np.random.default_rng(3)
+    with attnreg.Session(backend=dev.backend, device=dev.id) as s:
+        cache = s.kv_cache(batch=1, kv_num_heads=2, head_size=32, capacity=40, dtype="float32")
+        kv = rng.standard_normal((1, 20, 2, 32)).astype(np.float32)
+        cache.append(kv, kv)
+        spec = cache.spec(num_heads=4)
+        q = s.tensor(rng.standard_normal(spec.q_shape).astype(np.float32))
+        out = s.empty(spec.out_shape, "float32")
+        call = s.prepare(spec, cache.tensors(q), out=out)
+        for _ in range(3):            # the cache grows; the prepared call sees the new length
+            one = rng.standard_normal((1, 1, 2, 32)).astype(np.float32)
+            cache.append(one, one)
+            assert call() is out
+            want = s.run(spec, cache.tensors(q))
+            np.testing.assert_allclose(out.numpy(), want, atol=1e-6)
+        q.free()
+        with pytest.raises(attnreg.SpecError, match="freed"):
+            call()
