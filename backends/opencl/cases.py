@@ -55,19 +55,18 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "partial-m1": ("opencl.decode_partial.{dt}.m1", "partial"),
     "reduce": ("opencl.reduce.{dt}", "reduce"),                  # reference partials reduced here
     "decode_fused-m1": ("opencl.decode_fused.{dt}.m1", "attention"),
-    "decode_fused-m4": ("opencl.decode_fused.{dt}.m4", "attention"),
     "decode_fused-sg-m1": ("opencl.decode_fused.{dt}.sg.m1", "attention"),
     "decode_fused-sg-m4": ("opencl.decode_fused.{dt}.sg.m4", "attention"),
     "decode_fused-sg-m2-emu": ("opencl.decode_fused.{dt}.sg.m2", "emulated"),
+    # (m4 fused/unfused and the paged sg decode_partial run in the registry matrix and on
+    # NVIDIA through decode_fused-sg-m1-paged: the same decode tile)
     "unfused-m1": ("opencl.decode_qk.{dt}.m1", "attention"),     # decode_qk -> decode_pv -> reduce
-    "unfused-m4": ("opencl.decode_qk.{dt}.m4", "attention"),
     "partial-unfused-m2": ("opencl.decode_qk.{dt}.m2", "partial"),
     # paged KV pools (page sizes rotate), every family that reads K/V
     "prefill-wgmem-paged": ("opencl.prefill.{dt}.wgmem", "attention"),
     "prefill-sg-paged": ("opencl.prefill.{dt}.sg", "attention"),
     "decode_fused-m2-paged": ("opencl.decode_fused.{dt}.m2", "attention"),
     "decode_fused-sg-m1-paged": ("opencl.decode_fused.{dt}.sg.m1", "attention"),
-    "decode_partial-sg-m2-emu-paged": ("opencl.decode_partial.{dt}.sg.m2", "emulated"),
     "unfused-m2-paged": ("opencl.decode_qk.{dt}.m2", "attention"),
     # masked-block skipping: bias features only, block-diagonal biases among them
     "prefill-wgmem-bs": ("opencl.prefill.{dt}.wgmem.bs", "attention"),

@@ -21,7 +21,7 @@ from . import cases as ocases
 from . import programs, variant_bench
 
 FUSED = [v for v in ocases.VARIANTS if v.startswith("decode_fused") and "-emu" not in v]
-F16_KNOB = FUSED + ["unfused-m1", "unfused-m4", "partial-unfused-m2", "decode_partial-sg-m1",
+F16_KNOB = FUSED + ["unfused-m1", "partial-unfused-m2", "decode_partial-sg-m1",
                     "decode_partial-sg-m4", "prefill-sg", "prefill-wgmem", "prefill-sg-paged",
                     "decode_partial-m4-bs-paged"]
 # (label, forced params, dtype, variants)
