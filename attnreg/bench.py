@@ -374,6 +374,11 @@ def format_rows(rows: Sequence[Row]) -> str:
                   "vs numpy", "max err"), out)
 
 
+def read_json(path: str) -> list[Row]:
+    with open(path) as fh:
+        return [Row(**r) for r in json.load(fh)]
+
+
 def write_json(rows: Sequence[Row], path: str) -> None:
     with open(path, "w") as fh:
         json.dump([asdict(r) for r in rows], fh, indent=2)

@@ -225,9 +225,12 @@ def cmd_kernels(a: argparse.Namespace) -> int:
 def cmd_bench(a: argparse.Namespace) -> int:
     from . import bench
     suites = a.suite or ["decode", "whisper", "prefill"]
-    rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
-                            iters=a.iters, warmup=a.warmup, peers=a.peers, gpu_only=a.gpu_only,
-                            log=lambda m: print(m, file=sys.stderr))
+    if a.from_json:
+        rows = bench.read_json(a.from_json)
+    else:
+        rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
+                                iters=a.iters, warmup=a.warmup, peers=a.peers,
+                                gpu_only=a.gpu_only, log=lambda m: print(m, file=sys.stderr))
     print(bench.format_rows(rows))
     print()
     print("ratios (peer time / attnreg time; > 1 means attnreg is faster):")
@@ -244,6 +247,8 @@ def cmd_conformance(a: argparse.Namespace) -> int:
     from . import conformance as conf
     from .textui import progress
     devs = api.devices(a.backend)
+    if a.gpu_only:
+        devs = [d for d in devs if d.device_type == "gpu"]
     cells = conf.cases(devs, quick=a.quick)
     if a.kernel:
         cells = [c for c in cells if a.kernel in c.kernel]
@@ -309,12 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=5)
     b.add_argument("--json", metavar="PATH")
     b.add_argument("--png", metavar="PATH", help="roofline plot (needs matplotlib)")
+    b.add_argument("--from-json", metavar="PATH", help="re-print and plot a saved run "
+                   "instead of measuring")
     b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time ONNX Runtime WebGPU and torch SDPA when installed")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("conformance", help="run the registry-generated conformance matrix")
     c.add_argument("--backend")
     c.add_argument("--quick", action="store_true", help="fewer cells per kernel")
+    c.add_argument("--gpu-only", action="store_true", help="only GPU devices")
     c.add_argument("--kernel", help="only kernels whose id contains this text")
     c.add_argument("--json", metavar="PATH", help="write every cell as JSON")
     c.add_argument("--markdown", metavar="PATH", help="write the kernels x devices table")
