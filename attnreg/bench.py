@@ -151,8 +151,9 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
         for dev in (d for d in devs if d.backend != "reference"):
             with Session(backend=dev.backend, device=dev.id) as session:
                 try:
-                    rows.append(decode_loop(session, dev, length=512 if quick else 2048,
-                                            steps=8 if quick else 64, log=log))
+                    for layout in ("BSNH", "BNSH"):
+                        rows.append(decode_loop(session, dev, length=512 if quick else 2048,
+                                                steps=8 if quick else 64, layout=layout, log=log))
                 except NoKernelError as exc:
                     log(f"  {dev.backend}/{dev.slug} decode-loop: n/a ({exc.explanation[:80]})")
     if peers:
@@ -213,15 +214,17 @@ def roofline_png(rows: Sequence[Row], path: str) -> str | None:
 
 
 def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps: int = 64,
-                dtype: str = "float16", log: Callable[[str], None] = print) -> Row:
-    """A real decode loop's cost per step on one device: the next query row and the new
-    token's K/V written to device tensors, attention into a device ``out`` (no read-back),
-    GQA 32/8 H=128 over a static KV cache of ``length`` keys. Reports the host time of a
-    step (submit only) and of a step that also waits for the result (one 8 KiB read)."""
+                dtype: str = "float16", layout: str = "BNSH",
+                log: Callable[[str], None] = print) -> Row:
+    """A real decode loop's host cost per step on one device, GQA 32/8 H=128 over a static
+    KV cache of ``length`` keys (``layout``), through a prepared call (plan once, run many).
+    Parts are timed separately: writing the next query row, appending the new token's K/V
+    (one strip per batch entry for BSNH, per (batch, head) for BNSH), the attention call
+    (submit only: the host overhead per decode call), and a step that waits for the result."""
     rng = np.random.default_rng(0)
     b, nkv, h, nq = 1, 8, 128, 32
-    cache = session.kv_cache(batch=b, kv_num_heads=nkv, head_size=h, capacity=length + steps,
-                             dtype=dtype, device=dev.id)
+    cache = session.kv_cache(batch=b, kv_num_heads=nkv, head_size=h, capacity=length + 2 * steps,
+                             dtype=dtype, layout=layout, device=dev.id)
     fill = rng.standard_normal((b, length - 1, nkv, h)).astype(dtype)
     cache.append(fill, fill)
     spec = cache.spec(num_heads=nq, seq_len=1, causal=True)
@@ -229,28 +232,32 @@ def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps:
     out = session.empty(spec.out_shape, dtype, device=dev.id)
     kv1 = rng.standard_normal((b, 1, nkv, h)).astype(dtype)
     q_host = rng.standard_normal(spec.q_shape).astype(dtype)
-    submit, waited = [], []
     plans_before = len(session._plans)
     call = session.prepare(spec, cache.tensors(q), out=out)      # plan once, run many
-    for i in range(steps):
+    parts: dict[str, list[float]] = {"q_write": [], "append": [], "call": [], "step_waited": []}
+    for _ in range(steps):
         t0 = time.perf_counter()
         q.write(q_host)
-        cache.append(kv1, kv1)
-        call()
         t1 = time.perf_counter()
-        if i % 2:
-            out.numpy()                      # wait for the GPU: the step a sampler would see
-            waited.append(time.perf_counter() - t0)
-        else:
-            submit.append(t1 - t0)
+        cache.append(kv1, kv1)
+        t2 = time.perf_counter()
+        call()
+        t3 = time.perf_counter()
+        out.numpy()                          # wait for the GPU: the step a sampler sees
+        t4 = time.perf_counter()
+        parts["q_write"].append(t1 - t0)
+        parts["append"].append(t2 - t1)
+        parts["call"].append(t3 - t2)
+        parts["step_waited"].append(t4 - t0)
     replans = len(session._plans) - plans_before
-    sub, wait = _median_us(submit), _median_us(waited)
-    log(f"  {dev.backend}/{dev.slug} decode-loop L={length}: step {sub:.1f} us submit, "
-        f"{wait:.1f} us with the wait ({replans} plan(s) for {steps} steps)")
+    med = {k: _median_us(v) for k, v in parts.items()}
+    log(f"  {dev.backend}/{dev.slug} decode-loop L={length} {layout}: call {med['call']:.1f} us, "
+        f"append {med['append']:.1f} us, q write {med['q_write']:.1f} us, waited step "
+        f"{med['step_waited']:.1f} us ({replans} plan(s) for {steps} steps)")
     dt = "f16" if dtype == "float16" else "f32"
-    return Row("decode-loop", f"decode-loop-{dt}-L{length}", dev.backend, dev.slug,
-               "KV cache + device tensors", None, wait, None, None, None,
-               {"submit_us": sub, "plans": replans, "steps": steps})
+    return Row("decode-loop", f"decode-loop-{dt}-L{length}-{layout}", dev.backend, dev.slug,
+               "prepared call over a KV cache", None, med["step_waited"], None, None, None,
+               {**{f"{k}_us": v for k, v in med.items()}, "plans": replans, "steps": steps})
 
 
 def peer_rows(suite: str, case: Case, iters: int, warmup: int,
@@ -362,9 +369,10 @@ def format_rows(rows: Sequence[Row]) -> str:
                         f(r.gb_s, ".1f"), "-", "-", "-"))
             continue
         if r.suite == "decode-loop":
-            out.append((r.case, r.backend, r.device, f"{r.kernels}; submit "
-                        f"{r.extra['submit_us']:.1f} us, {r.extra['plans']} plan(s)", "-",
-                        f(r.wall_us, ".1f"), "-", "-", "-", "-"))
+            e = r.extra
+            out.append((r.case, r.backend, r.device, f"call {e['call_us']:.1f} us + append "
+                        f"{e['append_us']:.1f} + q {e['q_write_us']:.1f}; {e['plans']} plan(s)",
+                        "-", f(r.wall_us, ".1f"), "-", "-", "-", "-"))
             continue
         basis = r.gpu_us if r.gpu_us is not None else r.wall_us
         vs = f"{ref[r.case] / basis:.1f}x" if r.case in ref and r.backend != "reference" else "-"

@@ -67,15 +67,16 @@ class DeviceTensor:
 
 
 class KVCache:
-    """A static KV cache on the device: k, v of shape [B, Nkv, C, H] (kv_layout BNSH) or
-    [B, C, Nkv, H] (BSNH), and per-batch lengths that become the spec's ``seqlens_k``.
+    """A static KV cache on the device: k, v of shape [B, C, Nkv, H] (kv_layout BSNH, the
+    default: appending a token writes one strip per batch entry) or [B, Nkv, C, H] (BNSH:
+    one strip per (batch, head)), and per-batch lengths that become the spec's ``seqlens_k``.
 
     Its :meth:`spec` fixes ``past_len = C - seq_len`` and ``kv_capacity = C`` so the spec,
     and therefore the plan, stay the same for every step of a decode loop.
     """
 
     def __init__(self, session: Session, *, batch: int, kv_num_heads: int, head_size: int,
-                 capacity: int, dtype: str = "float16", layout: str = "BNSH",
+                 capacity: int, dtype: str = "float16", layout: str = "BSNH",
                  device: str | int | None = None) -> None:
         probe = AttentionSpec(batch=batch, seq_len=1, past_len=capacity - 1,
                               num_heads=kv_num_heads, kv_num_heads=kv_num_heads,

@@ -172,7 +172,7 @@ class Session:
         return t
 
     def kv_cache(self, *, batch: int, kv_num_heads: int, head_size: int, capacity: int,
-                 dtype: str = "float16", layout: str = "BNSH",
+                 dtype: str = "float16", layout: str = "BSNH",
                  device: str | int | None = None) -> KVCache:
         """A static KV cache on the device; see :class:`attnreg.KVCache`."""
         return KVCache(self, batch=batch, kv_num_heads=kv_num_heads, head_size=head_size,
