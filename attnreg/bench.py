@@ -370,8 +370,9 @@ def format_rows(rows: Sequence[Row]) -> str:
             continue
         if r.suite == "decode-loop":
             e = r.extra
-            out.append((r.case, r.backend, r.device, f"call {e['call_us']:.1f} us + append "
-                        f"{e['append_us']:.1f} + q {e['q_write_us']:.1f}; {e['plans']} plan(s)",
+            parts = ", ".join(f"{k[:-3]} {v:.1f} us" for k, v in e.items()
+                              if k.endswith("_us") and k != "step_waited_us")
+            out.append((r.case, r.backend, r.device, f"{parts}; {e.get('plans')} plan(s)",
                         "-", f(r.wall_us, ".1f"), "-", "-", "-", "-"))
             continue
         basis = r.gpu_us if r.gpu_us is not None else r.wall_us
