@@ -82,7 +82,11 @@ def test_decode_loop_binds_resident_tensors_and_prepares_once(dev, monkeypatch):
             host = {"q": q, "seqlens_k": np.full(B, L, np.int32)}
             for name, parts in (("k", ks), ("v", vs)):
                 full = np.full(spec.kv_shape, np.nan, np.float16)
-                full[:, :, :L] = np.concatenate(parts, 1).transpose(0, 2, 1, 3)
+                x = np.concatenate(parts, 1)                       # [B, L, NKV, H]
+                if spec.kv_layout == "BSNH":
+                    full[:, :L] = x
+                else:
+                    full[:, :, :L] = x.transpose(0, 2, 1, 3)
                 host[name] = full
             check_close(spec, out.numpy(), host, what=f"step {step}")
         # the same kernel objects (arguments set once) served every step
