@@ -143,3 +143,33 @@ def compare_partials(spec: AttentionSpec, got: tuple[np.ndarray, np.ndarray],
     if lerr.size and lerr.max() > LSE_ATOL[spec.dtype]:
         return worst, f"lse_parts err {lerr.max():.3g}"
     return worst, ""
+
+
+Feature = tuple[str, dict[str, Any], dict[str, Any], bool]
+
+
+def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
+    """One case per CONTRACT feature for a backend's own case list: (tag, spec changes,
+    make_tensors keywords (+ ``bias_f16``), whether query row 0 is fully masked). b, nq, s, c
+    are the batch, query heads, query rows and KV capacity, for the broadcast bias shapes."""
+    return [
+        ("plain", {}, {}, False),
+        ("noncausal", {"causal": False}, {}, False),
+        ("bias", {"bias": True}, {}, False),
+        ("bias-bcast-b", {"bias": True}, {"bias_shape": (1, nq, s, c)}, False),
+        ("bias-bcast-h", {"bias": True}, {"bias_shape": (b, 1, s, c)}, False),
+        ("bias-bcast-s", {"bias": True, "causal": False}, {"bias_shape": (b, nq, 1, c)}, False),
+        ("bias-f16-masked", {"bias": True}, {"bias_f16": True, "mask_frac": 0.3}, False),
+        ("masked-rows-lse", {"bias": True, "return_lse": True}, {}, True),
+        ("seqlens-capacity", {"seqlens_k": True, "kv_capacity": c + 13}, {}, False),
+        ("capacity", {"kv_capacity": c + 9}, {}, False),
+        ("window", {"local_window": 5}, {}, False),
+        ("softcap", {"softcap": 1.5}, {}, False),
+        ("alibi", {"alibi_max_bias": 8.0}, {}, False),
+        ("alibi-noncausal", {"alibi_max_bias": 8.0, "causal": False}, {}, False),
+        ("sink-lse", {"head_sink": True, "return_lse": True}, {}, False),
+        ("sink-masked-rows", {"head_sink": True, "bias": True, "return_lse": True}, {}, True),
+        ("all", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0, "alibi_max_bias": 4.0,
+                 "local_window": 37, "head_sink": True, "return_lse": True, "bias": True},
+         {"bias_shape": (1, nq, s, c + 5)}, False),
+    ]

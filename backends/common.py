@@ -116,3 +116,11 @@ def finish_outputs(spec: AttentionSpec, out: np.ndarray | None, lse: np.ndarray 
     if spec.return_lse and lse is not None:
         res["lse"] = lse.reshape(spec.lse_shape)
     return res
+
+
+def random_qkv(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Benchmark inputs: q, k, v of the spec's shapes and dtype, N(0, 0.25) so that softmax
+    is neither one-hot nor flat."""
+    rng = np.random.default_rng(seed)
+    return {n: (rng.standard_normal(shape) * 0.5).astype(spec.dtype)
+            for n, shape in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}

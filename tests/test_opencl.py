@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg import testing
 from backends.opencl import cases as ocases
 from tests.support import require_devices
 
@@ -63,7 +64,7 @@ def test_every_axis_value_in_every_variant():
             pages = {c.spec.page_size for c in allcases if c.variant == var}
             assert pages == set(ocases.PAGE_SIZES), var
         assert seen["layouts"] == layouts, var
-        feats = ocases.skip_features if "-bs" in var else ocases.features
+        feats = ocases.skip_features if "-bs" in var else testing.contract_features
         assert seen["feature"] == {f[0] for f in feats(1, 1, 1, 1)}, var
         if "-emu" in var or "-bs" in var:
             continue       # small shapes (emulated shuffles), or fewer slots (bias features)

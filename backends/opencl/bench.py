@@ -22,6 +22,7 @@ import attnreg
 from attnreg import bench as core_bench
 from attnreg import reference
 from attnreg.spec import AttentionSpec
+from backends.common import random_qkv
 
 from . import programs
 
@@ -35,12 +36,6 @@ SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
-
-
-def inputs_for(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {n: (rng.standard_normal(s) * 0.5).astype(spec.dtype)
-            for n, s in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
 
 
 def kv_bytes(spec: AttentionSpec) -> int:
@@ -96,7 +91,7 @@ def run(suites: Sequence[str], *, device: str | None = None, sweep: bool = False
         for suite in suites:
             for case in table[suite]:
                 spec = case.spec
-                inputs = inputs_for(spec)
+                inputs = random_qkv(spec)
                 want = reference.out_layout(spec, reference.attention(spec, inputs)[0]) \
                     if check else None
                 for suffix, params in (SWEEPS.get(suite, [("", {})]) if sweep else [("", {})]):

@@ -93,36 +93,11 @@ class Case:
     split_size: int | None = None
 
 
-def features(b: int, nq: int, s: int, c: int) -> list[tuple[str, dict[str, Any], dict[str, Any], bool]]:
-    """(tag, spec changes, tensor keywords, fully masked row) for every contract feature."""
-    return [
-        ("causal", {}, {}, False),
-        ("noncausal", {"causal": False}, {}, False),
-        ("bias", {"bias": True}, {}, False),
-        ("bias-bcast-batch", {"bias": True}, {"bias_shape": (1, nq, s, c)}, False),
-        ("bias-bcast-heads", {"bias": True}, {"bias_shape": (b, 1, s, c)}, False),
-        ("bias-bcast-rows", {"bias": True, "causal": False}, {"bias_shape": (b, nq, 1, c)}, False),
-        ("bias-f16-masked", {"bias": True}, {"bias_f16": True, "mask_frac": 0.3}, False),
-        ("masked-row-lse", {"bias": True, "return_lse": True}, {}, True),
-        ("seqlens-capacity", {"seqlens_k": True, "kv_capacity": c + 13}, {}, False),
-        ("capacity", {"kv_capacity": c + 7}, {}, False),
-        ("window", {"local_window": 6}, {}, False),
-        ("softcap", {"softcap": 2.0}, {}, False),
-        ("alibi", {"alibi_max_bias": 8.0, "causal": False}, {}, False),
-        ("sink-lse", {"head_sink": True, "return_lse": True}, {}, False),
-        ("sink-masked-row", {"head_sink": True, "bias": True, "return_lse": True}, {}, True),
-        ("everything", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0,
-                        "alibi_max_bias": 4.0, "local_window": 37, "head_sink": True,
-                        "return_lse": True, "bias": True},
-         {"bias_shape": (1, nq, s, c + 5)}, False),
-    ]
-
-
 def skip_features(b: int, nq: int, s: int, c: int
                   ) -> list[tuple[str, dict[str, Any], dict[str, Any], bool]]:
     """The bias features, plus document masks (block-diagonal biases: whole blocks -inf)
     -- what a block-skipping variant can run."""
-    return [f for f in features(b, nq, s, c) if f[1].get("bias")] + [
+    return [f for f in testing.contract_features(b, nq, s, c) if f[1].get("bias")] + [
         ("docs-shared-zero", {"bias": True}, {"docs": 3, "bias_shape": (1, 1, s, c)}, False),
         ("docs-heads", {"bias": True, "causal": False}, {"docs": 4, "doc_values": True}, False),
         ("docs-everything", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0,
@@ -149,7 +124,7 @@ def build(variants: tuple[str, ...] = tuple(VARIANTS)) -> list[Case]:
         v = order.index(var)        # a variant's cases do not depend on what else is built
         pattern, mode = VARIANTS[var]
         emu = "-emu" in var
-        feat_fn = skip_features if "-bs" in var else features
+        feat_fn = skip_features if "-bs" in var else testing.contract_features
         for di, (dtype, dt) in enumerate(DT.items()):
             nfeat = len(feat_fn(1, 1, 1, 1))
             for fi in range(nfeat):

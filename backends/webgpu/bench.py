@@ -23,6 +23,7 @@ import attnreg
 from attnreg import bench as core_bench
 from attnreg import reference
 from attnreg.spec import AttentionSpec
+from backends.common import random_qkv
 
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).
@@ -34,12 +35,6 @@ SWEEPS: dict[str, list[dict[str, Any]]] = {
 }
 SWEEPS["long-context"] = SWEEPS["decode"]
 SWEEPS["whisper"] = SWEEPS["decode"]
-
-
-def inputs_for(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {n: (rng.standard_normal(s) * 0.5).astype(spec.dtype)
-            for n, s in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
 
 
 def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray], *,
@@ -84,7 +79,7 @@ def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: b
         for suite in suites:
             for case in table[suite]:
                 spec = case.spec
-                inputs = inputs_for(spec)
+                inputs = random_qkv(spec)
                 variants = SWEEPS.get(suite, [{}]) if sweep else [{}]
                 runs: list[tuple[str, dict[str, Any], str]] = []
                 for mode in checks:

@@ -57,30 +57,6 @@ class Case:
     feature: str = ""
 
 
-# feature name -> (spec changes, make_tensors keywords, fully masked row)
-def _features(b: int, nq: int, s: int, c: int) -> list[tuple[str, dict[str, Any], dict[str, Any], bool]]:
-    return [
-        ("plain", {}, {}, False),
-        ("noncausal", {"causal": False}, {}, False),
-        ("bias", {"bias": True}, {}, False),
-        ("bias-bcast-b", {"bias": True}, {"bias_shape": (1, nq, s, c)}, False),
-        ("bias-bcast-h", {"bias": True}, {"bias_shape": (b, 1, s, c)}, False),
-        ("bias-bcast-s", {"bias": True, "causal": False}, {"bias_shape": (b, nq, 1, c)}, False),
-        ("bias-f16-masked", {"bias": True}, {"bias_f16": True, "mask_frac": 0.3}, False),
-        ("masked-rows-lse", {"bias": True, "return_lse": True}, {}, True),
-        ("seqlens-capacity", {"seqlens_k": True, "kv_capacity": c + 13}, {}, False),
-        ("capacity", {"kv_capacity": c + 9}, {}, False),
-        ("window", {"local_window": 5}, {}, False),
-        ("softcap", {"softcap": 1.5}, {}, False),
-        ("alibi", {"alibi_max_bias": 8.0}, {}, False),
-        ("sink-lse", {"head_sink": True, "return_lse": True}, {}, False),
-        ("sink-masked-rows", {"head_sink": True, "bias": True, "return_lse": True}, {}, True),
-        ("all", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0, "alibi_max_bias": 4.0,
-                 "local_window": 40, "head_sink": True, "return_lse": True, "bias": True},
-         {"bias_shape": (1, nq, s, c + 5)}, False),
-    ]
-
-
 def _long(fam: str) -> list[tuple[int, int]]:
     """(seq_len, past_len) with a total over 1000 keys, per family."""
     if fam.startswith("prefill"):
@@ -94,7 +70,7 @@ def build() -> list[Case]:
     n = 0
     for fam, pattern in FAMILIES.items():
         for dtype, dt in DTYPES.items():
-            feats = _features(1, 1, 1, 1)
+            feats = testing.contract_features(1, 1, 1, 1)
             long_cases = _long(fam)
             for f_i in range(len(feats) + len(long_cases)):
                 n += 1
@@ -110,7 +86,7 @@ def build() -> list[Case]:
                 nkv = 1 if g == 7 else 2
                 b = 2 if h <= 96 else 1
                 c = s + past
-                name, changes, tkw, masked = (_features(b, nkv * g, s, c) + [
+                name, changes, tkw, masked = (testing.contract_features(b, nkv * g, s, c) + [
                     ("long", {}, {}, False)] * len(long_cases))[f_i]
                 if name == "long":
                     name = f"long-L{c}"

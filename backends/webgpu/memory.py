@@ -88,6 +88,11 @@ class DeviceMemory:
         enc = enc or self.dev.device.create_command_encoder()
         enc.copy_buffer_to_buffer(buf, 0, rb, 0, size)
         self.dev.device.queue.submit([enc.finish()])
+        return self._map_read(rb, nbytes)
+
+    def _map_read(self, rb: Any, nbytes: int) -> bytes:
+        """Wait for and copy out the first nbytes of a MAP_READ buffer (a submitted copy)."""
+        size = cdiv(nbytes, _WORD) * _WORD
         rb.map_sync(self.wgpu.MapMode.READ, 0, size)
         try:
             raw = bytes(rb.read_mapped(0, size))

@@ -319,15 +319,8 @@ class WebGpuRuntime(DeviceMemory):
         self.counters["submits"] += 1
         res: dict[str, Any] = dict(given)
         for o, rb in readback:
-            size = _cdiv(o.nbytes, 4) * 4
-            rb.map_sync(self.wgpu.MapMode.READ, 0, size)
-            try:
-                raw = bytes(rb.read_mapped(0, size))
-            finally:
-                rb.unmap()
-            self.counters["readbacks"] += 1
-            self.counters["readback_bytes"] += o.nbytes
-            res[o.name] = np.frombuffer(raw[:o.nbytes], dtype=o.dtype).reshape(o.shape).copy()
+            raw = self._map_read(rb, o.nbytes)
+            res[o.name] = np.frombuffer(raw, dtype=o.dtype).reshape(o.shape).copy()
         return res
 
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
