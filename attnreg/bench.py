@@ -132,7 +132,8 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
     for s in suites:
         if s not in table and s != "decode-loop":
             raise SpecError("suite", s, f"one of {sorted([*table, 'decode-loop'])}")
-    devs = [d for d in api.devices(backend) if d.available]
+    names = backend.split(",") if backend else [None]
+    devs = [d for b in names for d in api.devices(b) if d.available]
     if device is not None:
         devs = [d for d in devs if device in (d.id, d.name) or device.lower() in d.name.lower()]
     devs = _device_filter(devs, gpu_only)

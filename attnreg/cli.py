@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "prefill", "decode-loop"])
     b.add_argument("--gpu-only", action="store_true",
                    help="only GPU devices (plus the numpy reference as the baseline)")
-    b.add_argument("--backend")
+    b.add_argument("--backend", help="one backend, or several comma-separated (webgpu,opencl)")
     b.add_argument("--device")
     b.add_argument("--quick", action="store_true", help="small sizes (CI smoke)")
     b.add_argument("--iters", type=int, default=50)

@@ -73,7 +73,7 @@ def candidates(kernel_defaults: Mapping[str, Any], choices: Mapping[str, tuple[A
                spec: AttentionSpec, family: str, limit: int = 48) -> list[dict[str, Any]]:
     """Parameter sets to measure: declared choices, plus split sizes for split-KV kernels."""
     axes: dict[str, tuple[Any, ...]] = dict(choices)
-    if family == "decode_partial":
+    if family in ("decode_partial", "decode_fused"):   # the split-KV kernels
         tile = int(kernel_defaults.get("kv_tile", 64))
         def cdiv(a: int, b: int) -> int:
             return -(-a // b)

@@ -36,3 +36,15 @@ def test_family_key_buckets_nearby_specs() -> None:
     c = a.replace(past_len=3000)
     assert tuning.family_key("decode_partial", a) == tuning.family_key("decode_partial", b)
     assert tuning.family_key("decode_partial", a) != tuning.family_key("decode_partial", c)
+
+
+def test_split_kv_kernels_tune_the_split_size():
+    spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=4095, num_heads=32, kv_num_heads=8,
+                                 head_size=128, dtype="float16")
+    for family in ("decode_partial", "decode_fused"):
+        cands = tuning.candidates({"kv_tile": 32}, {"wg": (64, 128)}, spec, family)
+        sizes = {c["split_size"] for c in cands}
+        assert {32, 128, 4096} <= sizes and all(s % 32 == 0 for s in sizes), (family, sizes)
+        assert {c["wg"] for c in cands} == {64, 128}
+    assert all("split_size" not in c
+               for c in tuning.candidates({}, {"wg": (64,)}, spec, "prefill"))
