@@ -10,7 +10,7 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" PATH="$PWD/.venv/bin:$PATH"
 # cells), as does `attnreg conformance` without --quick.
 export ATTNREG_CONFORMANCE="${ATTNREG_CONFORMANCE:-quick}"
 start=$(date +%s)
-echo "[test] ruff";  ruff check attnreg backends tests
+echo "[test] ruff";  ruff check attnreg backends tests bench
 echo "[test] mypy";  mypy
 echo "[test] pytest"
 set +e
