@@ -17,6 +17,9 @@ set +e
 python -m pytest -q --durations=15 "$@"
 rc=$?
 set -e
+if [ -f out/conformance.md ]; then
+  echo "[test] conformance report: out/conformance.json, out/conformance.md ($(grep -m1 -o '[0-9]*/[0-9]* cells pass' out/conformance.md || true))"
+fi
 # pytest's exit 5 means no tests were collected: for us that is a failure too.
 if [ "$rc" = 5 ]; then echo "[test] no tests collected: failing"; exit 1; fi
 echo "[test] finished in $(( $(date +%s) - start )) s with exit status $rc"

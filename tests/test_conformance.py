@@ -6,6 +6,7 @@ ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (the default is the full m
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ REQUIRED = conf.load_required(str(Path(__file__).parent.parent / "ci" / "require
 DEVICES = attnreg.devices()
 CASES = conf.cases(DEVICES, quick=QUICK)
 _SESSIONS: dict[str, attnreg.Session] = {}
+_RESULTS: list[conf.Result] = []
+# The matrix's report files (what `attnreg conformance --json --markdown` writes), left by the
+# test run for CI to keep: $ATTNREG_REPORT_DIR, default out/ in the checkout (ignored by git).
+REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.parent / "out")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,6 +35,11 @@ def _close_sessions() -> Iterator[None]:
     for s in _SESSIONS.values():
         s.close()
     _SESSIONS.clear()
+    if _RESULTS:
+        REPORT_DIR.mkdir(parents=True, exist_ok=True)
+        (REPORT_DIR / "conformance.json").write_text(
+            json.dumps([r.as_dict() for r in _RESULTS], indent=1))
+        (REPORT_DIR / "conformance.md").write_text(conf.markdown(_RESULTS))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -38,6 +48,7 @@ def test_cell(case: conf.Case) -> None:
     if s is None:
         s = _SESSIONS[case.device] = attnreg.Session(backend=case.backend, device=case.device)
     r = conf.run_case(case, s)
+    _RESULTS.append(r)
     assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
 
 
