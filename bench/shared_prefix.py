@@ -6,8 +6,9 @@ N requests share a P-token prefix and each has its own S-token suffix; one decod
            plus each suffix (batch N, S keys), then attnreg's merge_states on the device.
 Both give the same output (checked against the float64 reference, and tests/test_merge.py
 checks the method). Prints per device: median time of each part, the ratio full / cascade,
-and the KV bytes each reads. Kernel times are GPU time where the runtime has timestamps, wall
-time otherwise; the merge is wall time of Session.merge_states (host-staged states).
+and the KV bytes each reads. Kernel times (the merge's reduce kernel included) are GPU time
+where the runtime has timestamps, wall time otherwise; Session.merge_states' wall time, with
+its host copies of the states, is printed beside them.
 
   python3 bench/shared_prefix.py [--requests 16] [--prefix 4096] [--suffix 128]
                                  [--heads 16/4] [--head-size 128] [--backend webgpu,opencl]
@@ -23,6 +24,7 @@ import numpy as np
 
 import attnreg
 from attnreg.bench import time_case
+from attnreg.session import check_partials
 
 
 def _specs(n: int, p: int, s: int, nq: int, nkv: int, h: int, dtype: str
@@ -37,6 +39,31 @@ def _specs(n: int, p: int, s: int, nq: int, nkv: int, h: int, dtype: str
 def _median_us(t: dict[str, list[float]]) -> float:
     key = "gpu_s" if t.get("gpu_s") else "wall_s"
     return statistics.median(t[key]) * 1e6
+
+
+def _merge_times(sess: attnreg.Session, states: list[tuple[np.ndarray, np.ndarray]],
+                 iters: int) -> tuple[float, float]:
+    """(device time of the merge's reduce kernel, wall time of Session.merge_states with its
+    host round trip). The reduce is timed the way merge_states launches it: the states as the
+    splits of one reduce over R = N * Nq rows."""
+    host = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        sess.merge_states(states)
+        host.append(time.perf_counter() - t0)
+    o_list = [np.asarray(o, np.float32) for o, _ in states]
+    r, h = int(np.prod(o_list[0].shape[:-1])), o_list[0].shape[-1]
+    spec = attnreg.AttentionSpec(batch=1, seq_len=r, past_len=0, num_heads=1, kv_num_heads=1,
+                                 head_size=h, dtype="float32", causal=False, return_lse=True)
+    inputs = check_partials(
+        spec, np.stack([o.reshape(r, h) for o in o_list], 1)[None, None],
+        np.stack([np.asarray(x, np.float32).reshape(r) for _, x in states], 1)[None, None],
+        None)
+    plan = sess.plan(spec, op="reduce", params={"n_splits": len(states)})
+    rt = sess.runtime(plan)
+    timer = getattr(rt, "timings", None)
+    dev = _median_us(timer(plan, inputs, iters=iters, warmup=2)) if timer else float("nan")
+    return dev, statistics.median(host) * 1e6
 
 
 def main() -> int:
@@ -88,21 +115,18 @@ def main() -> int:
                 states = [(o_pre[0][:, :, None, :], l_pre[0].T[:, :, None]),
                           (o_suf.transpose(0, 2, 1, 3), l_suf)]
                 o, _ = sess.merge_states(states)               # compiles the reduce
-                merge = []
-                for _ in range(a.iters):
-                    t0 = time.perf_counter()
-                    o, _ = sess.merge_states(states)
-                    merge.append(time.perf_counter() - t0)
-                us_merge = statistics.median(merge) * 1e6
+                us_merge, us_merge_host = _merge_times(sess, states, a.iters)
             err = float(np.max(np.abs(o.transpose(0, 2, 1, 3) - want)))
             casc = us_pre + us_suf + us_merge
             row = {"device": f"{b}/{dev.slug}", "full_us": round(us_full, 1),
                    "prefix_us": round(us_pre, 1), "suffix_us": round(us_suf, 1),
-                   "merge_us": round(us_merge, 1), "cascade_us": round(casc, 1),
+                   "merge_us": round(us_merge, 1), "merge_host_us": round(us_merge_host, 1),
+                   "cascade_us": round(casc, 1),
                    "ratio": round(us_full / casc, 2), "max_err": err}
             rows.append(row)
             print(f"{row['device']:22} full {us_full:10.1f} us | cascade {casc:10.1f} us "
                   f"(prefix {us_pre:.1f} + suffix {us_suf:.1f} + merge {us_merge:.1f}) | "
+                  f"merge_states with host copies {us_merge_host:.0f} us | "
                   f"{row['ratio']:.2f}x | max err vs reference {err:.1e}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
