@@ -30,8 +30,9 @@ from .kernel import KernelInfo
 from .plan import Plan, Stage
 from .profiles import profile, profiles
 from .rules import Rule
-from .session import Session, merge_states
+from .session import Session
 from .spec import AttentionSpec
+from .states import merge_states
 
 __version__ = "0.1.0"
 

@@ -24,7 +24,7 @@ import numpy as np
 
 import attnreg
 from attnreg.bench import time_case
-from attnreg.session import check_partials
+from attnreg.states import check_partials, merge_as_reduce
 
 
 def _specs(n: int, p: int, s: int, nq: int, nkv: int, h: int, dtype: str
@@ -44,21 +44,14 @@ def _median_us(t: dict[str, list[float]]) -> float:
 def _merge_times(sess: attnreg.Session, states: list[tuple[np.ndarray, np.ndarray]],
                  iters: int) -> tuple[float, float]:
     """(device time of the merge's reduce kernel, wall time of Session.merge_states with its
-    host round trip). The reduce is timed the way merge_states launches it: the states as the
-    splits of one reduce over R = N * Nq rows."""
+    host round trip). The reduce is timed on the inputs merge_states builds (merge_as_reduce)."""
     host = []
     for _ in range(iters):
         t0 = time.perf_counter()
         sess.merge_states(states)
         host.append(time.perf_counter() - t0)
-    o_list = [np.asarray(o, np.float32) for o, _ in states]
-    r, h = int(np.prod(o_list[0].shape[:-1])), o_list[0].shape[-1]
-    spec = attnreg.AttentionSpec(batch=1, seq_len=r, past_len=0, num_heads=1, kv_num_heads=1,
-                                 head_size=h, dtype="float32", causal=False, return_lse=True)
-    inputs = check_partials(
-        spec, np.stack([o.reshape(r, h) for o in o_list], 1)[None, None],
-        np.stack([np.asarray(x, np.float32).reshape(r) for _, x in states], 1)[None, None],
-        None)
+    spec, o_parts, lse_parts, _ = merge_as_reduce(states)
+    inputs = check_partials(spec, o_parts, lse_parts, None)
     plan = sess.plan(spec, op="reduce", params={"n_splits": len(states)})
     rt = sess.runtime(plan)
     timer = getattr(rt, "timings", None)

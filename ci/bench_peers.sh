@@ -11,21 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO=$(command -v sudo || true); fi
+source ci/apt.sh
 
 # 1. system packages: the Vulkan headers, lavapipe and a C compiler for the shim.
-pkgs=(libvulkan-dev mesa-vulkan-drivers gcc)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[peers] apt-get install ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+apt_install_missing peers libvulkan-dev mesa-vulkan-drivers gcc
 
 # 2. python packages.
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=$(command -v python3); fi

@@ -7,23 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO=$(command -v sudo || true); fi
-
+source ci/apt.sh
 # chromium: the browser backend's headless Chromium (WebGPU through Dawn/Tint, on SwiftShader).
 pkgs=(mesa-vulkan-drivers libvulkan1 pocl-opencl-icd ocl-icd-libopencl1 chromium)
 # Debian's own python3 needs python3-venv for `python3 -m venv`; other Pythons bring it.
 python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv python3-pip)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[setup] apt-get install ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+apt_install_missing setup "${pkgs[@]}"
 
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"

@@ -1,0 +1,96 @@
+"""Attention states (o, lse) between kernels: the checks on split-KV partial states handed
+to a reduce, and merge_states (CONTRACT), which merges states over disjoint key sets in numpy
+or, through Session.merge_states, as one reduce on a device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import reference
+from .errors import SpecError
+from .spec import AttentionSpec
+
+
+def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
+                   head_sink: Any) -> dict[str, np.ndarray]:
+    """Validate partial states for the reduce (CONTRACT shapes, float32)."""
+    o = np.asarray(o_parts) if hasattr(o_parts, "__array__") else o_parts
+    lse = np.asarray(lse_parts) if hasattr(lse_parts, "__array__") else lse_parts
+    if not isinstance(o, np.ndarray) or o.dtype != np.float32 or o.ndim != 5:
+        raise SpecError("o_parts", o_parts, "a float32 array [B, Nq, S, T, H]")
+    b, nq, s, t, h = o.shape
+    want = (spec.batch, spec.num_heads, spec.seq_len)
+    if (b, nq, s) != want or h != spec.head_size or t < 1:
+        raise SpecError("o_parts.shape", o.shape, f"[B, Nq, S, T, H] = {(*want, 'T>=1', spec.head_size)}")
+    if not isinstance(lse, np.ndarray) or lse.dtype != np.float32 or lse.shape != o.shape[:4]:
+        raise SpecError("lse_parts", lse_parts, f"a float32 array of shape {o.shape[:4]}")
+    if np.isnan(lse).any() or np.isposinf(lse).any():
+        raise SpecError("lse_parts", lse_parts, "finite values or -inf (an empty split)")
+    out = {"o_parts": np.ascontiguousarray(o), "lse_parts": np.ascontiguousarray(lse)}
+    if spec.head_sink:
+        if head_sink is None:
+            raise SpecError("head_sink", None, "a float32 [Nq] array, because spec.head_sink")
+        sink = np.asarray(head_sink)
+        if sink.dtype != np.float32 or sink.shape != (spec.num_heads,) or np.isnan(sink).any():
+            raise SpecError("head_sink", head_sink, f"a float32 array of shape ({spec.num_heads},)")
+        out["head_sink"] = np.ascontiguousarray(sink)
+    elif head_sink is not None:
+        raise SpecError("head_sink", head_sink, "None, because spec.head_sink is False")
+    return out
+
+
+def _check_states(states: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    if isinstance(states, (str, bytes)) or not isinstance(states, Sequence) or len(states) < 1:
+        raise SpecError("states", states, "a non-empty list of (o, lse) pairs")
+    os_: list[np.ndarray] = []
+    lses: list[np.ndarray] = []
+    for i, pair in enumerate(states):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise SpecError(f"states[{i}]", pair, "an (o, lse) pair")
+        o, lse = np.asarray(pair[0]), np.asarray(pair[1])
+        if o.dtype.kind != "f" or o.ndim < 1:
+            raise SpecError(f"states[{i}][0]", pair[0], "a float array [..., H]")
+        if lse.dtype.kind != "f" or lse.shape != o.shape[:-1]:
+            raise SpecError(f"states[{i}][1]", pair[1], f"a float array of shape {o.shape[:-1]}")
+        if np.isnan(lse).any() or np.isposinf(lse).any():
+            raise SpecError(f"states[{i}][1]", pair[1], "finite values or -inf")
+        if os_ and (o.shape != os_[0].shape or o.dtype != os_[0].dtype or lse.dtype != lses[0].dtype):
+            raise SpecError(f"states[{i}]", pair, f"o {os_[0].shape} {os_[0].dtype} and lse "
+                            f"{lses[0].dtype} like states[0]")
+        os_.append(o)
+        lses.append(lse)
+    return os_, lses
+
+
+def merge_as_reduce(states: Any) -> tuple[AttentionSpec, np.ndarray, np.ndarray, tuple[int, ...]]:
+    """The states as the splits of one reduce: a spec of batch 1, one head and R query rows
+    (R = the product of the states' leading shape), float32 o_parts [1, 1, R, T, H] and
+    lse_parts [1, 1, R, T], and that leading shape to restore the result's."""
+    o_list, lse_list = _check_states(states)
+    lead, h = o_list[0].shape[:-1], o_list[0].shape[-1]
+    r = int(np.prod(lead)) if lead else 1
+    spec = AttentionSpec(batch=1, seq_len=r, past_len=0, num_heads=1, kv_num_heads=1,
+                         head_size=h, dtype="float32", causal=False, return_lse=True)
+    o_parts = np.stack([o.reshape(r, h).astype(np.float32) for o in o_list], axis=1)[None, None]
+    lse_parts = np.stack([x.reshape(r).astype(np.float32) for x in lse_list], axis=1)[None, None]
+    return spec, np.ascontiguousarray(o_parts), np.ascontiguousarray(lse_parts), tuple(lead)
+
+
+def merge_states(states: Sequence[tuple[Any, Any]], backend: str | None = None,
+                 device: str | int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Merge attention states over disjoint key sets: the split-KV reduce's rule.
+
+    Each state is (o [..., H], lse [...]); all must share shapes and dtypes. States whose lse
+    is -inf contribute nothing. Without ``backend`` this runs in float64 numpy and returns
+    the inputs' dtypes; with one (e.g. "webgpu") it runs that backend's reduce kernel and
+    returns float32.
+    """
+    os_, lses = _check_states(states)
+    if backend is not None:
+        from .api import default_session
+        return default_session(backend, device).merge_states(list(zip(os_, lses)))
+    o64, lse64 = reference.merge(list(zip(os_, lses)))
+    return o64.astype(os_[0].dtype), lse64.astype(lses[0].dtype)
