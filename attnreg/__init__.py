@@ -10,11 +10,13 @@
 
 from __future__ import annotations
 
+from . import _checkout  # noqa: F401  (a plain checkout: map attnreg.backends & co.)
 from .api import (
     default_session,
     devices,
     explain,
     kernels,
+    merge_states,
     partial_states,
     reduce_states,
     register_plugin,
@@ -25,20 +27,20 @@ from .caps import DeviceCaps
 from .device_tensor import DeviceTensor, KVCache
 from .errors import KernelUnavailable, NoKernelError, SpecError
 from .flags import Flag
-from .hookspecs import Backend, Runtime, hookimpl
+from .hookspecs import Backend, Command, Runtime, hookimpl
 from .kernel import KernelInfo
 from .plan import Plan, Stage
 from .profiles import profile, profiles
 from .rules import Rule
 from .session import Session
 from .spec import AttentionSpec
-from .states import merge_states
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionSpec",
     "Backend",
+    "Command",
     "DeviceCaps",
     "DeviceTensor",
     "Flag",

@@ -14,6 +14,7 @@ from .kernel import KernelInfo
 from .plan import Plan
 from .session import Session
 from .spec import AttentionSpec
+from .states import merge
 
 _DEFAULT: dict[tuple[Any, Any], Session] = {}
 _LOCK = threading.Lock()
@@ -68,6 +69,20 @@ def reduce_states(spec: AttentionSpec, o_parts: Any, lse_parts: Any, head_sink: 
     """Reduce partial states (from any backend) into out, or (out, lse)."""
     return default_session(backend, kw.pop("device", None)).reduce_states(
         spec, o_parts, lse_parts, head_sink, **kw)
+
+
+def merge_states(states: Any, backend: str | None = None,
+                 device: str | int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Merge attention states over disjoint key sets: the split-KV reduce's rule.
+
+    Each state is (o [..., H], lse [...]); all must share shapes and dtypes. States whose lse
+    is -inf contribute nothing. Without ``backend`` this runs in float64 numpy and returns
+    the inputs' dtypes; with one (e.g. "webgpu") it runs that backend's reduce kernel and
+    returns float32.
+    """
+    if backend is None:
+        return merge(states)
+    return default_session(backend, device).merge_states(states)
 
 
 def register_plugin(plugin: object, name: str | None = None) -> None:

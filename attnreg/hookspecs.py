@@ -1,4 +1,4 @@
-"""The attnreg_* hooks: the only way backends, kernels, rules and flags enter attnreg.
+"""The plugin and runtime contract: the attnreg_* hooks, the Backend and the Runtime.
 
 Built-in backends use exactly these hooks, found through the ``attnreg.plugins`` entry-point
 group, as a third-party package would. A plugin module implements any subset::
@@ -17,18 +17,23 @@ group, as a third-party package would. A plugin module implements any subset::
 
 from __future__ import annotations
 
+import argparse
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import pluggy
 
 if TYPE_CHECKING:
     from .caps import DeviceCaps
+    from .device_tensor import DeviceTensor
     from .flags import Flag
     from .kernel import KernelInfo
     from .plan import Plan
     from .rules import Rule
+    from .spec import AttentionSpec
 
 PROJECT = "attnreg"
 ENTRY_POINT_GROUP = "attnreg.plugins"
@@ -38,22 +43,58 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @runtime_checkable
 class Runtime(Protocol):
-    """A device opened for one Session: it owns that session's buffers and bind state.
+    """A device opened for one Session: its memory, its launches and its measurements.
 
-    Compiled pipelines/programs should be shared per device by the backend, so that a
-    new Session does not recompile.
+    Every backend implements all of it (a backend that computes on the host keeps device
+    memory in host bytes, see :class:`attnreg.hostmem.HostMemory`). Compiled programs
+    should be shared per device by the backend, so that a new Session does not recompile.
     """
 
     caps: DeviceCaps
+    counters: Counter[str]
+    """Events and bytes, under one name on every backend: host_uploads, host_upload_bytes,
+    readbacks, readback_bytes, allocs, frees, launches, prepares (tests read them)."""
 
-    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run ``plan`` (op 'attention', 'partial' or 'reduce') on validated inputs.
+    def launch(self, plan: Plan, inputs: Mapping[str, Any],
+               outputs: Mapping[str, DeviceTensor] | None = None) -> dict[str, Any]:
+        """Run ``plan`` (op 'attention', 'partial' or 'reduce') on validated inputs (numpy
+        arrays, or DeviceTensors of this runtime).
 
         Outputs by op -- attention: ``out`` (q layout, spec dtype) and ``lse`` if
         return_lse; partial: ``o_parts`` [B,Nq,S,T,H] f32, ``lse_parts`` [B,Nq,S,T] f32;
-        reduce: like attention. Launch errors that mean "this kernel cannot run here"
-        raise :class:`attnreg.KernelUnavailable` so the next candidate is tried.
+        reduce: like attention. An output named in ``outputs`` is written into that
+        DeviceTensor and returned as it is (a device backend neither reads it back nor
+        waits). Launch errors that mean "this kernel cannot run here" raise
+        :class:`attnreg.KernelUnavailable` so the next candidate is tried.
         """
+        ...
+
+    def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
+                warmup: int = 3) -> dict[str, Any]:
+        """Seconds per launch of ``plan`` with inputs bound once and nothing read back:
+        ``wall_s`` always, ``gpu_s`` where the device has timers (timestamp queries,
+        profiling events); backends may add detail under other keys."""
+        ...
+
+    def alloc(self, nbytes: int) -> Any:
+        """A buffer of at least ``nbytes`` for a DeviceTensor (contents unspecified)."""
+        ...
+
+    def upload(self, handle: Any, array: np.ndarray, offset_bytes: int = 0) -> None:
+        """Copy a host array into a buffer at a byte offset, ordered with the launches."""
+        ...
+
+    def download(self, handle: Any, nbytes: int) -> bytes:
+        """The first ``nbytes`` of a buffer, after every launch issued before."""
+        ...
+
+    def free(self, handle: Any) -> None:
+        """Release a buffer from :meth:`alloc`; nothing prepared with it is used again."""
+        ...
+
+    def copy_bandwidth(self) -> float:
+        """Measured copy bandwidth of the device's memory in GB/s (bytes read + written):
+        the roof the bench compares kernels with."""
         ...
 
     def close(self) -> None:
@@ -76,6 +117,22 @@ class Backend(Protocol):
     def open(self, caps: DeviceCaps) -> Runtime:
         """A Runtime for one of the probed devices."""
         ...
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand of the ``attnreg`` CLI that a plugin brings (e.g. export-wgsl).
+
+    ``configure`` adds the command's own options to its parser; with ``takes_spec`` the CLI
+    also adds the spec options and passes the parsed AttentionSpec to ``run``, which returns
+    the exit status.
+    """
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, AttentionSpec | None], int]
+    takes_spec: bool = False
 
 
 @hookspec
@@ -102,3 +159,6 @@ def attnreg_register_flags(register: Callable[[Flag], None]) -> None:
     """Declare extra session flags (:class:`attnreg.flags.Flag`)."""
 
 
+@hookspec
+def attnreg_register_commands(register: Callable[[Command], None]) -> None:
+    """Add subcommands to the ``attnreg`` CLI (:class:`attnreg.hookspecs.Command`)."""

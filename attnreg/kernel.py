@@ -24,6 +24,8 @@ ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     # split-KV in one launch: the last workgroup of each row merges the splits
     "split_kv_fused": ("decode_fused",),
 })
+# Families that cut the KV range into splits (the plan's SplitGeometry comes from them).
+SPLIT_FAMILIES = ("decode_partial", "decode_qk", "decode_fused")
 # Every contract feature a spec can use (AttentionSpec.features names them).
 ALL_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_lse", "softcap",
                           "local_window", "alibi", "kv_capacity", "gqa"})
@@ -39,7 +41,7 @@ def binding_bytes(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -
     e = spec.itemsize
     q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
     kv = spec.batch * spec.capacity * spec.kv_num_heads * spec.head_size * e
-    splits = int(params.get("n_splits", 1))
+    splits = int(params.get("n_splits", 1))   # the planner sets it with split_size
     parts = spec.batch * spec.num_heads * spec.seq_len * splits * spec.head_size * 4
     sizes: dict[str, int] = {}
     scores = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4

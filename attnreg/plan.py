@@ -13,6 +13,28 @@ OPS = ("attention", "partial", "reduce")
 
 
 @dataclass(frozen=True)
+class SplitGeometry:
+    """How a split-KV plan cuts the KV range [0, C): ``n_splits`` splits of ``split_size``
+    keys (the last may be shorter), T = ceil(C / split_size) as the contract fixes it. A
+    reduce of given partial states knows only their count (split_size None)."""
+
+    n_splits: int
+    split_size: int | None = None
+
+    @staticmethod
+    def over(capacity: int, split_size: int) -> SplitGeometry:
+        return SplitGeometry(-(-int(capacity) // int(split_size)), int(split_size))
+
+    @property
+    def params(self) -> dict[str, int]:
+        """The geometry as the stage parameters explain shows."""
+        out = {"n_splits": self.n_splits}
+        if self.split_size is not None:
+            out["split_size"] = self.split_size
+        return out
+
+
+@dataclass(frozen=True)
 class Stage:
     """One kernel launch of a plan, with its final parameters."""
 
@@ -39,6 +61,7 @@ class Plan:
     rules: tuple[str, ...] = ()
     ignored_flags: Mapping[str, str] = field(default_factory=dict)
     flags: Mapping[str, Any] = field(default_factory=dict)
+    split: SplitGeometry | None = None        # the split-KV geometry every stage shares
 
     @property
     def backend(self) -> str:
@@ -78,6 +101,9 @@ class Plan:
             + (f" arch={self.caps.architecture}" if self.caps.architecture else ""),
             "kernels: " + " -> ".join(self.kernels),
         ]
+        if self.split is not None:
+            lines.insert(-1, "split:   " + ", ".join(f"{k}={v}" for k, v in
+                                                  sorted(self.split.params.items())))
         for s in self.stages:
             ps = ", ".join(f"{k}={v}" for k, v in sorted(s.params.items()))
             lines.append(f"  {s.kernel}: {ps or '(no params)'}")

@@ -15,9 +15,9 @@ from . import flags as flagmod
 from . import hookspecs, rules
 from .caps import DeviceCaps, unavailable
 from .errors import NoKernelError, SpecError
-from .hookspecs import Backend
-from .kernel import ROUTES, KernelInfo
-from .plan import OPS, Plan, Stage
+from .hookspecs import Backend, Command
+from .kernel import ROUTES, SPLIT_FAMILIES, KernelInfo
+from .plan import OPS, Plan, SplitGeometry, Stage
 from .spec import AttentionSpec
 
 PLUGINS_ENV = "ATTNREG_PLUGINS"       # extra plugin modules, comma-separated
@@ -35,6 +35,7 @@ class Registry:
         self._backends: dict[str, Backend] = {}
         self._kernels: dict[str, KernelInfo] = {}
         self._rules: list[rules.Rule] = []
+        self._commands: dict[str, Command] = {}
         self._devices: dict[str, list[DeviceCaps]] = {}
 
     # -- loading -----------------------------------------------------------------------
@@ -64,6 +65,7 @@ class Registry:
         backends: dict[str, Backend] = {}
         kernels: dict[str, KernelInfo] = {}
         extra_rules: list[rules.Rule] = []
+        commands: dict[str, Command] = {}
 
         def add_backend(b: Backend) -> None:
             if not isinstance(b, Backend):
@@ -79,8 +81,14 @@ class Registry:
         self.pm.hook.attnreg_register_flags(register=flagmod.declare)
         self.pm.hook.attnreg_register_backends(register=add_backend)
         self.pm.hook.attnreg_register_kernels(register=add_kernel)
+        def add_command(c: Command) -> None:
+            if c.name in commands and commands[c.name] != c:
+                raise ValueError(f"command {c.name!r} registered twice")
+            commands[c.name] = c
+
         self.pm.hook.attnreg_register_rules(register=extra_rules.append)
-        self._backends, self._kernels = backends, kernels
+        self.pm.hook.attnreg_register_commands(register=add_command)
+        self._backends, self._kernels, self._commands = backends, kernels, commands
         self._rules = list(rules.BUILTIN_RULES) + extra_rules
         self._devices = {n: d for n, d in self._devices.items() if n in backends}
 
@@ -119,6 +127,11 @@ class Registry:
     def rules(self) -> list[rules.Rule]:
         self.load()
         return list(self._rules)
+
+    def commands(self) -> dict[str, Command]:
+        """CLI subcommands that plugins registered (attnreg_register_commands)."""
+        self.load()
+        return dict(self._commands)
 
     def backend(self, name: str) -> Backend:
         backends = self.backends()
@@ -214,7 +227,7 @@ class Registry:
                                              f"{later.label}"])
                 return Plan(spec=spec, op=op, route=got[0], caps=dev, stages=got[1],
                             rejected=rejected, rules=got[2], ignored_flags=got[3],
-                            flags=flagmod.non_default(f))
+                            flags=flagmod.non_default(f), split=got[4])
         raise NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
 
 
@@ -238,12 +251,14 @@ class _Planner:
         self.reg, self.spec, self.op, self.caps, self.flags = reg, spec, op, caps, flags
         self.forced, self.params, self.exclude = forced, params, exclude
         self.rules = reg.rules()
+        self.kernels = reg.kernels(caps.backend)
 
     def run(self, rejected: dict[str, list[str]], tag: Any
-            ) -> tuple[str, tuple[Stage, ...], tuple[str, ...], dict[str, str]] | None:
+            ) -> tuple[str, tuple[Stage, ...], tuple[str, ...], dict[str, str],
+                       SplitGeometry | None] | None:
         fired: list[str] = []
+        kernels = self.kernels
         routes = self._routes(fired)
-        kernels = self.reg.kernels(self.caps.backend)
         for n, (route, families) in enumerate(routes):
             stages: list[Stage] = []
             stage_fired: list[str] = []
@@ -266,7 +281,19 @@ class _Planner:
                     for k in kernels:
                         if k.family == fam and tag(k.id) not in rejected:
                             rejected[tag(k.id)] = [f"route is {route}; {fam} kernels are not used"]
-                return route, tuple(stages), tuple(fired + stage_fired), self._ignored()
+                return (route, tuple(stages), tuple(fired + stage_fired), self._ignored(),
+                        self._split(stages))
+        return None
+
+    def _split(self, stages: list[Stage]) -> SplitGeometry | None:
+        """The plan's split geometry: from its first split stage, or for a reduce of given
+        partial states their count (the caller's n_splits)."""
+        first = next((st for st in stages if "split_size" in st.params
+                      and st.family in SPLIT_FAMILIES), None)
+        if first is not None:
+            return SplitGeometry(int(first.params["n_splits"]), int(first.params["split_size"]))
+        if self.op == "reduce" and "n_splits" in self.params:
+            return SplitGeometry(int(self.params["n_splits"]))
         return None
 
     def _routes(self, fired: list[str]) -> list[tuple[str, tuple[str, ...]]]:
@@ -285,7 +312,7 @@ class _Planner:
                      "decode_fused": "split_kv_fused"}.get(str(fam), "split_kv")
             fired.append(f"forced_kernel: {self.forced.id} was requested -> route={route}")
             return [(route, ROUTES[route])]
-        ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op)
+        ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op, candidates=tuple(self.kernels))
         fired += rules.apply(self.rules, ctx, "route", first_only=True)
         fired += rules.apply(self.rules, ctx, "route_refine")
         route = ctx.params.get("route", "prefill")
@@ -310,12 +337,16 @@ class _Planner:
         # other kernel was not the one.
         for k in cands:
             user = dict(self.params) if primary else {}
-            for inherited in ("split_size", "n_splits"):      # later stages follow the first
-                if prev and inherited in prev[0].params:
-                    user.setdefault(inherited, prev[0].params[inherited])
+            if prev and "split_size" in prev[0].params:       # later stages follow the first
+                user.setdefault("split_size", prev[0].params["split_size"])
             ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op, kernel=k,
-                            params=dict(user), user=frozenset(user))
+                            params=dict(user), user=frozenset(user),
+                            candidates=tuple(self.kernels))
             k_fired = rules.apply(self.rules, ctx, "params")
+            if "split_size" in ctx.params:
+                # The one place the split count is derived: T = ceil(C / split_size).
+                ctx.params.update(SplitGeometry.over(self.spec.capacity,
+                                                     int(ctx.params["split_size"])).params)
             reasons = k.not_supported_reasons(self.spec, self.caps, ctx.params)
             if (self.caps.id, k.id) in self.exclude:
                 reasons.append(self.exclude[(self.caps.id, k.id)])

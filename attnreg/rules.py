@@ -15,6 +15,7 @@ from typing import Any, Literal
 from .caps import DeviceCaps
 from .kernel import KernelInfo
 from .spec import AttentionSpec
+from .tuned import lookup
 
 # Devices tried in this order: GPUs first, then by backend priority; reference last.
 DEVICE_TYPE_ORDER = {"gpu": 0, "other": 1, "cpu": 2}
@@ -31,6 +32,7 @@ class Ctx:
     kernel: KernelInfo | None = None
     params: dict[str, Any] = field(default_factory=dict)
     user: frozenset[str] = frozenset()        # params the caller fixed; rules leave them
+    candidates: tuple[KernelInfo, ...] = ()   # every kernel of the device's backend
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,10 @@ def default_max_k_step(spec: AttentionSpec, budget: int = PRIVATE_BYTES // 2) ->
     return 8
 
 
-def split_geometry(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any],
-                   flags: Mapping[str, Any]) -> dict[str, int]:
-    """split_size and n_splits: enough workgroups to fill the device, at most max_splits.
+def split_size(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any],
+               flags: Mapping[str, Any]) -> dict[str, int]:
+    """split_size: enough splits to give every compute unit work, at most max_splits (the
+    planner derives the split count from it).
 
     Splits are laid over the capacity C (the plan never sees seqlens_k values), rounded to
     the kernel's kv tile so a split is whole tiles.
@@ -109,7 +112,7 @@ def split_geometry(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, A
         size = max(tile, _cdiv(_cdiv(c, want), tile) * tile)
         # Each split should hold at least a few tiles, or the reduce costs more than it saves.
         size = max(size, min(_cdiv(c, tile) * tile, 4 * tile))
-    return {"split_size": size, "n_splits": _cdiv(c, size)}
+    return {"split_size": size}
 
 
 _CORE_RULES: tuple[Rule, ...] = (
@@ -132,17 +135,12 @@ _CORE_RULES: tuple[Rule, ...] = (
          "until the workgroup storage fits", "params",
          lambda c: _family(c, "decode_partial", "decode_qk", "decode_fused") and _tunable(c, "m_tile"),
          _m_tile),
-    Rule("n_splits_from_split_size", "the caller fixed split_size: n_splits = ceil(C / split_size)",
-         "params", lambda c: _family(c, "decode_partial", "decode_qk", "decode_fused")
-         and "split_size" in c.user
-         and "n_splits" not in c.user,
-         lambda c: {"n_splits": _cdiv(c.spec.capacity, int(c.params["split_size"]))}),
     Rule("split_size_fill_device", "enough splits to give every compute unit work, capped by "
          "max_splits, whole kv tiles per split", "params",
          lambda c: _family(c, "decode_partial", "decode_qk", "decode_fused")
          and "split_size" not in c.user,
-         lambda c: split_geometry(c.spec, c.caps, {**(c.kernel.defaults if c.kernel else {}),
-                                                   **c.params}, c.flags)),
+         lambda c: split_size(c.spec, c.caps, {**(c.kernel.defaults if c.kernel else {}),
+                                               **c.params}, c.flags)),
 )
 
 
@@ -174,21 +172,16 @@ VENDOR_RULES: tuple[Rule, ...] = (
 
 
 def _tuned(ctx: Ctx) -> dict[str, Any]:
-    from .tuning import lookup
     assert ctx.kernel is not None
     entry = lookup(ctx.caps, ctx.kernel.family, ctx.spec)
     if not entry or entry.get("kernel") != ctx.kernel.id:
         return {}
-    out = {k: v for k, v in entry["params"].items() if k not in ctx.kernel.params}
-    if "split_size" in out:
-        out["n_splits"] = _cdiv(ctx.spec.capacity, int(out["split_size"]))
-    return out
+    return {k: v for k, v in entry["params"].items() if k not in ctx.kernel.params}
 
 
 def _fused_available(ctx: Ctx) -> bool:
-    from .registry import get
     return any(k.family == "decode_fused" and k.backend == ctx.caps.backend
-               and not k.not_supported_reasons(ctx.spec, ctx.caps) for k in get().kernels())
+               and not k.not_supported_reasons(ctx.spec, ctx.caps) for k in ctx.candidates)
 
 
 ROUTE_REFINE_RULES: tuple[Rule, ...] = (

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from . import flags as flagmod
-from . import reference
 from . import registry as regmod
+from .caps import DeviceCaps
 from .device_tensor import DTYPES, DeviceTensor, KVCache
 from .errors import KernelUnavailable, SpecError
 from .hookspecs import Runtime
-from .plan import Plan
+from .plan import Plan, SplitGeometry
 from .spec import AttentionSpec
 from .states import check_partials, merge_as_reduce
 from .tensors import check_tensors
@@ -50,7 +50,7 @@ class Session:
         self.flags = dict(flags or {})
         flagmod.resolve(self.flags)                 # unknown or ill-typed flags -> SpecError now
         self._plans: dict[Any, Plan] = {}
-        self._runtimes: dict[str, Runtime] = {}
+        self._runtimes: dict[str, Runtime] = {}    # device id -> the runtime opened on it
         self._failed: dict[tuple[str, str], str] = {}
         self._home: str | None = None
         self._lock = threading.RLock()
@@ -90,13 +90,16 @@ class Session:
     explain = plan
 
     def runtime(self, plan: Plan) -> Runtime:
+        """The runtime of the plan's device, opened once per Session."""
+        return self._runtime(plan.caps)
+
+    def _runtime(self, caps: DeviceCaps) -> Runtime:
         with self._lock:
             if self.closed:
                 raise SpecError("session", "closed", "an open Session (it was closed)")
-            rt = self._runtimes.get(plan.caps.id)
+            rt = self._runtimes.get(caps.id)
             if rt is None:
-                rt = self.registry.backend(plan.backend).open(plan.caps)
-                self._runtimes[plan.caps.id] = rt
+                rt = self._runtimes[caps.id] = self.registry.backend(caps.backend).open(caps)
             return rt
 
     def _launch(self, spec: AttentionSpec, op: str, inputs: Mapping[str, Any],
@@ -108,18 +111,13 @@ class Session:
             # Device tensors pin the plan to their device.
             self.device = self.home_device()
             self._plans.clear()
+        outputs = {"out": out} if out is not None else None
         while True:
             plan = self.plan(spec, op=op, kernel=kernel, params=params, flags=flags)
             try:
                 rt = self.runtime(plan)
-                args = self._device_inputs(plan, rt, dict(inputs))
-                if out is None:
-                    return plan, rt.launch(plan, args)
-                if getattr(rt, "alloc", None) is not None:
-                    return plan, rt.launch(plan, args, outputs={"out": out})  # type: ignore[call-arg]
-                res = rt.launch(plan, args)
-                out.write(res["out"])
-                return plan, {**res, "out": out}
+                self._check_resident(plan, inputs)
+                return plan, rt.launch(plan, inputs, outputs)
             except KernelUnavailable as exc:
                 # Remember the failure for this device and plan again without that kernel.
                 with self._lock:
@@ -141,12 +139,7 @@ class Session:
             return devs[0].id
 
     def _device_runtime(self, device_id: str) -> Runtime:
-        caps = next(d for d in self.registry.devices() if d.id == device_id)
-        with self._lock:
-            rt = self._runtimes.get(device_id)
-            if rt is None:
-                rt = self._runtimes[device_id] = self.registry.backend(caps.backend).open(caps)
-            return rt
+        return self._runtime(next(d for d in self.registry.devices() if d.id == device_id))
 
     def empty(self, shape: Sequence[int], dtype: str, *, device: str | int | None = None
               ) -> DeviceTensor:
@@ -157,10 +150,8 @@ class Session:
         if any(x < 1 for x in shape):
             raise SpecError("shape", shape, "positive sizes")
         dev = self.home_device(device)
-        rt = self._device_runtime(dev)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        alloc = getattr(rt, "alloc", None)
-        handle = alloc(nbytes) if alloc else np.zeros(nbytes, np.uint8)
+        handle = self._device_runtime(dev).alloc(nbytes)
         return DeviceTensor(self, dev, handle, shape, np.dtype(dtype).name)
 
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor:
@@ -187,37 +178,26 @@ class Session:
         if offset_elems < 0 or end > t.nbytes:
             raise SpecError("array", arr, f"at most {t.nbytes // t.dtype.itemsize - offset_elems}"
                             " elements at that offset")
-        rt = self._device_runtime(t.device_id)
-        up = getattr(rt, "upload", None)
-        off = offset_elems * t.dtype.itemsize
-        if up is not None:
-            up(t.handle, arr, off)
-        else:
-            t.handle[off:end] = arr.view(np.uint8).reshape(-1)
+        self._device_runtime(t.device_id).upload(t.handle, arr, offset_elems * t.dtype.itemsize)
 
     def _free(self, t: DeviceTensor) -> None:
         rt = self._runtimes.get(t.device_id)
-        free = getattr(rt, "free", None)
-        if free is not None:
-            free(t.handle)
+        if rt is not None:
+            rt.free(t.handle)
 
     def _download(self, t: DeviceTensor) -> np.ndarray:
-        rt = self._device_runtime(t.device_id)
-        down = getattr(rt, "download", None)
-        raw = down(t.handle, t.nbytes) if down is not None else t.handle
+        raw = self._device_runtime(t.device_id).download(t.handle, t.nbytes)
         return np.frombuffer(bytes(raw), dtype=t.dtype, count=int(np.prod(t.shape))).reshape(t.shape)
 
-    def _device_inputs(self, plan: Plan, rt: Runtime, inputs: dict[str, Any]) -> dict[str, Any]:
-        """Keep DeviceTensors for runtimes that bind them; read them back for the others."""
-        resident = {n: x for n, x in inputs.items() if isinstance(x, DeviceTensor)}
-        for n, x in resident.items():
+    def _check_resident(self, plan: Plan, inputs: Mapping[str, Any]) -> None:
+        """DeviceTensors must be live tensors of this session on the planned device."""
+        for n, x in inputs.items():
+            if not isinstance(x, DeviceTensor):
+                continue
             if x.session is not self or x.freed:
                 raise SpecError(f"tensors[{n!r}]", x, "a live DeviceTensor of this Session")
             if x.device_id != plan.caps.id:
                 raise SpecError(f"tensors[{n!r}]", x, f"a tensor on the planned device {plan.caps.id}")
-        if resident and getattr(rt, "alloc", None) is None:
-            return {**inputs, **{n: x.numpy() for n, x in resident.items()}}
-        return inputs
 
     # -- ops ---------------------------------------------------------------------------
     def run(self, spec: AttentionSpec, tensors: Mapping[str, Any], *, kernel: str | None = None,
@@ -252,9 +232,8 @@ class Session:
             _check_out(spec, out)
         self._launch(spec, "attention", inputs, kernel, params, flags, out)   # compile, warm
         plan = self.plan(spec, kernel=kernel, params=params, flags=flags)
-        rt = self.runtime(plan)
-        self._device_inputs(plan, rt, dict(inputs))        # ownership/device checks, once
-        return PreparedRun(self, plan, rt, dict(inputs), out)
+        self._check_resident(plan, inputs)                 # ownership/device checks, once
+        return PreparedRun(self, plan, self.runtime(plan), dict(inputs), out)
 
     def run_with_plan(self, spec: AttentionSpec, tensors: Mapping[str, Any], **kw: Any
                       ) -> tuple[Any, Plan]:
@@ -276,8 +255,7 @@ class Session:
         if split_size is not None:
             if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
                 raise SpecError("split_size", split_size, "an integer >= 1")
-            p["split_size"] = split_size
-            p["n_splits"] = reference.n_splits(spec, split_size)
+            p.update(SplitGeometry.over(spec.capacity, split_size).params)
         _, res = self._launch(spec, "partial", inputs, kernel, p, flags)
         return res["o_parts"], res["lse_parts"]
 
@@ -309,29 +287,15 @@ class PreparedRun:
                  out: DeviceTensor | None) -> None:
         self.session, self.plan, self.runtime = session, plan, runtime
         self.inputs, self.out = inputs, out
-        self._on_device = getattr(runtime, "alloc", None) is not None
-        self._resident = out is not None and self._on_device
+        self.outputs = {"out": out} if out is not None else None
 
     def __call__(self) -> Any:
         if self.session.closed:
             raise SpecError("session", "closed", "an open Session (it was closed)")
         if any(isinstance(x, DeviceTensor) and x.freed for x in self.inputs.values()):
             raise SpecError("tensors", "freed", "live DeviceTensors (one was freed)")
-        spec = self.plan.spec
-        # Runtimes without device memory read DeviceTensors through the host on every call
-        # (their contents, e.g. a growing cache, change between calls).
-        inputs = self.inputs if self._on_device else \
-            self.session._device_inputs(self.plan, self.runtime, self.inputs)
-        res: dict[str, Any]
-        if self._resident:
-            res = self.runtime.launch(self.plan, inputs,
-                                      outputs={"out": self.out})  # type: ignore[call-arg]
-        else:
-            res = self.runtime.launch(self.plan, inputs)
-            if self.out is not None:
-                self.out.write(res["out"])
-                res = {**res, "out": self.out}
-        return (res["out"], res["lse"]) if spec.return_lse else res["out"]
+        res = self.runtime.launch(self.plan, self.inputs, self.outputs)
+        return (res["out"], res["lse"]) if self.plan.spec.return_lse else res["out"]
 
 
 def _check_out(spec: AttentionSpec, out: Any) -> None:

@@ -79,18 +79,8 @@ def merge_as_reduce(states: Any) -> tuple[AttentionSpec, np.ndarray, np.ndarray,
     return spec, np.ascontiguousarray(o_parts), np.ascontiguousarray(lse_parts), tuple(lead)
 
 
-def merge_states(states: Sequence[tuple[Any, Any]], backend: str | None = None,
-                 device: str | int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Merge attention states over disjoint key sets: the split-KV reduce's rule.
-
-    Each state is (o [..., H], lse [...]); all must share shapes and dtypes. States whose lse
-    is -inf contribute nothing. Without ``backend`` this runs in float64 numpy and returns
-    the inputs' dtypes; with one (e.g. "webgpu") it runs that backend's reduce kernel and
-    returns float32.
-    """
+def merge(states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """The states merged in float64 numpy, returned in the inputs' dtypes."""
     os_, lses = _check_states(states)
-    if backend is not None:
-        from .api import default_session
-        return default_session(backend, device).merge_states(list(zip(os_, lses)))
     o64, lse64 = reference.merge(list(zip(os_, lses)))
     return o64.astype(os_[0].dtype), lse64.astype(lses[0].dtype)

@@ -12,8 +12,6 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from attnreg.spec import AttentionSpec
 
 # (name, struct code) -- 'I' u32, 'i' i32, 'f' f32. Append only; kernels index by name.
@@ -105,22 +103,3 @@ def opencl_struct(name: str = "Params") -> str:
     ty = {"I": "uint", "i": "int", "f": "float"}
     body = "\n".join(f"  {ty[c]} {n};" for n, c in FIELDS)
     return f"typedef struct {{\n{body}\n}} {name};\n"
-
-
-def finish_outputs(spec: AttentionSpec, out: np.ndarray | None, lse: np.ndarray | None
-                   ) -> dict[str, np.ndarray]:
-    """Shape host copies of device outputs into the contract's result dict."""
-    res: dict[str, np.ndarray] = {}
-    if out is not None:
-        res["out"] = out.reshape(spec.out_shape)
-    if spec.return_lse and lse is not None:
-        res["lse"] = lse.reshape(spec.lse_shape)
-    return res
-
-
-def random_qkv(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
-    """Benchmark inputs: q, k, v of the spec's shapes and dtype, N(0, 0.25) so that softmax
-    is neither one-hot nor flat."""
-    rng = np.random.default_rng(seed)
-    return {n: (rng.standard_normal(shape) * 0.5).astype(spec.dtype)
-            for n, shape in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}

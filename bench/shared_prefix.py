@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 import attnreg
-from attnreg.bench import time_case
 from attnreg.states import check_partials, merge_as_reduce
+from attnreg.tools.bench import time_case
 
 
 def _specs(n: int, p: int, s: int, nq: int, nkv: int, h: int, dtype: str

@@ -54,7 +54,7 @@ else
 fi
 
 "$PY" - <<'PY'
-from attnreg import peers
+from attnreg.tools import peers
 print("[peers] onnxruntime-webgpu:", peers.ort_webgpu_status() or "usable")
 print("[peers] torch:", peers.torch_status() or "usable")
 PY

@@ -7,12 +7,12 @@
 // With BLOCK_SKIP (tiled variant only) a split is a share of the row tile's listed blocks
 // (blocks spread evenly over the splits), not a range of split_size keys.
 
-// Kernel arguments both decode kernels start with (table, block list may be NULL).
+// What decode_tile takes of the kernel arguments (block table and block list may be NULL).
 #define DECODE_ARGS                                                                      \
   PARAMS P, const __global elem_t* q, const __global elem_t* k, const __global elem_t* v, \
-      const __global bias_t* bias, const __global int* seqlens, const __global int* table,  \
+      const __global bias_t* bias, const __global int* seqlens, const __global int* block_table, \
       const __global int* blk_off, const __global int* blk_ids, const __global int* blk_zero
-#define DECODE_ARG_NAMES P, q, k, v, bias, seqlens, table, blk_off, blk_ids, blk_zero
+#define DECODE_ARG_NAMES P, q, k, v, bias, seqlens, block_table, blk_off, blk_ids, blk_zero
 
 #if SG_IMPL == 0
 
@@ -55,7 +55,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   load_q(P, &w, q, Qs);
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
-  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, table, w.b), k + kv_base, v + kv_base,
+  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), k + kv_base, v + kv_base,
              bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
 
   const int lid = get_local_id(0);
@@ -137,7 +137,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
   const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  const __global int* btab = BTAB(P, table, w.b);
+  const __global int* btab = BTAB(P, block_table, w.b);
   const __global elem_t* kb = k + kv_base;
   const __global elem_t* vb = v + kv_base;
   const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;

@@ -70,9 +70,7 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
 }
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void decode_fused(DECODE_ARGS, const __global float* sink, __global float* o_parts,
-                  __global float* lse_parts, volatile __global uint* tickets,
-                  __global elem_t* out, __global float* lse) {
+void decode_fused(KERNEL_ARGS) {
   DECODE_LOCALS
   __local int last;
   Rows w;

@@ -9,10 +9,7 @@
 #define KLN (WG / DL)              // key lanes of the P.V phase
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void decode_pv(PARAMS P, const __global elem_t* v, const __global int* seqlens,
-               const __global int* table, const __global float* scores,
-               const __global float* stats, __global float* o_parts,
-               __global float* lse_parts) {
+void decode_pv(KERNEL_ARGS) {
   __local float Ps[R_ROWS * TK];
   __local float4 red[KLN * HD4];
   __local float Mt[R_ROWS];
@@ -26,7 +23,7 @@ void decode_pv(PARAMS P, const __global elem_t* v, const __global int* seqlens,
   const int hi = min(lo + (int)P->split_size, (int)P->capacity);
   const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
   const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
-  const __global int* btab = BTAB(P, table, w.b);
+  const __global int* btab = BTAB(P, block_table, w.b);
   const __global elem_t* vb = v + KV_BASE(P, w.b, w.kvh);
   const int lid = get_local_id(0);
   const int dl = lid % DL, kn = lid / DL;

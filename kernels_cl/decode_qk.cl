@@ -7,9 +7,7 @@
 // (same row tiling) reads exactly those.
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void decode_qk(PARAMS P, const __global elem_t* q, const __global elem_t* k,
-               const __global bias_t* bias, const __global int* seqlens,
-               const __global int* table, __global float* scores, __global float* stats) {
+void decode_qk(KERNEL_ARGS) {
   __local float Qs[R_ROWS * KP];
   __local float Ks[TK * KP];
   __local float red_m[R_ROWS * KL];
@@ -24,7 +22,7 @@ void decode_qk(PARAMS P, const __global elem_t* q, const __global elem_t* k,
   const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
   const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
   const Tiles ts = dense_tiles(kr);
-  const __global int* btab = BTAB(P, table, w.b);
+  const __global int* btab = BTAB(P, block_table, w.b);
   const __global elem_t* kb = k + KV_BASE(P, w.b, w.kvh);
   const __global elem_t* vb = kb;          // FETCH's V half is off (STAGE_V is 0 here)
   const int lid = get_local_id(0);

@@ -7,13 +7,8 @@
 // the key loop is bounded by key_range(). With BLOCK_SKIP the loop visits only the listed
 // blocks of the work-group's row tile (and work-groups run heaviest first, by wg_order).
 
-// Kernel arguments shared by both variants (block list, order and table may be NULL).
-#define PREFILL_ARGS                                                                    \
-  PARAMS P, const __global elem_t* q, const __global elem_t* k, const __global elem_t* v, \
-      const __global bias_t* bias, const __global int* seqlens, const __global float* sink, \
-      const __global int* table, const __global int* blk_off, const __global int* blk_ids,  \
-      const __global int* blk_zero, const __global int* wg_order, __global elem_t* out,     \
-      __global float* lse
+// The kernel arguments (KERNEL_ARGS) come from backends/ports.py; the block table, block
+// lists and order may be NULL.
 
 // This work-group's rows, key range and tiles.
 inline Tiles prefill_tiles(PARAMS P, const __global int* seqlens, const __global int* blk_off,
@@ -64,7 +59,7 @@ inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], flo
 #if SG_IMPL == 0
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void flash_prefill(PREFILL_ARGS) {
+void flash_prefill(KERNEL_ARGS) {
   __local float Qs[R_ROWS * KP];
   __local float Ks[TK * KP];
 #if STAGE_V
@@ -84,7 +79,7 @@ void flash_prefill(PREFILL_ARGS) {
   load_q(P, &w, q, Qs);
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
-  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, table, w.b), k + kv_base, v + kv_base,
+  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), k + kv_base, v + kv_base,
              bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
 
   const int lid = get_local_id(0);
@@ -115,7 +110,7 @@ void flash_prefill(PREFILL_ARGS) {
 #define DPL ((HD + SG - 1) / SG)  // output dims per lane
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) SG_ATTR
-void flash_prefill(PREFILL_ARGS) {
+void flash_prefill(KERNEL_ARGS) {
   __local float Qs[R_ROWS * KP];
   __local float Ks[TK * KP];
 #if STAGE_V
@@ -129,7 +124,7 @@ void flash_prefill(PREFILL_ARGS) {
   const Tiles ts = prefill_tiles(P, seqlens, blk_off, blk_ids, wg_order, &w);
   const int2 kr = ts.kr;
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  const __global int* btab = BTAB(P, table, w.b);
+  const __global int* btab = BTAB(P, block_table, w.b);
   const __global elem_t* kb = k + kv_base;
   const __global elem_t* vb = v + kv_base;
   const int lid = get_local_id(0);

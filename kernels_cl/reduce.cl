@@ -8,8 +8,7 @@
 #define RW (WG / HD4)
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void reduce(PARAMS P, const __global float* o_parts, const __global float* lse_parts,
-            const __global float* sink, __global elem_t* out, __global float* lse) {
+void reduce(KERNEL_ARGS) {
   __local float red_m[RW];
   __local float red_d[RW];
   __local float4 red_o[RW * HD4];

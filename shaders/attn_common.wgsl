@@ -1,16 +1,9 @@
-// Inputs and per-key math shared by the attention families (flash_prefill, decode_partial).
+// Inputs and per-key math shared by the attention families (flash_prefill and the decode ones).
 // The generated prefix defines: T (storage dtype), GV/GE/GS (16-byte load granule, its element
-// count and vec4 parts), g_part(), HD/HV/HG (head size in elements, vec4s, granules) and the
-// Params struct (backends/common.py, shared with OpenCL).
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> q: array<GV>;
-@group(0) @binding(2) var<storage, read> k: array<GV>;
-@group(0) @binding(3) var<storage, read> v: array<GV>;
-// Bias is float32 on the device (a float16 bias is widened on the host: exact).
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> seqlens: array<i32>;
-@group(0) @binding(6) var<storage, read> sink: array<f32>;
+// count and vec4 parts), g_part(), HD/HV/HG (head size in elements, vec4s, granules), the
+// Params struct (backends/common.py, shared with OpenCL) and the family's bindings, declared
+// from backends/ports.py: P, q, k, v, bias (float32: a float16 bias is widened on the host,
+// exactly), seqlens, sink, and the family's outputs.
 
 // Logits are clamped to MASKED instead of -inf: finite arithmetic everywhere, so no driver's
 // handling of inf - inf or exp(-inf) can turn a masked row into NaN.
@@ -52,6 +45,60 @@ fn key_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
     lo = max(0, row_pos(len, i_first) - P.local_window + 1);
   }
   return vec2<i32>(lo, max(lo, hi));
+}
+
+// One workgroup of a split-KV decode family (decode_partial, decode_qk, decode_pv): split t,
+// row tile rt of m query rows, chunk hc of gt query heads, kv head kvh, batch b; klo/khi
+// bound the split's keys that the row tile can see. ok is false past the end of the grid.
+struct DecodeWg {
+  ok: bool,
+  t: u32,
+  rt: u32,
+  n_rt: u32,
+  hc: u32,
+  kvh: u32,
+  b: u32,
+  len: u32,
+  i0: u32,
+  span: vec2<i32>,
+  klo: u32,
+  khi: u32,
+}
+
+// The tile sizes come in as arguments: every family including this file compiles this
+// function, and flash_prefill's prefix defines no M or GT.
+fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
+  var d = DecodeWg();
+  d.n_rt = cdiv(P.seq_len, m);
+  let n_hc = cdiv(P.group_size, gt);
+  // Grids past 65535 workgroups are folded into y/z; unfold to one linear id.
+  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+  if (lin >= P.n_splits * d.n_rt * n_hc * P.kv_num_heads * P.batch) {
+    return d;
+  }
+  d.ok = true;
+  d.t = lin % P.n_splits;
+  var rest = lin / P.n_splits;
+  d.rt = rest % d.n_rt;
+  rest = rest / d.n_rt;
+  d.hc = rest % n_hc;
+  rest = rest / n_hc;
+  d.kvh = rest % P.kv_num_heads;
+  d.b = rest / P.kv_num_heads;
+  d.len = valid_len(d.b);
+  d.i0 = d.rt * m;
+  d.span = key_span(d.len, d.i0, min(d.i0 + m, P.seq_len) - 1u);
+  let split_lo = d.t * P.split_size;
+  d.klo = max(split_lo, u32(d.span.x));
+  d.khi = min(min(split_lo + P.split_size, P.capacity), u32(d.span.y));
+  return d;
+}
+
+// Granule idx of a tile (key idx / HG, granule idx % HG) in workgroup memory whose key rows
+// are `stride` vec4s apart: one layout for every family's staging stores, matching the
+// readers' key * stride + vec4 column.
+fn tile_at(idx: u32, stride: u32) -> u32 {
+  return (idx / HG) * stride + (idx % HG) * GS;
 }
 
 fn key_visible(j: i32, pos: i32, len: u32) -> bool {

@@ -31,9 +31,6 @@ const NE: u32 = (BC * R + WG - 1u) / WG;  // (key, vector) elements per lane
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
 
-@group(0) @binding(7) var<storage, read_write> o_parts: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read_write> lse_parts: array<f32>;
-
 var<workgroup> q_s: array<vec4<f32>, R * HV>;    // scaled queries; the merged o at the end
 var<workgroup> k_s: array<vec4<T>, BC * KS>;
 var<workgroup> v_s: array<vec4<T>, BC * HV>;
@@ -67,6 +64,20 @@ fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
   return MASKED;
 }
 
+// One granule of the register tile into workgroup memory, called from the unrolled loops of
+// both pipeline orders. It takes the granule's values, never the register tile: a helper
+// taking the tile by pointer made a driver keep it in local memory.
+fn stage_kv(idx: u32, kg: GV, vg: GV) {
+  if (idx < BC * HG) {
+    let ks = tile_at(idx, KS);
+    let vs = tile_at(idx, HV);
+    for (var s = 0u; s < GS; s++) {
+      k_s[ks + s] = g_part(kg, s);
+      v_s[vs + s] = g_part(vg, s);
+    }
+  }
+}
+
 // (first key, bias needed) of tile it: consecutive tiles from klo, or listed blocks.
 fn tile_of(it: u32, klo: u32, l_first: u32) -> vec2<u32> {
   if (BLOCKS == 1u) {
@@ -79,46 +90,31 @@ fn tile_of(it: u32, klo: u32, l_first: u32) -> vec2<u32> {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-  let n_rt = cdiv(P.seq_len, M);
-  let n_hc = cdiv(P.group_size, GT);
-  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-  if (lin >= P.n_splits * n_rt * n_hc * P.kv_num_heads * P.batch) {
+  let d = decode_wg(wid, nwg, M, GT);
+  if (!d.ok) {
     return;
   }
-  let t = lin % P.n_splits;
-  var rest = lin / P.n_splits;
-  let rt = rest % n_rt;
-  rest = rest / n_rt;
-  let hc = rest % n_hc;
-  rest = rest / n_hc;
-  let kvh = rest % P.kv_num_heads;
-  let b = rest / P.kv_num_heads;
-  let len = valid_len(b);
-  let i0 = rt * M;
-
-  let span = key_span(len, i0, min(i0 + M, P.seq_len) - 1u);
-  let split_lo = t * P.split_size;
-  var klo = max(split_lo, u32(span.x));
-  var khi = min(min(split_lo + P.split_size, P.capacity), u32(span.y));
+  var klo = d.klo;
+  var khi = d.khi;
   var n_tiles = select(0u, cdiv(khi - klo, BC), khi > klo);
   var l_first = 0u;
   if (BLOCKS == 1u) {
     // GT is 1 when the bias differs per head, so one list row serves the workgroup.
-    let row = blk_row(b, kvh * P.group_size + hc * GT, rt, n_rt);
+    let row = blk_row(d.b, d.kvh * P.group_size + d.hc * GT, d.rt, d.n_rt);
     if (BAL == 1u) {
-      klo = u32(span.x);
-      khi = u32(span.y);
+      klo = u32(d.span.x);
+      khi = u32(d.span.y);
       let ls = blk_span(row, klo, khi, BC);
       let per = cdiv(ls.y - ls.x, P.n_splits);
-      l_first = ls.x + min(t * per, ls.y - ls.x);
-      n_tiles = ls.x + min((t + 1u) * per, ls.y - ls.x) - l_first;
+      l_first = ls.x + min(d.t * per, ls.y - ls.x);
+      n_tiles = ls.x + min((d.t + 1u) * per, ls.y - ls.x) - l_first;
     } else {
       let ls = blk_span(row, klo, khi, BC);
       l_first = ls.x;
       n_tiles = ls.y - ls.x;
     }
   }
-  let w = Wg(b, kvh, hc, i0, len, klo, khi);
+  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.len, klo, khi);
 
   // Query vector r is head hc*GT + r/M of the group, row i0 + r%M; absent ones load zeros.
   for (var u = 0u; u < (R * HG + WG - 1u) / WG; u++) {
@@ -128,11 +124,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let r = idx / HG;
     let g = idx % HG;
-    let gh = hc * GT + r / M;
-    let i = i0 + r % M;
+    let gh = d.hc * GT + r / M;
+    let i = d.i0 + r % M;
     var gv = GV();
     if (gh < P.group_size && i < P.seq_len) {
-      gv = q[q_granule(b, kvh * P.group_size + gh, i) + g];
+      gv = q[q_granule(d.b, d.kvh * P.group_size + gh, i) + g];
     }
     for (var s = 0u; s < GS; s++) {
       q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
@@ -165,15 +161,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          let jj = idx / HG;
-          let g = idx % HG;
-          for (var s = 0u; s < GS; s++) {
-            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
-          }
-        }
+        stage_kv(lid + u * WG, kr[u], vr[u]);
       }
       workgroupBarrier();
     }
@@ -188,7 +176,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       vr[u] = GV();
       // only this split's keys, never past the valid length
       if (idx < BC * HG && it < n_tiles && jf + jj >= klo && jf + jj < khi) {
-        let at = kv_granule(b, kvh, jf + jj) + idx % HG;
+        let at = kv_granule(d.b, d.kvh, jf + jj) + idx % HG;
         kr[u] = k[at];
         vr[u] = v[at];
       }
@@ -196,15 +184,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (PREFETCH == 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          let jj = idx / HG;
-          let g = idx % HG;
-          for (var s = 0u; s < GS; s++) {
-            k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-            v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
-          }
-        }
+        stage_kv(lid + u * WG, kr[u], vr[u]);
       }
       workgroupBarrier();
     }
@@ -328,11 +308,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (e < R * HV) {
       let r = e / HV;
       let c = e % HV;
-      let gh = hc * GT + r / M;
-      let i = i0 + r % M;
+      let gh = d.hc * GT + r / M;
+      let i = d.i0 + r % M;
       if (gh < P.group_size && i < P.seq_len) {
         let fin = finish_row(m_s[r], l_s[r], MASKED);
-        let row = ((b * P.num_heads + kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + t;
+        let row = ((d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + d.t;
         o_parts[row * HV + c] = q_s[e] * fin.x;
         if (c == 0u) {
           lse_parts[row] = fin.y;

@@ -8,7 +8,7 @@
 // only where its key is visible to the row (decode_qk wrote exactly those), and V never past
 // the valid length. PV as in decode_partial: NS streams x PVW lanes, a lane owning CPL vec4
 // columns for all R vectors; the streams meet in workgroup memory at the end.
-// Bindings: attn_common's v (3) and seqlens (5); its other inputs are not used here.
+// Of attn_common's inputs only v and seqlens are read here.
 // Prefix constants: M, GT, BC (keys per tile), WG (threads), PREFETCH.
 
 const R: u32 = GT * M;
@@ -18,47 +18,36 @@ const CPL: u32 = (HV + PVW - 1u) / PVW;   // vec4 columns per PV lane
 const NE: u32 = (BC * R + WG - 1u) / WG;  // (key, vector) elements per lane
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // V granules each lane loads per tile
 
-@group(0) @binding(7) var<storage, read_write> o_parts: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read_write> lse_parts: array<f32>;
-@group(0) @binding(9) var<storage, read> scores: array<f32>;
-@group(0) @binding(10) var<storage, read> stats: array<vec2<f32>>;
-
 var<workgroup> v_s: array<vec4<T>, BC * HV>;
 var<workgroup> p_s: array<f32, BC * R>;          // [key][vector] probabilities
 var<workgroup> st_s: array<vec2<f32>, R>;        // (m, l) of each vector's split
 var<workgroup> acc_s: array<vec4<f32>, R * HV>;  // the streams' sums meet here
 
+// One granule of the register tile into workgroup memory: by value, never the register
+// tile, for the reason given at decode_partial's stage_kv.
+fn stage_v(idx: u32, vg: GV) {
+  if (idx < BC * HG) {
+    let at = tile_at(idx, HV);
+    for (var s = 0u; s < GS; s++) {
+      v_s[at + s] = g_part(vg, s);
+    }
+  }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-  let n_rt = cdiv(P.seq_len, M);
-  let n_hc = cdiv(P.group_size, GT);
-  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-  if (lin >= P.n_splits * n_rt * n_hc * P.kv_num_heads * P.batch) {
+  let d = decode_wg(wid, nwg, M, GT);
+  if (!d.ok) {
     return;
   }
-  let t = lin % P.n_splits;
-  var rest = lin / P.n_splits;
-  let rt = rest % n_rt;
-  rest = rest / n_rt;
-  let hc = rest % n_hc;
-  rest = rest / n_hc;
-  let kvh = rest % P.kv_num_heads;
-  let b = rest / P.kv_num_heads;
-  let len = valid_len(b);
-  let i0 = rt * M;
-
-  let span = key_span(len, i0, min(i0 + M, P.seq_len) - 1u);
-  let split_lo = t * P.split_size;
-  let klo = max(split_lo, u32(span.x));
-  let khi = min(min(split_lo + P.split_size, P.capacity), u32(span.y));
 
   if (lid < R) {
-    let gh = hc * GT + lid / M;
-    let i = i0 + lid % M;
+    let gh = d.hc * GT + lid / M;
+    let i = d.i0 + lid % M;
     var st = vec2<f32>(MASKED, 0.0);
     if (gh < P.group_size && i < P.seq_len) {
-      st = stats[((b * P.num_heads + kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + t];
+      st = stats[((d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + d.t];
     }
     st_s[lid] = st;
   }
@@ -72,45 +61,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
   }
 
-  let n_tiles = select(0u, cdiv(khi - klo, BC), khi > klo);
+  let n_tiles = select(0u, cdiv(d.khi - d.klo, BC), d.khi > d.klo);
   var vr: array<GV, NLD>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with v_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          for (var s = 0u; s < GS; s++) {
-            v_s[(idx / HG) * HV + (idx % HG) * GS + s] = g_part(vr[u], s);
-          }
-        }
+        stage_v(lid + u * WG, vr[u]);
       }
       workgroupBarrier();
     }
-    let jf = klo + it * BC;
+    let jf = d.klo + it * BC;
     for (var u = 0u; u < NLD; u++) {
       let idx = lid + u * WG;
       vr[u] = GV();
-      if (idx < BC * HG && jf + idx / HG < khi) {   // only this split's keys, never past the valid length
-        vr[u] = v[kv_granule(b, kvh, jf + idx / HG) + idx % HG];
+      if (idx < BC * HG && jf + idx / HG < d.khi) {   // only this split's keys, never past the valid length
+        vr[u] = v[kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG];
       }
     }
     if (PREFETCH == 0u) {
       workgroupBarrier();   // the previous tile's readers are done with v_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          for (var s = 0u; s < GS; s++) {
-            v_s[(idx / HG) * HV + (idx % HG) * GS + s] = g_part(vr[u], s);
-          }
-        }
+        stage_v(lid + u * WG, vr[u]);
       }
       workgroupBarrier();
     }
     if (it < PREFETCH) {
       continue;
     }
-    let j0 = klo + (it - PREFETCH) * BC;
+    let j0 = d.klo + (it - PREFETCH) * BC;
 
     // p = exp(s - m) for every (key, vector) the vector can see; 0 elsewhere (unread).
     for (var u = 0u; u < NE; u++) {
@@ -118,13 +97,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (e < BC * R) {
         let r = e % R;
         let j = j0 + e / R;
-        let gh = hc * GT + r / M;
-        let i = i0 + r % M;
+        let gh = d.hc * GT + r / M;
+        let i = d.i0 + r % M;
         var p = 0.0;
-        if (gh < P.group_size && i < P.seq_len && j < khi
-            && key_visible(i32(j), row_pos(len, i), len)) {
+        if (gh < P.group_size && i < P.seq_len && j < d.khi
+            && key_visible(i32(j), row_pos(d.len, i), d.len)) {
           let m = st_s[r].x;
-          let row = (b * P.num_heads + kvh * P.group_size + gh) * P.seq_len + i;
+          let row = (d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i;
           p = exp(scores[row * P.capacity + j] - select(m, 0.0, m <= MASKED));
         }
         p_s[e] = p;
@@ -173,12 +152,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (e < R * HV) {
       let r = e / HV;
       let c = e % HV;
-      let gh = hc * GT + r / M;
-      let i = i0 + r % M;
+      let gh = d.hc * GT + r / M;
+      let i = d.i0 + r % M;
       if (gh < P.group_size && i < P.seq_len) {
         let st = st_s[r];
         let fin = finish_row(st.x, st.y, MASKED);
-        let row = ((b * P.num_heads + kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + t;
+        let row = ((d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + d.t;
         o_parts[row * HV + c] = acc_s[e] * fin.x;
         if (c == 0u) {
           lse_parts[row] = fin.y;

@@ -19,9 +19,6 @@ const NE: u32 = (BC * R + WG - 1u) / WG;  // (key, vector) elements per lane
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // K granules each lane loads per tile
 
-@group(0) @binding(7) var<storage, read_write> scores: array<f32>;
-@group(0) @binding(8) var<storage, read_write> stats: array<vec2<f32>>;
-
 var<workgroup> q_s: array<vec4<f32>, R * HV>;    // scaled queries
 var<workgroup> k_s: array<vec4<T>, BC * KS>;
 var<workgroup> p_s: array<f32, BC * R>;          // [key][vector] logits
@@ -57,31 +54,25 @@ fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32) -> f32 {
   return MASKED;
 }
 
+// One granule of the register tile into workgroup memory: by value, never the register
+// tile, for the reason given at decode_partial's stage_kv.
+fn stage_k(idx: u32, kg: GV) {
+  if (idx < BC * HG) {
+    let at = tile_at(idx, KS);
+    for (var s = 0u; s < GS; s++) {
+      k_s[at + s] = g_part(kg, s);
+    }
+  }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-  let n_rt = cdiv(P.seq_len, M);
-  let n_hc = cdiv(P.group_size, GT);
-  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-  if (lin >= P.n_splits * n_rt * n_hc * P.kv_num_heads * P.batch) {
+  let d = decode_wg(wid, nwg, M, GT);
+  if (!d.ok) {
     return;
   }
-  let t = lin % P.n_splits;
-  var rest = lin / P.n_splits;
-  let rt = rest % n_rt;
-  rest = rest / n_rt;
-  let hc = rest % n_hc;
-  rest = rest / n_hc;
-  let kvh = rest % P.kv_num_heads;
-  let b = rest / P.kv_num_heads;
-  let len = valid_len(b);
-  let i0 = rt * M;
-
-  let span = key_span(len, i0, min(i0 + M, P.seq_len) - 1u);
-  let split_lo = t * P.split_size;
-  let klo = max(split_lo, u32(span.x));
-  let khi = min(min(split_lo + P.split_size, P.capacity), u32(span.y));
-  let w = Wg(b, kvh, hc, i0, len, khi);
+  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.len, d.khi);
 
   // Query vector r is head hc*GT + r/M of the group, row i0 + r%M; absent ones load zeros.
   for (var u = 0u; u < (R * HG + WG - 1u) / WG; u++) {
@@ -91,11 +82,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let r = idx / HG;
     let g = idx % HG;
-    let gh = hc * GT + r / M;
-    let i = i0 + r % M;
+    let gh = d.hc * GT + r / M;
+    let i = d.i0 + r % M;
     var gv = GV();
     if (gh < P.group_size && i < P.seq_len) {
-      gv = q[q_granule(b, kvh * P.group_size + gh, i) + g];
+      gv = q[q_granule(d.b, d.kvh * P.group_size + gh, i) + g];
     }
     for (var s = 0u; s < GS; s++) {
       q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
@@ -109,45 +100,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
   // Tile loop, software-pipelined as in decode_partial (PREFETCH=1: store tile it-1, load
   // tile it, compute tile it-1).
-  let n_tiles = select(0u, cdiv(khi - klo, BC), khi > klo);
+  let n_tiles = select(0u, cdiv(d.khi - d.klo, BC), d.khi > d.klo);
   var kr: array<GV, NLD>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          for (var s = 0u; s < GS; s++) {
-            k_s[(idx / HG) * KS + (idx % HG) * GS + s] = g_part(kr[u], s);
-          }
-        }
+        stage_k(lid + u * WG, kr[u]);
       }
       workgroupBarrier();
     }
-    let jf = klo + it * BC;
+    let jf = d.klo + it * BC;
     for (var u = 0u; u < NLD; u++) {
       let idx = lid + u * WG;
       kr[u] = GV();
-      if (idx < BC * HG && jf + idx / HG < khi) {   // only this split's keys, never past the valid length
-        kr[u] = k[kv_granule(b, kvh, jf + idx / HG) + idx % HG];
+      if (idx < BC * HG && jf + idx / HG < d.khi) {   // only this split's keys, never past the valid length
+        kr[u] = k[kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG];
       }
     }
     if (PREFETCH == 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        if (idx < BC * HG) {
-          for (var s = 0u; s < GS; s++) {
-            k_s[(idx / HG) * KS + (idx % HG) * GS + s] = g_part(kr[u], s);
-          }
-        }
+        stage_k(lid + u * WG, kr[u]);
       }
       workgroupBarrier();
     }
     if (it < PREFETCH) {
       continue;
     }
-    let j0 = klo + (it - PREFETCH) * BC;
+    let j0 = d.klo + (it - PREFETCH) * BC;
 
     // QK: lane (slice h, key jj); consecutive lanes take consecutive keys (distinct banks).
     let h = lid / min(BC, KW);
@@ -193,7 +174,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (e < BC * R) {
         let row = vec_row(w, e % R);
         let j = j0 + e / R;
-        if (row != 0xffffffffu && j < khi) {
+        if (row != 0xffffffffu && j < d.khi) {
           scores[row * P.capacity + j] = p_s[e];
         }
       }
@@ -219,7 +200,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (lid < R) {
     let row = vec_row(w, lid);
     if (row != 0xffffffffu) {
-      stats[row * P.n_splits + t] = vec2<f32>(m_run, l_run);
+      stats[row * P.n_splits + d.t] = vec2<f32>(m_run, l_run);
     }
   }
 }

@@ -30,9 +30,6 @@ const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads
 const PRE: u32 = PREFETCH * STAGE;        // tiles in flight ahead of the compute
 const ORN: u32 = max(OSR, 1u);            // register accumulator vec4s per row
 
-@group(0) @binding(7) var<storage, read_write> out: array<vec4<T>>;
-@group(0) @binding(8) var<storage, read_write> lse: array<f32>;
-
 var<workgroup> q_s: array<vec4<f32>, BR * HV>;
 var<workgroup> k_s: array<vec4<T>, KVS * KS>;
 var<workgroup> v_s: array<vec4<T>, KVS * HV>;
@@ -74,6 +71,19 @@ fn rows_reduce(x: array<f32, TR>, ty: u32, tx: u32, is_max: bool) -> array<f32, 
 // Index of a lane's workgroup-memory output slot c (c < OSW) for one row.
 fn osi(row: u32, tx: u32, c: u32) -> u32 {
   return (row * NCG + tx) * OSW + c;
+}
+
+// One granule of the register tile into workgroup memory: by value, never the register
+// tile, for the reason given at decode_partial's stage_kv.
+fn stage_kv(idx: u32, kg: GV, vg: GV) {
+  if (idx < BC * HG) {
+    let ks = tile_at(idx, KS);
+    let vs = tile_at(idx, HV);
+    for (var s = 0u; s < GS; s++) {
+      k_s[ks + s] = g_part(kg, s);
+      v_s[vs + s] = g_part(vg, s);
+    }
+  }
 }
 
 // (first key, bias needed) of unit it: contiguous units from u_first, or listed blocks.
@@ -159,15 +169,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (PRE == 1u && it > 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
         for (var u = 0u; u < NLD; u++) {
-          let idx = lid + u * WG;
-          if (idx < BC * HG) {
-            let jj = idx / HG;
-            let g = idx % HG;
-            for (var s = 0u; s < GS; s++) {
-              k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-              v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
-            }
-          }
+          stage_kv(lid + u * WG, kr[u], vr[u]);
         }
         workgroupBarrier();
       }
@@ -189,15 +191,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (PRE == 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
         for (var u = 0u; u < NLD; u++) {
-          let idx = lid + u * WG;
-          if (idx < BC * HG) {
-            let jj = idx / HG;
-            let g = idx % HG;
-            for (var s = 0u; s < GS; s++) {
-              k_s[jj * KS + g * GS + s] = g_part(kr[u], s);
-              v_s[jj * HV + g * GS + s] = g_part(vr[u], s);
-            }
-          }
+          stage_kv(lid + u * WG, kr[u], vr[u]);
         }
         workgroupBarrier();
       }

@@ -12,13 +12,6 @@ const NSG: u32 = max(1u, WG / HV);
 const MASKED: f32 = -3.0e38;
 const WCHUNK: u32 = 1024u;     // split weights held in workgroup memory per pass
 
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> o_parts: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> lse_parts: array<f32>;
-@group(0) @binding(3) var<storage, read> sink: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<T>>;
-@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
-
 var<workgroup> red_s: array<f32, WG>;
 var<workgroup> w_s: array<f32, WCHUNK>;
 var<workgroup> acc_s: array<vec4<f32>, NSG * HV>;

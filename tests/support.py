@@ -10,7 +10,7 @@ import pytest
 
 import attnreg
 from attnreg.spec import AttentionSpec
-from attnreg.testing import compare, expected, make_tensors
+from attnreg.tools.testing import compare, expected, make_tensors
 
 __all__ = ["IN_CI", "check_close", "expected", "make_tensors", "require_devices"]
 

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import attnreg
-from attnreg import bench
+from attnreg.tools import bench
 
 
 def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "attnreg.cli", "bench", "--quick", "--suite", "decode",
+    r = subprocess.run([sys.executable, "-m", "attnreg.tools.cli", "bench", "--quick", "--suite", "decode",
                         "--iters", "2", "--warmup", "1", "--no-peers", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -22,11 +22,11 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
+from attnreg.backends.browser import chromium, kernels, probe, wire
+from attnreg.backends.browser.host import BrowserError, BrowserHost
+from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import program
 from attnreg.errors import NoKernelError
-from backends.browser import chromium, kernels, probe, stages, wire
-from backends.browser.host import BrowserError, BrowserHost
-from backends.webgpu import kernels as wkernels
-from backends.webgpu import source as wsource
 from tests.support import check_close, make_tensors, require_devices
 
 # What the page reported for Debian 12's chromium 156 (SwiftShader), trimmed.
@@ -109,23 +109,25 @@ def test_wgsl_is_backends_webgpus_with_the_tint_directive() -> None:
     spec = attnreg.AttentionSpec(batch=1, seq_len=40, past_len=20, num_heads=4, kv_num_heads=2,
                                  head_size=64)
     plan = attnreg.explain(spec, caps=caps, kernel="browser.prefill.f32.sg")
-    prog = stages.programs(plan)[0]
-    assert prog.wgsl.startswith(stages.SUBGROUP_DIRECTIVE)
-    body = wsource.build("prefill", "float32", 64, prog.consts, subgroups=True)
-    assert prog.wgsl == stages.SUBGROUP_DIRECTIVE + body
-    plain = stages.programs(attnreg.explain(spec, caps=caps, kernel="browser.prefill.f32.wgmem"))[0]
+    prog = program.programs(plan, dialect=program.TINT)[0]
+    assert prog.wgsl.startswith(program.SUBGROUP_DIRECTIVE)
+    naga = program.programs(plan)[0]          # what wgpu-native compiles for the same plan
+    assert prog.wgsl == program.SUBGROUP_DIRECTIVE + naga.wgsl
+    assert prog.bindings == naga.bindings and prog.grid == naga.grid
+    plain = program.programs(attnreg.explain(spec, caps=caps, kernel="browser.prefill.f32.wgmem"),
+                             dialect=program.TINT)[0]
     assert "enable subgroups" not in plain.wgsl and "subgroupShuffle" not in plain.wgsl
 
 
 def test_a_job_carries_tensors_as_raw_bytes() -> None:
-    from backends.browser.runtime import BrowserRuntime
+    from attnreg.backends.browser.runtime import BrowserRuntime
     caps = probe.caps_of(SWIFTSHADER_HELLO)
     spec = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=300, num_heads=8, kv_num_heads=2,
                                  head_size=64, seqlens_k=True)
     t = make_tensors(spec, seed=1)
     plan = attnreg.explain(spec, caps=caps)
     header, blobs, _, _ = BrowserRuntime(caps).job(plan, t)
-    assert blobs["k"] == t["k"].tobytes() and blobs["seqlens"] == t["seqlens_k"].tobytes()
+    assert blobs["k"] == t["k"].tobytes() and blobs["seqlens_k"] == t["seqlens_k"].tobytes()
     msg = wire.encode(header, blobs)
     assert t["k"].tobytes() in msg and len(msg) < 2 * sum(len(b) for b in blobs.values()) + 65536
     head, got = wire.decode(msg)
@@ -169,7 +171,7 @@ def test_probe_is_cached_and_ends_its_browser(monkeypatch: pytest.MonkeyPatch) -
         started.append(b)
         return b
 
-    monkeypatch.setattr("backends.browser.host.Chromium", spy)
+    monkeypatch.setattr("attnreg.backends.browser.host.Chromium", spy)
     fresh = probe._probe()
     assert fresh[0].available and len(started) == 1
     assert started[0].pids() == [] and not os.path.exists(started[0].dir)
@@ -186,7 +188,7 @@ def test_without_chromium_the_backend_says_why(monkeypatch: pytest.MonkeyPatch) 
 
 def test_devices_command_survives_a_missing_chromium() -> None:
     env = {**os.environ, chromium.BINARY_ENV: "/nonexistent/chromium"}
-    r = subprocess.run([sys.executable, "-m", "attnreg.cli", "devices"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "attnreg.tools.cli", "devices"], capture_output=True,
                        text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "browser" in r.stdout and "/nonexistent/chromium is not an executable" in r.stdout
@@ -194,7 +196,7 @@ def test_devices_command_survives_a_missing_chromium() -> None:
 
 def test_devices_command_lists_the_browser_adapter() -> None:
     d = require_devices("browser")[0]
-    r = subprocess.run([sys.executable, "-m", "attnreg.cli", "devices", "--backend", "browser"],
+    r = subprocess.run([sys.executable, "-m", "attnreg.tools.cli", "devices", "--backend", "browser"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert d.name in r.stdout and "yes" in r.stdout
@@ -302,8 +304,8 @@ def test_float16_runs_through_the_host_cast_variants(session: attnreg.Session) -
 def test_a_kernel_tint_rejects_is_replanned_with_the_message(
         monkeypatch: pytest.MonkeyPatch) -> None:
     require_devices("browser")
-    real = wsource.load
-    monkeypatch.setattr(wsource, "load", lambda name: real(name) + (
+    real = program.load
+    monkeypatch.setattr(program, "load", lambda name: real(name) + (
         "\nfn broken() -> f32 { return undefined_in_tint; }\n" if name == "flash_prefill" else ""))
     spec = attnreg.AttentionSpec(batch=1, seq_len=64, past_len=0, num_heads=2, kv_num_heads=2,
                                  head_size=32, causal=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import attnreg
-from backends.browser import export
-from backends.browser.host import BrowserError
+from attnreg.backends.browser import export
+from attnreg.backends.browser.host import BrowserError
 from tests.support import require_devices
 
 DECODE = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=299, num_heads=8, kv_num_heads=2,
@@ -57,7 +57,7 @@ def test_export_command_checks_in_chromium(tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps({"batch": 1, "seq_len": 3, "past_len": 60, "num_heads": 4,
                                      "kv_num_heads": 1, "head_size": 32, "local_window": 16}))
-    r = subprocess.run([sys.executable, "-m", "attnreg.cli", "export-wgsl", "--spec",
+    r = subprocess.run([sys.executable, "-m", "attnreg.tools.cli", "export-wgsl", "--spec",
                         str(spec_file), "--out", str(tmp_path / "out"), "--check"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

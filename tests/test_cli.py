@@ -11,7 +11,7 @@ import pytest
 
 
 def attnreg(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnreg.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "attnreg.tools.cli", *args], capture_output=True,
                           text=True, timeout=600, env=env)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import attnreg
-from attnreg import conformance as conf
+from attnreg.tools import conformance as conf
 from tests.support import IN_CI
 from tests.toy_plugin import ToyPlugin
 

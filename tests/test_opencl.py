@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg import testing
-from backends.opencl import cases as ocases
+from attnreg.backends.opencl import cases as ocases
+from attnreg.tools import testing
 from tests.support import require_devices
 
 DEVICE_ENV = "ATTNREG_OPENCL_DEVICE"

@@ -10,11 +10,12 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
+from attnreg.backends.opencl import device as odevice
+from attnreg.backends.opencl import kernels as okernels
+from attnreg.backends.opencl import probe as oprobe
+from attnreg.backends.opencl import program as oprogram
 from attnreg.kernel import TOLERANCE
 from attnreg.tensors import check_tensors
-from backends.opencl import kernels as okernels
-from backends.opencl import probe as oprobe
-from backends.opencl import programs
 from tests.support import check_close, make_tensors, require_devices
 from tests.test_opencl import DEV
 
@@ -174,14 +175,14 @@ def test_prefill_without_subgroups_runs_split_kv(dev):
 
 # -- build cache and failure -----------------------------------------------------------
 def test_build_failure_replans_to_next_candidate(dev, monkeypatch):
-    orig = programs.load_source
+    orig = oprogram.load_source
 
     def broken(family: str) -> str:
         src = orig(family)
         broken = family in ("decode_partial", "decode_fused")
         return src + "\n#error injected by the test\n" if broken else src
 
-    monkeypatch.setattr(programs, "load_source", broken)
+    monkeypatch.setattr(oprogram, "load_source", broken)
     spec = _spec(seq_len=4, past_len=36, return_lse=True)
     t = make_tensors(spec, seed=3)
     with attnreg.Session(backend="opencl", device=dev.id) as s:
@@ -198,10 +199,10 @@ def test_programs_shared_across_sessions(dev):
     t = make_tensors(spec, seed=4)
     with attnreg.Session(backend="opencl", device=dev.id) as s:
         s.run(spec, t)
-    before = programs.BUILDS["count"]
+    before = odevice.BUILDS["count"]
     with attnreg.Session(backend="opencl", device=dev.id) as s2:
         check_close(spec, s2.run(spec, t), t)
-    assert programs.BUILDS["count"] == before
+    assert odevice.BUILDS["count"] == before
 
 
 def test_buffers_reused_within_session(dev):
@@ -212,12 +213,12 @@ def test_buffers_reused_within_session(dev):
         plan = s.plan(spec)
         rt = s.runtime(plan)
         pool = rt.mem.pool_ids()
-        prepared = rt.stats["prepared"]
+        prepared = rt.counters["prepares"]
         for seed in (6, 7):
             t2 = make_tensors(spec, seed=seed)
             check_close(spec, s.run(spec, t2), t2)
         assert rt.mem.pool_ids() == pool
-        assert rt.stats["prepared"] == prepared, "same plan and buffers: the launch is reused"
+        assert rt.counters["prepares"] == prepared, "same plan and buffers: the launch is reused"
 
 
 def test_timings_shape(dev):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg.backends.opencl import kernels as okernels
+from attnreg.backends.opencl import probe as oprobe
 from attnreg.spec import AttentionSpec
-from backends.opencl import kernels as okernels
-from backends.opencl import probe as oprobe
-from backends.opencl.variant_bench import packed_docs
+from attnreg.tools.testing import packed_docs
 from tests.support import check_close, make_tensors, require_devices
 from tests.test_opencl import DEV
 
@@ -123,17 +123,17 @@ def test_block_skip_matches_dense_and_caches_lists(dev):
         dense = s.run(spec, {**x, "bias": bias}, flags={"block_skip": "off"})
         check_close(spec, dense, x)
         rt = s.runtime(s.plan(spec))
-        allocs = rt.stats["allocs"]
+        allocs = rt.counters["allocs"]
         for _ in range(3):
             got = s.run(spec, {**x, "bias": bias}, flags={"block_skip": "on"})
             check_close(spec, got, x)
-        assert rt.stats["allocs"] - allocs == 3, "block lists of a device bias uploaded once"
+        assert rt.counters["allocs"] - allocs == 3, "block lists of a device bias uploaded once"
         x2 = dict(x)
         x2["bias"] = x["bias"].copy()
         x2["bias"][..., :, :8] = 0.0                      # every row sees the first 8 keys
         bias.write(x2["bias"])
         check_close(spec, s.run(spec, {**x, "bias": bias}, flags={"block_skip": "on"}), x2)
-        assert rt.stats["allocs"] - allocs == 6, "a new bias version rebuilds its lists"
+        assert rt.counters["allocs"] - allocs == 6, "a new bias version rebuilds its lists"
         with pytest.raises(attnreg.SpecError, match="partial states"):
             s.partial_states(spec.replace(seq_len=1, past_len=159), {
                 **make_tensors(spec.replace(seq_len=1, past_len=159)), "bias": x["bias"][..., -1:, :]},

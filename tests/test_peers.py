@@ -1,4 +1,4 @@
-"""The optional bench peers (attnreg.peers): availability reasons without the packages, and,
+"""The optional bench peers (attnreg.tools.peers): availability reasons without the packages, and,
 where a peer is usable, its output against the float64 reference.
 
 CI has neither onnxruntime-webgpu nor torch, so the numerical tests skip there; the status
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg import peers
-from attnreg.testing import compare, expected, make_tensors
+from attnreg.tools import peers
+from attnreg.tools.testing import compare, expected, make_tensors
 
 DECODE = dict(batch=1, seq_len=1, past_len=127, num_heads=4, kv_num_heads=2, head_size=64)
 
@@ -37,7 +37,7 @@ def fresh_status():
 
 # -- no package needed ------------------------------------------------------------------
 def test_module_imports_nothing_optional():
-    code = ("import sys, attnreg.peers; bad = [m for m in ('onnxruntime', 'onnx', 'torch') "
+    code = ("import sys, attnreg.tools.peers; bad = [m for m in ('onnxruntime', 'onnx', 'torch') "
             "if m in sys.modules]; assert not bad, bad")
     import subprocess
 

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 import attnreg
-from attnreg import conformance as conf
 from attnreg.kernel import KernelInfo
-from attnreg.testing import compare, expected, make_tensors
+from attnreg.tools import conformance as conf
+from attnreg.tools.testing import compare, expected, make_tensors
 
 settings.register_profile("ci", max_examples=5, deadline=None, derandomize=True,
                           suppress_health_check=list(HealthCheck))

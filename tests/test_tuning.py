@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import attnreg
-from attnreg import tuning
+from attnreg import tuned as tuning
+from attnreg.tools import tune
 
 
 def test_tune_stores_and_rules_use_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -15,7 +16,7 @@ def test_tune_stores_and_rules_use_it(tmp_path: Path, monkeypatch: pytest.Monkey
     spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=1023, num_heads=4, kv_num_heads=2,
                                  head_size=16)
     with attnreg.Session(backend="reference") as s:
-        entry = tuning.tune(s, spec, iters=2, warmup=1, log=lambda m: None)
+        entry = tune.tune(s, spec, iters=2, warmup=1, log=lambda m: None)
     assert (tmp_path / "tuning.json").exists()
     assert entry["kernel"] == "reference.decode_partial"
     assert entry["us"] <= entry["rule_default_us"]
@@ -24,6 +25,7 @@ def test_tune_stores_and_rules_use_it(tmp_path: Path, monkeypatch: pytest.Monkey
     assert not any(r.startswith("tuning_cache") for r in plain.rules)
     fired = [r for r in tuned.rules if r.startswith("tuning_cache")]
     assert fired, tuned.explain()
+    assert tuned.split is not None and tuned.split.n_splits == tuned.params["n_splits"]
     ss = tuned.params["split_size"]
     assert ss == entry["params"].get("split_size", plain.params["split_size"])
     assert tuned.params["n_splits"] == -(-spec.capacity // ss)
@@ -42,9 +44,9 @@ def test_split_kv_kernels_tune_the_split_size():
     spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=4095, num_heads=32, kv_num_heads=8,
                                  head_size=128, dtype="float16")
     for family in ("decode_partial", "decode_fused"):
-        cands = tuning.candidates({"kv_tile": 32}, {"wg": (64, 128)}, spec, family)
+        cands = tune.candidates({"kv_tile": 32}, {"wg": (64, 128)}, spec, family)
         sizes = {c["split_size"] for c in cands}
         assert {32, 128, 4096} <= sizes and all(s % 32 == 0 for s in sizes), (family, sizes)
         assert {c["wg"] for c in cands} == {64, 128}
     assert all("split_size" not in c
-               for c in tuning.candidates({}, {"wg": (64,)}, spec, "prefill"))
+               for c in tune.candidates({}, {"wg": (64,)}, spec, "prefill"))

@@ -12,12 +12,11 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
-from attnreg import testing
-from backends.webgpu import cases as wcases
-from backends.webgpu import device as wdevice
-from backends.webgpu import probe as wprobe
-from backends.webgpu import runtime as wruntime
-from backends.webgpu import source as wsource
+from attnreg.backends.webgpu import cases as wcases
+from attnreg.backends.webgpu import device as wdevice
+from attnreg.backends.webgpu import probe as wprobe
+from attnreg.backends.webgpu import program as wprogram
+from attnreg.tools import testing
 from tests.support import check_close, make_tensors, require_devices
 
 CASES = wcases.build()
@@ -136,12 +135,12 @@ def test_without_subgroups_everything_runs_split_kv(no_subgroups):
 
 def test_compile_failure_falls_back_to_next_kernel(monkeypatch):
     require_devices("webgpu")
-    real = wsource.build
+    real = wprogram.source
 
-    def build(family, dtype, head_size, consts, subgroups=False, **kw):
-        text = real(family, dtype, head_size, consts, subgroups, **kw)
+    def source(family, spec, consts, *, subgroups=False, **kw):
+        text = real(family, spec, consts, subgroups=subgroups, **kw)
         return text + "\nfn broken( {\n" if subgroups else text
-    monkeypatch.setattr(wsource, "build", build)
+    monkeypatch.setattr(wprogram, "source", source)
     spec = attnreg.AttentionSpec(seq_len=40, past_len=3, num_heads=2, kv_num_heads=1,
                                  head_size=32)
     t = make_tensors(spec, 7)
@@ -169,10 +168,10 @@ def test_pipelines_shared_across_sessions_buffers_reused():
         rt = s1.runtime(s1.plan(spec))
         dev = wdevice.get(rt.caps)
         compiled = dev.compiles
-        bufs = {n: id(b) for n, (b, _) in rt._bufs.items()}
+        bufs = {n: id(b) for n, (b, _) in rt.memory._bufs.items()}
         made = rt.counters["bind_groups"]
         check_close(spec, s1.run(spec, t), t)
-        assert {n: id(b) for n, (b, _) in rt._bufs.items()} == bufs
+        assert {n: id(b) for n, (b, _) in rt.memory._bufs.items()} == bufs
         assert rt.counters["bind_groups"] == made
     with attnreg.Session(backend="webgpu") as s2:
         check_close(spec, s2.run(spec, t), t)
@@ -180,13 +179,13 @@ def test_pipelines_shared_across_sessions_buffers_reused():
 
 
 def test_fold_grid():
-    assert wruntime.fold_grid(10, 65535) == (10, 1, 1)
-    x, y, z = wruntime.fold_grid(70000, 65535)
+    assert wprogram.fold_grid(10, 65535) == (10, 1, 1)
+    x, y, z = wprogram.fold_grid(70000, 65535)
     assert x <= 65535 and y <= 65535 and x * y * z >= 70000
-    x, y, z = wruntime.fold_grid(300, 7)
+    x, y, z = wprogram.fold_grid(300, 7)
     assert max(x, y, z) <= 7 and x * y * z >= 300
     with pytest.raises(ValueError):
-        wruntime.fold_grid(400, 7)
+        wprogram.fold_grid(400, 7)
 
 
 @pytest.mark.parametrize("kernel", ["webgpu.prefill.f32.wgmem", "webgpu.decode_partial.f32.m2"])

@@ -10,9 +10,9 @@ import pytest
 
 import attnreg
 from attnreg import rules
+from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import program as wprogram
 from attnreg.profiles import profiles
-from backends.webgpu import kernels as wkernels
-from backends.webgpu import source as wsource
 from tests.support import check_close, make_tensors, require_devices
 
 KERNEL = "webgpu.prefill.{dt}.{red}"
@@ -27,8 +27,7 @@ def session():
 
 def _wgsl(spec: attnreg.AttentionSpec, params: dict) -> str:
     p = {**wkernels.PREFILL_DEFAULTS, **params}
-    return wsource.build("prefill", spec.dtype, spec.head_size,
-                         wkernels.prefill_consts(spec, p, 4), subgroups=True)
+    return wprogram.source("prefill", spec, wkernels.prefill_consts(spec, p, 4), subgroups=True)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])

@@ -5,12 +5,11 @@ the registry, not the math); one kernel always fails at launch, like a driver co
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-
-import numpy as np
+from typing import Any
 
 import attnreg
+from attnreg.backends.reference.plugin import ReferenceRuntime
 from attnreg.caps import DeviceCaps
-from backends.reference.plugin import ReferenceRuntime
 
 NAME = "toy"
 F32 = frozenset({"float32"})
@@ -21,7 +20,8 @@ class ToyRuntime(ReferenceRuntime):
         super().__init__(caps)
         self.backend = backend
 
-    def launch(self, plan: attnreg.Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def launch(self, plan: attnreg.Plan, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
         self.backend.launched.append(plan.kernels)
         if "toy.prefill.f32.broken" in plan.kernels:
             raise attnreg.KernelUnavailable("toy.prefill.f32.broken",
@@ -29,14 +29,14 @@ class ToyRuntime(ReferenceRuntime):
         if "toy.prefill.f32.nvidia_skip16" in plan.kernels:
             # Emulates a vendor path that drops keys 16-31 (the bug class conformance exists
             # to catch): their values never reach the output.
-            inputs = dict(inputs)
+            inputs = self.host_inputs(inputs)
             v = inputs["v"].copy()
             if plan.spec.kv_layout == "BSNH":
                 v[:, 16:32] = 0
             else:
                 v[:, :, 16:32] = 0
             inputs["v"] = v
-        return super().launch(plan, inputs)
+        return super().launch(plan, inputs, outputs)
 
 
 class ToyBackend:

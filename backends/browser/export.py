@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 
 from attnreg import registry
+from attnreg.backends import common
+from attnreg.backends.webgpu import program
 from attnreg.caps import DeviceCaps
 from attnreg.errors import NoKernelError, SpecError
 from attnreg.kernel import binding_bytes
 from attnreg.plan import Plan
 from attnreg.spec import AttentionSpec
-from attnreg.testing import compare, expected, make_tensors
-from backends import common
+from attnreg.tools.testing import compare, expected, make_tensors
 
 from . import kernels
-from . import stages as stagemod
 from .host import BrowserError, BrowserHost
 from .probe import NAME
 
@@ -67,7 +67,7 @@ class Exported:
     out_dir: str
     files: tuple[str, ...]
     plan: Plan
-    programs: tuple[stagemod.StageProgram, ...]
+    programs: tuple[program.Program, ...]
 
 
 def _threads(consts: Mapping[str, int]) -> int:
@@ -76,20 +76,20 @@ def _threads(consts: Mapping[str, int]) -> int:
     return int(consts["BR"]) // int(consts["TR"]) * int(consts["NCG"])    # prefill
 
 
-def requirements(plan: Plan, progs: list[stagemod.StageProgram]) -> dict[str, Any]:
+def requirements(plan: Plan, progs: list[program.Program]) -> dict[str, Any]:
     """Features, limits and the subgroup width the exported stages need."""
     spec, reg = plan.spec, registry.get()
     storage = threads = binding = grid = nbuf = 0
     sg = 1
-    for st, prog in zip(stagemod.launch_stages(plan), progs):
+    for st, prog in zip(program.launch_stages(plan), progs):
         k = reg.kernel(st.kernel)
         p = {**k.defaults, **st.params, **k.params}
         storage = max(storage, k.storage_need(spec, p))
         threads = max(threads, _threads(prog.consts))
         binding = max([binding, *binding_bytes(st.family, spec, p).values()])
         grid = max(grid, *prog.grid)
-        nbuf = max(nbuf, sum(kind != "uniform" for _, kind, _ in prog.bindings))
-        if stagemod.SUBGROUP_DIRECTIVE in prog.wgsl:
+        nbuf = max(nbuf, sum(b.access != "uniform" for b in prog.bindings))
+        if prog.uses_subgroups:
             sg = max(sg, int(prog.consts.get("SGW", 4)))
     feats = (["shader-f16"] if spec.dtype == "float16" else []) + (["subgroups"] if sg > 1 else [])
     return {"features": feats, "subgroup_min_size": sg, "limits": {
@@ -110,14 +110,13 @@ def _shapes(spec: AttentionSpec, n_splits: int) -> tuple[dict[str, list[int]], d
     return shapes, nbytes
 
 
-def module_text(plan: Plan, progs: list[stagemod.StageProgram]) -> str:
+def module_text(plan: Plan, progs: list[program.Program]) -> str:
     """attention.js: this plan's constants, then the shared runtime."""
     spec = plan.spec
-    split = stagemod.split_params(plan)
-    shapes, nbytes = _shapes(spec, int(split.get("n_splits", 1)))
+    shapes, nbytes = _shapes(spec, program.n_splits(plan))
     req = requirements(plan, progs)
     full_bias = tuple(shapes["bias"]) if spec.bias else None
-    words = np.frombuffer(common.pack(spec, split, full_bias), dtype=np.uint32)
+    words = np.frombuffer(program.param_block(plan, full_bias), dtype=np.uint32)
     e = spec.itemsize
     js = json.dumps
     plan_info = {"route": plan.route, "kernels": list(plan.kernels), "caps": plan.caps.label,
@@ -151,15 +150,16 @@ def module_text(plan: Plan, progs: list[stagemod.StageProgram]) -> str:
     for i, p in enumerate(progs):
         stage_rows.append(
             f"  {{kernel: {js(p.kernel)}, family: {js(p.family)}, wgsl: WGSL_{i}, "
-            f"entryPoint: {js(p.entry)}, bindings: {js([list(b) for b in p.bindings])}, "
+            f"entryPoint: {js(p.entry)}, "
+            f"bindings: {js([[b.index, b.access, b.name] for b in p.bindings])}, "
             f"grid: {js(list(p.grid))}, workgroups: {p.workgroups}}},")
     lines += ["/** The dispatches, in order; bindings are [binding, uniform|read|rw, buffer]. */",
               "export const STAGES = [", *stage_rows, "];", ""]
-    runtime = resources.files(__package__ or "backends.browser").joinpath("export_runtime.js")
+    runtime = resources.files(__package__ or "attnreg.backends.browser").joinpath("export_runtime.js")
     return "\n".join(lines) + "\n" + runtime.read_text(encoding="utf-8")
 
 
-def readme_text(plan: Plan, progs: list[stagemod.StageProgram], files: list[str]) -> str:
+def readme_text(plan: Plan, progs: list[program.Program], files: list[str]) -> str:
     spec = plan.spec
     req = requirements(plan, progs)
     extra = [n for n, on in (("bias", spec.bias), ("seqlens_k", spec.seqlens_k),
@@ -214,7 +214,7 @@ def export(spec: AttentionSpec, out_dir: str, caps: str | DeviceCaps = "browser-
     skip = {(c.id, k.id): "host-cast variant (widens float16 on the host): not exportable"
             for k in reg.kernels(c.backend) if kernels.COMPUTE_DTYPE in k.params}
     plan = reg.plan(spec, caps=c, flags=flags, exclude=skip)
-    progs = stagemod.programs(plan, c)
+    progs = program.programs(plan, c, dialect=program.TINT)
     os.makedirs(out_dir, exist_ok=True)
     files: dict[str, str] = {}
     for i, p in enumerate(progs):
@@ -253,7 +253,7 @@ def check(out_dir: str, spec: AttentionSpec, *, seed: int = 0, lengths: Any = No
 
 
 def main(a: argparse.Namespace, spec: AttentionSpec) -> int:
-    """The `attnreg export-wgsl` command (arguments parsed by attnreg.cli)."""
+    """The `attnreg export-wgsl` command (arguments parsed by attnreg.tools.cli)."""
     try:
         res = export(spec, a.out, a.backend_caps)
     except NoKernelError as exc:

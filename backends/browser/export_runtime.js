@@ -98,8 +98,10 @@ export async function createAttention(device) {
   function dispatch(pass, bufs) {
     const pick = {
       params: own.params, q: bufs.q, k: bufs.k, v: bufs.v, out: bufs.out,
-      bias: SPEC.bias ? bufs.bias : own.dummy_r, seqlens: SPEC.seqlens_k ? bufs.seqlens_k : own.dummy_r,
-      sink: SPEC.head_sink ? bufs.head_sink : own.dummy_r, lse: SPEC.return_lse ? bufs.lse : own.dummy_w,
+      bias: SPEC.bias ? bufs.bias : own.dummy_r,
+      seqlens_k: SPEC.seqlens_k ? bufs.seqlens_k : own.dummy_r,
+      head_sink: SPEC.head_sink ? bufs.head_sink : own.dummy_r,
+      lse: SPEC.return_lse ? bufs.lse : own.dummy_w,
       o_parts: own.o_parts, lse_parts: own.lse_parts,
     };
     for (const st of stages) {

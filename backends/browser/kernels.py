@@ -19,11 +19,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import probe as wprobe
 from attnreg.caps import DeviceCaps
 from attnreg.kernel import KernelInfo, binding_bytes
 from attnreg.spec import AttentionSpec
-from backends.webgpu import kernels as wkernels
-from backends.webgpu import probe as wprobe
 
 from .probe import NAME
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import attnreg
+from attnreg.backends.webgpu.rules import fit_tiles
 from attnreg.caps import DeviceCaps
-from attnreg.rules import Ctx, Rule
-from backends.webgpu import kernels as wkernels
+from attnreg.rules import Rule
+from attnreg.spec import AttentionSpec
 
 from . import kernels, probe
 from .runtime import BrowserRuntime
@@ -27,22 +29,25 @@ class BrowserBackend:
         return BrowserRuntime(caps)
 
 
-def _ours(ctx: Ctx) -> bool:
-    k = ctx.kernel
-    return (k is not None and k.backend == probe.NAME
-            and k.family in ("prefill", "decode_partial") and "kv_tile" in k.defaults)
+def _export_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--backend-caps", default="browser-profile", metavar="CAPS",
+                   help="plan for: browser-profile (WebGPU default limits, the default), browser, "
+                   "webgpu (the probed adapters), or a stored WebGPU profile name")
+    p.add_argument("--check", action="store_true", help="also run the module in headless "
+                   "Chromium against the float64 reference")
 
 
-def _fit(ctx: Ctx) -> dict[str, int]:
-    assert ctx.kernel is not None
-    return wkernels.fit_tiles(ctx.kernel, ctx.spec, ctx.params, ctx.caps.limit("workgroup_storage"))
+def _export(a: argparse.Namespace, spec: AttentionSpec | None) -> int:
+    from .export import main  # the page server and Chromium only when the command runs
+
+    assert spec is not None
+    return main(a, spec)
 
 
-FIT_TILES = Rule(
-    "browser_tiles_fit_storage",
-    "browser prefill/decode tiles are halved (kv_tile, then q_tile or group_tile) until the "
-    "workgroup storage fits the adapter, as for backends.webgpu", "params",
-    lambda c: _ours(c) and bool(_fit(c)), _fit)
+EXPORT_WGSL = attnreg.Command(
+    "export-wgsl", "write a plan's specialised WGSL and an ES module (attention.js) for a web app",
+    _export_options, _export, takes_spec=True)
 
 
 @attnreg.hookimpl
@@ -58,4 +63,9 @@ def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> 
 
 @attnreg.hookimpl
 def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
-    register(FIT_TILES)
+    register(fit_tiles(probe.NAME))
+
+
+@attnreg.hookimpl
+def attnreg_register_commands(register: Callable[[attnreg.Command], None]) -> None:
+    register(EXPORT_WGSL)

@@ -1,27 +1,30 @@
 """A Session's browser: one headless Chromium (started on first launch, ended by close(),
 and on errors and timeouts), and the encoding of a plan into one job for its page.
 
-A launch sends one binary message: the buffers to (re)fill (the parameter block from
-backends.common, the inputs' raw bytes), the stages (WGSL from backends.webgpu's
-specialisation; the source only the first time this page sees it, pipelines are cached
-there by source hash), and the outputs to read back. All stages run in one compute pass
-and one submit, as in backends.webgpu.
+A launch sends one binary message: the buffers to (re)fill (the parameter block, the inputs'
+raw bytes), the stages (the programs of backends/webgpu/program.py in Tint's dialect; the
+source only the first time this page sees it, pipelines are cached there by source hash),
+and the outputs to read back. All stages run in one compute pass and one submit, as in
+backends/webgpu.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from attnreg.backends import common
+from attnreg.backends.webgpu import program
 from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
+from attnreg.hostmem import HostMemory, wall_timings
 from attnreg.plan import Plan
-from backends import common
 
-from . import stages as stagemod
+from . import kernels
 from .host import BrowserError, BrowserHost
 
 
@@ -31,10 +34,16 @@ def _raw(arr: np.ndarray) -> bytes:
     return data + b"\0" * (-len(data) % 4)
 
 
-class BrowserRuntime:
-    """Implements attnreg.Runtime on the page of one headless Chromium."""
+Job = tuple[dict[str, Any], dict[str, bytes], list[tuple[str, str, tuple[int, ...]]],
+            list[program.Program]]
+
+
+class BrowserRuntime(HostMemory):
+    """Implements attnreg.Runtime on the page of one headless Chromium. DeviceTensors live
+    in host memory and travel with each launch (a page has no memory a Session can keep)."""
 
     def __init__(self, caps: DeviceCaps) -> None:
+        super().__init__()
         self.caps = caps
         self.host: BrowserHost | None = None
         self._sent: set[str] = set()         # pipeline keys whose source this page has
@@ -64,46 +73,46 @@ class BrowserRuntime:
         return host
 
     # -- a plan as one job -------------------------------------------------------------------
-    def job(self, plan: Plan, inputs: Mapping[str, np.ndarray]
-            ) -> tuple[dict[str, Any], dict[str, bytes], list[tuple[str, str, tuple[int, ...]]],
-                       list[stagemod.StageProgram]]:
-        """(header, blobs, outputs as (name, dtype, shape), stage programs) of one launch;
-        the header carries every stage's source (launch drops those the page has)."""
+    def programs(self, plan: Plan, bias_shape: tuple[int, ...] | None = None
+                 ) -> list[program.Program]:
+        """The plan's stages as Tint compiles them, each for the spec its device computes
+        (float32 for a host-cast variant)."""
+        return [program.build(st, kernels.device_spec(plan.spec, st.params), self.caps,
+                              n_splits=program.n_splits(plan), op=plan.op,
+                              bias_shape=bias_shape, dialect=program.TINT)
+                for st in program.launch_stages(plan)]
+
+    def job(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> Job:
+        """(header, blobs, outputs as (name, dtype, shape), programs) of one launch; the
+        header carries every stage's source (launch drops those the page has)."""
         spec = plan.spec
         bias = inputs.get("bias")
         if bias is not None and bias.dtype != np.float32:
             bias = bias.astype(np.float32)          # float16 -> float32 is exact
         bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
-        progs = stagemod.programs(plan, self.caps, bias_shape)
-        n_parts = int(inputs["o_parts"].shape[3]) if plan.op == "reduce" else None
-        geometry = stagemod.split_params(plan, n_parts)
-        n_splits = int(geometry.get("n_splits", 1))
+        progs = self.programs(plan, bias_shape)
+        n_splits = program.n_splits(plan)
         b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
         parts = b * nq * s * n_splits
         # A host-cast stage computes in float32: its inputs are widened here (exactly) and
         # the output it writes is rounded back to the spec's dtype after the read-back.
-        in_dtype = progs[0].dtype
-        out_dtype = progs[-1].dtype
-        blobs: dict[str, bytes] = {"params": common.pack(spec, geometry, bias_shape)}
+        in_dtype, out_dtype = progs[0].dtype, progs[-1].dtype
+        blobs: dict[str, bytes] = {"params": program.param_block(plan, bias_shape)}
         buffers: list[dict[str, Any]] = [{"name": "params", "usage": "uniform",
                                           "size": common.SIZE, "blob": "params"}]
-        names: dict[str, str] = {"params": "params"}
 
         def upload(name: str, arr: np.ndarray) -> None:
             blobs[name] = _raw(arr)
             buffers.append({"name": name, "usage": "storage", "size": len(blobs[name]),
                             "blob": name})
-            names[name] = name
 
         def scratch(name: str, nbytes: int) -> None:
             buffers.append({"name": name, "usage": "storage", "size": nbytes})
-            names[name] = name
 
         # Absent inputs bind a read-only stand-in, absent outputs a writable one: one buffer
         # may not be both in one dispatch.
         scratch("dummy_r", 16)
         scratch("dummy_w", 16)
-        names.update(bias="dummy_r", seqlens="dummy_r", sink="dummy_r", lse="dummy_w")
         if plan.op == "reduce":
             upload("o_parts", inputs["o_parts"])
             upload("lse_parts", inputs["lse_parts"])
@@ -115,12 +124,18 @@ class BrowserRuntime:
             if bias is not None:
                 upload("bias", bias)
             if "seqlens_k" in inputs:
-                upload("seqlens", inputs["seqlens_k"])
+                upload("seqlens_k", inputs["seqlens_k"])
         if "head_sink" in inputs:
-            upload("sink", inputs["head_sink"])
+            upload("head_sink", inputs["head_sink"])
         scratch("out", b * nq * s * h * np.dtype(out_dtype).itemsize)
         if spec.return_lse:
             scratch("lse", b * nq * s * 4)
+        have = {buf["name"] for buf in buffers}
+
+        def bound(bd: program.Binding) -> str:
+            if bd.name in have:
+                return bd.name
+            return "dummy_w" if bd.access == "rw" else "dummy_r"
 
         outs: list[tuple[str, str, tuple[int, ...]]]
         if plan.op == "partial":
@@ -135,7 +150,7 @@ class BrowserRuntime:
             "buffers": buffers,
             "stages": [{"key": p.key, "label": p.kernel, "family": p.family, "wgsl": p.wgsl,
                         "entry": p.entry, "grid": list(p.grid),
-                        "bindings": [[i, kind, names[buf]] for i, kind, buf in p.bindings]}
+                        "bindings": [[bd.index, bd.access, bound(bd)] for bd in p.bindings]}
                        for p in progs],
             "outputs": [{"name": n, "buffer": n,
                          "size": int(np.prod(shape)) * np.dtype(dt).itemsize}
@@ -143,14 +158,52 @@ class BrowserRuntime:
         }
         return header, blobs, outs, progs
 
-    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def launch(self, plan: Plan, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run a plan in the browser; a stage Tint rejects raises KernelUnavailable with
         the compiler's messages (the session then plans without it)."""
-        header, blobs, outs, _ = self.job(plan, inputs)
+        header, blobs, outs, _ = self.job(plan, self.host_inputs(inputs))
         with self._lock:
-            return self._launch(plan, header, blobs, outs)
+            res = self._launch(plan, header, blobs, outs)
+        self.counters["launches"] += 1
+        return self.place_outputs(res, outputs)
 
-    def _launch(self, plan: Plan, header: dict[str, Any], blobs: dict[str, bytes],
+    def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
+                warmup: int = 3) -> dict[str, list[float]]:
+        """Wall time per launch (a round trip to the page, inputs sent each time) and
+        ``gpu_s``, the page's own time from submit to read-back."""
+        page: list[float] = []
+
+        def once() -> None:
+            self.launch(plan, inputs)
+            page.append(self.last_ms.get("run", 0.0) * 1e-3)
+        res = wall_timings(once, iters, warmup)
+        res["gpu_s"] = page[warmup:]
+        return res
+
+    def copy_bandwidth(self, nbytes: int = 32 << 20, repeats: int = 3) -> float:
+        """GB/s (read + written) of the copy_bw kernel in the page, timed there from submit
+        to the read-back of its last bytes."""
+        n = nbytes // 16 * 16
+        n_wg = min(65535, 8 * (self.caps.compute_units or 16))
+        prog = {"key": f"copy_bw-{program.digest(program.load('copy_bw'))}", "label": "copy_bw",
+                "family": "copy_bw", "wgsl": program.load("copy_bw"), "entry": program.ENTRY,
+                "grid": [n_wg, 1, 1],
+                "bindings": [[0, "uniform", "cp"], [1, "read", "src"], [2, "rw", "dst"]]}
+        header = {"label": "copy_bw", "stages": [prog], "outputs": [
+            {"name": "tail", "buffer": "dst", "size": 16}], "buffers": [
+            {"name": "cp", "usage": "uniform", "size": 16, "blob": "cp"},
+            {"name": "src", "usage": "storage", "size": n},
+            {"name": "dst", "usage": "storage", "size": n}]}
+        blobs = {"cp": struct.pack("<4I", n // 16, n_wg * 256, 0, 0)}
+        times = []
+        with self._lock:
+            for _ in range(repeats + 1):            # the first compiles and warms up
+                self._launch(None, header, blobs, [("tail", "uint8", (16,))])
+                times.append(self.last_ms.get("run", 0.0) * 1e-3)
+        return 2 * n / max(min(times[1:]), 1e-9) / 1e9
+
+    def _launch(self, plan: Plan | None, header: dict[str, Any], blobs: dict[str, bytes],
                 outs: list[tuple[str, str, tuple[int, ...]]]) -> dict[str, np.ndarray]:
         host = self._ensure_host()
         for attempt in range(2):
@@ -173,7 +226,7 @@ class BrowserRuntime:
         res: dict[str, np.ndarray] = {}
         for name, dtype, shape in outs:
             arr = np.frombuffer(bytes(data[name]), dtype=dtype).reshape(shape)
-            res[name] = arr.astype(plan.spec.dtype) if name == "out" else arr.copy()
+            res[name] = arr.astype(plan.spec.dtype) if plan and name == "out" else arr.copy()
         return res
 
     def close(self) -> None:

@@ -5,7 +5,7 @@ size, seq_len and total length rotate with independent strides, so every value o
 axis appears in every variant (tests/test_opencl.py checks that). Run on PoCL by pytest,
 and on any OpenCL device without pytest (the H100 check)::
 
-    python3 -m backends.opencl.cases --device h100 [name-filter ...]
+    python3 -m attnreg.backends.opencl.cases --device h100 [name-filter ...]
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import numpy as np
 
 import attnreg
 from attnreg import reference as ref
-from attnreg import testing
 from attnreg.kernel import TOLERANCE
 from attnreg.plan import Stage
 from attnreg.spec import AttentionSpec
 from attnreg.tensors import check_tensors
+from attnreg.tools import testing
 
 DT = {"float32": "f32", "float16": "f16"}
 LAYOUTS = (("BSNH", "BNSH"), ("BNSH", "BSNH"), ("BSNH", "BSNH"), ("BNSH", "BNSH"))

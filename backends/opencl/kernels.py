@@ -259,7 +259,7 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
                       extra_checks=_checks(family, variant, bool(block_skip)), **kw)
 
 
-def kernel_infos() -> list[KernelInfo]:
+def declare() -> list[KernelInfo]:
     """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping), decode_partial
     (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
     decode_qk (m1/m2/m4) + decode_pv, and reduce."""
@@ -335,4 +335,4 @@ def variant_of(k: KernelInfo) -> str:
 
 
 # kernel id -> (family, variant): what the runtime needs to compile and launch an id.
-VARIANTS: dict[str, tuple[str, str]] = {k.id: (k.family, variant_of(k)) for k in kernel_infos()}
+VARIANTS: dict[str, tuple[str, str]] = {k.id: (k.family, variant_of(k)) for k in declare()}

@@ -5,13 +5,13 @@ DeviceTensors own plain ``cl.Buffer`` handles (``alloc``/``upload``/``download``
 the pool holds the runtime's own buffers (uploads of host inputs, partial states, scratch),
 keyed by role and size so that a decode loop gets the same buffers every call -- which is
 what lets a prepared launch keep its kernel arguments. Every host<->device transfer is
-counted in ``stats`` (tests check that resident inputs cost none).
+counted in ``counters`` (tests check that resident inputs cost none).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import numpy as np
@@ -33,9 +33,9 @@ class DeviceMemory:
         self._params: OrderedDict[bytes, cl.Buffer] = OrderedDict()
         # Host arrays of non-blocking uploads, kept alive (and unchanged) until the next sync.
         self._pending: list[Any] = []
-        self.stats = {"host_uploads": 0, "host_downloads": 0, "allocs": 0}
+        self.counters: Counter[str] = Counter()
 
-    # -- DeviceTensor storage (attnreg's optional Runtime methods) ---------------------
+    # -- DeviceTensor storage (the Runtime contract) ----------------------------------
     def _check_size(self, what: str, nbytes: int) -> None:
         cap = self.caps.limit("buffer_size")
         if cap is not None and nbytes > cap:
@@ -45,13 +45,13 @@ class DeviceMemory:
     def alloc(self, nbytes: int) -> cl.Buffer:
         """A device buffer of at least ``nbytes`` (contents unspecified)."""
         self._check_size("tensor", int(nbytes))
-        self.stats["allocs"] += 1
+        self.counters["allocs"] += 1
         return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(4, int(nbytes)))
 
     def upload(self, handle: cl.Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
         """Copy a host array into a buffer at a byte offset (ordered with every launch)."""
         arr = np.array(array, copy=True, order="C")     # the caller may reuse its array
-        self.stats["host_uploads"] += 1
+        self.counters["host_uploads"] += 1
         ev = cl.enqueue_copy(self.queue, handle, arr, dst_offset=int(offset_bytes),
                              is_blocking=False)
         self._keep(ev, arr)
@@ -59,7 +59,7 @@ class DeviceMemory:
     def download(self, handle: cl.Buffer, nbytes: int) -> bytes:
         """The first ``nbytes`` of a buffer (waits for the launches that write it)."""
         out = np.empty(int(nbytes), np.uint8)
-        self.stats["host_downloads"] += 1
+        self.counters["readbacks"] += 1
         cl.enqueue_copy(self.queue, out, handle, is_blocking=True)
         self._pending.clear()
         return out.tobytes()
@@ -100,7 +100,7 @@ class DeviceMemory:
         a host copy (for runs that return before the copy has happened)."""
         arr = np.array(array, copy=True, order="C") if private else np.ascontiguousarray(array)
         buf = self.pooled(role, arr.nbytes)
-        self.stats["host_uploads"] += 1
+        self.counters["host_uploads"] += 1
         ev = cl.enqueue_copy(self.queue, buf, arr, is_blocking=False)
         self._keep(ev, arr)
         return buf

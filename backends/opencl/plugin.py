@@ -1,5 +1,5 @@
 """OpenCL backend plugin: registers the backend and its kernel variants through the
-same hooks a third-party plugin uses (entry point ``opencl = backends.opencl.plugin``)."""
+same hooks a third-party plugin uses (entry point ``opencl = attnreg.backends.opencl.plugin``)."""
 
 from __future__ import annotations
 
@@ -40,5 +40,5 @@ def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> No
 
 @attnreg.hookimpl
 def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.kernel_infos():
+    for k in kernels.declare():
         register(k)

@@ -1,6 +1,7 @@
 """OpenCLRuntime: one device opened for one Session -- its queue, memory and launches.
 
-Programs come from the process-wide cache in programs.py (a new Session does not rebuild).
+Programs come from the process-wide cache in device.py (a new Session does not rebuild);
+their sources, arguments and grids from program.py.
 Plan once, run many: a launch is *prepared* once per (plan, bound buffers) -- kernel objects
 created and their arguments set -- and later calls with the same plan and buffers only
 enqueue it. DeviceTensors are bound directly (no host copy); host arrays go into pooled
@@ -22,30 +23,17 @@ import numpy as np
 import pyopencl as cl
 
 from attnreg import blocks
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
 from attnreg.plan import Plan, Stage
-from backends import common
 
-from . import kernels, launches, programs
+from . import device, kernels, program
 from .memory import DeviceMemory
 
 _PREP_MAX = 32                 # prepared launches kept per session
-_CTX_LOCK = threading.Lock()
-_CONTEXTS: dict[str, tuple[cl.Context, cl.Device]] = {}
 _INPUTS = ("q", "k", "v", "bias", "seqlens_k", "head_sink", "block_table", "o_parts",
            "lse_parts")
-
-
-def device_context(caps: DeviceCaps) -> tuple[cl.Context, cl.Device]:
-    """The one context per device in this process (programs are shared through it)."""
-    with _CTX_LOCK:
-        got = _CONTEXTS.get(caps.id)
-        if got is None:
-            pi, di = int(caps.extra["platform_index"]), int(caps.extra["device_index"])
-            dev = cl.get_platforms()[pi].get_devices()[di]
-            got = _CONTEXTS[caps.id] = (cl.Context([dev]), dev)
-        return got
 
 
 @dataclass
@@ -76,17 +64,16 @@ def _is_device(x: Any) -> bool:
 
 
 class OpenCLRuntime:
-    """Runs plans on one OpenCL device; implements attnreg.Runtime, DeviceTensor storage
-    (alloc/upload/download/free), timings() and copy_bandwidth()."""
+    """Implements attnreg.Runtime on one OpenCL device: memory in memory.py, programs from
+    program.py, built programs shared through device.py."""
 
     def __init__(self, caps: DeviceCaps) -> None:
         self.caps = caps
-        self.ctx, self.device = device_context(caps)
+        self.ctx, self.device = device.context(caps)
         props = cl.command_queue_properties.PROFILING_ENABLE
         self.queue = cl.CommandQueue(self.ctx, self.device, properties=props)
         self.mem = DeviceMemory(caps, self.ctx, self.queue)
-        self.stats = self.mem.stats
-        self.stats.update(prepared=0, launches=0)
+        self.counters = self.mem.counters
         self._checked: set[tuple[int, str]] = set()
         self._preps: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
         self._lists: OrderedDict[int, tuple[blocks.BlockList, dict[str, cl.Buffer]]] = OrderedDict()
@@ -94,7 +81,7 @@ class OpenCLRuntime:
                                                    dict[str, int]]] = {}
         self._lock = threading.RLock()
 
-    # -- device memory (DeviceTensor storage; see memory.py) ---------------------------
+    # -- memory (the Runtime contract; memory.py does the work) -------------------------
     def alloc(self, nbytes: int) -> cl.Buffer:
         """A device buffer for a DeviceTensor."""
         return self.mem.alloc(nbytes)
@@ -114,19 +101,18 @@ class OpenCLRuntime:
             self.mem.free(handle)
 
     def copy_bandwidth(self) -> float:
-        """Device-to-device copy GB/s (bytes read + written), the bench's roof."""
         with self._lock:
             return self.mem.copy_bandwidth()
 
     # -- programs ----------------------------------------------------------------------
     def _program(self, kernel_id: str, family: str, defines: dict[str, int]) -> cl.Program:
-        return programs.build(self.ctx, self.device, kernel_id, programs.load_source(family),
-                              programs.options(defines))
+        return device.build(self.ctx, self.device, kernel_id, program.load_source(family),
+                            program.options(defines))
 
     def _new_kernel(self, kernel_id: str, family: str, g: kernels.Geometry,
                     defines: dict[str, int]) -> cl.Kernel:
         prog = self._program(kernel_id, family, defines)
-        k = cl.Kernel(prog, programs.ENTRY[family])
+        k = cl.Kernel(prog, program.ENTRY[family])
         if (prog.int_ptr, kernel_id) not in self._checked:
             self._check_kernel(kernel_id, k, g)
             self._checked.add((prog.int_ptr, kernel_id))
@@ -175,7 +161,7 @@ class OpenCLRuntime:
         bl = blocks.cached(spec, bias, g.mq, g.tk)
         arrays = {"blk_off": bl.offsets, "blk_ids": bl.blocks, "blk_zero": bl.zero}
         if stage.family == "prefill":
-            arrays["wg_order"] = launches.heavy_first(spec, g, bl)
+            arrays["wg_order"] = program.heavy_first(spec, g, bl)
         if not _is_device(bias):
             for name, arr in arrays.items():
                 bufs[name] = self.mem.upload_pooled(name, arr.astype(np.int32))
@@ -199,7 +185,7 @@ class OpenCLRuntime:
         out = []
         for stage in plan.stages:
             family, variant = _variant(stage.kernel)
-            params = launches.stage_params(plan, stage, split, bias_shape)
+            params = program.stage_params(plan, stage, split, bias_shape)
             out.append((stage, family, params,
                         kernels.geometry(family, variant, plan.spec, params, self.caps)))
         return out
@@ -211,13 +197,12 @@ class OpenCLRuntime:
         bias = inputs.get("bias")
         bias_shape = tuple(bias.shape) if bias is not None else None
         bias_f16 = bias is not None and np.dtype(bias.dtype) == np.float16
-        n_parts = int(inputs["o_parts"].shape[3]) if plan.op == "reduce" else 0
-        lkey = (id(plan), bias_shape, n_parts)
+        lkey = (id(plan), bias_shape)
         hit = self._layouts.get(lkey)
         if hit is None or hit[0] is not plan:
-            split = {"n_splits": n_parts} if n_parts else launches.split_params(plan)
+            split = program.split_params(plan)
             hit = self._layouts[lkey] = (plan, split, self._layout(plan, split, bias_shape),
-                                         launches.scratch_sizes(plan, split))
+                                         program.scratch_sizes(plan, split))
             while len(self._layouts) > _PREP_MAX:
                 self._layouts.pop(next(iter(self._layouts)))
         _, split, staged, scratch = hit
@@ -242,7 +227,7 @@ class OpenCLRuntime:
             if params.get("block_skip"):
                 self._block_lists(plan, stage, g, bias, bufs)
             if family == "decode_fused":
-                n = launches.tiles(spec, g, params) * 4
+                n = program.tiles(spec, g, params) * 4
                 bufs.setdefault("tickets", self.mem.pooled("tickets", n, zeroed=True))
         key = (id(plan), bias_shape, bias_f16,
                tuple(sorted((n, id(b)) for n, b in bufs.items() if b is not None)))
@@ -251,20 +236,20 @@ class OpenCLRuntime:
             prep = _Prepared(plan, outputs=outs, keep=list(bufs.values()))
             for stage, family, params, g in staged:
                 k = self._new_kernel(stage.kernel, family, g,
-                                     launches.defines(spec, g, bias_f16, params))
+                                     program.defines(spec, g, bias_f16, params))
                 block = self.mem.param_block(common.pack(spec, params, bias_shape))
-                k.set_args(*launches.arguments(family, block, bufs))
+                k.set_args(*program.arguments(family, block, bufs))
                 prep.keep.append(block)
                 prep.launches.append(_Launch(stage.kernel, k,
-                                             launches.global_size(family, spec, g, params), g.wg))
-            self.stats["prepared"] += 1
+                                             program.global_size(family, spec, g, params), g.wg))
+            self.counters["prepares"] += 1
         self._preps[key] = prep
         while len(self._preps) > _PREP_MAX:
             self._preps.popitem(last=False)
         return prep
 
     def _enqueue(self, prep: _Prepared) -> list[cl.Event]:
-        self.stats["launches"] += 1
+        self.counters["launches"] += 1
         return [cl.enqueue_nd_range_kernel(self.queue, ln.kernel, (ln.gsize,), (ln.lsize,))
                 for ln in prep.launches]
 
@@ -284,7 +269,7 @@ class OpenCLRuntime:
             for name, (buf, shape, dtype) in prep.outputs.items():
                 res[name] = np.empty(shape, dtype)
                 cl.enqueue_copy(self.queue, res[name], buf, is_blocking=False)
-                self.stats["host_downloads"] += 1
+                self.counters["readbacks"] += 1
             if outputs and "out" in outputs:
                 res["out"] = outputs["out"]
             if prep.outputs:

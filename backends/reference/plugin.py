@@ -5,30 +5,40 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 import attnreg
 from attnreg import reference as ref
 from attnreg.caps import DeviceCaps
+from attnreg.hostmem import HostMemory, wall_timings
 from attnreg.plan import Plan
 
 NAME = "reference"
 _DTYPES = frozenset({"float32", "float16"})
 
 
-class ReferenceRuntime:
+class ReferenceRuntime(HostMemory):
+    """The runtime contract on the host: float64 numpy, DeviceTensors in host memory."""
+
     def __init__(self, caps: DeviceCaps) -> None:
+        super().__init__()
         self.caps = caps
 
-    def launch(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def launch(self, plan: Plan, inputs: Mapping[str, Any],
+               outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        self.counters["launches"] += 1
+        return self.place_outputs(self._compute(plan, self.host_inputs(inputs)), outputs)
+
+    def _compute(self, plan: Plan, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
         spec = plan.spec
         if plan.op == "reduce":
             out, lse = ref.reduce(spec, inputs["o_parts"], inputs["lse_parts"],
                                   inputs.get("head_sink"))
         elif plan.op == "partial" or plan.route == "split_kv":
-            ss = int(plan.stage("decode_partial").params["split_size"])
-            o_parts, lse_parts = ref.partial_states(spec, inputs, ss)
+            assert plan.split is not None and plan.split.split_size is not None
+            o_parts, lse_parts = ref.partial_states(spec, inputs, plan.split.split_size)
             if plan.op == "partial":
                 return {"o_parts": o_parts.astype(np.float32), "lse_parts": lse_parts.astype(np.float32)}
             out, lse = ref.reduce(spec, o_parts, lse_parts, inputs.get("head_sink"))
@@ -38,6 +48,10 @@ class ReferenceRuntime:
         if spec.return_lse:
             res["lse"] = lse.astype(np.float32)
         return res
+
+    def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
+                warmup: int = 3) -> dict[str, list[float]]:
+        return wall_timings(lambda: self.launch(plan, inputs), iters, warmup)
 
     def close(self) -> None:
         pass

@@ -2,7 +2,7 @@
 
 Every kernel family x dtype meets every contract feature once, and the other axes (layouts,
 GQA ratio, head size, seq_len, total length) rotate so that each of their values appears in
-every family. tests/test_webgpu.py runs them on lavapipe; ``python3 -m backends.webgpu.cases``
+every family. tests/test_webgpu.py runs them on lavapipe; ``python3 -m attnreg.backends.webgpu.cases``
 runs them on whatever adapter is present (the H100 check), without pytest.
 """
 
@@ -19,10 +19,10 @@ import numpy as np
 
 import attnreg
 from attnreg import reference as ref
-from attnreg import testing
 from attnreg.kernel import TOLERANCE
 from attnreg.spec import AttentionSpec
 from attnreg.tensors import check_tensors
+from attnreg.tools import testing
 
 DTYPES = {"float32": "f32", "float16": "f16"}
 LAYOUTS = (("BSNH", "BNSH"), ("BNSH", "BSNH"), ("BSNH", "BSNH"), ("BNSH", "BNSH"))

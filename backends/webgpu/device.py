@@ -1,5 +1,6 @@
 """One wgpu device per adapter, shared by every Session in the process, with its pipeline
-cache keyed by (kernel id, WGSL source hash): a new Session never recompiles."""
+cache keyed by (kernel id, WGSL source hash, binding layout): a new Session never
+recompiles. Programs come from program.py; this module only compiles and lays them out."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
 
-from . import probe, source
+from . import probe
+from .program import Program, digest
 
 # Runtime checks naga adds to our (trusted, generated) WGSL. The default, "bounds", keeps
 # WebGPU's bounds checks but drops ForceLoopBounding: that extra counter in every loop hides
@@ -45,37 +47,6 @@ def _trusted_module(dev: Any, label: str, code: str, checks: int) -> Any:
     return _api.GPUShaderModule(label, handle, dev)
 
 
-# Bindings of each family's module (see shaders/*.wgsl): (binding, kind).
-_ATTN = [(0, "uniform")] + [(i, "read") for i in range(1, 7)] + [(7, "rw"), (8, "rw")]
-BINDINGS: dict[str, list[tuple[int, str]]] = {
-    "prefill": _ATTN,
-    "decode_partial": _ATTN,
-    "reduce": [(0, "uniform"), (1, "read"), (2, "read"), (3, "read"), (4, "rw"), (5, "rw")],
-    # q, k, v, bias, seqlens, sink in; scores [B,Nq,S,C] and per-split (max, sum) out
-    "decode_qk": _ATTN,
-    # attn_common's v (3) and seqlens (5); o_parts, lse_parts out; scores, stats in
-    "decode_pv": [(0, "uniform"), (3, "read"), (5, "read"), (7, "rw"), (8, "rw"),
-                  (9, "read"), (10, "read")],
-    # f16 strips at 2-byte offsets (memory.py): params, source words, destination words
-    "patch16": [(0, "uniform"), (1, "read"), (2, "rw")],
-    "copy_bw": [(0, "uniform"), (1, "read"), (2, "rw")],
-}
-# Optional read-only inputs a variant adds after its family's bindings (the paged KV block
-# table, the masked-block list) sit at source.AUX_BINDINGS; a layout key names them:
-# "prefill+block_table".
-
-
-def layout_key(family: str, aux: tuple[str, ...] = ()) -> str:
-    """The bind-group layout of a family with optional aux inputs (sorted, '+'-joined)."""
-    return "+".join((family, *sorted(aux)))
-
-
-def bindings(key: str) -> list[tuple[int, str]]:
-    """(binding, kind) of a layout key: the family's bindings, then its aux inputs."""
-    family, *aux = key.split("+")
-    return BINDINGS[family] + [(source.AUX_BINDINGS[a][family], "read") for a in aux]
-
-
 class GpuDevice:
     """A wgpu device opened with every feature the kernels may need and the adapter's
     full compute limits (the defaults are far below what the kernels use)."""
@@ -93,8 +64,8 @@ class GpuDevice:
                                                   required_limits=limits)
         self.has_timestamps = "timestamp-query" in self.features
         self._lock = threading.Lock()
-        self._pipelines: dict[tuple[str, str, str], Any] = {}
-        self._layouts: dict[str, tuple[Any, Any]] = {}
+        self._pipelines: dict[tuple[Any, ...], Any] = {}
+        self._layouts: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self.compiles = 0          # how many pipelines were built (tests check the cache)
         self.trusted_ok = True
 
@@ -112,19 +83,20 @@ class GpuDevice:
         buf.unmap()
         buf.destroy()
 
-    def layout(self, family: str) -> tuple[Any, Any]:
-        """(bind group layout, pipeline layout) of a family or layout key, made once."""
-        if family not in self._layouts:
+    def layout(self, accesses: tuple[str, ...]) -> tuple[Any, Any]:
+        """(bind group layout, pipeline layout) for bindings 0.. with these accesses
+        (uniform | read | rw), made once."""
+        if accesses not in self._layouts:
             wgpu = self.wgpu
             kinds = {"uniform": wgpu.BufferBindingType.uniform,
                      "read": wgpu.BufferBindingType.read_only_storage,
                      "rw": wgpu.BufferBindingType.storage}
             bgl = self.device.create_bind_group_layout(entries=[
                 {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
-                 "buffer": {"type": kinds[kind]}} for i, kind in bindings(family)])
+                 "buffer": {"type": kinds[kind]}} for i, kind in enumerate(accesses)])
             pl = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
-            self._layouts[family] = (bgl, pl)
-        return self._layouts[family]
+            self._layouts[accesses] = (bgl, pl)
+        return self._layouts[accesses]
 
     def module(self, label: str, wgsl: str) -> Any:
         checks = _checks()
@@ -135,22 +107,25 @@ class GpuDevice:
                 self.trusted_ok = False      # this wgpu-py cannot: use the checked path
         return self.device.create_shader_module(label=label, code=wgsl)
 
-    def pipeline(self, kernel_id: str, family: str, wgsl: str) -> Any:
-        """The compute pipeline for this source, compiled on first use (``family`` is the
-        layout key). A compile or validation failure raises KernelUnavailable carrying the
-        compiler's message."""
-        key = (kernel_id, source.digest(wgsl), os.environ.get(CHECKS_ENV, "") + family)
+    def pipeline(self, prog: Program) -> Any:
+        """The compute pipeline of a program, compiled on first use."""
+        return self.compile(prog.kernel, prog.wgsl, prog.layout)
+
+    def compile(self, label: str, wgsl: str, accesses: tuple[str, ...]) -> Any:
+        """The compute pipeline for this source and binding layout (cached). A compile or
+        validation failure raises KernelUnavailable carrying the compiler's message."""
+        key = (label, digest(wgsl), os.environ.get(CHECKS_ENV, ""), accesses)
         with self._lock:
             got = self._pipelines.get(key)
             if got is not None:
                 return got
-            _, pl = self.layout(family)
+            _, pl = self.layout(accesses)
             try:
-                module = self.module(kernel_id, wgsl)
+                module = self.module(label, wgsl)
                 got = self.device.create_compute_pipeline(
-                    label=kernel_id, layout=pl, compute={"module": module, "entry_point": "main"})
+                    label=label, layout=pl, compute={"module": module, "entry_point": "main"})
             except Exception as exc:
-                raise KernelUnavailable(kernel_id, f"WGSL compile failed: {exc}") from exc
+                raise KernelUnavailable(label, f"WGSL compile failed: {exc}") from exc
             self.compiles += 1
             self._pipelines[key] = got
             return got

@@ -12,18 +12,22 @@ import statistics
 import struct
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from attnreg.caps import DeviceCaps
 
-from . import device, source
+from . import device, program
 
 # queue.writeBuffer and copies need 4-byte offsets and sizes; storage bindings at an offset
 # need the device's minStorageBufferOffsetAlignment (256 on every adapter we know).
 _WORD = 4
 _BIND_ALIGN = 256
+# The utility kernels (shaders/patch16.wgsl, copy_bw.wgsl) declare their own bindings:
+# a small uniform block, the source words, the destination words.
+_UTILITY_LAYOUT = ("uniform", "read", "rw")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -31,23 +35,19 @@ def cdiv(a: int, b: int) -> int:
 
 
 class DeviceMemory:
-    """Buffers of one runtime. Subclasses define ``_forget(buffer)``: drop everything that
-    binds a buffer about to be destroyed (prepared bind groups)."""
+    """Buffers of one runtime on one wgpu device. ``forget(buffer)`` is called before a
+    buffer is destroyed, so the runtime drops everything prepared with it (bind groups)."""
 
-    dev: device.GpuDevice
-    wgpu: Any
-    caps: DeviceCaps
-
-    def _init_memory(self) -> None:
+    def __init__(self, dev: device.GpuDevice, caps: DeviceCaps,
+                 forget: Callable[[Any], None]) -> None:
+        self.dev, self.wgpu, self.caps = dev, dev.wgpu, caps
+        self._forget = forget
         self._bufs: dict[str, tuple[Any, int]] = {}
         self._owned: dict[int, Any] = {}           # id -> buffer handed out by alloc()
         self.counters: Counter[str] = Counter()
 
-    def _forget(self, buf: Any) -> None:  # pragma: no cover - overridden
-        pass
-
     # -- the runtime's own buffers ----------------------------------------------------------
-    def _buffer(self, name: str, nbytes: int, usage: int) -> Any:
+    def buffer(self, name: str, nbytes: int, usage: int) -> Any:
         """A named buffer of at least nbytes, reused while big enough. Growing it destroys
         the old one, and everything prepared with it is forgotten."""
         nbytes = max(16, cdiv(nbytes, 16) * 16)
@@ -60,14 +60,14 @@ class DeviceMemory:
             self._bufs[name] = got = (buf, nbytes)
         return got[0]
 
-    def _storage(self, name: str, nbytes: int) -> Any:
+    def storage(self, name: str, nbytes: int) -> Any:
         U = self.wgpu.BufferUsage
-        return self._buffer(name, nbytes, U.STORAGE | U.COPY_SRC | U.COPY_DST)
+        return self.buffer(name, nbytes, U.STORAGE | U.COPY_SRC | U.COPY_DST)
 
-    def _upload(self, name: str, arr: np.ndarray) -> Any:
+    def stage(self, name: str, arr: np.ndarray) -> Any:
         """A host input copied into the named buffer (counted as a host upload)."""
         data = np.ascontiguousarray(arr)
-        buf = self._storage(name, data.nbytes)
+        buf = self.storage(name, data.nbytes)
         raw = data.view(np.uint8).reshape(-1)
         if raw.size % _WORD:
             raw = np.concatenate([raw, np.zeros(_WORD - raw.size % _WORD, np.uint8)])
@@ -76,21 +76,21 @@ class DeviceMemory:
         self.counters["host_upload_bytes"] += int(data.nbytes)
         return buf
 
-    def _dummy(self, writable: bool) -> Any:
+    def dummy(self, writable: bool) -> Any:
         # A read-only and a writable stand-in: one buffer may not be both in one dispatch.
-        return self._storage("dummy_w" if writable else "dummy_r", 16)
+        return self.storage("dummy_w" if writable else "dummy_r", 16)
 
-    def _read(self, buf: Any, nbytes: int, enc: Any = None) -> bytes:
+    def read(self, buf: Any, nbytes: int, enc: Any = None) -> bytes:
         """Copy nbytes from the start of buf to the host (one submit and wait)."""
         U = self.wgpu.BufferUsage
         size = cdiv(nbytes, _WORD) * _WORD
-        rb = self._buffer("rb_download", size, U.MAP_READ | U.COPY_DST)
+        rb = self.buffer("rb_download", size, U.MAP_READ | U.COPY_DST)
         enc = enc or self.dev.device.create_command_encoder()
         enc.copy_buffer_to_buffer(buf, 0, rb, 0, size)
         self.dev.device.queue.submit([enc.finish()])
-        return self._map_read(rb, nbytes)
+        return self.map_read(rb, nbytes)
 
-    def _map_read(self, rb: Any, nbytes: int) -> bytes:
+    def map_read(self, rb: Any, nbytes: int) -> bytes:
         """Wait for and copy out the first nbytes of a MAP_READ buffer (a submitted copy)."""
         size = cdiv(nbytes, _WORD) * _WORD
         rb.map_sync(self.wgpu.MapMode.READ, 0, size)
@@ -102,7 +102,7 @@ class DeviceMemory:
         self.counters["readback_bytes"] += nbytes
         return raw[:nbytes]
 
-    # -- DeviceTensor memory (the optional Runtime methods) --------------------------------------
+    # -- DeviceTensor memory (the Runtime contract) ---------------------------------------------
     def alloc(self, nbytes: int) -> Any:
         """A device buffer for a DeviceTensor: STORAGE | COPY_SRC | COPY_DST, size rounded up
         to 4 bytes. Its contents are unspecified until written."""
@@ -137,17 +137,16 @@ class DeviceMemory:
         U = self.wgpu.BufferUsage
         q = self.dev.device.queue
         padded = raw if raw.size % _WORD == 0 else np.concatenate([raw, np.zeros(2, np.uint8)])
-        src = self._buffer("patch_src", padded.size, U.STORAGE | U.COPY_DST)
+        src = self.buffer("patch_src", padded.size, U.STORAGE | U.COPY_DST)
         q.write_buffer(src, 0, padded)
         base = off // _BIND_ALIGN * _BIND_ALIGN          # bind a window: buffers may exceed
         end = cdiv(off + raw.size, _WORD) * _WORD         # the storage-binding limit
         first = (off - base) // _WORD
         nwords = (end - base) // _WORD - first
-        params = self._buffer("patch_params", 16, U.UNIFORM | U.COPY_DST)
+        params = self.buffer("patch_params", 16, U.UNIFORM | U.COPY_DST)
         q.write_buffer(params, 0, struct.pack("<4I", off - base, raw.size, first, nwords))
-        key = device.layout_key("patch16")
-        pipe = self.dev.pipeline("webgpu.patch16", key, source.load("patch16"))
-        group = self.dev.device.create_bind_group(layout=self.dev.layout(key)[0], entries=[
+        pipe = self.dev.compile("webgpu.patch16", program.load("patch16"), _UTILITY_LAYOUT)
+        group = self.dev.device.create_bind_group(layout=self.dev.layout(_UTILITY_LAYOUT)[0], entries=[
             {"binding": 0, "resource": {"buffer": params}},
             {"binding": 1, "resource": {"buffer": src, "offset": 0, "size": padded.size}},
             {"binding": 2, "resource": {"buffer": dst, "offset": base, "size": end - base}}])
@@ -164,7 +163,7 @@ class DeviceMemory:
 
     def download(self, handle: Any, nbytes: int) -> bytes:
         """The first nbytes of a device buffer (one copy, one wait)."""
-        return self._read(handle, int(nbytes))
+        return self.read(handle, int(nbytes))
 
     def free(self, handle: Any) -> None:
         """Destroy a buffer from alloc(); prepared launches that bound it are forgotten, so a
@@ -174,7 +173,7 @@ class DeviceMemory:
         handle.destroy()
         self.counters["frees"] += 1
 
-    def _close_memory(self) -> None:
+    def close(self) -> None:
         for buf, _ in self._bufs.values():
             buf.destroy()
         for buf in self._owned.values():
@@ -236,8 +235,7 @@ class DeviceMemory:
         d = self.dev.device
         limit = self.caps.limit("storage_binding") or (128 << 20)
         window = max(16, min(nbytes, limit // _BIND_ALIGN * _BIND_ALIGN))
-        key = device.layout_key("copy_bw")
-        pipe = self.dev.pipeline("webgpu.copy_bw", key, source.load("copy_bw"))
+        pipe = self.dev.compile("webgpu.copy_bw", program.load("copy_bw"), _UTILITY_LAYOUT)
         groups, params = [], []
         n_wg = min(65535, 8 * (self.caps.compute_units or 16))
         for off in range(0, nbytes, window):
@@ -245,7 +243,7 @@ class DeviceMemory:
             p = d.create_buffer(size=16, usage=U.UNIFORM | U.COPY_DST)
             d.queue.write_buffer(p, 0, struct.pack("<4I", size // 16, n_wg * 256, 0, 0))
             params.append(p)
-            groups.append(d.create_bind_group(layout=self.dev.layout(key)[0], entries=[
+            groups.append(d.create_bind_group(layout=self.dev.layout(_UTILITY_LAYOUT)[0], entries=[
                 {"binding": 0, "resource": {"buffer": p}},
                 {"binding": 1, "resource": {"buffer": src, "offset": off, "size": size}},
                 {"binding": 2, "resource": {"buffer": dst, "offset": off, "size": size}}]))
@@ -263,7 +261,7 @@ class DeviceMemory:
         n = 16 * (repeats + 1)
         resolve = d.create_buffer(size=n, usage=U.QUERY_RESOLVE | U.COPY_SRC)
         enc.resolve_query_set(qs, 0, 2 * (repeats + 1), resolve, 0)
-        ticks = np.frombuffer(self._read(resolve, n, enc), dtype=np.uint64)
+        ticks = np.frombuffer(self.read(resolve, n, enc), dtype=np.uint64)
         qs.destroy()
         resolve.destroy()
         secs = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(1, repeats + 1)]
@@ -280,7 +278,7 @@ class DeviceMemory:
             enc._write_timestamp(qs, 2 * i + 1)
         resolve = d.create_buffer(size=16 * repeats, usage=U.QUERY_RESOLVE | U.COPY_SRC)
         enc.resolve_query_set(qs, 0, 2 * repeats, resolve, 0)
-        ticks = np.frombuffer(self._read(resolve, 16 * repeats, enc), dtype=np.uint64)
+        ticks = np.frombuffer(self.read(resolve, 16 * repeats, enc), dtype=np.uint64)
         qs.destroy()
         resolve.destroy()
         secs = [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(repeats)]

@@ -8,7 +8,7 @@ import attnreg
 from attnreg.caps import DeviceCaps
 from attnreg.rules import Rule
 
-from . import kernels, probe, routing
+from . import kernels, probe, rules
 from .runtime import WebGpuRuntime
 
 
@@ -36,5 +36,5 @@ def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> 
 
 @attnreg.hookimpl
 def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
-    for rule in routing.RULES:
+    for rule in rules.RULES:
         register(rule)

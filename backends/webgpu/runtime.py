@@ -19,44 +19,13 @@ from typing import Any
 import numpy as np
 
 from attnreg import blocks as blockmod
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
-from backends import common
 
-from . import device, kernels, source
+from . import device, program
 from .memory import DeviceMemory
-
-_STAGING = {"q": "q", "k": "k", "v": "v", "bias": "bias", "seqlens_k": "seqlens",
-            "head_sink": "sink", "block_table": "block_table", "o_parts": "o_parts",
-            "lse_parts": "lse_parts"}
-_SPLIT_FAMILIES = ("decode_partial", "decode_qk")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def fold_grid(n: int, limit: int) -> tuple[int, int, int]:
-    """n workgroups as (x, y, z) with each <= limit; kernels unfold x + nx*(y + ny*z) and
-    skip ids >= n."""
-    x = max(1, min(n, limit))
-    rest = _cdiv(n, x)
-    y = max(1, min(rest, limit))
-    z = _cdiv(rest, y)
-    if z > limit:
-        raise ValueError(f"{n} workgroups exceed {limit}^3")
-    return x, y, z
-
-
-def stage_aux(stage: Stage, spec: AttentionSpec) -> tuple[str, ...]:
-    """The optional inputs a stage binds: the paged block table, the masked-block list."""
-    aux = []
-    if spec.kv_layout == "paged" and stage.family in source.AUX_BINDINGS["block_table"]:
-        aux.append("block_table")
-    if stage.params.get("block_skip") and stage.family in source.AUX_BINDINGS["block_list"]:
-        aux.append("block_list")
-    return tuple(aux)
 
 
 def _is_device(x: Any) -> bool:
@@ -87,9 +56,9 @@ class _Prepared:
     bound: tuple[Any, ...]            # every buffer the bind groups hold
 
 
-class WebGpuRuntime(DeviceMemory):
-    """Implements attnreg.Runtime (with the optional DeviceTensor methods) for one adapter;
-    compiled pipelines live in the shared device (backends.webgpu.device)."""
+class WebGpuRuntime:
+    """Implements attnreg.Runtime for one adapter: memory in memory.py, programs from
+    program.py, compiled pipelines in the shared device (device.py)."""
 
     MAX_PREPARED = 64
 
@@ -97,12 +66,12 @@ class WebGpuRuntime(DeviceMemory):
         self.caps = caps
         self.dev = device.get(caps)
         self.wgpu = self.dev.wgpu
-        self._init_memory()
+        self.memory = DeviceMemory(self.dev, caps, self._forget)
+        self.counters = self.memory.counters
         self._prepared: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
         # Buffers derived from a DeviceTensor (f32 copy of an f16 bias, block lists):
         # key -> (tensor, version, buffer); rebuilt when the tensor is written.
         self._derived: dict[tuple[Any, ...], tuple[Any, int, Any]] = {}
-        self._limit = caps.limit("workgroups_per_dim") or 65535
 
     def _forget(self, buf: Any) -> None:
         for key in [k for k, p in self._prepared.items() if any(b is buf for b in p.bound)]:
@@ -111,31 +80,21 @@ class WebGpuRuntime(DeviceMemory):
                     if b is buf or getattr(t, "handle", None) is buf]:
             self._derived.pop(key)
 
-    # -- planning a run into dispatches ------------------------------------------------------
-    def _pipeline(self, stage: Stage, spec: AttentionSpec, *, bias_shape: tuple[int, ...] | None
-                  = None, op: str = "attention") -> tuple[Any, dict[str, int]]:
-        """(compiled pipeline, compile-time constants) of one stage. Reads only self.caps and
-        self.dev.pipeline (the browser backend specialises through it with stand-ins)."""
-        p = stage.params
-        sg = p.get("reduction") == "subgroup"
-        width = 1
-        if sg:
-            width = 1 << max(0, (self.caps.subgroup_min_size or 4).bit_length() - 1)
-        consts = kernels.stage_consts(stage.family, spec, p, subgroup_width=width,
-                                      bias_shape=bias_shape, op=op)
-        aux = stage_aux(stage, spec)
-        wgsl = source.build(stage.family, spec.dtype, spec.head_size, consts, subgroups=sg,
-                            aux=aux)
-        return self.dev.pipeline(stage.kernel, device.layout_key(stage.family, aux), wgsl), consts
+    # -- memory (the Runtime contract; memory.py does the work) ---------------------------
+    def alloc(self, nbytes: int) -> Any:
+        return self.memory.alloc(nbytes)
 
-    def _groups_of(self, stage: Stage, spec: AttentionSpec, consts: Mapping[str, int]) -> int:
-        p = stage.params
-        if stage.family == "prefill":
-            return _cdiv(spec.seq_len, consts["BR"]) * spec.num_heads * spec.batch
-        if stage.family in ("decode_partial", "decode_qk", "decode_pv"):
-            return (_cdiv(spec.capacity, int(p["split_size"])) * _cdiv(spec.seq_len, consts["M"])
-                    * _cdiv(spec.group_size, consts["GT"]) * spec.kv_num_heads * spec.batch)
-        return spec.batch * spec.num_heads * spec.seq_len
+    def upload(self, handle: Any, array: np.ndarray, offset_bytes: int = 0) -> None:
+        self.memory.upload(handle, array, offset_bytes)
+
+    def download(self, handle: Any, nbytes: int) -> bytes:
+        return self.memory.download(handle, nbytes)
+
+    def free(self, handle: Any) -> None:
+        self.memory.free(handle)
+
+    def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+        return self.memory.copy_bandwidth(nbytes, repeats)
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, name: str, value: Any) -> Any:
@@ -149,7 +108,7 @@ class WebGpuRuntime(DeviceMemory):
         arr = np.asarray(value)
         if name == "bias" and arr.dtype != np.float32:
             arr = arr.astype(np.float32)
-        return self._upload(_STAGING[name], arr)
+        return self.memory.stage(name, arr)
 
     def _derive(self, key: tuple[Any, ...], tensor: Any, make: Any) -> Any:
         hit = self._derived.get(key)
@@ -158,8 +117,8 @@ class WebGpuRuntime(DeviceMemory):
         if hit is not None:
             self._forget(hit[2])
         data = np.ascontiguousarray(make())
-        buf = self.alloc(data.nbytes)
-        self.upload(buf, data, 0)
+        buf = self.memory.alloc(data.nbytes)
+        self.memory.upload(buf, data, 0)
         self._derived[key] = (tensor, tensor.version, buf)
         return buf
 
@@ -178,7 +137,7 @@ class WebGpuRuntime(DeviceMemory):
             return np.concatenate([head, bl.offsets.astype(np.uint32), ids, np.zeros(1, np.uint32)])
         if _is_device(bias):
             return self._derive(("blocks", id(bias), q_tile, kv_tile), bias, packed)
-        return self._upload(f"blocks_{stage.family}", packed())
+        return self.memory.stage(f"blocks_{stage.family}", packed())
 
     # -- preparing a launch -----------------------------------------------------------------
     def _prepare(self, plan: Plan, inputs: Mapping[str, Any],
@@ -186,15 +145,13 @@ class WebGpuRuntime(DeviceMemory):
         """Bind the inputs (uploading host arrays) and return the launch prepared for this
         plan and these buffers, building it on first use."""
         spec = plan.spec
-        stages = [plan.stage("reduce")] if plan.op == "reduce" else list(plan.stages)
-        bound = {name: self._input(name, x) for name, x in inputs.items()}
         bias = inputs.get("bias")
         bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
-        for st in stages:
-            if st.params.get("block_skip") and "block_list" in stage_aux(st, spec):
-                c = kernels.stage_consts(st.family, spec, st.params, bias_shape=bias_shape,
-                                         op=plan.op)
-                bound[f"block_list_{st.family}"] = self._block_list(spec, st, c, bias)
+        progs = program.programs(plan, self.caps, bias_shape=bias_shape)
+        bound = {name: self._input(name, x) for name, x in inputs.items()}
+        for st, prog in zip(program.launch_stages(plan), progs):
+            if "block_list" in program.stage_aux(st, spec):
+                bound[f"block_list_{st.family}"] = self._block_list(spec, st, prog.consts, bias)
         if outputs and outputs.get("out") is not None:
             bound["out"] = outputs["out"].handle
         key = (id(plan), bias_shape, tuple(sorted((n, id(b)) for n, b in bound.items())))
@@ -203,77 +160,47 @@ class WebGpuRuntime(DeviceMemory):
             self._prepared.move_to_end(key)
             self.counters["prepared_hits"] += 1
             return got
-        got = self._build(plan, stages, bound, bias_shape, self._geometry(plan, stages, inputs))
+        got = self._build(plan, progs, bound, bias_shape)
         self._prepared[key] = got
         while len(self._prepared) > self.MAX_PREPARED:
             self._prepared.popitem(last=False)
         return got
 
-    @staticmethod
-    def _geometry(plan: Plan, stages: list[Stage], inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """The split geometry the parameter block is packed from (the split stage's)."""
-        split = next((s for s in stages if s.family in _SPLIT_FAMILIES), stages[0])
-        geometry = dict(split.params)
-        if split.family in _SPLIT_FAMILIES:
-            # The contract fixes T = ceil(C / split_size); derive it rather than trust a caller
-            # who passed split_size alone.
-            geometry.setdefault("split_size", plan.spec.capacity)
-            geometry["n_splits"] = _cdiv(plan.spec.capacity, int(geometry["split_size"]))
-        elif plan.op == "reduce":
-            geometry["n_splits"] = int(inputs["o_parts"].shape[3])
-        geometry["n_splits"] = int(geometry.get("n_splits", 1))
-        return geometry
-
-    def _build(self, plan: Plan, stages: list[Stage], bound: dict[str, Any],
-               bias_shape: tuple[int, ...] | None, geometry: dict[str, Any]) -> _Prepared:
-        spec = plan.spec
+    def _build(self, plan: Plan, progs: list[program.Program], bound: dict[str, Any],
+               bias_shape: tuple[int, ...] | None) -> _Prepared:
+        spec, mem = plan.spec, self.memory
         U = self.wgpu.BufferUsage
         self.counters["prepares"] += 1
-        n_splits = int(geometry["n_splits"])
+        n_splits = program.n_splits(plan)
         params = self.dev.device.create_buffer(label="params", size=common.SIZE,
                                                usage=U.UNIFORM | U.COPY_DST)
-        self.dev.device.queue.write_buffer(params, 0, common.pack(spec, geometry, bias_shape))
-
-        rd, wr = self._dummy(False), self._dummy(True)
+        self.dev.device.queue.write_buffer(params, 0, program.param_block(plan, bias_shape))
         b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
         parts = b * nq * s * n_splits
+        bound["params"] = params
         if plan.op != "reduce":
-            bound.setdefault("o_parts", self._storage("o_parts", parts * h * 4))
-            bound.setdefault("lse_parts", self._storage("lse_parts", parts * 4))
-        if any(st.family == "decode_qk" for st in stages):
-            bound["scores"] = self._storage("scores", b * nq * s * spec.capacity * 4)
-            bound["stats"] = self._storage("stats", parts * 8)
-        out = bound["out"] if "out" in bound else self._storage("out", b * nq * s * h * spec.itemsize)
-        lse = self._storage("lse", b * nq * s * 4) if spec.return_lse else wr
-        attn_in = [params, bound.get("q", rd), bound.get("k", rd), bound.get("v", rd),
-                   bound.get("bias", rd), bound.get("seqlens_k", rd), bound.get("head_sink", rd)]
-
-        dispatches, held = [], [params, out, lse, *bound.values()]
-        for st in stages:
-            pipe, consts = self._pipeline(st, spec, bias_shape=bias_shape, op=plan.op)
-            fam = st.family
-            if fam == "prefill":
-                bufs = [*attn_in, out, lse]
-            elif fam == "decode_partial":
-                bufs = [*attn_in, bound["o_parts"], bound["lse_parts"]]
-            elif fam == "decode_qk":
-                bufs = [*attn_in, bound["scores"], bound["stats"]]
-            elif fam == "decode_pv":
-                bufs = [params, bound.get("v", rd), bound.get("seqlens_k", rd), bound["o_parts"],
-                        bound["lse_parts"], bound["scores"], bound["stats"]]
-            else:
-                bufs = [params, bound["o_parts"], bound["lse_parts"], bound.get("head_sink", rd),
-                        out, lse]
-            aux = stage_aux(st, spec)
-            bufs += [bound["block_table"] if a == "block_table" else bound[f"block_list_{fam}"]
-                     for a in sorted(aux)]            # device.bindings() order
-            bgl, _ = self.dev.layout(device.layout_key(fam, aux))
-            group = self.dev.device.create_bind_group(layout=bgl, entries=[
-                {"binding": i, "resource": {"buffer": buf}}
-                for (i, _), buf in zip(device.bindings(device.layout_key(fam, aux)), bufs)])
+            bound.setdefault("o_parts", mem.storage("o_parts", parts * h * 4))
+            bound.setdefault("lse_parts", mem.storage("lse_parts", parts * 4))
+        if any(p.family == "decode_qk" for p in progs):
+            bound["scores"] = mem.storage("scores", b * nq * s * spec.capacity * 4)
+            bound["stats"] = mem.storage("stats", parts * 8)
+        bound.setdefault("out", mem.storage("out", b * nq * s * h * spec.itemsize))
+        if spec.return_lse:
+            bound["lse"] = mem.storage("lse", b * nq * s * 4)
+        # Absent inputs bind a read-only stand-in, absent outputs a writable one: one buffer
+        # may not be both in one dispatch.
+        stand_in = {"uniform": None, "read": mem.dummy(False), "rw": mem.dummy(True)}
+        dispatches = []
+        for prog in progs:
+            def buffer(name: str, access: str, family: str = prog.family) -> Any:
+                got = bound.get(f"{name}_{family}") if name == "block_list" else bound.get(name)
+                return got if got is not None else stand_in[access]
+            group = self.dev.device.create_bind_group(
+                layout=self.dev.layout(prog.layout)[0],
+                entries=[{"binding": bd.index, "resource": {"buffer": buffer(bd.name, bd.access)}}
+                         for bd in prog.bindings])
             self.counters["bind_groups"] += 1
-            grid = fold_grid(self._groups_of(st, spec, consts), self._limit)
-            dispatches.append(_Dispatch(pipe, group, grid))
+            dispatches.append(_Dispatch(self.dev.pipeline(prog), group, prog.grid))
 
         if plan.op == "partial":
             outs = [_Output("o_parts", bound["o_parts"], parts * h * 4, "float32",
@@ -281,10 +208,12 @@ class WebGpuRuntime(DeviceMemory):
                     _Output("lse_parts", bound["lse_parts"], parts * 4, "float32",
                             (b, nq, s, n_splits))]
         else:
-            outs = [_Output("out", out, b * nq * s * h * spec.itemsize, spec.dtype, spec.out_shape)]
+            outs = [_Output("out", bound["out"], b * nq * s * h * spec.itemsize, spec.dtype,
+                            spec.out_shape)]
             if spec.return_lse:
-                outs.append(_Output("lse", lse, b * nq * s * 4, "float32", spec.lse_shape))
-        return _Prepared(plan, dispatches, outs, tuple(held))
+                outs.append(_Output("lse", bound["lse"], b * nq * s * 4, "float32", spec.lse_shape))
+        held = (*bound.values(), *(x for x in stand_in.values() if x is not None))
+        return _Prepared(plan, dispatches, outs, held)
 
     def _encode(self, dispatches: list[_Dispatch], timestamps: Any = None) -> Any:
         enc = self.dev.device.create_command_encoder()
@@ -312,14 +241,14 @@ class WebGpuRuntime(DeviceMemory):
         for o in prep.outs:
             if o.name in given:
                 continue
-            rb = self._buffer(f"rb_{o.name}", o.nbytes, U.MAP_READ | U.COPY_DST)
-            enc.copy_buffer_to_buffer(o.buffer, 0, rb, 0, _cdiv(o.nbytes, 4) * 4)
+            rb = self.memory.buffer(f"rb_{o.name}", o.nbytes, U.MAP_READ | U.COPY_DST)
+            enc.copy_buffer_to_buffer(o.buffer, 0, rb, 0, -(-o.nbytes // 4) * 4)
             readback.append((o, rb))
         self.dev.device.queue.submit([enc.finish()])
         self.counters["submits"] += 1
         res: dict[str, Any] = dict(given)
         for o, rb in readback:
-            raw = self._map_read(rb, o.nbytes)
+            raw = self.memory.map_read(rb, o.nbytes)
             res[o.name] = np.frombuffer(raw, dtype=o.dtype).reshape(o.shape).copy()
         return res
 
@@ -365,8 +294,8 @@ class WebGpuRuntime(DeviceMemory):
         for cmd in cmds:
             queue.submit([cmd])
         n = 16 * iters
-        resolve = self._buffer("ts_resolve", n, U.QUERY_RESOLVE | U.COPY_SRC)
-        rb = self._buffer("rb_ts", n, U.MAP_READ | U.COPY_DST)
+        resolve = self.memory.buffer("ts_resolve", n, U.QUERY_RESOLVE | U.COPY_SRC)
+        rb = self.memory.buffer("rb_ts", n, U.MAP_READ | U.COPY_DST)
         enc = self.dev.device.create_command_encoder()
         enc.resolve_query_set(qs, 0, 2 * iters, resolve, 0)
         enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
@@ -383,4 +312,4 @@ class WebGpuRuntime(DeviceMemory):
     def close(self) -> None:
         self._prepared.clear()
         self._derived.clear()
-        self._close_memory()
+        self.memory.close()

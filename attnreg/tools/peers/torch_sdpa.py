@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import AttentionSpec
+from ...spec import AttentionSpec
 from .status import torch_status
 
 
@@ -68,7 +68,7 @@ class TorchSDPA:
 
     def load(self, tensors: Mapping[str, Any]) -> None:
         """Move the tensors to the device in [B, N, S|L, H] and build the mask (not timed)."""
-        from ..tensors import check_tensors, valid_lengths
+        from ...tensors import check_tensors, valid_lengths
 
         torch, spec = self.torch, self.spec
         t = check_tensors(spec, tensors)

@@ -1,38 +1,84 @@
-"""How each OpenCL family is launched: the stage parameters, build defines, grid and kernel
+"""How each OpenCL family is built and launched: its source (with the kernel signature
+generated from backends/ports.py), build options, the stage parameters, grid and kernel
 arguments of one plan stage, and the scratch each route needs.
 
-Arguments are positional and mirror the kernels' signatures in kernels_cl/ exactly; a
-buffer that a spec does not use (no bias, no block table) is bound as NULL.
+Sources are read with importlib.resources from ``attnreg.kernels_cl`` (never from a path
+relative to the checkout). Arguments follow the family's port table; a buffer that a spec
+does not use (no bias, no block table) is bound as NULL.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from functools import cache
+from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from attnreg import blocks
+from attnreg.backends import common, ports
 from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
 from . import kernels
 
-SPLIT_FAMILIES = ("decode_partial", "decode_fused", "decode_qk")
+# family -> source files, in include order (the Params struct and the signature in front)
+_DECODE = ("common.cl", "flash_core.cl", "subgroups.cl", "decode_core.cl")
+FILES = {
+    "prefill": ("common.cl", "flash_core.cl", "subgroups.cl", "flash_prefill.cl"),
+    "decode_partial": (*_DECODE, "decode_partial.cl"),
+    "decode_fused": (*_DECODE, "decode_fused.cl"),
+    "decode_qk": ("common.cl", "flash_core.cl", "decode_qk.cl"),
+    "decode_pv": ("common.cl", "flash_core.cl", "decode_pv.cl"),
+    "reduce": ("common.cl", "reduce.cl"),
+}
+ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
+         **{f: f for f in ("decode_partial", "decode_fused", "decode_qk", "decode_pv")}}
+BASE_OPTIONS = ("-cl-std=CL1.2",)
+EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosis
+
+# OpenCL C spelling of each port kind (backends/ports.py); elem_t, bias_t and PARAMS are
+# defined by common.cl, which precedes the first use of the signature.
+_CL_TYPES = {"kv": "elem_t", "bias": "bias_t", "out": "elem_t", "f32": "float",
+             "f32x2": "float", "f32x4": "float", "i32": "int", "u32": "uint"}
+
+
+@cache
+def read_file(name: str) -> str:
+    return resources.files("attnreg.kernels_cl").joinpath(name).read_text(encoding="utf-8")
+
+
+def signature(family: str) -> str:
+    """``#define KERNEL_ARGS ...``: the family's kernel parameters, from its port table."""
+    args = []
+    for p in ports.ports(family, ports.OPENCL):
+        if p.kind == "params":
+            args.append(f"PARAMS {p.ident}")
+        elif p.kind == "ticket":
+            args.append(f"volatile __global uint* {p.ident}")
+        else:
+            const = "const " if p.access == "read" else ""
+            args.append(f"{const}__global {_CL_TYPES[p.kind]}* {p.ident}")
+    return "#define KERNEL_ARGS " + ", ".join(args) + "\n"
+
+
+def load_source(family: str) -> str:
+    """The complete OpenCL C text of one family (tests may monkeypatch this)."""
+    return (common.opencl_struct() + signature(family)
+            + "".join(read_file(f) for f in FILES[family]))
+
+
+def options(defines: dict[str, int], extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    env = tuple(os.environ.get(EXTRA_ENV, "").split())
+    return BASE_OPTIONS + extra + env + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
 
 
 def split_params(plan: Plan) -> dict[str, int]:
-    """One split geometry for every stage of a split-KV plan, derived from the first split
-    stage's split_size (a caller may give split_size alone; later stages must agree)."""
-    spec = plan.spec
-    if plan.op == "reduce":
-        return {}
-    first = next((s for s in plan.stages if s.family in SPLIT_FAMILIES), None)
-    if first is None:
-        return {}
-    size = int(first.params.get("split_size", spec.capacity))
-    return {"split_size": size, "n_splits": -(-spec.capacity // size)}
+    """The plan's split geometry as the stage parameters carry it (empty without splits)."""
+    return plan.split.params if plan.split is not None else {}
 
 
 def stage_params(plan: Plan, stage: Stage, split: Mapping[str, int],
@@ -78,26 +124,10 @@ def tiles(spec: AttentionSpec, g: kernels.Geometry, params: Mapping[str, Any]) -
 
 
 def arguments(family: str, block: Any, b: Mapping[str, Any]) -> list[Any]:
-    """Kernel arguments in signature order (``b`` maps buffer names to buffers)."""
-    kv = [b.get("q"), b.get("k"), b.get("v"), b.get("bias"), b.get("seqlens_k"), b.get("block_table")]
-    lists = [b.get("blk_off"), b.get("blk_ids"), b.get("blk_zero")]
-    if family == "reduce":
-        return [block, b["o_parts"], b["lse_parts"], b.get("head_sink"), b["out"], b.get("lse")]
-    if family == "prefill":
-        return [block, *kv[:5], b.get("head_sink"), kv[5], *lists, b.get("wg_order"),
-                b["out"], b.get("lse")]
-    if family == "decode_partial":
-        return [block, *kv, *lists, b["o_parts"], b["lse_parts"]]
-    if family == "decode_fused":
-        return [block, *kv, *lists, b.get("head_sink"), b["o_parts"], b["lse_parts"],
-                b["tickets"], b["out"], b.get("lse")]
-    if family == "decode_qk":
-        return [block, b["q"], b["k"], b.get("bias"), b.get("seqlens_k"), b.get("block_table"),
-                b["scores"], b["stats"]]
-    if family == "decode_pv":
-        return [block, b["v"], b.get("seqlens_k"), b.get("block_table"), b["scores"], b["stats"],
-                b["o_parts"], b["lse_parts"]]
-    raise SpecError("family", family, f"one of {sorted(kernels.DECODES)}, prefill, reduce")
+    """Kernel arguments in signature order: the parameter block, then each port's buffer by
+    name (``b`` maps names to buffers; an absent one is NULL)."""
+    return [block if p.kind == "params" else b.get(p.name)
+            for p in ports.ports(family, ports.OPENCL)]
 
 
 def scratch_sizes(plan: Plan, split: Mapping[str, int]) -> dict[str, int]:

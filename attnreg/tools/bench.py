@@ -1,8 +1,8 @@
 """`attnreg bench`: named suites timed side by side on every device, with ratios.
 
-Each case is timed through the backend runtime's optional ``timings()`` (inputs uploaded
-once, no read-back per iteration, GPU time from timestamp queries / profiling events when
-the device has them); backends without it are timed by wall clock around ``Session.run``.
+Each case is timed through its runtime's ``timings()`` (inputs uploaded once, no read-back
+per iteration, GPU time from timestamp queries / profiling events where the device has them,
+wall clock otherwise).
 Reported: medians, effective GB/s (bytes that must move: q, visible k/v, out) and TFLOP/s.
 """
 
@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from . import api
-from .caps import DeviceCaps
-from .errors import NoKernelError, SpecError
-from .session import Session
-from .spec import AttentionSpec
-from .tensors import check_tensors
+from .. import api
+from ..caps import DeviceCaps
+from ..errors import NoKernelError, SpecError
+from ..plan import Plan
+from ..session import Session
+from ..spec import AttentionSpec
+from ..tensors import check_tensors
 
 
 @dataclass(frozen=True)
@@ -107,21 +108,20 @@ def _median_us(xs: Sequence[float]) -> float:
     return statistics.median(xs) * 1e6
 
 
+def time_plan(session: Session, plan: Plan, inputs: Mapping[str, Any], iters: int,
+              warmup: int) -> dict[str, Any]:
+    """Per-launch timings of a plan on its session's runtime (inputs bound once)."""
+    rt = session.runtime(plan)
+    rt.launch(plan, inputs)                                    # compiles, warms caches
+    return rt.timings(plan, inputs, iters=iters, warmup=warmup)
+
+
 def time_case(session: Session, spec: AttentionSpec, inputs: Mapping[str, np.ndarray],
               iters: int, warmup: int) -> tuple[dict[str, list[float]], str]:
     """Per-iteration timings for one spec on the session's device, and the kernels used."""
     _, plan = session.run_with_plan(spec, inputs)              # compiles, warms caches
-    rt = session.runtime(plan)
-    timer: Callable[..., dict[str, list[float]]] | None = getattr(rt, "timings", None)
-    if timer is not None:
-        return timer(plan, inputs, iters=iters, warmup=warmup), " -> ".join(plan.kernels)
-    wall = []
-    for i in range(warmup + iters):
-        t0 = time.perf_counter()
-        session.run(spec, inputs)
-        if i >= warmup:
-            wall.append(time.perf_counter() - t0)
-    return {"wall_s": wall}, " -> ".join(plan.kernels)
+    times = session.runtime(plan).timings(plan, inputs, iters=iters, warmup=warmup)
+    return times, " -> ".join(plan.kernels)
 
 
 def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str | None = None,
@@ -165,12 +165,10 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
 
 
 def copy_bandwidth(session: Session, dev: DeviceCaps) -> float | None:
-    """The device's measured copy bandwidth (GB/s), when its runtime can measure it."""
+    """The device's measured copy bandwidth (GB/s): the roof."""
     try:
         spec = AttentionSpec(seq_len=1, past_len=0, head_size=8)
-        rt = session.runtime(session.plan(spec))
-        probe = getattr(rt, "copy_bandwidth", None)
-        return float(probe()) if probe is not None else None
+        return float(session.runtime(session.plan(spec)).copy_bandwidth())
     except Exception:            # a missing roof must not stop the bench
         return None
 
@@ -315,7 +313,7 @@ def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters:
     basis = gpu if gpu is not None else wall
     err = None
     if check:
-        from .reference import attention, out_layout
+        from ..reference import attention, out_layout
         got = session.run(spec, inputs).astype(np.float64)
         err = float(np.abs(got - out_layout(spec, attention(spec, inputs)[0])).max())
     row = Row(suite, case.name, dev.backend, dev.slug, kernels, gpu, wall,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import AttentionSpec
+from ...spec import AttentionSpec
 from . import vulkan
 from .models import (
     ORT_PROVIDER,
@@ -85,7 +85,7 @@ class OrtWebGPUAttention:
 
     # -- inputs ------------------------------------------------------------------------
     def _host_inputs(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        from ..tensors import check_tensors, valid_lengths
+        from ...tensors import check_tensors, valid_lengths
 
         spec = self.spec
         t = check_tensors(spec, tensors)

@@ -31,7 +31,7 @@ the life of the process. ``ATTNREG_PEERS_SHIM`` overrides: a path to an ICD json
 to never set the variable.
 
 Known peer defects (onnxruntime-webgpu 1.27.0; ``run()`` returns what ORT computed, callers
-compare and print, never hide it; ``python -m attnreg.peers --cases probes`` re-checks):
+compare and print, never hide it; ``python -m attnreg.tools.peers --cases probes`` re-checks):
 * lavapipe only: more than one new token (prefill, S=4 with past, the S=4 MHA) is wrong;
   single-token decode is right. The same cases are right on an NVIDIA H100.
 * every device seen (lavapipe, H100): ``softcap`` is not applied as the contract (and ORT's

@@ -4,7 +4,7 @@
 per-kernel view used for tuning: forced kernels and parameters per case, the stages of a
 split-KV plan timed apart, and the max error of each timed variant. On a device machine::
 
-    python3 -m backends.opencl.bench --device h100 --sweep --out results.json
+    python3 -m attnreg.backends.opencl.bench --device h100 --sweep --out results.json
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 import attnreg
-from attnreg import bench as core_bench
 from attnreg import reference
+from attnreg.backends.common import random_qkv
 from attnreg.spec import AttentionSpec
-from backends.common import random_qkv
+from attnreg.tools import bench as core_bench
 
 from . import programs
 
@@ -81,7 +81,7 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
 def run(suites: Sequence[str], *, device: str | None = None, sweep: bool = False,
         iters: int = 50, check: bool = True, quick: bool = False,
         log: Any = print) -> list[dict[str, Any]]:
-    """Every case of the suites (attnreg.bench's tables) on one OpenCL device."""
+    """Every case of the suites (attnreg.tools.bench's tables) on one OpenCL device."""
     table = core_bench.QUICK if quick else core_bench.SUITES
     rows: list[dict[str, Any]] = []
     with attnreg.Session(backend="opencl", device=device) as session:

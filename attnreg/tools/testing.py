@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from . import reference as ref
-from .kernel import LSE_ATOL, TOLERANCE
-from .spec import AttentionSpec
-from .tensors import valid_lengths
+from .. import reference as ref
+from ..kernel import LSE_ATOL, TOLERANCE
+from ..spec import AttentionSpec
+from ..tensors import valid_lengths
 
 
 def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
@@ -80,6 +80,26 @@ def _paged(spec: AttentionSpec, rng: np.random.Generator, *, seed: int, lengths:
             pool_v[page, : hi - lo] = t["v"][b, lo:hi]
     t["k"], t["v"], t["block_table"] = pool_k, pool_v, table
     return t
+
+
+def random_qkv(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Benchmark inputs: q, k, v of the spec's shapes and dtype, N(0, 0.25) so that softmax
+    is neither one-hot nor flat."""
+    rng = np.random.default_rng(seed)
+    return {n: (rng.standard_normal(shape, dtype=np.float32) * 0.5).astype(spec.dtype)
+            for n, shape in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
+
+
+def packed_docs(n_docs: int, doc_len: int, nq: int, nkv: int, h: int, dtype: str
+                ) -> tuple[AttentionSpec, dict[str, np.ndarray]]:
+    """n_docs sequences packed into one batch entry: causal, block-diagonal bias [1,1,S,S]."""
+    s = n_docs * doc_len
+    spec = AttentionSpec(batch=1, seq_len=s, past_len=0, num_heads=nq, kv_num_heads=nkv,
+                         head_size=h, dtype=dtype, causal=True, bias=True)
+    x = random_qkv(spec, seed=5)
+    doc = np.arange(s) // doc_len
+    x["bias"] = np.where(doc[:, None] == doc[None, :], 0.0, -np.inf).astype(np.float32)[None, None]
+    return spec, x
 
 
 def expected(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

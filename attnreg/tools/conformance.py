@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from . import reference as ref
-from . import registry as regmod
-from .caps import DeviceCaps
-from .errors import NoKernelError
-from .kernel import KernelInfo
-from .session import Session
-from .spec import AttentionSpec
+from .. import reference as ref
+from .. import registry as regmod
+from ..caps import DeviceCaps
+from ..errors import NoKernelError
+from ..kernel import KernelInfo
+from ..session import Session
+from ..spec import AttentionSpec
 from .testing import compare, compare_partials, expected, make_tensors
 
 HEAD_SIZES = (32, 64, 80, 96, 128, 256)
@@ -202,8 +202,8 @@ PROFILE_SPECS: tuple[tuple[str, AttentionSpec], ...] = (
 def profile_cases(devices: Iterable[DeviceCaps]) -> tuple[list[Case], dict[str, str]]:
     """Every stored profile's plan (with and without its vendor opt-in flags), forced on the
     available device of the same backend. Returns (cases, {label: why not runnable here})."""
-    from .flags import table as flag_table
-    from .profiles import profiles
+    from ..flags import table as flag_table
+    from ..profiles import profiles
     devs = [d for d in devices if d.available]
     reg = regmod.get()
     out: list[Case] = []

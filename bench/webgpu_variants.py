@@ -10,7 +10,7 @@
   crossover   fused (decode_partial + reduce) vs unfused (decode_qk + decode_pv + reduce)
               decode over GQA group, head size and L
 
-    python3 -m backends.webgpu.bench_variants --out DIR [--quick] [--only check,copy,...]
+    python3 -m attnreg.backends.webgpu.bench_variants --out DIR [--quick] [--only check,copy,...]
 
 Each stage writes DIR/<stage>.json as soon as it finishes.
 """
@@ -30,7 +30,7 @@ import numpy as np
 
 import attnreg
 from attnreg.spec import AttentionSpec
-from attnreg.testing import compare, expected, make_tensors
+from attnreg.tools.testing import compare, expected, make_tensors
 
 STAGES = ("check", "copy", "overhead", "blocks", "crossover")
 

@@ -1,4 +1,4 @@
-"""python -m attnreg.peers"""
+"""python -m attnreg.tools.peers"""
 
 from .run import main
 

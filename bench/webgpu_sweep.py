@@ -4,7 +4,7 @@
 tuning needs: forced parameters per case (tile sweeps), the split-KV stages timed apart,
 and a correctness check of each timed variant. Run on a device machine as::
 
-    python3 -m backends.webgpu.bench --out results.json [--sweep] [--suite decode ...]
+    python3 -m attnreg.backends.webgpu.bench --out results.json [--sweep] [--suite decode ...]
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 import attnreg
-from attnreg import bench as core_bench
 from attnreg import reference
+from attnreg.backends.common import random_qkv
 from attnreg.spec import AttentionSpec
-from backends.common import random_qkv
+from attnreg.tools import bench as core_bench
 
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).

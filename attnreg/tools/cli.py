@@ -1,4 +1,5 @@
-"""`attnreg devices | explain | demo | bench | conformance | export-wgsl`."""
+"""`attnreg devices | explain | demo | bench | conformance | flags | tune | profiles | kernels`,
+and the commands plugins register (export-wgsl, from the browser backend)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,18 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import api
-from .errors import NoKernelError, SpecError
-from .kernel import TOLERANCE
-from .reference import attention, out_layout
-from .session import Session
-from .spec import AttentionSpec
+from .. import api, registry
+from ..errors import NoKernelError, SpecError
+from ..hookspecs import Command
+from ..kernel import TOLERANCE
+from ..reference import attention, out_layout
+from ..session import Session
+from ..spec import AttentionSpec
 from .textui import table
 
 
@@ -109,7 +111,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
     spec = spec_from_args(a)
     caps = None
     if a.profile:
-        from .profiles import profile
+        from ..profiles import profile
         caps = profile(a.profile)
     try:
         plan = api.explain(spec, backend=a.backend, caps=caps, flags=flags_from_args(a.flag),
@@ -183,7 +185,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_flags(a: argparse.Namespace) -> int:
-    from .flags import table as flag_table
+    from ..flags import table as flag_table
     rows = [(f.name, f.type.__name__, repr(f.default), f.vendor or "-", f.doc)
             for f in flag_table().values()]
     print(table(("flag", "type", "default", "vendor", "doc"), rows))
@@ -191,7 +193,8 @@ def cmd_flags(a: argparse.Namespace) -> int:
 
 
 def cmd_tune(a: argparse.Namespace) -> int:
-    from .tuning import cache_path, tune
+    from ..tuned import cache_path
+    from .tune import tune
     spec = spec_from_args(a)
     with Session(backend=a.backend, device=a.device) as s:
         entry = tune(s, spec, iters=a.iters, log=lambda m: print(m, file=sys.stderr))
@@ -202,7 +205,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
 
 
 def cmd_profiles(a: argparse.Namespace) -> int:
-    from .profiles import profiles
+    from ..profiles import profiles
     rows = [(name, c.backend, c.name, c.vendor, c.architecture or "-", c.device_type,
              f"{c.subgroup_min_size}-{c.subgroup_max_size}" if c.subgroup_max_size else "-",
              f"{(c.limit('workgroup_storage') or 0) // 1024} KiB")
@@ -281,9 +284,10 @@ def cmd_conformance(a: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def cmd_export_wgsl(a: argparse.Namespace) -> int:
-    from backends.browser.export import main as export_main  # the browser plugin's command
-    return export_main(a, spec_from_args(a))
+def _plugin_command(cmd: Command) -> Callable[[argparse.Namespace], int]:
+    def run(a: argparse.Namespace) -> int:
+        return cmd.run(a, spec_from_args(a) if cmd.takes_spec else None)
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -343,16 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kernels", help="list registered kernel variants")
     k.add_argument("--backend")
     k.set_defaults(fn=cmd_kernels)
-    x = sub.add_parser("export-wgsl", help="write a plan's specialised WGSL and an ES module "
-                       "(attention.js) for a web app")
-    add_spec_options(x)
-    x.add_argument("--out", required=True, metavar="DIR")
-    x.add_argument("--backend-caps", default="browser-profile", metavar="CAPS",
-                   help="plan for: browser-profile (WebGPU default limits, the default), browser, "
-                   "webgpu (the probed adapters), or a stored WebGPU profile name")
-    x.add_argument("--check", action="store_true", help="also run the module in headless "
-                   "Chromium against the float64 reference")
-    x.set_defaults(fn=cmd_export_wgsl)
+    for cmd in sorted(registry.get().commands().values(), key=lambda c: c.name):
+        x = sub.add_parser(cmd.name, help=cmd.help)
+        if cmd.takes_spec:
+            add_spec_options(x)
+        cmd.configure(x)
+        x.set_defaults(fn=_plugin_command(cmd))
     return p
 
 

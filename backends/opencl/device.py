@@ -1,58 +1,37 @@
-"""OpenCL C sources and the process-wide program build cache.
+"""One OpenCL context per device, shared by every Session in the process, and the program
+build cache.
 
-Sources are read with importlib.resources from the ``kernels_cl`` package (never from a
-path relative to the checkout). A program is built once per (device, driver, source
-hash, build options) and shared by every Session in the process; a failed build is
-remembered too and surfaces as :class:`attnreg.KernelUnavailable` carrying the build log,
-so the Session re-plans and the next candidate runs.
+A program is built once per (device, driver, source hash, build options) and shared by
+every Session in the process; a failed build is remembered too and surfaces as
+:class:`attnreg.KernelUnavailable` carrying the build log, so the Session re-plans and the
+next candidate runs. The sources and options come from program.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import warnings
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 
 import pyopencl as cl
 
+from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
-from backends import common
 
-# family -> source files, in include order (the Params struct is generated in front)
-_DECODE = ("common.cl", "flash_core.cl", "subgroups.cl", "decode_core.cl")
-FILES = {
-    "prefill": ("common.cl", "flash_core.cl", "subgroups.cl", "flash_prefill.cl"),
-    "decode_partial": (*_DECODE, "decode_partial.cl"),
-    "decode_fused": (*_DECODE, "decode_fused.cl"),
-    "decode_qk": ("common.cl", "flash_core.cl", "decode_qk.cl"),
-    "decode_pv": ("common.cl", "flash_core.cl", "decode_pv.cl"),
-    "reduce": ("common.cl", "reduce.cl"),
-}
-ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
-         **{f: f for f in ("decode_partial", "decode_fused", "decode_qk", "decode_pv")}}
-BASE_OPTIONS = ("-cl-std=CL1.2",)
+_CTX_LOCK = threading.Lock()
+_CONTEXTS: dict[str, tuple[cl.Context, cl.Device]] = {}
 
 
-@cache
-def read_file(name: str) -> str:
-    return resources.files("kernels_cl").joinpath(name).read_text(encoding="utf-8")
-
-
-def load_source(family: str) -> str:
-    """The complete OpenCL C text of one family (tests may monkeypatch this)."""
-    return common.opencl_struct() + "".join(read_file(f) for f in FILES[family])
-
-
-EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosis
-
-
-def options(defines: dict[str, int], extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    env = tuple(os.environ.get(EXTRA_ENV, "").split())
-    return BASE_OPTIONS + extra + env + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
+def context(caps: DeviceCaps) -> tuple[cl.Context, cl.Device]:
+    """The one context per device in this process (programs are shared through it)."""
+    with _CTX_LOCK:
+        got = _CONTEXTS.get(caps.id)
+        if got is None:
+            pi, di = int(caps.extra["platform_index"]), int(caps.extra["device_index"])
+            dev = cl.get_platforms()[pi].get_devices()[di]
+            got = _CONTEXTS[caps.id] = (cl.Context([dev]), dev)
+        return got
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import AttentionSpec
+from ...spec import AttentionSpec
 from .vulkan import ensure_vulkan_env
 
 ORT_PACKAGE = "onnxruntime-webgpu"
@@ -62,7 +62,7 @@ def _finish_model(graph: Any, *, ms_domain: bool) -> bytes:
     opsets = [helper.make_opsetid("", 17)]
     if ms_domain:
         opsets.append(helper.make_opsetid("com.microsoft", 1))
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="attnreg.peers")
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="attnreg.tools.peers")
     model.ir_version = 9            # onnx >= 1.16 writes 10+, which ORT 1.27 also reads
     return bytes(model.SerializeToString())
 

@@ -3,7 +3,7 @@ variant (worker processes, each taking whole variants so programs build concurre
 once), again with the NVIDIA-only knobs forced, then the variant measurements
 (variant_bench) with the device otherwise idle. Everything lands in one folder::
 
-    python3 -m backends.opencl.gpu_check --device H100 --out "$OUT"
+    python3 -m attnreg.backends.opencl.gpu_check --device H100 --out "$OUT"
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def conformance(device: str, workers: int, deadline_s: float, tmp: Path) -> dict
             n, job = todo.pop(0)
             _, params, dtype, variants = job
             path = tmp / f"conf_{n}.json"
-            cmd = [sys.executable, "-m", "backends.opencl.cases", "--device", device,
+            cmd = [sys.executable, "-m", "attnreg.backends.opencl.cases", "--device", device,
                    "--variants", ",".join(variants), "--params", json.dumps(params),
                    "--json", str(path)] + (["--dtype", dtype] if dtype else [])
             running.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL,

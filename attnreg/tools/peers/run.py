@@ -1,4 +1,4 @@
-"""Running the peers alone (`python -m attnreg.peers`) and as rows for `attnreg bench`."""
+"""Running the peers alone (`python -m attnreg.tools.peers`) and as rows for `attnreg bench`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..spec import AttentionSpec
+from ...spec import AttentionSpec
 from . import vulkan
 from .models import ort_webgpu_supports
 from .ort import OrtWebGPUAttention
@@ -24,7 +24,7 @@ def median_us(xs: list[float]) -> float:
 
 
 # --------------------------------------------------------------------------------------
-# `python -m attnreg.peers`: the peers alone, on this machine's default device
+# `python -m attnreg.tools.peers`: the peers alone, on this machine's default device
 # --------------------------------------------------------------------------------------
 def _cases(which: str) -> list[tuple[str, AttentionSpec]]:
     def gqa(L: int, dtype: str = "float16", S: int = 1, n: int = 32, nkv: int = 8,
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import platform
 
-    ap = argparse.ArgumentParser(prog="python -m attnreg.peers",
+    ap = argparse.ArgumentParser(prog="python -m attnreg.tools.peers",
                                  description="Time the bench peers (ORT WebGPU, torch SDPA) alone.")
     ap.add_argument("--cases", choices=("full", "small", "probes"), default="small")
     ap.add_argument("--only", default="", help="comma-separated case names to keep")

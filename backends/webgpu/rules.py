@@ -1,6 +1,6 @@
 """The WebGPU plugin's rules: tile fitting, the prefill step cap, masked-block skipping and
 the unfused-decode crossover. Each why cites what it rests on; the measurements come from
-``python3 -m backends.webgpu.bench_variants`` (lavapipe here, the H100 on the device
+``python3 -m attnreg.backends.webgpu.bench_variants`` (lavapipe here, the H100 on the device
 machine)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from attnreg.rules import Ctx, Rule
 from . import kernels, probe
 
 
-def _ours(ctx: Ctx) -> bool:
+def _ours(ctx: Ctx, backend: str = probe.NAME) -> bool:
     k = ctx.kernel
-    return k is not None and k.backend == probe.NAME and k.family in kernels.SHRINK
+    return k is not None and k.backend == backend and k.family in kernels.SHRINK
 
 
 def _params(ctx: Ctx) -> dict[str, Any]:
@@ -26,10 +26,16 @@ def _fit(ctx: Ctx) -> dict[str, int]:
     return kernels.fit_tiles(ctx.kernel, ctx.spec, ctx.params, ctx.caps.limit("workgroup_storage"))
 
 
-FIT_TILES = Rule(
-    "webgpu_tiles_fit_storage",
-    "WebGPU prefill/decode tiles are halved (kv_tile, then q_tile or group_tile) until the "
-    "workgroup storage fits the device", "params", lambda c: _ours(c) and bool(_fit(c)), _fit)
+def fit_tiles(backend: str) -> Rule:
+    """The tile-fitting rule for a backend that hosts these WGSL kernels (webgpu, browser)."""
+    return Rule(
+        f"{backend}_tiles_fit_storage",
+        f"{backend} prefill/decode tiles are halved (kv_tile, then q_tile or group_tile) until "
+        "the workgroup storage fits the device", "params",
+        lambda c: _ours(c, backend) and bool(_fit(c)), _fit)
+
+
+FIT_TILES = fit_tiles(probe.NAME)
 
 
 def _step_over_tile(ctx: Ctx) -> bool:
@@ -77,7 +83,7 @@ BLOCK_SKIP = Rule(
 # -- unfused decode crossover ------------------------------------------------------------------
 # Where decode_qk + decode_pv measured faster than decode_partial (fused), by vendor or device
 # type: (min GQA group, head sizes, min total length), single-row decode (the measured case).
-# backends.webgpu.bench_variants crossover, f16, Nkv=8, S=1, L=512..32768:
+# attnreg.backends.webgpu.bench_variants crossover, f16, Nkv=8, S=1, L=512..32768:
 #   H100: unfused 1.19-1.99x slower everywhere except GQA group 8, H=128, L >= 8192
 #         (fused 81.9 / 399.7 us, unfused 76.4 / 383.1 us at L=8192 / 32768: 0.93x, 0.96x),
 #         where the fused kernel's 8 query vectors per workgroup run short of registers;

@@ -3,8 +3,8 @@ the two-launch split-KV decode, a parameter sweep of the fused decode, the unfus
 crossover (GQA group x head size x L), masked-block skipping on packed sequences, the
 copy-bandwidth roof, and the new families' conformance cases. One run writes one JSON::
 
-    python3 -m backends.opencl.variant_bench --device H100 --out results.json
-    python3 -m backends.opencl.variant_bench --device pocl --quick --out pocl.json
+    python3 -m attnreg.backends.opencl.variant_bench --device H100 --out results.json
+    python3 -m attnreg.backends.opencl.variant_bench --device pocl --quick --out pocl.json
 """
 
 from __future__ import annotations

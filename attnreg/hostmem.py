@@ -1,0 +1,92 @@
+"""The runtime contract's memory half on host bytes, for runtimes whose data lives on the host:
+the reference backend computes there, the browser ships each launch's inputs to its page.
+
+A handle is a uint8 numpy array. DeviceTensors of such a runtime are read as numpy views (no
+copy) when launched, and results asked for in a DeviceTensor are written into it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .device_tensor import DeviceTensor
+
+
+class HostMemory:
+    """alloc / upload / download / free / copy_bandwidth on host memory, with the counters
+    every runtime keeps (``host_uploads``, ``readbacks``, ``allocs``, ``frees``, ...)."""
+
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        self.counters["allocs"] += 1
+        return np.zeros(max(1, int(nbytes)), np.uint8)
+
+    def upload(self, handle: np.ndarray, array: np.ndarray, offset_bytes: int = 0) -> None:
+        raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        off = int(offset_bytes)
+        if off < 0 or off + raw.size > handle.size:
+            raise ValueError(f"upload of {raw.size} B at {off} overruns a {handle.size} B buffer")
+        handle[off:off + raw.size] = raw
+        self.counters["host_uploads"] += 1
+        self.counters["host_upload_bytes"] += int(raw.size)
+
+    def download(self, handle: np.ndarray, nbytes: int) -> bytes:
+        self.counters["readbacks"] += 1
+        self.counters["readback_bytes"] += int(nbytes)
+        return bytes(handle[:int(nbytes)])
+
+    def free(self, handle: np.ndarray) -> None:
+        self.counters["frees"] += 1
+
+    def copy_bandwidth(self, nbytes: int = 64 << 20, repeats: int = 5) -> float:
+        """Host memory copy GB/s (bytes read + written), median of ``repeats`` copies."""
+        src = np.ones(int(nbytes), np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)                                   # warm-up: pages faulted in
+        secs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            secs.append(time.perf_counter() - t0)
+        return 2 * src.nbytes / statistics.median(secs) / 1e9
+
+    # -- helpers for launch ------------------------------------------------------------
+    @staticmethod
+    def host_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The inputs with DeviceTensors of this memory replaced by numpy views of them."""
+        return {n: view(x) if isinstance(x, DeviceTensor) else x for n, x in inputs.items()}
+
+    def place_outputs(self, results: dict[str, Any], outputs: Mapping[str, Any] | None
+                      ) -> dict[str, Any]:
+        """Write the results asked for in DeviceTensors there; those come back as given."""
+        for name, t in (outputs or {}).items():
+            if t is not None:
+                self.upload(t.handle, np.ascontiguousarray(results[name], dtype=t.dtype))
+                results[name] = t
+        return results
+
+
+def view(t: DeviceTensor) -> np.ndarray:
+    """A numpy view of a host-memory DeviceTensor, in its shape and dtype."""
+    count = int(np.prod(t.shape, dtype=np.int64))
+    return np.frombuffer(t.handle, dtype=t.dtype, count=count).reshape(t.shape)
+
+
+def wall_timings(launch: Callable[[], Any], iters: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of ``launch`` by wall clock (runtimes without device timers)."""
+    for _ in range(warmup):
+        launch()
+    wall = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        launch()
+        wall.append(time.perf_counter() - t0)
+    return {"wall_s": wall}

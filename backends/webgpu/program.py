@@ -1,0 +1,317 @@
+"""The one WGSL program builder: from a plan stage, the spec and the device's caps, the
+specialised WGSL module, its bindings (buffer names, in binding order) and its dispatch grid.
+
+Pure: nothing here touches a GPU API. wgpu-native (runtime.py), headless Chromium
+(backends.browser) and any later WebGPU host compile and dispatch exactly these programs;
+what one compiler needs and another refuses (Tint wants ``enable subgroups;``, naga rejects
+it) is decided here, by ``dialect``, once for every host.
+
+A module is a generated prefix (dtype alias, load granule, the stage's constants, the row
+reductions, the parameter block of backends/common.py, the binding declarations of
+backends/ports.py, the paged/block-list memory helpers) followed by the family's files from
+shaders/. Variants differ only in that prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from attnreg.backends import common, ports
+from attnreg.caps import DeviceCaps
+from attnreg.plan import Plan, Stage
+from attnreg.spec import AttentionSpec
+
+from . import kernels
+
+ENTRY = "main"
+NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium, wgpudawn)
+
+# Which files make up each family's module, in order.
+FILES = {
+    "prefill": ("attn_common", "flash_prefill"),
+    "decode_partial": ("attn_common", "decode_partial"),
+    "reduce": ("reduce",),
+    "decode_qk": ("attn_common", "decode_qk"),
+    "decode_pv": ("attn_common", "decode_pv"),
+}
+
+# WGSL spelling of each port kind (backends/ports.py).
+_WGSL_TYPES = {"kv": "array<GV>", "bias": "array<f32>", "out": "array<vec4<T>>",
+               "f32": "array<f32>", "f32x2": "array<vec2<f32>>", "f32x4": "array<vec4<f32>>",
+               "i32": "array<i32>", "u32": "array<u32>"}
+_ACCESS = {"read": "read", "rw": "read_write"}
+
+# Memory helpers every K/V-reading family calls. kv_elem: element offset of key j of
+# (batch b, kv head n), contiguous or through the paged block table (strides within a page);
+# blk_range / blk_entry: a masked-block list packed as [entries base, CSR offsets, entries],
+# entry = block id | all-zero flag << 31. Absent inputs get stubs, so one family source
+# serves every variant and a variant never refers to a binding its layout lacks.
+_KV_PAGED = """const PAGED: u32 = 1u;
+fn kv_elem(b: u32, n: u32, j: u32) -> u32 {
+  let page = u32(block_table[b * P.pages_per_seq + j / P.page_size]);
+  return page * P.kv_sb + n * P.kv_sh + (j % P.page_size) * P.kv_ss;
+}
+"""
+_KV_FLAT = """const PAGED: u32 = 0u;
+fn kv_elem(b: u32, n: u32, j: u32) -> u32 {
+  return b * P.kv_sb + n * P.kv_sh + j * P.kv_ss;
+}
+"""
+_BLOCKS = """const BLOCKS: u32 = 1u;
+fn blk_range(r: u32) -> vec2<u32> {
+  return vec2<u32>(block_list[1u + r], block_list[2u + r]);
+}
+fn blk_entry(i: u32) -> u32 {
+  return block_list[block_list[0] + i];
+}
+"""
+_NO_BLOCKS = """const BLOCKS: u32 = 0u;
+fn blk_range(r: u32) -> vec2<u32> {
+  return vec2<u32>(0u, 0u);
+}
+fn blk_entry(i: u32) -> u32 {
+  return 0u;
+}
+"""
+
+# f32 loads 16-byte granules of 4 floats; f16 loads 16-byte granules of 8 halves as a
+# mat2x4<f16> (two vec4 columns), so both dtypes move 16 bytes per load instruction.
+_DTYPE_PRELUDE = {
+    "float32": """alias T = f32;
+alias GV = vec4<f32>;
+const GE: u32 = 4u;
+fn g_part(g: GV, s: u32) -> vec4<T> {
+  return g;
+}
+""",
+    "float16": """enable f16;
+alias T = f16;
+alias GV = mat2x4<f16>;
+const GE: u32 = 8u;
+fn g_part(g: GV, s: u32) -> vec4<T> {
+  return g[s];
+}
+""",
+}
+
+# Row reductions over SGW lanes: subgroup shuffles in subgroup variants; absent otherwise,
+# so a non-subgroup variant never mentions a subgroup builtin (its device may lack them).
+_LANE_SG = """fn lane_max(x: f32) -> f32 {
+  var v = x;
+  for (var s = 1u; s < SGW; s = s << 1u) {
+    v = max(v, subgroupShuffleXor(v, s));
+  }
+  return v;
+}
+fn lane_sum(x: f32) -> f32 {
+  var v = x;
+  for (var s = 1u; s < SGW; s = s << 1u) {
+    v = v + subgroupShuffleXor(v, s);
+  }
+  return v;
+}
+"""
+_LANE_PLAIN = """fn lane_max(x: f32) -> f32 {
+  return x;
+}
+fn lane_sum(x: f32) -> f32 {
+  return x;
+}
+"""
+
+# Tint refuses subgroup builtins unless the module says `enable subgroups;`; naga (wgpu-py
+# 0.32) refuses that directive ("not yet supported").
+SUBGROUP_DIRECTIVE = "enable subgroups;\n"
+_SUBGROUP_CALL = re.compile(r"\bsubgroup[A-Z]\w*\s*\(")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Binding ``index`` of group 0 takes buffer ``name`` with ``access`` uniform|read|rw."""
+
+    index: int
+    access: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Program:
+    """One dispatch of a plan, as any WebGPU host needs it."""
+
+    kernel: str
+    family: str
+    wgsl: str
+    bindings: tuple[Binding, ...]
+    grid: tuple[int, int, int]
+    workgroups: int
+    consts: Mapping[str, int]
+    dtype: str                  # what the stage computes in (the spec's dtype it was built for)
+    entry: str = ENTRY
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """The binding accesses in order: programs with equal layouts share a bind group
+        layout."""
+        return tuple(b.access for b in self.bindings)
+
+    @property
+    def key(self) -> str:
+        """Pipeline-cache key: the source and the binding layout."""
+        return f"{digest(self.wgsl)}-{','.join(self.layout)}"
+
+    @property
+    def uses_subgroups(self) -> bool:
+        return bool(_SUBGROUP_CALL.search(self.wgsl))
+
+
+def load(name: str) -> str:
+    """One WGSL file's text (a seam for tests that need a source to fail to compile)."""
+    from attnreg import shaders
+
+    return shaders.load(name)
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- pieces of a module ----------------------------------------------------------------------
+def stage_aux(stage: Stage, spec: AttentionSpec) -> frozenset[str]:
+    """The optional inputs a stage binds: the paged block table, the masked-block list."""
+    return ports.aux_inputs(stage.family, paged=spec.kv_layout == "paged",
+                            block_skip=bool(stage.params.get("block_skip")))
+
+
+def subgroup_width(stage: Stage, caps: DeviceCaps) -> int:
+    """Lanes a subgroup variant reduces over: the device's smallest subgroup (a power of
+    two, at least WebGPU's 4); 1 for variants without subgroups."""
+    if stage.params.get("reduction") != "subgroup":
+        return 1
+    return 1 << max(0, (caps.subgroup_min_size or 4).bit_length() - 1)
+
+
+def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "attention",
+           bias_shape: tuple[int, ...] | None = None) -> dict[str, int]:
+    """The stage's compile-time constants (what its prefix defines)."""
+    return kernels.stage_consts(stage.family, spec, stage.params,
+                                subgroup_width=subgroup_width(stage, caps),
+                                bias_shape=bias_shape, op=op)
+
+
+def declarations(family: str, aux: frozenset[str]) -> str:
+    """The binding declarations of a family's variant, from backends/ports.py."""
+    lines = []
+    for i, p in enumerate(ports.ports(family, ports.WGSL, aux)):
+        if p.access == "uniform":
+            lines.append(f"@group(0) @binding({i}) var<uniform> {p.ident}: Params;")
+        else:
+            lines.append(f"@group(0) @binding({i}) var<storage, {_ACCESS[p.access]}> "
+                         f"{p.ident}: {_WGSL_TYPES[p.kind]};")
+    return "\n".join(lines) + "\n"
+
+
+def bindings(family: str, aux: frozenset[str]) -> tuple[Binding, ...]:
+    return tuple(Binding(i, p.access, p.name)
+                 for i, p in enumerate(ports.ports(family, ports.WGSL, aux)))
+
+
+def memory_helpers(aux: frozenset[str]) -> str:
+    """kv_elem / blk_range / blk_entry, reading the aux inputs the variant binds."""
+    return ((_KV_PAGED if "block_table" in aux else _KV_FLAT)
+            + (_BLOCKS if "block_list" in aux else _NO_BLOCKS))
+
+
+def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
+           subgroups: bool = False, aux: frozenset[str] = frozenset(),
+           dialect: str = NAGA) -> str:
+    """The full WGSL module of one compiled variant."""
+    ge = 8 if spec.dtype == "float16" else 4
+    h = spec.head_size
+    head = [_DTYPE_PRELUDE[spec.dtype], f"const HD: u32 = {h}u;", f"const HV: u32 = {h // 4}u;",
+            f"const HG: u32 = {h // ge}u;", f"const GS: u32 = {ge // 4}u;"]
+    head += [f"const {k}: u32 = {int(v)}u;" for k, v in sorted(stage_consts.items())]
+    head += [_LANE_SG if subgroups else _LANE_PLAIN, common.wgsl_struct("Params")]
+    text = "\n".join(head) + "\n" + declarations(family, aux)
+    if family != "reduce":
+        text += memory_helpers(aux)
+    text += "\n".join(load(name) for name in FILES[family])
+    return for_dialect(text, dialect)
+
+
+def for_dialect(wgsl: str, dialect: str) -> str:
+    """The module as ``dialect``'s compiler accepts it."""
+    if dialect == TINT and _SUBGROUP_CALL.search(wgsl) and \
+            not re.search(r"^\s*enable\s+[^;]*\bsubgroups\b", wgsl, re.M):
+        return SUBGROUP_DIRECTIVE + wgsl
+    return wgsl
+
+
+def workgroups(stage: Stage, spec: AttentionSpec, stage_consts: Mapping[str, int],
+               n_splits: int = 1) -> int:
+    """How many workgroups the stage dispatches (before folding into a grid)."""
+    c = stage_consts
+    if stage.family == "prefill":
+        return -(-spec.seq_len // c["BR"]) * spec.num_heads * spec.batch
+    if stage.family in ("decode_partial", "decode_qk", "decode_pv"):
+        return (n_splits * -(-spec.seq_len // c["M"]) * -(-spec.group_size // c["GT"])
+                * spec.kv_num_heads * spec.batch)
+    return spec.batch * spec.num_heads * spec.seq_len
+
+
+def fold_grid(n: int, limit: int) -> tuple[int, int, int]:
+    """n workgroups as (x, y, z) with each <= limit; kernels unfold x + nx*(y + ny*z) and
+    skip ids >= n."""
+    x = max(1, min(n, limit))
+    rest = -(-n // x)
+    y = max(1, min(rest, limit))
+    z = -(-rest // y)
+    if z > limit:
+        raise ValueError(f"{n} workgroups exceed {limit}^3")
+    return x, y, z
+
+
+# -- programs ------------------------------------------------------------------------------
+def build(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, n_splits: int = 1,
+          op: str = "attention", bias_shape: tuple[int, ...] | None = None,
+          dialect: str = NAGA) -> Program:
+    """Everything a host needs to compile and dispatch one stage."""
+    c = consts(stage, spec, caps, op=op, bias_shape=bias_shape)
+    aux = stage_aux(stage, spec)
+    wgsl = source(stage.family, spec, c, subgroups=stage.params.get("reduction") == "subgroup",
+                  aux=aux, dialect=dialect)
+    n = workgroups(stage, spec, c, n_splits)
+    limit = caps.limit("workgroups_per_dim") or 65535
+    return Program(stage.kernel, stage.family, wgsl, bindings(stage.family, aux),
+                   fold_grid(n, limit), n, c, spec.dtype)
+
+
+def launch_stages(plan: Plan) -> list[Stage]:
+    """The stages a launch dispatches (a reduce-only op runs just the reduce)."""
+    return [plan.stage("reduce")] if plan.op == "reduce" else list(plan.stages)
+
+
+def n_splits(plan: Plan) -> int:
+    return plan.split.n_splits if plan.split is not None else 1
+
+
+def programs(plan: Plan, caps: DeviceCaps | None = None, *, spec: AttentionSpec | None = None,
+             bias_shape: tuple[int, ...] | None = None, dialect: str = NAGA) -> list[Program]:
+    """The plan's dispatches in launch order. ``spec`` is what the device computes where a
+    host widens the plan's (the browser's float16-via-float32 variants)."""
+    return [build(st, spec or plan.spec, caps or plan.caps, n_splits=n_splits(plan), op=plan.op,
+                  bias_shape=bias_shape, dialect=dialect) for st in launch_stages(plan)]
+
+
+def param_block(plan: Plan, bias_shape: tuple[int, ...] | None = None,
+                spec: AttentionSpec | None = None) -> bytes:
+    """The parameter block every stage of the plan reads, with the plan's split geometry."""
+    geometry: dict[str, Any] = {}
+    if plan.split is not None:
+        geometry = {"n_splits": plan.split.n_splits}
+        if plan.split.split_size is not None:
+            geometry["split_size"] = plan.split.split_size
+    return common.pack(spec or plan.spec, geometry, bias_shape)
