@@ -52,8 +52,9 @@ class Runtime(Protocol):
 
     caps: DeviceCaps
     counters: Counter[str]
-    """Events and bytes, under one name on every backend: host_uploads, host_upload_bytes,
-    readbacks, readback_bytes, allocs, frees, launches, prepares (tests read them)."""
+    """Events and bytes, under one name on every backend: launches (calls of launch),
+    host_uploads, host_upload_bytes, readbacks, readback_bytes, allocs, frees, prepares;
+    a backend may add its own (tests read them)."""
 
     def launch(self, plan: Plan, inputs: Mapping[str, Any],
                outputs: Mapping[str, DeviceTensor] | None = None) -> dict[str, Any]:
@@ -92,9 +93,9 @@ class Runtime(Protocol):
         """Release a buffer from :meth:`alloc`; nothing prepared with it is used again."""
         ...
 
-    def copy_bandwidth(self) -> float:
-        """Measured copy bandwidth of the device's memory in GB/s (bytes read + written):
-        the roof the bench compares kernels with."""
+    def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
+        """Measured copy bandwidth of the device's memory in GB/s (bytes read + written),
+        copying ``nbytes``: the roof the bench compares kernels with."""
         ...
 
     def close(self) -> None:

@@ -92,6 +92,10 @@ class KernelInfo:
     priority: int = 0
     tolerance: Mapping[str, tuple[float, float]] = field(default_factory=lambda: TOLERANCE)
     extra_checks: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]] | None = None
+    # Params under which the kernel stands in for the device ``features`` it needs (e.g. an
+    # OpenCL sub-group kernel with its shuffles emulated in local memory): a forced kernel
+    # whose params contain these runs on devices without those features. Slower; for tests.
+    emulation: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -138,7 +142,9 @@ class KernelInfo:
         if self.device_types is not None and caps.device_type not in self.device_types:
             why.append(f"device type {caps.device_type} not in {sorted(self.device_types)}")
         lacking = sorted(self.features - caps.features)
-        if lacking:
+        emulated = bool(self.emulation) and all(
+            name in p and p[name] == value for name, value in self.emulation.items())
+        if lacking and not emulated:
             why.append(f"device lacks feature(s) {', '.join(lacking)}")
         limit = caps.limit("workgroup_storage")
         need = self.storage_need(spec, p)

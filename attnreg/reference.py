@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .plan import SplitGeometry
 from .spec import AttentionSpec
 from .tensors import valid_lengths
 
@@ -154,7 +155,7 @@ def attention(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> tuple[n
 
 
 def n_splits(spec: AttentionSpec, split_size: int) -> int:
-    return -(-spec.capacity // split_size)
+    return SplitGeometry.over(spec.capacity, split_size).n_splits
 
 
 def partial_states(spec: AttentionSpec, tensors: Mapping[str, np.ndarray],

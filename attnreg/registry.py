@@ -1,4 +1,5 @@
-"""The plugin manager, the kernel table, device probing and planning (explained dispatch)."""
+"""The plugin manager, the kernel table, device probing and planning (explained dispatch):
+devices are tried best first, each by the planner (planner.py), until one can run the spec."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from . import hookspecs, rules
 from .caps import DeviceCaps, unavailable
 from .errors import NoKernelError, SpecError
 from .hookspecs import Backend, Command
-from .kernel import ROUTES, SPLIT_FAMILIES, KernelInfo
-from .plan import OPS, Plan, SplitGeometry, Stage
+from .kernel import KernelInfo
+from .plan import OPS, Plan
+from .planner import DevicePlanner
 from .spec import AttentionSpec
 
 PLUGINS_ENV = "ATTNREG_PLUGINS"       # extra plugin modules, comma-separated
@@ -56,7 +58,10 @@ class Registry:
                 if self.pm.has_plugin(mod):
                     continue
                 try:
-                    self.pm.register(importlib.import_module(mod), name=mod)
+                    module = importlib.import_module(mod)
+                    if self.pm.is_registered(module):      # also an entry point: loaded once
+                        continue
+                    self.pm.register(module, name=mod)
                 except Exception as exc:
                     self._broken[mod] = f"plugin module {mod} failed to load: {exc!r}"
             self._collect()
@@ -74,17 +79,13 @@ class Registry:
             backends[b.name] = b
 
         def add_kernel(k: KernelInfo) -> None:
-            if k.id in kernels and kernels[k.id] != k:
-                raise ValueError(f"kernel id {k.id!r} registered twice with different data")
-            kernels[k.id] = k
+            _add_once(kernels, k.id, k, "kernel id")
 
         self.pm.hook.attnreg_register_flags(register=flagmod.declare)
         self.pm.hook.attnreg_register_backends(register=add_backend)
         self.pm.hook.attnreg_register_kernels(register=add_kernel)
         def add_command(c: Command) -> None:
-            if c.name in commands and commands[c.name] != c:
-                raise ValueError(f"command {c.name!r} registered twice")
-            commands[c.name] = c
+            _add_once(commands, c.name, c, "command")
 
         self.pm.hook.attnreg_register_rules(register=extra_rules.append)
         self.pm.hook.attnreg_register_commands(register=add_command)
@@ -217,8 +218,8 @@ class Registry:
                 for k in self.kernels(dev.backend):
                     rejected[tag(k.id)] = [f"device unavailable: {dev.reason}"]
                 continue
-            got = _Planner(self, spec, op, dev, f, forced_k, dict(params or {}),
-                           exclude or {}).run(rejected, tag)
+            got = DevicePlanner(self.rules(), self.kernels(dev.backend), spec, op, dev, f,
+                                forced_k, dict(params or {}), exclude or {}).run(rejected, tag)
             if got is not None:
                 for later in devs[i + 1:]:
                     for k in self.kernels(later.backend):
@@ -231,6 +232,13 @@ class Registry:
         raise NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
 
 
+def _add_once(table: dict[str, Any], key: str, value: Any, what: str) -> None:
+    """Register ``value`` under ``key``; the same key with different data is an error."""
+    if key in table and table[key] != value:
+        raise ValueError(f"{what} {key!r} registered twice with different data")
+    table[key] = value
+
+
 def _tagger(dev: DeviceCaps, multi: set[str]) -> Any:
     """Rejection keys: the kernel id, qualified by device when a backend has several."""
     def tag(kernel_id: str) -> str:
@@ -240,150 +248,6 @@ def _tagger(dev: DeviceCaps, multi: set[str]) -> Any:
 
 def _is_resolved(flags: Mapping[str, Any]) -> bool:
     return set(flags) == set(flagmod.table())
-
-
-class _Planner:
-    """Plans one request on one device; records rejections as it goes."""
-
-    def __init__(self, reg: Registry, spec: AttentionSpec, op: str, caps: DeviceCaps,
-                 flags: Mapping[str, Any], forced: KernelInfo | None, params: dict[str, Any],
-                 exclude: Mapping[tuple[str, str], str]) -> None:
-        self.reg, self.spec, self.op, self.caps, self.flags = reg, spec, op, caps, flags
-        self.forced, self.params, self.exclude = forced, params, exclude
-        self.rules = reg.rules()
-        self.kernels = reg.kernels(caps.backend)
-
-    def run(self, rejected: dict[str, list[str]], tag: Any
-            ) -> tuple[str, tuple[Stage, ...], tuple[str, ...], dict[str, str],
-                       SplitGeometry | None] | None:
-        fired: list[str] = []
-        kernels = self.kernels
-        routes = self._routes(fired)
-        for n, (route, families) in enumerate(routes):
-            stages: list[Stage] = []
-            stage_fired: list[str] = []
-            for pos, fam in enumerate(families):
-                st = self._pick(fam, primary=pos == 0, prev=stages, rejected=rejected, tag=tag,
-                                fired=stage_fired, kernels=kernels)
-                if st is None:
-                    break
-                stages.append(st)
-            for fam in families[len(stages) + 1:]:
-                for k in kernels:
-                    if k.family == fam:
-                        rejected.setdefault(tag(k.id), [f"not tried: route {route} found no "
-                                                        f"{families[len(stages)]} kernel"])
-            if len(stages) == len(families):
-                if n > 0:
-                    fired.append(f"fallback_route: no kernel for route {routes[0][0]} on this "
-                                 f"device -> route={route}")
-                for fam in {f for _, fs in routes for f in fs} - set(families):
-                    for k in kernels:
-                        if k.family == fam and tag(k.id) not in rejected:
-                            rejected[tag(k.id)] = [f"route is {route}; {fam} kernels are not used"]
-                return (route, tuple(stages), tuple(fired + stage_fired), self._ignored(),
-                        self._split(stages))
-        return None
-
-    def _split(self, stages: list[Stage]) -> SplitGeometry | None:
-        """The plan's split geometry: from its first split stage, or for a reduce of given
-        partial states their count (the caller's n_splits)."""
-        first = next((st for st in stages if "split_size" in st.params
-                      and st.family in SPLIT_FAMILIES), None)
-        if first is not None:
-            return SplitGeometry(int(first.params["n_splits"]), int(first.params["split_size"]))
-        if self.op == "reduce" and "n_splits" in self.params:
-            return SplitGeometry(int(self.params["n_splits"]))
-        return None
-
-    def _routes(self, fired: list[str]) -> list[tuple[str, tuple[str, ...]]]:
-        if self.op == "reduce":
-            return [("reduce", ("reduce",))]
-        fam = self.forced.family if self.forced is not None else None
-        if self.op == "partial":
-            # Partial states come from the fused kernel or the unfused pair.
-            if fam in ("decode_qk", "decode_pv"):
-                return [("partial_unfused", ROUTES["split_kv_unfused"][:2])]
-            return [("partial", ("decode_partial",)),
-                    ("partial_unfused", ROUTES["split_kv_unfused"][:2])]
-        if self.forced is not None:
-            route = {"prefill": "prefill", "decode_qk": "split_kv_unfused",
-                     "decode_pv": "split_kv_unfused",
-                     "decode_fused": "split_kv_fused"}.get(str(fam), "split_kv")
-            fired.append(f"forced_kernel: {self.forced.id} was requested -> route={route}")
-            return [(route, ROUTES[route])]
-        ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op, candidates=tuple(self.kernels))
-        fired += rules.apply(self.rules, ctx, "route", first_only=True)
-        fired += rules.apply(self.rules, ctx, "route_refine")
-        route = ctx.params.get("route", "prefill")
-        if route not in ROUTES:
-            raise SpecError("route", route, f"one of {sorted(ROUTES)} (set by a rule)")
-        order = [route] + [r for r in ("split_kv", "prefill", "split_kv_unfused", "split_kv_fused")
-                           if r != route]
-        if self.flags.get("route", "auto") != "auto":
-            order = [route]
-        return [(r, ROUTES[r]) for r in order]
-
-    def _pick(self, family: str, *, primary: bool, prev: list[Stage],
-              rejected: dict[str, list[str]], tag: Any, fired: list[str],
-              kernels: list[KernelInfo]) -> Stage | None:
-        cands = sorted((k for k in kernels if k.family == family), key=lambda k: (-k.priority, k.id))
-        forced_here = self.forced is not None and self.forced.family == family
-        if forced_here:
-            cands = [k for k in cands if k.id == self.forced.id]  # type: ignore[union-attr]
-        chosen: Stage | None = None
-        chosen_fired: list[str] = []
-        # Every candidate is judged, even after one fits, so explain can say why each
-        # other kernel was not the one.
-        for k in cands:
-            user = dict(self.params) if primary else {}
-            if prev and "split_size" in prev[0].params:       # later stages follow the first
-                user.setdefault("split_size", prev[0].params["split_size"])
-            ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op, kernel=k,
-                            params=dict(user), user=frozenset(user),
-                            candidates=tuple(self.kernels))
-            k_fired = rules.apply(self.rules, ctx, "params")
-            if "split_size" in ctx.params:
-                # The one place the split count is derived: T = ceil(C / split_size).
-                ctx.params.update(SplitGeometry.over(self.spec.capacity,
-                                                     int(ctx.params["split_size"])).params)
-            reasons = k.not_supported_reasons(self.spec, self.caps, ctx.params)
-            if (self.caps.id, k.id) in self.exclude:
-                reasons.append(self.exclude[(self.caps.id, k.id)])
-            if not forced_here:
-                reasons += self._selection_reasons(k, ctx)
-            if reasons:
-                rejected[tag(k.id)] = reasons
-            elif chosen is None:
-                rejected.pop(tag(k.id), None)
-                chosen_fired = k_fired
-                chosen = Stage(k.id, family, {**k.defaults, **ctx.params, **k.params})
-            else:
-                rejected[tag(k.id)] = [f"could run, but {chosen.kernel} ranks first "
-                                       "(higher priority, then id order)"]
-        fired += chosen_fired
-        return chosen
-
-    def _selection_reasons(self, k: KernelInfo, ctx: rules.Ctx) -> list[str]:
-        why = []
-        if k.vendor is not None and k.vendor != self.caps.vendor:
-            why.append(f"tuned for {k.vendor} devices; this device's vendor is {self.caps.vendor}"
-                       " (force the kernel to run it anyway)")
-        if k.flag is not None and not self.flags.get(k.flag):
-            why.append(f"opt-in: needs flag {k.flag}=1")
-        for name, value in k.params.items():
-            if name in ctx.params and ctx.params[name] != value:
-                src = "the caller" if name in ctx.user else "the rules"
-                why.append(f"{src} chose {name}={ctx.params[name]}; this variant has {name}={value}")
-        return why
-
-    def _ignored(self) -> dict[str, str]:
-        out = {}
-        for name, flag in flagmod.table().items():
-            if flag.vendor and self.flags.get(name) != flag.default and flag.vendor != self.caps.vendor:
-                out[name] = (f"applies to {flag.vendor} devices; this device's vendor is "
-                             f"{self.caps.vendor}")
-        return out
 
 
 _REGISTRY: Registry | None = None

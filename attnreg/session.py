@@ -14,7 +14,7 @@ from .caps import DeviceCaps
 from .device_tensor import DTYPES, DeviceTensor, KVCache
 from .errors import KernelUnavailable, SpecError
 from .hookspecs import Runtime
-from .plan import Plan, SplitGeometry
+from .plan import Plan
 from .spec import AttentionSpec
 from .states import check_partials, merge_as_reduce
 from .tensors import check_tensors
@@ -255,7 +255,7 @@ class Session:
         if split_size is not None:
             if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
                 raise SpecError("split_size", split_size, "an integer >= 1")
-            p.update(SplitGeometry.over(spec.capacity, split_size).params)
+            p["split_size"] = split_size          # the planner derives the split count
         _, res = self._launch(spec, "partial", inputs, kernel, p, flags)
         return res["o_parts"], res["lse_parts"]
 

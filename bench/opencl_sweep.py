@@ -4,7 +4,7 @@
 per-kernel view used for tuning: forced kernels and parameters per case, the stages of a
 split-KV plan timed apart, and the max error of each timed variant. On a device machine::
 
-    python3 -m attnreg.backends.opencl.bench --device h100 --sweep --out results.json
+    python3 -m bench.opencl_sweep --device h100 --sweep --out results.json
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ import numpy as np
 
 import attnreg
 from attnreg import reference
-from attnreg.backends.common import random_qkv
+from attnreg.backends.opencl import device as ocl_device
 from attnreg.spec import AttentionSpec
 from attnreg.tools import bench as core_bench
-
-from . import programs
+from attnreg.tools.testing import random_qkv
 
 # Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
 SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
@@ -125,11 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump(rows, fh, indent=1)
     if a.logs:
         with open(a.logs, "w") as fh:
-            for key, text in programs.build_logs().items():
+            for key, text in ocl_device.build_logs().items():
                 fh.write(f"== {' '.join(key.options)}\n{text.strip()}\n")
     if a.binaries:
         os.makedirs(a.binaries, exist_ok=True)
-        for n, (key, blob) in enumerate(programs.binaries().items()):
+        for n, (key, blob) in enumerate(ocl_device.binaries().items()):
             tag = "_".join(o.split("=")[-1] for o in key.options if o.startswith("-D"))
             with open(os.path.join(a.binaries, f"p{n:03d}_{tag}.bin"), "wb") as fh:
                 fh.write(blob)

@@ -3,13 +3,14 @@ the two-launch split-KV decode, a parameter sweep of the fused decode, the unfus
 crossover (GQA group x head size x L), masked-block skipping on packed sequences, the
 copy-bandwidth roof, and the new families' conformance cases. One run writes one JSON::
 
-    python3 -m attnreg.backends.opencl.variant_bench --device H100 --out results.json
-    python3 -m attnreg.backends.opencl.variant_bench --device pocl --quick --out pocl.json
+    python3 -m bench.opencl_variants --device H100 --out results.json
+    python3 -m bench.opencl_variants --device pocl --quick --out pocl.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -22,8 +23,8 @@ import numpy as np
 import attnreg
 from attnreg import reference
 from attnreg.spec import AttentionSpec
-
-from . import cases as ocases
+from attnreg.tools import cases
+from attnreg.tools import conformance as conf
 
 Log = Callable[[str], None]
 DEADLINE = {"t": math.inf}        # perf_counter() after which remaining measurements are skipped
@@ -254,19 +255,20 @@ def decode_block_skip(s: attnreg.Session, log: Log, quick: bool) -> list[dict[st
 
 def conformance(s: attnreg.Session, log: Log, filters: list[str],
                 params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The OpenCL cases of the new variants on this device (optionally with forced params)."""
+    """The unified generator's cells (attnreg.tools.cases) of this device's OpenCL kernels
+    whose id contains one of ``filters``, optionally with params forced on top."""
     caps = s.plan(AttentionSpec()).caps
-    todo = [c for c in ocases.for_device(caps) if any(f in c.variant for f in filters)]
+    todo = [c for c in cases.cases([caps], quick=True) if any(f in c.kernel for f in filters)]
+    if params:
+        todo = [dataclasses.replace(c, params=tuple(sorted({**dict(c.params), **params}.items())))
+                for c in todo]
     bad, worst, t0 = [], 0.0, time.perf_counter()
     for case in todo:
-        try:
-            err, why = ocases.run_case(s, case, extra_params=params)
-        except Exception as exc:
-            err, why = math.inf, f"{type(exc).__name__}: {str(exc)[:300]}"
-        if why:
-            bad.append(f"{case.name}: {why}")
+        r = conf.run_case(case, s)
+        if r.status != "pass":
+            bad.append(f"{case.id}: {r.message[:300]}")
         else:
-            worst = max(worst, err)
+            worst = max(worst, r.max_abs_err)
     res = {"what": f"conformance {filters} {dict(params or {})}", "cases": len(todo),
            "failed": len(bad), "failures": bad[:40], "worst_err": worst,
            "seconds": round(time.perf_counter() - t0, 1)}

@@ -4,7 +4,7 @@
 tuning needs: forced parameters per case (tile sweeps), the split-KV stages timed apart,
 and a correctness check of each timed variant. Run on a device machine as::
 
-    python3 -m attnreg.backends.webgpu.bench --out results.json [--sweep] [--suite decode ...]
+    python3 -m bench.webgpu_sweep --out results.json [--sweep] [--suite decode ...]
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 
 import attnreg
 from attnreg import reference
-from attnreg.backends.common import random_qkv
 from attnreg.spec import AttentionSpec
 from attnreg.tools import bench as core_bench
+from attnreg.tools.testing import random_qkv
 
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).

@@ -11,10 +11,14 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" PATH="$PWD/.venv/bin:$PATH"
 export ATTNREG_CONFORMANCE="${ATTNREG_CONFORMANCE:-quick}"
 start=$(date +%s)
 echo "[test] ruff";  ruff check attnreg backends tests bench
+bash ci/view.sh      # the installed layout, for the tools that read packages from disk
 echo "[test] mypy";  mypy
+echo "[test] import layering"; (cd .view && PYTHONPATH=. lint-imports --config ../pyproject.toml --no-cache)
 echo "[test] pytest"
 set +e
-python -m pytest -q --durations=15 "$@"
+# Two workers (CI has two cores); each device-bound test module stays on one worker, so a
+# session's compiled pipelines and programs are reused across its tests.
+python -m pytest -q --durations=15 -n "${ATTNREG_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 set -e
 if [ -f out/conformance.md ]; then

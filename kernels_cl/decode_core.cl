@@ -36,9 +36,9 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   int t;
   const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
   *wout = w;
-  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
 #if BLOCK_SKIP
   // The whole key range; this split takes entries [n t / ns, n (t+1) / ns) of its list.
+  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
   const int2 kr = key_range(P, w.L, w.i0, i1, 0, (int)P->capacity);
   const int2 e = listed(blk_off, blk_ids, list_row(P, &w), kr);
   const int n = e.y - e.x;
@@ -46,9 +46,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   ts.first = e.x + n * t / ns;
   ts.count = e.x + n * (t + 1) / ns - ts.first;
 #else
-  const int lo = t * (int)P->split_size;
-  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
-  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const int2 kr = split_keys(P, &w, t);
   const Tiles ts = dense_tiles(kr);
 #endif
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
@@ -132,10 +130,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   int t;
   const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
   *wout = w;
-  const int lo = t * (int)P->split_size;
-  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
-  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
-  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const int2 kr = split_keys(P, &w, t);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
   const __global elem_t* kb = k + kv_base;

@@ -19,10 +19,7 @@ void decode_pv(KERNEL_ARGS) {
   const int ns = (int)P->n_splits;
   int t;
   const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
-  const int lo = t * (int)P->split_size;
-  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
-  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
-  const int2 kr = key_range(P, w.L, w.i0, i1, lo, hi);
+  const int2 kr = split_keys(P, &w, t);
   const __global int* btab = BTAB(P, block_table, w.b);
   const __global elem_t* vb = v + KV_BASE(P, w.b, w.kvh);
   const int lid = get_local_id(0);

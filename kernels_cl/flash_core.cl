@@ -336,3 +336,11 @@ inline Rows decompose(PARAMS P, const __global int* seqlens, int gid, int n_spli
   w.L = valid_len(P, seqlens, w.b);
   return w;
 }
+
+// Keys split t of a decode work-group visits: its [t * split_size, ...) share of the
+// capacity, within the span its rows may see (key_range).
+inline int2 split_keys(PARAMS P, const Rows* w, int t) {
+  const int lo = t * (int)P->split_size;
+  const int hi = min(lo + (int)P->split_size, (int)P->capacity);
+  return key_range(P, w->L, w->i0, min(w->i0 + MQ, (int)P->seq_len) - 1, lo, hi);
+}

@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import json
 import os
+import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 import attnreg
+from attnreg.kernel import ALL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
+from attnreg.tools import cells as cmod
+from attnreg.tools import conformance as conf
+from attnreg.tools import testing
 from attnreg.tools.testing import compare, expected, make_tensors
 
-__all__ = ["IN_CI", "check_close", "expected", "make_tensors", "require_devices"]
+__all__ = ["IN_CI", "CellRunner", "assert_covering", "check_close", "conformance_cells",
+           "expected", "make_tensors", "module_cells", "require_devices"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (CI; the default is the full matrix).
+QUICK = os.environ.get("ATTNREG_CONFORMANCE", "full") == "quick"
+# The matrix's report files (what `attnreg conformance --json --markdown` writes), left by the
+# test run for CI to keep: $ATTNREG_REPORT_DIR, default out/ in the checkout (ignored by git).
+REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.parent / "out")
+# Backends whose cells run in their own test module: pytest-xdist's loadfile mode keeps a
+# module on one worker, so the cells spread over the workers and each module's sessions reuse
+# their compiled programs. Every other backend's cells run in tests/test_conformance.py.
+CELL_MODULES = {"webgpu": "test_webgpu", "opencl": "test_opencl"}
 
 
 def check_close(spec: AttentionSpec, got: Any, tensors: dict[str, np.ndarray],
@@ -34,3 +53,124 @@ def require_devices(backend: str) -> list[attnreg.DeviceCaps]:
             pytest.fail(f"backend {backend} has no device in CI: {why}")
         pytest.skip(f"backend {backend} has no device: {why}")
     return devs
+
+
+def assert_covering(cells: list[cmod.Case], kernels: list[KernelInfo]) -> None:
+    """The axis coverage the backends' hand-written case lists had, checked on the unified
+    generator's cells of one backend's device: every seq_len, GQA ratio and layout pair per
+    family; every head size and page size per backend, and per family as many as its
+    kernels' new shapes hold; total lengths 1, > 1000 and +-1 around each of a kernel's kv
+    tiles per variant; every contract feature and recipe per (kernel, dtype); document masks
+    on block-skipping kernels; partial-state and reduce checks where the family has them."""
+    assert cells, "no cells"
+    covering = [c for c in cells if c.kind == "covering"]
+    families: dict[str, list[cmod.Case]] = {}
+    for c in covering:
+        families.setdefault(c.family, []).append(c)
+    for fam, mine in families.items():
+        # each (kernel, dtype) brings new head sizes and KV kinds; a family's take
+        # consecutive values, so they repeat only once all have been met
+        heads = {c.spec.head_size for c in mine}
+        valid = {h for h in cmod.HEAD_SIZES if any(k.head_size_ok(h) for k in kernels
+                                                   if k.family == fam)}
+        n_new = cmod.NEW_SHAPES * len({(c.kernel, c.spec.dtype) for c in mine})
+        assert len(heads) >= min(len(valid), 1 + n_new), (fam, heads)
+        assert {c.spec.group_size for c in mine} == set(cmod.GQA), fam
+        seqs = {c.spec.seq_len for c in mine}
+        assert seqs >= {s for s in cmod.SEQ_LENS if all(
+            k.max_seq_len is None or s <= k.max_seq_len for k in kernels if k.family == fam)}, fam
+        flat = {(c.spec.q_layout, c.spec.kv_layout) for c in mine if c.spec.kv_layout != "paged"}
+        assert flat == set(cmod.LAYOUTS), (fam, flat)
+        if all("paged" in k.kv_layouts for k in kernels if k.family == fam) and \
+                n_new >= len(cmod.KV_KINDS):
+            pages = {c.spec.page_size for c in mine if c.spec.kv_layout == "paged"}
+            assert pages == set(cmod.PAGE_SIZES), (fam, pages)
+    assert {c.spec.head_size for c in covering} >= set(cmod.HEAD_SIZES)
+    if any("paged" in k.kv_layouts for k in kernels):
+        assert {c.spec.page_size for c in covering} >= set(cmod.PAGE_SIZES)
+    for k in kernels:
+        mine = [c for c in cells if c.kernel == k.id]
+        assert mine, f"{k.id}: no cells"
+        recipes = testing.document_features if k.params.get("block_skip") \
+            else testing.contract_features
+        for dtype in k.dtypes:
+            cov = [c for c in covering if c.kernel == k.id and c.spec.dtype == dtype]
+            assert {c.feature for c in cov} == {r[0] for r in recipes(1, 1, 1, 1)}, (k.id, dtype)
+            feats = set().union(*(c.spec.features for c in mine if c.spec.dtype == dtype))
+            assert feats >= k.supports & ALL_FEATURES, (k.id, dtype, k.supports - feats)
+        # totals rotate through a variant's dtypes (fewer recipes: the f16 kernel of a
+        # block-skipping variant goes on where its f32 kernel stopped)
+        totals = {c.spec.total_len for c in cells
+                  if (c.family, c.variant) == (mine[0].family, mine[0].variant)}
+        assert 1 in totals and any(t > 1000 for t in totals), (k.id, totals)
+        for t in cmod.kv_tiles(k):
+            assert {L % t for L in totals} >= {t - 1, 0, 1}, (k.id, t, totals)
+        if k.params.get("block_skip"):
+            assert any(c.docs for c in mine), k.id
+        checks = {c.check for c in mine}
+        if k.family == "reduce":
+            assert checks == {"reduce"}, k.id
+        elif k.family in cmod.PARTIAL_FAMILIES and not k.params.get("block_skip"):
+            assert checks == {"attention", "partial"}, (k.id, checks)
+    ids = [c.id for c in cells]
+    assert len(ids) == len(set(ids)), "cell ids repeat"
+    assert all(" " not in i for i in ids)
+
+
+@functools.cache
+def conformance_cells() -> tuple[cmod.Case, ...]:
+    """The unified generator's cells on every available device (once per process)."""
+    return tuple(conf.cases(attnreg.devices(), quick=QUICK))
+
+
+def module_cells(module: str) -> list[cmod.Case]:
+    """The cells a test module runs (CELL_MODULES)."""
+    return [c for c in conformance_cells()
+            if CELL_MODULES.get(c.backend, "test_conformance") == module]
+
+
+class CellRunner:
+    """Runs a module's cells, one Session per device, and adds the module's results to the
+    run's report (out/conformance.json and .md) when it closes."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.sessions: dict[str, attnreg.Session] = {}
+        self.results: list[conf.Result] = []
+
+    def run(self, case: cmod.Case) -> conf.Result:
+        s = self.sessions.get(case.device)
+        if s is None:
+            s = self.sessions[case.device] = attnreg.Session(backend=case.backend,
+                                                             device=case.device)
+        r = conf.run_case(case, s)
+        self.results.append(r)
+        return r
+
+    def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()
+        self.sessions.clear()
+        if self.results:
+            add_to_report(self.part, self.results)
+
+
+def add_to_report(part: str, results: list[conf.Result]) -> None:
+    """Store this module's results and rewrite the report from every module's of this run
+    (pytest-xdist workers share its run id; a run without xdist is one process). The lock
+    makes the last module to finish write the whole report."""
+    parts = REPORT_DIR / ".conformance-parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    with open(parts / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for old in parts.glob("*.pickle"):
+            if not old.name.startswith(f"{run}-"):
+                old.unlink()             # an earlier run's
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (parts / f"{run}-{worker}-{part}.pickle").write_bytes(pickle.dumps(results))
+        merged = [r for f in sorted(parts.glob(f"{run}-*.pickle"))
+                  for r in pickle.loads(f.read_bytes())]
+        (REPORT_DIR / "conformance.json").write_text(
+            json.dumps([r.as_dict() for r in merged], indent=1))
+        (REPORT_DIR / "conformance.md").write_text(conf.markdown(merged))

@@ -1,13 +1,13 @@
-"""The conformance matrix, generated from the registry: every kernel variant on every
-available device, forced, against the float64 reference.
+"""The conformance matrix, generated from the registry (attnreg.tools.cases): every kernel
+variant on every available device, forced, against the float64 reference. The WebGPU and
+OpenCL cells run in tests/test_webgpu.py and tests/test_opencl.py (tests.support.CELL_MODULES),
+the others here; together they write out/conformance.{json,md}.
 
 ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (the default is the full matrix).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,41 +15,35 @@ import pytest
 
 import attnreg
 from attnreg.tools import conformance as conf
-from tests.support import IN_CI
+from tests.support import IN_CI, CellRunner, conformance_cells, module_cells
 from tests.toy_plugin import ToyPlugin
 
-QUICK = os.environ.get("ATTNREG_CONFORMANCE", "full") == "quick"
 REQUIRED = conf.load_required(str(Path(__file__).parent.parent / "ci" / "required_matrix.json"))
 DEVICES = attnreg.devices()
-CASES = conf.cases(DEVICES, quick=QUICK)
-_SESSIONS: dict[str, attnreg.Session] = {}
-_RESULTS: list[conf.Result] = []
-# The matrix's report files (what `attnreg conformance --json --markdown` writes), left by the
-# test run for CI to keep: $ATTNREG_REPORT_DIR, default out/ in the checkout (ignored by git).
-REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.parent / "out")
+CASES = module_cells("test_conformance")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_sessions() -> Iterator[None]:
-    yield
-    for s in _SESSIONS.values():
-        s.close()
-    _SESSIONS.clear()
-    if _RESULTS:
-        REPORT_DIR.mkdir(parents=True, exist_ok=True)
-        (REPORT_DIR / "conformance.json").write_text(
-            json.dumps([r.as_dict() for r in _RESULTS], indent=1))
-        (REPORT_DIR / "conformance.md").write_text(conf.markdown(_RESULTS))
+@pytest.fixture(scope="module")
+def runner() -> Iterator[CellRunner]:
+    cell_runner = CellRunner("conformance")
+    yield cell_runner
+    cell_runner.close()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_cell(case: conf.Case) -> None:
-    s = _SESSIONS.get(case.device)
-    if s is None:
-        s = _SESSIONS[case.device] = attnreg.Session(backend=case.backend, device=case.device)
-    r = conf.run_case(case, s)
-    _RESULTS.append(r)
+def test_cell(runner: CellRunner, case: conf.Case) -> None:
+    r = runner.run(case)
     assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
+
+
+def test_cells_are_distinct() -> None:
+    """No two cells are the same test (spec, kernel, params and input recipe), and ids are
+    unique; every kernel with cells gets covering cells too."""
+    everything = conformance_cells()
+    assert len({c.key for c in everything}) == len(everything)
+    assert len({c.id for c in everything}) == len(everything)
+    kernels = {c.kernel for c in everything}
+    assert kernels == {c.kernel for c in everything if c.kind == "covering"}
 
 
 def test_required_devices_present() -> None:
@@ -61,7 +55,8 @@ def test_required_devices_present() -> None:
 
 def test_every_registered_kernel_has_cells() -> None:
     allowed = REQUIRED.get("uncoverable", {})
-    gaps = {k: why for k, why in conf.uncovered(CASES, DEVICES).items() if k not in allowed}
+    gaps = {k: why for k, why in conf.uncovered(conformance_cells(), DEVICES).items()
+            if k not in allowed}
     unavailable = {d.backend for d in DEVICES if not d.available}
     if not IN_CI:  # locally a backend without a device cannot be covered; CI must cover it
         gaps = {k: w for k, w in gaps.items() if k.split(".")[0] not in unavailable}

@@ -1,5 +1,6 @@
-"""OpenCL conformance on the local device (PoCL in CI): every variant x dtype x contract
-feature against the float64 reference, over a covering subset of the issue's axes.
+"""The unified conformance generator's OpenCL cells (attnreg.tools.cases; every kernel against
+the float64 reference, PoCL in CI), their axis coverage, the sub-group kernels' emulation on
+a device without sub-groups, and document masks that really skip blocks.
 
 The device is the first available OpenCL device, or the one whose id or name contains
 $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` on the GPU machine).
@@ -8,16 +9,17 @@ $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` on the GPU machine).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 import attnreg
-from attnreg.backends.opencl import cases as ocases
-from attnreg.tools import testing
-from tests.support import require_devices
+from attnreg import blocks
+from attnreg.tools import cases, conformance
+from tests.support import CellRunner, assert_covering, module_cells, require_devices
 
 DEVICE_ENV = "ATTNREG_OPENCL_DEVICE"
+CELLS = module_cells("test_opencl")
 
 
 def _device() -> attnreg.DeviceCaps | None:
@@ -33,66 +35,86 @@ def _device() -> attnreg.DeviceCaps | None:
 
 DEV = _device()
 SLUG = DEV.slug if DEV is not None else "nodevice"
-CASES = ocases.for_device(DEV) if DEV is not None else ocases.build()
 
 
 @pytest.fixture(scope="module")
-def session():
+def runner() -> Iterator[CellRunner]:
+    cell_runner = CellRunner("opencl")
+    yield cell_runner
+    cell_runner.close()
+
+
+@pytest.mark.parametrize("case", CELLS, ids=[c.id for c in CELLS])
+def test_cell(runner: CellRunner, case: cases.Case) -> None:
+    r = runner.run(case)
+    assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
+
+
+@pytest.fixture(scope="module")
+def dev() -> attnreg.DeviceCaps:
     require_devices("opencl")
     if DEV is None:
         pytest.fail(f"no OpenCL device matches ${DEVICE_ENV}={os.environ.get(DEVICE_ENV)!r}")
-    with attnreg.Session(backend="opencl", device=DEV.id) as s:
-        yield s
+    return DEV
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"opencl-{SLUG}-{c.name}" for c in CASES])
-def test_conformance(session, case):
-    err, why = ocases.run_case(session, case)
-    assert not why, f"{case.name}: {why}\nspec={case.spec!r}"
-    assert np.isfinite(err)
+@pytest.fixture(scope="module")
+def cells(dev: attnreg.DeviceCaps) -> list[cases.Case]:
+    return cases.cases([dev], quick=True)      # what CI runs on this device
 
 
-def test_every_axis_value_in_every_variant():
-    allcases = ocases.build()
-    for var in ocases.VARIANTS:
-        seen = ocases.axis_values([c for c in allcases if c.variant == var])
-        assert seen["dtype"] == {"float32", "float16"}, var
-        assert seen["gqa"] == {1, 4, 7}, var
-        layouts = {(a, b) for a in ("BSNH", "BNSH") for b in ("BSNH", "BNSH")}
-        if var.endswith("-paged"):
-            layouts = {(a, "paged") for a in ("BSNH", "BNSH")}
-            pages = {c.spec.page_size for c in allcases if c.variant == var}
-            assert pages == set(ocases.PAGE_SIZES), var
-        assert seen["layouts"] == layouts, var
-        feats = ocases.skip_features if "-bs" in var else testing.contract_features
-        assert seen["feature"] == {f[0] for f in feats(1, 1, 1, 1)}, var
-        if "-emu" in var or "-bs" in var:
-            continue       # small shapes (emulated shuffles), or fewer slots (bias features)
-        assert seen["head_size"] == set(ocases.HEADS), var
-        assert seen["seq_len"] == set(ocases.SEQ), var
-        totals = seen["total_len"]
-        assert 1 in totals and any(t > 1000 for t in totals), (var, totals)
-        # both sides of a tile boundary
-        assert any(t % 32 in (31, 0, 1) and t > 1 for t in totals), (var, totals)
-    totals = ocases.axis_values(allcases)["total_len"]
+def test_cells_cover_every_axis_value(dev, cells):
+    """What CI runs (the quick matrix): every head size 32..256, seq_len, GQA ratio, layout
+    pair, tile-edge and > 1000 total, contract feature per (kernel, dtype), page size and
+    document mask; every kernel, the sub-group ones emulated where the device has none."""
+    assert_covering(cells, attnreg.kernels("opencl"))
+    totals = {c.spec.total_len for c in cells}
     assert {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129} <= totals
 
 
-def test_block_skip_cases_skip_blocks():
-    """The document-mask cases really leave whole blocks out (and mark zero blocks)."""
-    from attnreg import blocks
-    docs = [c for c in ocases.build(("prefill-wgmem-bs",)) if c.feature.startswith("docs")]
+def test_sub_group_kernels_run_emulated_without_sub_groups(dev, cells):
+    """A device without sub-groups runs the sg kernels' own code with the shuffles emulated
+    (KernelInfo.emulation), as ordinary forced kernels; the registry still refuses them
+    without those params."""
+    sg = [k for k in attnreg.kernels("opencl") if "subgroups" in k.features]
+    assert sg and all(k.emulation == {"sg_impl": "emu"} for k in sg)
+    spec = attnreg.AttentionSpec(seq_len=1, past_len=40, head_size=32)
+    for k in sg:
+        mine = [c for c in cells if c.kernel == k.id]
+        assert mine, k.id
+        if "subgroups" in dev.features:
+            assert not any(c.emulated for c in mine)
+            continue
+        assert all(c.emulated and dict(c.params)["sg_impl"] == "emu" and "-emu-" in c.id
+                   for c in mine), k.id
+        assert "device lacks feature(s) subgroups" in " ".join(k.not_supported_reasons(
+            spec.replace(dtype=sorted(k.dtypes)[0]), dev))
+
+
+def test_emulated_cell_runs_through_session_run(dev, cells):
+    cell = next(c for c in cells if c.emulated and c.family == "decode_fused"
+                and c.kind == "covering")
+    with attnreg.Session(backend="opencl", device=dev.id) as s:
+        r = conformance.run_case(cell, s)
+    assert r.status == "pass", r.message
+
+
+def test_block_skip_cells_skip_blocks(cells):
+    """The document-mask cells really leave whole blocks out (and mark zero blocks)."""
+    docs = [c for c in cells if c.docs and c.kernel.endswith(".bs") and c.family == "prefill"]
     assert docs
     skipped = zero = 0
     for c in docs:
-        bl = blocks.build(c.spec, ocases.tensors_for(c)["bias"], 16, 16)
+        bl = blocks.build(c.spec, conformance.inputs_for(c)["bias"], 16, 16)
         skipped += bl.density < 1.0
         zero += int(bl.zero.sum()) > 0
     assert skipped >= 2 and zero >= 1
 
 
-def test_case_ids_read_like_sentences():
-    names = [c.name for c in CASES]
+def test_cell_ids_read_like_sentences(cells):
+    names = [c.id for c in cells]
     assert len(names) == len(set(names))
-    assert any(n.startswith("decode_partial-f16-m4-gqa4") for n in names)
+    assert f"opencl-{SLUG}-decode_partial-f16-m4-gqa4-h32-gqa4" in names
+    assert any(n.startswith(f"opencl-{SLUG}-decode_partial-f32-m1-gqa") and n.endswith("-partial")
+               for n in names)
     assert all(" " not in n for n in names)

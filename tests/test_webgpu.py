@@ -1,6 +1,7 @@
-"""WebGPU backend on the local adapter (lavapipe in CI): every family against the float64
-reference over a covering subset of the issue's axes, plus the engineering promises
-(routing without subgroups, compile-failure fallback, caches, grid folding, limits)."""
+"""WebGPU backend on the local adapter (lavapipe in CI): the unified conformance generator's
+WebGPU cells (attnreg.tools.cases; every kernel against the float64 reference) and their axis
+coverage, plus the engineering promises (routing without subgroups, compile-failure
+fallback, caches, grid folding, limits)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,20 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
-from attnreg.backends.webgpu import cases as wcases
 from attnreg.backends.webgpu import device as wdevice
 from attnreg.backends.webgpu import probe as wprobe
 from attnreg.backends.webgpu import program as wprogram
-from attnreg.tools import testing
-from tests.support import check_close, make_tensors, require_devices
+from attnreg.tools import cases, testing
+from tests.support import (
+    CellRunner,
+    assert_covering,
+    check_close,
+    make_tensors,
+    module_cells,
+    require_devices,
+)
 
-CASES = wcases.build()
+CELLS = module_cells("test_webgpu")
 
 
 def _slug() -> str:
@@ -40,28 +47,29 @@ def session():
         yield s
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"webgpu-{SLUG}-{c.name}" for c in CASES])
-def test_conformance(session, case):
-    err, why = wcases.run_case(session, case)
-    assert not why, f"{case.name}: {why}"
-    assert np.isfinite(err)
+@pytest.fixture(scope="module")
+def runner():
+    cell_runner = CellRunner("webgpu")
+    yield cell_runner
+    cell_runner.close()
 
 
-def test_cases_cover_every_axis_value():
-    seen = wcases._values(CASES)
-    assert seen["head_size"] >= {32, 64, 80, 96, 128, 256}
-    assert seen["seq_len"] >= {1, 2, 3, 4, 5, 33, 97}
-    assert seen["gqa"] >= {1, 4, 7}
-    assert seen["layouts"] == {(a, b) for a in ("BSNH", "BNSH") for b in ("BSNH", "BNSH")}
-    totals = seen["total_len"]
-    assert 1 in totals and any(t > 1000 for t in totals)
-    assert {31, 32, 33, 63, 64, 65} <= totals          # tile boundaries +-1
-    for fam in wcases.FAMILIES:
-        mine = [c for c in CASES if c.family == fam]
-        for dt in ("f32", "f16"):
-            names = {c.feature for c in mine if c.kernel.split(".")[2] == dt}
-            assert {"plain", "bias-bcast-h", "seqlens-capacity", "window", "softcap", "alibi",
-                    "sink-lse", "masked-rows-lse", "all"} <= names, (fam, dt, names)
+@pytest.mark.parametrize("case", CELLS, ids=[c.id for c in CELLS])
+def test_cell(runner, case):
+    r = runner.run(case)
+    assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
+
+
+def test_cells_cover_every_axis_value():
+    """What CI runs (the quick matrix) on the WebGPU device: every head size 32..256, seq_len,
+    GQA ratio, layout pair, tile-edge and > 1000 total, contract feature per (kernel, dtype),
+    page size and document mask (tests.support.assert_covering)."""
+    devs = require_devices("webgpu")[:1]
+    cells = cases.cases(devs, quick=True)
+    kernels = [k for k in attnreg.kernels("webgpu") if k.features <= devs[0].features]
+    assert_covering(cells, kernels)
+    ids = {c.id for c in cells}
+    assert f"webgpu-{SLUG}-decode_partial-f16-m4-gqa4-h32-gqa4" in ids
 
 
 def test_probe_caps():

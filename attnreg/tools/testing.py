@@ -165,6 +165,8 @@ def compare_partials(spec: AttentionSpec, got: tuple[np.ndarray, np.ndarray],
     return worst, ""
 
 
+# A contract feature as an input recipe: (tag, spec changes, make_tensors keywords plus
+# ``bias_f16`` / ``docs`` / ``doc_values``, whether query row 0 is fully masked).
 Feature = tuple[str, dict[str, Any], dict[str, Any], bool]
 
 
@@ -193,3 +195,28 @@ def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
                  "local_window": 37, "head_sink": True, "return_lse": True, "bias": True},
          {"bias_shape": (1, nq, s, c + 5)}, False),
     ]
+
+
+def document_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
+    """What a block-skipping kernel runs (it needs a bias): the bias features of
+    contract_features, plus document masks (block-diagonal biases that leave whole KV blocks
+    -inf, see doc_mask) with a shared zero bias, per-head values, and everything at once."""
+    return [f for f in contract_features(b, nq, s, c) if f[1].get("bias")] + [
+        ("docs-shared-zero", {"bias": True}, {"docs": 3, "bias_shape": (1, 1, s, c)}, False),
+        ("docs-heads", {"bias": True, "causal": False}, {"docs": 4, "doc_values": True}, False),
+        ("docs-everything", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0,
+                             "alibi_max_bias": 4.0, "head_sink": True, "return_lse": True,
+                             "bias": True},
+         {"docs": 2, "doc_values": True, "bias_shape": (1, nq, s, c + 5)}, False),
+    ]
+
+
+def doc_mask(spec: AttentionSpec, bias: np.ndarray, docs: int, keep_values: bool) -> np.ndarray:
+    """A block-diagonal bias (packed sequences): query row i sees key j only if both lie in
+    the same of ``docs`` equal documents of the key range; inside a document the bias is 0
+    (or keeps its values), across documents -inf."""
+    c = bias.shape[3]
+    rows = spec.total_len - spec.seq_len + np.arange(bias.shape[2])
+    same = (rows[:, None] * docs // c) == (np.arange(c)[None, :] * docs // c)
+    inside = bias if keep_values else np.zeros_like(bias)
+    return np.where(same[None, None], inside, -np.inf).astype(bias.dtype)

@@ -22,6 +22,9 @@ M_TILES = (1, 2, 4)
 ROWS_MAX = 16                     # decode rows (heads x m_tile) per work-group
 SG_EMULATED = 8                   # sub-group size of the local-memory emulation (tests)
 SG_IMPLS = {"khr": 1, "intel": 2, "nv": 3, "emu": 9}
+# The sg variants' emulation (KernelInfo.emulation): the same kernel code with its shuffles
+# emulated in local memory, so a device without sub-groups (PoCL) still runs it when forced.
+SG_EMULATION = {"sg_impl": "emu"}
 DECODES = ("decode_partial", "decode_fused", "decode_qk", "decode_pv")
 NV_SHUFFLE = "nv_warp_shuffle"    # probe.py's feature for NVIDIA's OpenCL (inline PTX)
 # cvt="auto" on NVIDIA: PTX cvt.f32.f16 instead of the bit-manipulating conversion. Measured
@@ -256,7 +259,8 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
     return KernelInfo(id=kid, backend=BACKEND, family=family, dtypes=frozenset({dtype}),
                       head_sizes=kw.pop("head_sizes", HEAD_SIZES), kv_layouts=PAGED_OK,
                       params=params, workgroup_storage=_storage(family, variant),
-                      extra_checks=_checks(family, variant, bool(block_skip)), **kw)
+                      extra_checks=_checks(family, variant, bool(block_skip)),
+                      emulation=SG_EMULATION if variant == "sg" else {}, **kw)
 
 
 def declare() -> list[KernelInfo]:

@@ -1,9 +1,10 @@
 """The OpenCL plugin's rules, as data: each cites the measurement behind it (PoCL in CI,
-NVIDIA's OpenCL on the H100 through backends/opencl/gpu_check.py). They run after the
+NVIDIA's OpenCL on the H100 through bench/opencl_gpu_check.py). They run after the
 built-in rules, so they see the route and split geometry those chose."""
 
 from __future__ import annotations
 
+from attnreg.plan import SplitGeometry
 from attnreg.rules import Ctx, Rule
 
 from . import kernels
@@ -95,7 +96,8 @@ def _f32_wider(c: Ctx) -> bool:
         return False
     size = 2 * int(c.params["split_size"])
     rows = -(-c.spec.seq_len // int(c.params.get("m_tile", 1)))
-    groups = -(-c.spec.capacity // size) * c.spec.batch * c.spec.kv_num_heads * rows
+    groups = SplitGeometry.over(c.spec.capacity, size).n_splits * c.spec.batch \
+        * c.spec.kv_num_heads * rows
     return size < c.spec.capacity and groups >= (c.caps.compute_units or 1)
 
 
@@ -105,7 +107,6 @@ NVIDIA_F32_SPLITS = Rule(
     "every compute unit a work-group; the f32 kernel holds 208 registers (ptxas), so 512 "
     "work-groups of 128 run in two waves: GQA 32/8 H=128 L=8192 measured 39.2 vs 45.7 us on "
     "the H100 (split 256 vs 128)", "params", _f32_wider,
-    lambda c: {"split_size": 2 * int(c.params["split_size"]),
-               "n_splits": -(-c.spec.capacity // (2 * int(c.params["split_size"])))})
+    lambda c: {"split_size": 2 * int(c.params["split_size"])})
 
 RULES = (BLOCK_SKIP, UNFUSED_ON_CPU, NVIDIA_TWO_LAUNCH, NVIDIA_FAST_EXP, NVIDIA_F32_SPLITS)

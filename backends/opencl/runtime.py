@@ -100,9 +100,9 @@ class OpenCLRuntime:
         with self._lock:
             self.mem.free(handle)
 
-    def copy_bandwidth(self) -> float:
+    def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
         with self._lock:
-            return self.mem.copy_bandwidth()
+            return self.mem.copy_bandwidth(nbytes)
 
     # -- programs ----------------------------------------------------------------------
     def _program(self, kernel_id: str, family: str, defines: dict[str, int]) -> cl.Program:
@@ -249,7 +249,6 @@ class OpenCLRuntime:
         return prep
 
     def _enqueue(self, prep: _Prepared) -> list[cl.Event]:
-        self.counters["launches"] += 1
         return [cl.enqueue_nd_range_kernel(self.queue, ln.kernel, (ln.gsize,), (ln.lsize,))
                 for ln in prep.launches]
 
@@ -261,6 +260,7 @@ class OpenCLRuntime:
         written there and nothing waits (lse, if asked for, still comes back to the host)."""
         with self._lock:
             prep = self._prepare(plan, inputs, outputs)
+            self.counters["launches"] += 1
             try:
                 self._enqueue(prep)
             except cl.Error as exc:

@@ -12,7 +12,7 @@ from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
 
 from . import probe
-from .program import Program, digest
+from .program import NAGA, Program, digest
 
 # Runtime checks naga adds to our (trusted, generated) WGSL. The default, "bounds", keeps
 # WebGPU's bounds checks but drops ForceLoopBounding: that extra counter in every loop hides
@@ -50,6 +50,8 @@ def _trusted_module(dev: Any, label: str, code: str, checks: int) -> Any:
 class GpuDevice:
     """A wgpu device opened with every feature the kernels may need and the adapter's
     full compute limits (the defaults are far below what the kernels use)."""
+
+    dialect = NAGA          # the WGSL compiler behind this device (program.py adapts to it)
 
     def __init__(self, caps: DeviceCaps, adapter: Any) -> None:
         import wgpu

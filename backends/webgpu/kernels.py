@@ -36,7 +36,7 @@ PREFILL_CHOICES: Mapping[str, tuple[Any, ...]] = {
 # group_tile: query heads of one GQA group per decode workgroup: the whole group reads its
 # K/V once, up to MAX_VECTORS query vectors (heads x m_tile rows) whose accumulators stay in
 # registers; lowered further only when workgroup storage demands it.
-# From H100 sweeps (backends/webgpu/bench.py): 16-key tiles over 64 lanes (4 lanes per key
+# From H100 sweeps (bench/webgpu_sweep.py): 16-key tiles over 64 lanes (4 lanes per key
 # in QK, 2 PV streams) beat 32x128 by 15-20% in f16 and f32. Kept per dtype for tuning.
 DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
     "float16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},

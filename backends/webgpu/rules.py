@@ -1,6 +1,6 @@
 """The WebGPU plugin's rules: tile fitting, the prefill step cap, masked-block skipping and
 the unfused-decode crossover. Each why cites what it rests on; the measurements come from
-``python3 -m attnreg.backends.webgpu.bench_variants`` (lavapipe here, the H100 on the device
+``python3 -m bench.webgpu_variants`` (lavapipe here, the H100 on the device
 machine)."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ BLOCK_SKIP = Rule(
 # -- unfused decode crossover ------------------------------------------------------------------
 # Where decode_qk + decode_pv measured faster than decode_partial (fused), by vendor or device
 # type: (min GQA group, head sizes, min total length), single-row decode (the measured case).
-# attnreg.backends.webgpu.bench_variants crossover, f16, Nkv=8, S=1, L=512..32768:
+# bench/webgpu_variants.py crossover, f16, Nkv=8, S=1, L=512..32768:
 #   H100: unfused 1.19-1.99x slower everywhere except GQA group 8, H=128, L >= 8192
 #         (fused 81.9 / 399.7 us, unfused 76.4 / 383.1 us at L=8192 / 32768: 0.93x, 0.96x),
 #         where the fused kernel's 8 query vectors per workgroup run short of registers;

@@ -58,13 +58,15 @@ class _Prepared:
 
 class WebGpuRuntime:
     """Implements attnreg.Runtime for one adapter: memory in memory.py, programs from
-    program.py, compiled pipelines in the shared device (device.py)."""
+    program.py, compiled pipelines in the shared device (device.py). Any host with the
+    wgpu-py API runs through this class: it brings its own ``dev`` (a GpuDevice whose
+    ``dialect`` names its WGSL compiler)."""
 
     MAX_PREPARED = 64
 
-    def __init__(self, caps: DeviceCaps) -> None:
+    def __init__(self, caps: DeviceCaps, dev: device.GpuDevice | None = None) -> None:
         self.caps = caps
-        self.dev = device.get(caps)
+        self.dev = dev if dev is not None else device.get(caps)
         self.wgpu = self.dev.wgpu
         self.memory = DeviceMemory(self.dev, caps, self._forget)
         self.counters = self.memory.counters
@@ -147,7 +149,7 @@ class WebGpuRuntime:
         spec = plan.spec
         bias = inputs.get("bias")
         bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
-        progs = program.programs(plan, self.caps, bias_shape=bias_shape)
+        progs = program.programs(plan, self.caps, bias_shape=bias_shape, dialect=self.dev.dialect)
         bound = {name: self._input(name, x) for name, x in inputs.items()}
         for st, prog in zip(program.launch_stages(plan), progs):
             if "block_list" in program.stage_aux(st, spec):
@@ -246,6 +248,7 @@ class WebGpuRuntime:
             readback.append((o, rb))
         self.dev.device.queue.submit([enc.finish()])
         self.counters["submits"] += 1
+        self.counters["launches"] += 1
         res: dict[str, Any] = dict(given)
         for o, rb in readback:
             raw = self.memory.map_read(rb, o.nbytes)

@@ -1,0 +1,427 @@
+"""Conformance cells, generated from the registry (attnreg.tools.conformance runs them).
+
+Every registered kernel x every available device of its backend x its dtypes becomes cells
+with readable ids such as ``webgpu-llvmpipe-decode_partial-f16-m4-gqa4-h32-causal``. Each
+cell forces its kernel, so vendor-tuned and fallback variants run on whatever device can
+execute them; a kernel whose device lacks a feature it needs runs under its declared
+``KernelInfo.emulation`` params, as an ordinary forced kernel. Three kinds of cells:
+
+- feature cells: a small base problem with one contract feature (layout, GQA ratio, paged
+  KV, ...) changed at a time, and all at once; the full matrix adds head sizes, lengths
+  around the kernel's tiles, row counts and partial states.
+- covering cells: one per input recipe of ``testing.contract_features`` (``document_features``
+  with its document masks for block-skipping kernels) per dtype, while the other axes rotate
+  (_Rotation): q/kv layouts (paged pools with page sizes 16/5/1/32 where the kernel reads
+  them), GQA 1/4/7, head sizes 32..256, seq_len 1..97, and total lengths 1, +-1 around the
+  kernel's own kv tiles, and > 1000. Every kernel meets every run-time value; the values
+  backends compile into programs (head size, page size) are spread over a family's kernels,
+  a few per (kernel, dtype), since compiling dominates a cell's cost. Kernels that write
+  partial states alternate attention and partial-state checks (partial states against the
+  reference's, then reduced); reduce kernels reduce the reference's partials with NaN in
+  the o of empty splits.
+- profile cells: the plan of every stored device profile, forced on a device here.
+
+The quick matrix (CI) leaves out the full matrix's sweeps, and gives a kernel that runs
+emulated on a device its covering cells only.
+
+Nothing here names a backend: a new kernel or plugin is covered without editing this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import registry as regmod
+from ..caps import DeviceCaps
+from ..errors import NoKernelError
+from ..kernel import SPLIT_FAMILIES, KernelInfo
+from ..spec import AttentionSpec
+from . import cells, testing
+from .cells import Case, dtype_rank, emulation_params, kv_tiles, unique, variant_ranks
+
+
+@dataclass
+class _Gen:
+    """The feature and covering cells of one kernel on one device."""
+
+    k: KernelInfo
+    dev: DeviceCaps
+    quick: bool
+    rank: int = 0               # the kernel's variant among its family's (rotation offset)
+    slots: dict[str, int] = field(default_factory=dict)   # dtype -> its (variant, dtype) index
+    out: list[Case] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.emu = emulation_params(self.k, self.dev)
+        self.split = self.k.family in SPLIT_FAMILIES
+
+    # -- shared ------------------------------------------------------------------------
+    def head(self, preferred: int = cells.SMALL_HEAD) -> int | None:
+        if self.k.head_size_ok(preferred):
+            return preferred
+        ok = [h for h in cells.HEAD_SIZES if self.k.head_size_ok(h)]
+        lo, hi, _ = self.k.head_sizes
+        return ok[0] if ok else (lo if lo <= hi else None)
+
+    def base(self) -> dict[str, Any]:
+        dtype = sorted(self.k.dtypes)[0]
+        m = int(self.k.params.get("m_tile", 1))
+        s = {"prefill": 33, "reduce": 3}.get(self.k.family, m)
+        if self.k.max_seq_len is not None:
+            s = min(s, self.k.max_seq_len)
+        return dict(batch=2, seq_len=s, past_len=70, num_heads=4, kv_num_heads=2,
+                    head_size=self.head() or 1, dtype=dtype, causal=False)
+
+    def runs(self, spec: AttentionSpec, params: dict[str, Any]) -> bool:
+        return not self.k.not_supported_reasons(spec, self.dev, params)
+
+    def emit(self, label: str, spec: AttentionSpec, params: dict[str, Any], **kw: Any) -> None:
+        check = kw.pop("check", "reduce" if self.k.family == "reduce" else "attention")
+        self.out.append(Case(self.dev.backend, self.dev.id, self.dev.slug, self.k.id,
+                             self.k.family, check, label, spec,
+                             tuple(sorted({**params, **self.emu}.items())),
+                             emulated=bool(self.emu), seed=len(self.out), **kw))
+
+    # -- feature cells -----------------------------------------------------------------
+    def add(self, label: str, changes: dict[str, Any], **kw: Any) -> None:
+        fields = {**self.base(), **changes}
+        try:
+            spec = AttentionSpec(**fields)
+        except ValueError:
+            return
+        params = dict(kw.pop("params", ()))
+        if not self.runs(spec, {**params, **self.emu}):
+            return          # outside the kernel's declared support: not a cell
+        if kw.pop("bias_bcast", False):
+            kw["bias_shape"] = (1, spec.num_heads, 1, spec.capacity)
+        kw.setdefault("mask_frac", 0.1 if spec.bias else 0.0)
+        kw.setdefault("feature", label)
+        self.emit(label, spec, params, **kw)
+
+    def feature_cells(self) -> None:
+        k, sup = self.k, self.k.supports
+        split = (("split_size", int(k.defaults.get("kv_tile", 16))),) if self.split else ()
+        for dtype in sorted(k.dtypes):
+            d = {"dtype": dtype}
+            self.add("plain", d, params=split)
+            if "causal" in sup:
+                self.add("causal", {**d, "causal": True}, params=split, rerun=True)
+            if "bias" in sup:
+                self.add("bias", {**d, "bias": True}, params=split)
+                self.add("bias-bcast", {**d, "bias": True}, params=split, bias_bcast=True)
+                if "return_lse" in sup:
+                    self.add("masked-rows", {**d, "bias": True, "return_lse": True},
+                             params=split, mask_rows="corners")
+            if {"seqlens_k", "kv_capacity"} <= sup:
+                self.add("seqlens", {**d, "seqlens_k": True, "kv_capacity": 96, "causal": True},
+                         params=split, lengths=(96, 40))
+            for feat, ch in (("local_window", {"local_window": 9, "causal": True}),
+                             ("softcap", {"softcap": 4.0}), ("alibi", {"alibi_max_bias": 8.0}),
+                             ("head_sink", {"head_sink": True}), ("return_lse", {"return_lse": True})):
+                if feat in sup:
+                    self.add(feat.replace("_", ""), {**d, **ch}, params=split)
+            self.add("layouts", {**d, "q_layout": "BNSH", "kv_layout": "BSNH"}, params=split)
+            if "paged" in k.kv_layouts:
+                # (96, 3): a sequence shorter than one page (at least seq_len keys)
+                short = max(3, int(self.base()["seq_len"]))
+                for ps, lens in ((16, (96, 40)), (5, (96, short))):
+                    self.add(f"paged{ps}", {**d, "kv_layout": "paged", "page_size": ps,
+                                            "num_pages": 2 * -(-96 // ps) + 3, "seqlens_k": True,
+                                            "kv_capacity": 96, "causal": True},
+                             params=split, lengths=lens)
+            if "gqa" in sup:
+                self.add("mqa", {**d, "num_heads": 7, "kv_num_heads": 1}, params=split)
+                self.add("gqa4", {**d, "num_heads": 8, "kv_num_heads": 2}, params=split)
+            self.add("mha", {**d, "num_heads": 2, "kv_num_heads": 2}, params=split)
+            everything = {f: v for f, v in (("bias", True), ("seqlens_k", True),
+                          ("kv_capacity", 90), ("local_window", 30), ("softcap", 5.0),
+                          ("alibi_max_bias", 4.0), ("head_sink", True), ("return_lse", True),
+                          ("causal", True)) if _feature_of(f) in sup}
+            self.add("all", {**d, **everything, "q_layout": "BNSH", "kv_layout": "BSNH"},
+                     params=split, lengths=(90, 33) if "seqlens_k" in everything else None,
+                     rerun=True)
+            if not self.quick:
+                self.sweeps(d, split)
+
+    def sweeps(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
+        """Head sizes, row counts and key counts around tile edges (the full matrix)."""
+        k = self.k
+        for h in cells.HEAD_SIZES:
+            if h != self.base()["head_size"]:
+                self.add("heads", {**d, "head_size": h, "batch": 1, "num_heads": 2,
+                                   "past_len": 40}, params=split)
+        tile = int(k.defaults.get("kv_tile", 64))
+        for total in sorted({1, tile - 1, tile, tile + 1, 2 * tile + 1, 1029}):
+            s = min(self.base()["seq_len"], total)
+            self.add(f"L{total}", {**d, "batch": 1, "seq_len": s, "past_len": total - s,
+                                   "causal": True}, params=split)
+        if self.split:
+            m = int(k.params.get("m_tile", 1))
+            for s in sorted({1, 2, 3, 4, 5, m + 1} - {m}):
+                self.add(f"S{s}", {**d, "seq_len": s, "causal": True}, params=split)
+        if self.partials_ok():
+            self.add("partials", {**d, "causal": True, "local_window": 20},
+                     params=split, check="partial")
+        if k.family == "prefill":
+            for s in (1, 2, 5, 97):
+                self.add(f"S{s}", {**d, "seq_len": s, "causal": True})
+
+    def partials_ok(self) -> bool:
+        # Block-skipping splits share out the listed blocks instead of following split_size,
+        # so their partial states are not the contract's.
+        return self.k.family in cells.PARTIAL_FAMILIES and not self.k.params.get("block_skip")
+
+    # -- covering cells ----------------------------------------------------------------
+    def covering_cells(self) -> None:
+        """One cell per recipe and dtype: slot n = dtype x recipe (_Rotation picks its axes)."""
+        k = self.k
+        recipes = testing.document_features if k.params.get("block_skip") \
+            else testing.contract_features
+        n_rec = len(recipes(1, 1, 1, 1))
+        rot = _Rotation(k, self.head() or 1, self.rank)
+        for dtype in sorted(k.dtypes, key=dtype_rank):
+            di = dtype_rank(dtype)[0]
+            for fi in range(n_rec):
+                n = di * n_rec + fi
+                h, g, ps = rot.shape(n * cells.SHAPES_PER_DTYPE // n_rec,
+                                     self.slots.get(dtype, self.rank + di))
+                s, total = rot.lengths(n)
+                big = s >= cells.BIG_ROWS or total >= cells.BIG_TOTAL
+                nkv = 1 if g == 7 or big else 2
+                b = 2 if h <= 96 and not big else 1
+                tag, changes, make, masked = recipes(b, nkv * g, s, total)[fi]
+                cap = int(changes.get("kv_capacity", total))
+                ql, kl, kv_tag = rot.layout(ps)
+                fields: dict[str, Any] = dict(
+                    batch=b, seq_len=s, past_len=total - s, num_heads=nkv * g, kv_num_heads=nkv,
+                    head_size=h, dtype=dtype, q_layout=ql, kv_layout=kl, **changes)
+                if kl == "paged":
+                    fields.update(page_size=ps, num_pages=b * -(-cap // ps) + 3)
+                params: dict[str, Any] = {}
+                if k.family == "reduce" or self.split or k.family in cells.PARTIAL_FAMILIES:
+                    params["split_size"] = max(int(rot.split_unit * rot.split_factor(n)),
+                                               -(-cap // cells.MAX_SPLITS))
+                check = "reduce" if k.family == "reduce" else \
+                    "partial" if self.partials_ok() and (n + self.rank) % 2 else "attention"
+                spec = self._fit(fields, params)
+                if spec is not None and check == "attention" and self.partials_ok() \
+                        and not self._plannable(spec, check, params):
+                    check = "partial"      # the same recipe through the partial route
+                if spec is None or not self._plannable(spec, check, params):
+                    continue
+                self.emit(f"s{spec.seq_len}-L{total}-{ql.lower()}-{kv_tag}-{tag}", spec, params,
+                          check=check, kind="covering", feature=tag,
+                          bias_shape=make.get("bias_shape"), mask_frac=make.get("mask_frac", 0.0),
+                          bias_f16=bool(make.get("bias_f16")), docs=int(make.get("docs", 0)),
+                          doc_values=bool(make.get("doc_values")),
+                          mask_rows="first" if masked else "", rerun=tag == "all")
+
+    def _fit(self, fields: dict[str, Any], params: dict[str, Any]) -> AttentionSpec | None:
+        """The rotated spec, with the tunables the rules fit to this device where the
+        defaults do not fit (stored in ``params``: the cell runs what it declares), or at
+        halved head sizes where nothing fits: the same code at a size the device holds."""
+        try:
+            spec = AttentionSpec(**fields)
+        except ValueError:
+            return None
+        while not self.runs(spec, {**params, **self.emu}):
+            fitted = self._fitted_tiles(spec, params)
+            if fitted is not None:
+                params.update(fitted)
+                return spec
+            smaller = spec.head_size // 2
+            if smaller < 16 or not self.k.head_size_ok(smaller):
+                return None
+            spec = spec.replace(head_size=smaller)
+        return spec
+
+    def _fitted_tiles(self, spec: AttentionSpec, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The tunables the registry's rules give this kernel for spec, if they make it fit."""
+        try:
+            plan = regmod.get().plan(spec, caps=self.dev, kernel=self.k.id,
+                                     params={**params, **self.emu})
+        except NoKernelError:
+            return None
+        stage = next(st for st in plan.stages if st.kernel == self.k.id)
+        tiles = {n: stage.params[n] for n in self.k.defaults
+                 if n in stage.params and stage.params[n] != self.k.defaults[n]}
+        return tiles if self.runs(spec, {**params, **tiles, **self.emu}) else None
+
+    def _plannable(self, spec: AttentionSpec, check: str, params: dict[str, Any]) -> bool:
+        """A kernel that does not start its route runs behind stages the rules choose; where
+        they choose parameters no kernel of that family has, the registry cannot build the
+        route and there is no cell for this kernel (the first stage's own cells cover it)."""
+        if self.k.family in cells.FIRST_FAMILIES or self.k.family == "reduce":
+            return True
+        op = "partial" if check == "partial" else "attention"
+        try:
+            regmod.get().plan(spec, op=op, caps=self.dev, kernel=self.k.id,
+                              params={**params, **self.emu})
+        except NoKernelError:
+            return False
+        return True
+
+    def generate(self) -> list[Case]:
+        # An emulated build compiles anew for every program and runs slower; in the quick
+        # matrix its covering cells (every recipe per dtype) stand for the kernel.
+        if not (self.quick and self.emu):
+            self.feature_cells()
+        self.covering_cells()
+        return self.out
+
+
+class _Rotation:
+    """The covering cells' axes for one kernel. What backends compile into a program (head
+    size, GQA group, paged page size) changes with the shape, a few slots apart: most shapes
+    keep the feature cells' head size and contiguous cache (their programs), the new ones
+    take the family's next head size and KV kind (consecutive over its variants and dtypes,
+    so a family meets them all). What kernels read at run time (seq_len, total length,
+    layouts, split size) changes every slot; the variant's rank offsets each axis so that
+    variants do not pair the same values."""
+
+    def __init__(self, k: KernelInfo, base_head: int, rank: int) -> None:
+        self.rank, self.base_head = rank, base_head
+        self.others = [h for h in cells.HEAD_SIZES if k.head_size_ok(h) and h != base_head] \
+            or [base_head]
+        self.groups = cells.GQA if "gqa" in k.supports else (1,)
+        self.kinds = cells.KV_KINDS if "paged" in k.kv_layouts else (0,)
+        self.flat: list[tuple[str, str]] = [
+            lay for lay in cells.LAYOUTS if lay[0] in k.q_layouts and lay[1] in k.kv_layouts
+        ] or [("BSNH", "BSNH")]
+        self.paged_q: list[str] = [q for q in ("BSNH", "BNSH") if q in k.q_layouts]
+        self.totals, self.unit = cells.tile_totals(k), cells.lift_unit(k)
+        self.split_unit = min(kv_tiles(k))
+        self.max_rows = k.max_seq_len
+        self.n_flat = self.n_paged = 0
+
+    def shape(self, shape: int, slot: int) -> tuple[int, int, int]:
+        """(head size, GQA group, page size or 0) of the dtype's ``shape``-th shape; ``slot``
+        numbers the (variant, dtype) within the family."""
+        g = self.groups[(shape + self.rank) % len(self.groups)]
+        new = shape % cells.SHAPES_PER_DTYPE - (cells.SHAPES_PER_DTYPE - cells.NEW_SHAPES)
+        if new < 0:
+            return self.base_head, g, 0
+        j = slot * cells.NEW_SHAPES + new
+        return self.others[j % len(self.others)], g, self.kinds[j % len(self.kinds)]
+
+    def lengths(self, n: int) -> tuple[int, int]:
+        """(seq_len, total length) of slot n; a total below seq_len is lifted by whole tiles
+        (it keeps its tile edge)."""
+        total = self.totals[(n + 5 * self.rank) % len(self.totals)]
+        s = 1 if total == 1 else cells.SEQ_LENS[(3 * n + self.rank) % len(cells.SEQ_LENS)]
+        if total >= cells.BIG_TOTAL:      # long caches with few rows: the decode shape
+            s = min(s, cells.BIG_ROWS)
+        if self.max_rows is not None:
+            s = min(s, self.max_rows)
+        if total < s:
+            total += self.unit * -(-(s - total) // self.unit)
+        return s, total
+
+    def layout(self, page_size: int) -> tuple[str, str, str]:
+        """(q_layout, kv_layout, kv tag for the label): the next flat pair, or a paged pool."""
+        if page_size and self.paged_q:
+            self.n_paged += 1
+            q = self.paged_q[(self.n_paged - 1 + self.rank) % len(self.paged_q)]
+            return q, "paged", f"paged{page_size}"
+        self.n_flat += 1
+        q, kv = self.flat[(self.n_flat - 1 + self.rank) % len(self.flat)]
+        return q, kv, kv.lower()
+
+    def split_factor(self, n: int) -> float:
+        return cells.SPLIT_FACTORS[(n // 2 + self.rank) % len(cells.SPLIT_FACTORS)]
+
+
+# Small versions of the three workloads profiles are pinned on (decode, whisper, prefill):
+# the rules pick per-vendor parameters from these, and the cells run those parameters here.
+PROFILE_SPECS: tuple[tuple[str, AttentionSpec], ...] = (
+    ("decode", AttentionSpec(batch=1, seq_len=1, past_len=299, num_heads=8, kv_num_heads=2,
+                             head_size=128, dtype="float16", causal=True)),
+    ("whisper", AttentionSpec(batch=1, seq_len=4, past_len=196, num_heads=8, kv_num_heads=8,
+                              head_size=64, dtype="float16", causal=False)),
+    ("prefill", AttentionSpec(batch=1, seq_len=64, past_len=0, num_heads=8, kv_num_heads=2,
+                              head_size=128, dtype="float16", causal=True)),
+)
+
+
+def profile_cases(devices: Iterable[DeviceCaps]) -> tuple[list[Case], dict[str, str]]:
+    """Every stored profile's plan (with and without its vendor opt-in flags), forced on the
+    available device of the same backend. Returns (cases, {label: why not runnable here})."""
+    from ..flags import table as flag_table
+    from ..profiles import profiles
+    devs = [d for d in devices if d.available]
+    reg = regmod.get()
+    out: list[Case] = []
+    skipped: dict[str, str] = {}
+    for name, caps in profiles().items():
+        targets = [d for d in devs if d.backend == caps.backend]
+        vendor_flags = [f.name for f in flag_table().values() if f.vendor == caps.vendor]
+        flag_sets: list[dict[str, Any]] = [{}] + [{f: True} for f in vendor_flags]
+        for flags in flag_sets:
+            for work, spec in PROFILE_SPECS:
+                try:
+                    plan = reg.plan(spec, caps=caps, flags=flags)
+                except NoKernelError as exc:
+                    skipped[f"{name}-{work}"] = f"no plan on the profile: {exc}"
+                    continue
+                tag = f"profile-{name}" + "".join(f"-{f}" for f in flags)
+                for dev in targets:
+                    k = reg.kernel(plan.kernel)
+                    params = {**dict(plan.params), **emulation_params(k, dev)}
+                    run_spec = spec
+                    why = k.not_supported_reasons(run_spec, dev, params)
+                    # A bigger GPU's tiles may not fit a CI device's workgroup storage at this
+                    # head size; the same parameter values at a smaller head size exercise
+                    # the same code path, so try those before giving up.
+                    while why and "workgroup storage" in " ".join(why) and run_spec.head_size > 32:
+                        run_spec = run_spec.replace(head_size=run_spec.head_size // 2)
+                        why = k.not_supported_reasons(run_spec, dev, params)
+                    if why:
+                        skipped[f"{tag}-{work}@{dev.slug}"] = "; ".join(why)
+                        continue
+                    check = "reduce" if k.family == "reduce" else "attention"
+                    out.append(Case(dev.backend, dev.id, dev.slug, k.id, k.family, check,
+                                    f"{tag}-{work}", run_spec, tuple(sorted(params.items())),
+                                    emulated=bool(emulation_params(k, dev)),
+                                    kind="profile", feature=work,
+                                    seed=len(out)))
+    return out, skipped
+
+
+def _feature_of(field_name: str) -> str:
+    return {"alibi_max_bias": "alibi", "kv_capacity": "kv_capacity"}.get(field_name, field_name)
+
+
+def cases(devices: Iterable[DeviceCaps] | None = None, *, backend: str | None = None,
+          quick: bool = False, kernels: Sequence[KernelInfo] | None = None) -> list[Case]:
+    """All cells for the available devices (optionally one backend)."""
+    reg = regmod.get()
+    devs = [d for d in (devices if devices is not None else reg.devices(backend)) if d.available]
+    out: list[Case] = []
+    for dev in devs:
+        mine = [k for k in (kernels if kernels is not None else reg.kernels(dev.backend))
+                if k.backend == dev.backend]
+        ranks, slots = variant_ranks(mine)
+        for k in mine:
+            out += _Gen(k, dev, quick, ranks[k.id], slots[k.id]).generate()
+    if kernels is None:
+        out += profile_cases(devs)[0]
+    return list(unique(out))
+
+
+def uncovered(all_cases: Sequence[Case], devices: Iterable[DeviceCaps]) -> dict[str, str]:
+    """Registered kernels with no cell on any of the given devices, and why (their reasons
+    on a plain spec)."""
+    reg = regmod.get()
+    have = {c.kernel for c in all_cases}
+    out = {}
+    devs = [d for d in devices if d.available]
+    for k in reg.kernels():
+        mine = [d for d in devs if d.backend == k.backend]
+        if k.id in have or not mine:
+            continue
+        g = _Gen(k, mine[0], True)
+        spec = AttentionSpec(**g.base())
+        out[k.id] = "; ".join(k.not_supported_reasons(spec, mine[0], g.emu)) or "no case generated"
+    return out
