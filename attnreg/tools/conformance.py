@@ -23,8 +23,9 @@ from ..errors import NoKernelError
 from ..kernel import KernelInfo
 from ..session import Session
 from ..tensors import check_tensors
-from .cases import PROFILE_SPECS, cases, profile_cases, uncovered
+from .cases import cases, uncovered
 from .cells import Case
+from .profile_cells import PROFILE_SPECS, profile_cases
 from .testing import compare, compare_partials, doc_mask, expected, make_tensors
 
 __all__ = ["PROFILE_SPECS", "Case", "Result", "cases", "inputs_for", "load_required",
