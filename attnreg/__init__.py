@@ -25,7 +25,7 @@ from .api import (
 )
 from .caps import DeviceCaps
 from .device_tensor import DeviceTensor, KVCache
-from .errors import KernelUnavailable, NoKernelError, SpecError
+from .errors import ClosedError, KernelUnavailable, NoKernelError, SpecError
 from .flags import Flag
 from .hookspecs import Backend, Command, Runtime, hookimpl
 from .kernel import KernelInfo
@@ -40,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionSpec",
     "Backend",
+    "ClosedError",
     "Command",
     "DeviceCaps",
     "DeviceTensor",

@@ -49,10 +49,12 @@ def build(spec: AttentionSpec, bias: np.ndarray, q_tile: int, kv_tile: int) -> B
     n_k = -(-c // kv_tile)
     full = np.broadcast_to(bias, (bb, hb, s, c))
     pad_s, pad_c = n_q * q_tile - s, n_k * kv_tile - c
-    # Padding rows/keys are -inf so they never make a block visible on their own.
+    # Padding rows/keys are -inf so they never make a block visible on their own. A block is
+    # skipped only where every entry is -inf: a NaN or +inf entry must reach the kernel (it
+    # poisons the rows that see it).
     x = np.pad(full, ((0, 0), (0, 0), (0, pad_s), (0, pad_c)), constant_values=-np.inf)
     tiles = x.reshape(bb, hb, n_q, q_tile, n_k, kv_tile)
-    visible = np.isfinite(tiles).any(axis=(3, 5))                    # [bb, hb, n_q, n_k]
+    visible = (~np.isneginf(tiles)).any(axis=(3, 5))                 # [bb, hb, n_q, n_k]
     valid = np.ones((n_q, q_tile, n_k, kv_tile), bool)
     if pad_s:
         valid[-1, q_tile - pad_s:] = False

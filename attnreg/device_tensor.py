@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import SpecError
+from .interrupts import deferred
 from .spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -52,15 +53,13 @@ class DeviceTensor:
         return self.session._download(self)
 
     def free(self) -> None:
-        """Release the device memory now; the tensor cannot be used afterwards."""
-        if not self.freed:
-            self.session._free(self)
-            self.freed = True
+        """Release the device memory now; any later use raises ClosedError. Freeing twice,
+        or after the Session closed (which freed everything), is harmless."""
+        self.session._free(self)
 
     def write(self, array: np.ndarray, offset_elems: int = 0) -> None:
         """Copy a host array into the tensor, starting at a flat element offset."""
         self.session._upload(self, array, offset_elems)
-        self.version += 1
 
     def __repr__(self) -> str:
         return f"DeviceTensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device_id})"
@@ -107,6 +106,12 @@ class KVCache:
                     or any(w is not None and w != s for w, s in zip(want, x.shape)):
                 raise SpecError(name, x, f"a {self.dtype} array [B={self.batch}, S, "
                                 f"Nkv={self.kv_num_heads}, H={self.head_size}]")
+        with self.session._lock, deferred():
+            self._append(k_new, v_new)
+
+    def _append(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
+        for t in (self.k, self.v, self.seqlens):
+            self.session._live(t)
         s = k_new.shape[1]
         if v_new.shape != k_new.shape:
             raise SpecError("v_new.shape", v_new.shape, f"the shape of k_new {k_new.shape}")
@@ -123,6 +128,15 @@ class KVCache:
                 else:                           # one strip per (batch, head)
                     for j in range(n):
                         dst.write(np.ascontiguousarray(src[b, :, j]), ((b * n + j) * c + start) * h)
-        self.lengths += s
-        self.seqlens.write(self.lengths)
-        self.seqlens.host = self.lengths.copy()
+        # The lengths move last, device first: an exception (or an interrupt that was not
+        # deferred, from another signal) before this point leaves the old lengths on both
+        # sides (the new tokens sit beyond them, unseen); one during the seqlens write is
+        # rolled back, so host lengths and device seqlens never disagree.
+        old, grown = self.lengths, self.lengths + s
+        try:
+            self.seqlens.write(grown)
+            self.lengths = grown
+        except BaseException:
+            self.lengths = old
+            self.seqlens.write(old)
+            raise

@@ -60,3 +60,12 @@ class KernelUnavailable(RuntimeError):
         self.kernel_id = kernel_id
         self.reason = reason
         super().__init__(f"{kernel_id}: {reason}")
+
+
+class ClosedError(SpecError):
+    """A Session used after ``close()``, or a DeviceTensor / KVCache used after ``free()`` or
+    after its Session closed. Its memory is gone, so the call is refused before it reaches a
+    device (where it would crash the driver)."""
+
+    def __init__(self, what: str, value: Any, expected: str) -> None:
+        super().__init__(what, value, expected)

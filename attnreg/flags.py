@@ -81,8 +81,8 @@ def _convert(name: str, value: Any, flag: Flag) -> Any:
         raise SpecError(f"flags[{name!r}]", value, f"a {flag.type.__name__} ({flag.doc})")
     if flag.choices is not None and value not in flag.choices:
         raise SpecError(f"flags[{name!r}]", value, f"one of {list(flag.choices)}")
-    if flag.type is int and value < 0:
-        raise SpecError(f"flags[{name!r}]", value, "an integer >= 0")
+    if flag.type is int and not 0 <= value <= 2**31 - 1:
+        raise SpecError(f"flags[{name!r}]", value, "an integer in [0, 2**31-1]")
     return value
 
 

@@ -109,6 +109,15 @@ class KernelInfo:
         lo, hi, step = self.head_sizes
         return lo <= h <= hi and h % step == 0
 
+    def takes(self, name: str) -> bool:
+        """Whether ``name`` is a parameter of this kernel (one the caller may set)."""
+        if name in self.params or name in self.defaults or name in self.choices \
+                or name in self.emulation:
+            return True
+        if self.family == "reduce":
+            return name == "n_splits"
+        return name in ("split_size", "n_splits") and self.family in SPLIT_FAMILIES
+
     def storage_need(self, spec: AttentionSpec, params: Mapping[str, Any]) -> int:
         return 0 if self.workgroup_storage is None else int(self.workgroup_storage(spec, params))
 

@@ -23,7 +23,10 @@ class SplitGeometry:
 
     @staticmethod
     def over(capacity: int, split_size: int) -> SplitGeometry:
-        return SplitGeometry(-(-int(capacity) // int(split_size)), int(split_size))
+        # A split longer than the cache is the whole cache (the same single split); keeping
+        # it at C keeps the kernels' key arithmetic ((t + 1) * split_size) inside int32.
+        size = max(1, min(int(split_size), int(capacity)))
+        return SplitGeometry(-(-int(capacity) // size), size)
 
     @property
     def params(self) -> dict[str, int]:

@@ -123,6 +123,9 @@ class DevicePlanner:
                 ctx.params.update(SplitGeometry.over(self.spec.capacity,
                                                      int(ctx.params["split_size"])).params)
             reasons = k.not_supported_reasons(self.spec, self.caps, ctx.params)
+            # A caller's parameter the kernel does not take would be silently dropped.
+            reasons += [f"takes no parameter {n} (the caller set {n}={user[n]!r})"
+                        for n in sorted(ctx.user) if primary and not k.takes(n)]
             if (self.caps.id, k.id) in self.exclude:
                 reasons.append(self.exclude[(self.caps.id, k.id)])
             if not forced_here:

@@ -2,6 +2,16 @@
 
 Layout inside this module is canonical: q/out [B, Nq, S, H], k/v [B, Nkv, C, H]; queries
 are grouped as [B, Nkv, G, S, H] so that GQA is a reshape, never a copy of K/V.
+
+Non-finite inputs (CONTRACT "Non-finite values"), with visibility positional (key j is
+visible to row i by L_b, causality and the window alone; a -inf bias masks the key's logit
+but leaves it visible):
+- what row i cannot see never changes it: invisible keys and values, their bias entries and
+  memory past L_b are never multiplied (selected away, not weighted by 0: 0 * NaN = NaN);
+- a non-finite q_i or k_j of a visible key, or a NaN / +inf logit (a NaN or +inf bias entry)
+  makes row i's out all-NaN and its lse NaN;
+- a non-finite v_j[d] of a visible key (whatever its weight, 0 included) makes out[.., d]
+  NaN; lse is unaffected by v. Partial states follow the same rules per split.
 """
 
 from __future__ import annotations
@@ -63,13 +73,21 @@ class _Problem:
         self.lengths = valid_lengths(spec, tensors)                         # [B]
         self.keys = np.arange(c)
         exists = self.keys[None, :] < self.lengths[:, None]                 # [B, C]
-        # Keys past L_b may hold NaN; zero them so 0-weights never meet NaN in P @ V.
+        # Keys past L_b may hold anything: they are zeroed. Non-finite values that exist are
+        # zeroed too and remembered, so that the matmuls stay finite and only the rows that
+        # see them are poisoned (never through a weight of 0: 0 * NaN = NaN).
         table = tensors.get("block_table")
-        k = kv_canonical(spec, tensors["k"], table)
-        v = kv_canonical(spec, tensors["v"], table)
-        self.k = np.where(exists[:, None, :, None], k, 0.0)
-        self.v = np.where(exists[:, None, :, None], v, 0.0)
-        self.q = q_canonical(spec, tensors["q"]).reshape(b, nkv, g, s, h)
+        k = np.where(exists[:, None, :, None], kv_canonical(spec, tensors["k"], table), 0.0)
+        v = np.where(exists[:, None, :, None], kv_canonical(spec, tensors["v"], table), 0.0)
+        q = q_canonical(spec, tensors["q"]).reshape(b, nkv, g, s, h)
+        k_fin, v_fin, q_fin = np.isfinite(k), np.isfinite(v), np.isfinite(q)
+        self.k = np.where(k_fin, k, 0.0)
+        self.v = np.where(v_fin, v, 0.0)
+        self.q = np.where(q_fin, q, 0.0)
+        self.k_bad = np.asarray(~k_fin.all(axis=-1))                        # [B, Nkv, C]
+        self.q_bad = np.asarray(~q_fin.all(axis=-1))                        # [B, Nkv, G, S]
+        # [B, Nkv, C, H] as float (for visible @ v_bad), or None when v is all finite
+        self.v_bad = None if v_fin.all() else (~v_fin).astype(np.float64)
         self.bias = None
         if spec.bias:
             bias = np.asarray(tensors["bias"], dtype=np.float64)
@@ -89,19 +107,23 @@ class _Problem:
         step = max(1, _MAX_SCORE_ELEMS // max(per_row, 1))
         return [slice(r, min(r + step, spec.seq_len)) for r in range(0, spec.seq_len, step)]
 
-    def logits(self, rows: slice) -> np.ndarray:
-        """s_j for rows, [B, Nkv, G, r, C]; invisible keys are -inf."""
+    def logits(self, rows: slice) -> tuple[np.ndarray, np.ndarray]:
+        """(s_j, visible) for rows: s [B, Nkv, G, r, C] with invisible keys -inf and NaN
+        where the row's q or the key's k is not finite; visible [B, 1, 1, r, C]."""
         spec = self.spec
         q = self.q[:, :, :, rows]
         b, n, g, r, h = q.shape
         # matmul, not einsum: BLAS keeps a 32-head, 8k-key decode well under a second.
         s = (q.reshape(b, n, g * r, h) @ self.k.swapaxes(-1, -2)).reshape(b, n, g, r, -1)
         s = s * spec.effective_scale
-        if spec.softcap > 0:
-            s = spec.softcap * np.tanh(s / spec.softcap)
-        if self.bias is not None:
-            bias = self.bias[:, :, :, rows] if self.bias.shape[3] > 1 else self.bias
-            with np.errstate(invalid="ignore"):
+        bad = self.q_bad[:, :, :, rows, None] | self.k_bad[:, :, None, None, :]
+        if bad.any():
+            s = np.where(bad, np.nan, s)
+        with np.errstate(invalid="ignore"):
+            if spec.softcap > 0:
+                s = spec.softcap * np.tanh(s / spec.softcap)
+            if self.bias is not None:
+                bias = self.bias[:, :, :, rows] if self.bias.shape[3] > 1 else self.bias
                 s = s + bias
         pos = (self.lengths[:, None] - spec.seq_len + np.arange(spec.seq_len)[rows][None, :])
         pos = pos[:, None, None, :, None]                                   # p_i, [B,1,1,r,1]
@@ -113,13 +135,20 @@ class _Problem:
             visible = visible & (j <= pos)
         if spec.local_window > 0:
             visible = visible & (j > pos - spec.local_window)
-        return np.where(visible, s, -np.inf)
+        return np.where(visible, s, -np.inf), visible
 
 
 def _softmax_pv(s: np.ndarray, v: np.ndarray, extra: np.ndarray | None,
-                spec_in: str, spec_out: str) -> tuple[np.ndarray, np.ndarray]:
+                spec_in: str, spec_out: str, visible: np.ndarray | None = None,
+                v_bad: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Softmax over the last axis of s (plus an optional extra logit in the denominator)
-    and the weighted sum of v. Rows with nothing visible give o = 0, lse = -inf."""
+    and the weighted sum of v. Rows with nothing visible give o = 0, lse = -inf. A NaN or
+    +inf logit makes its row's o and lse NaN; where a visible key's v is not finite
+    (``v_bad``, 1.0 there, with v itself zeroed) o is NaN in that component."""
+    poison = np.isnan(s) | np.isposinf(s)
+    row_bad = poison.any(axis=-1)
+    if row_bad.any():
+        s = np.where(poison, -np.inf, s)
     m = s.max(axis=-1)
     if extra is not None:
         m = np.maximum(m, extra)
@@ -132,6 +161,13 @@ def _softmax_pv(s: np.ndarray, v: np.ndarray, extra: np.ndarray | None,
     with np.errstate(divide="ignore", invalid="ignore"):
         o = np.where((l > 0)[..., None], o / np.where(l > 0, l, 1.0)[..., None], 0.0)
         lse = np.where(l > 0, m_safe + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+    if v_bad is not None and visible is not None:
+        # rows x components that see a non-finite v: (visible as 0/1) @ (v non-finite as 0/1)
+        vis = np.broadcast_to(visible, s.shape).astype(np.float64)
+        o = np.where(np.einsum(f"{spec_in},{spec_out}", vis, v_bad) > 0, np.nan, o)
+    if row_bad.any():
+        o = np.where(row_bad[..., None], np.nan, o)
+        lse = np.where(row_bad, np.nan, lse)
     return o, lse
 
 
@@ -145,9 +181,9 @@ def attention(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> tuple[n
     out = np.empty((b, nq, s, h))
     lse = np.empty((b, nq, s))
     for rows in p.row_chunks():
-        logits = p.logits(rows)
+        logits, visible = p.logits(rows)
         extra = None if p.sink is None else np.broadcast_to(p.sink, logits.shape[:-1])
-        o, l = _softmax_pv(logits, p.v, extra, "bngrj", "bnjh->bngrh")
+        o, l = _softmax_pv(logits, p.v, extra, "bngrj", "bnjh->bngrh", visible, p.v_bad)
         r = o.shape[3]
         out[:, :, rows] = o.reshape(b, nq, r, h)
         lse[:, :, rows] = l.reshape(b, nq, r)
@@ -170,15 +206,19 @@ def partial_states(spec: AttentionSpec, tensors: Mapping[str, np.ndarray],
     nkv, g = spec.kv_num_heads, spec.group_size
     t = n_splits(spec, split_size)
     pad = t * split_size - c
-    v = np.pad(p.v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, nkv, t, split_size, h)
+    pad_kv = ((0, 0), (0, 0), (0, pad), (0, 0))
+    v = np.pad(p.v, pad_kv).reshape(b, nkv, t, split_size, h)
+    v_bad = None if p.v_bad is None else np.pad(p.v_bad, pad_kv).reshape(b, nkv, t, split_size, h)
     o_parts = np.empty((b, nq, s, t, h))
     lse_parts = np.empty((b, nq, s, t))
     for rows in p.row_chunks():
-        logits = p.logits(rows)
+        logits, visible = p.logits(rows)
         r = logits.shape[3]
         logits = np.pad(logits, ((0, 0),) * 4 + ((0, pad),), constant_values=-np.inf)
         logits = logits.reshape(b, nkv, g, r, t, split_size)
-        o, l = _softmax_pv(logits, v, None, "bngrtj", "bntjh->bngrth")
+        visible = np.broadcast_to(visible, (b, 1, 1, r, c))
+        visible = np.pad(visible, ((0, 0),) * 4 + ((0, pad),)).reshape(b, 1, 1, r, t, split_size)
+        o, l = _softmax_pv(logits, v, None, "bngrtj", "bntjh->bngrth", visible, v_bad)
         o_parts[:, :, rows] = o.reshape(b, nq, r, t, h)
         lse_parts[:, :, rows] = l.reshape(b, nq, r, t)
     return o_parts, lse_parts
@@ -187,23 +227,32 @@ def partial_states(spec: AttentionSpec, tensors: Mapping[str, np.ndarray],
 def combine(o_parts: np.ndarray, lse_parts: np.ndarray,
             sink: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The split-KV reduce: o_parts [..., T, H], lse_parts [..., T], sink broadcastable to
-    [...]. Returns (out [..., H], lse [...]) in float64; no NaN even where o_t is garbage
-    in a split whose lse_t is -inf."""
+    [...]. Returns (out [..., H], lse [...]) in float64. A split whose lse_t is -inf adds
+    nothing, whatever its o_t holds (no NaN from it); every other split's o_t is multiplied
+    by its weight, 0 included, so a NaN or inf in it reaches out (as NaN). A NaN or +inf
+    lse_t makes the row's out and lse NaN."""
     lse_parts = np.asarray(lse_parts, dtype=np.float64)
     o_parts = np.asarray(o_parts, dtype=np.float64)
+    poison = np.isnan(lse_parts) | np.isposinf(lse_parts)
+    row_bad = poison.any(axis=-1)
+    empty = np.isneginf(lse_parts) | poison
+    lse_parts = np.where(poison, -np.inf, lse_parts)
     m = lse_parts.max(axis=-1)
     if sink is not None:
         m = np.maximum(m, sink)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     w = np.exp(lse_parts - m_safe[..., None])
-    num = np.where((w > 0)[..., None], w[..., None] * o_parts, 0.0).sum(axis=-2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        num = np.where(empty[..., None], 0.0, w[..., None] * o_parts).sum(axis=-2)
     den = w.sum(axis=-1)
     if sink is not None:
         den = den + np.exp(sink - m_safe)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where((den > 0)[..., None], num / np.where(den > 0, den, 1.0)[..., None], 0.0)
         lse = np.where(den > 0, m_safe + np.log(np.where(den > 0, den, 1.0)), -np.inf)
-    return out, lse
+    out = np.where(np.isfinite(out), out, np.nan)           # an inf in o_t: NaN, as kernels
+    out = np.where(row_bad[..., None], np.nan, out)
+    return out, np.where(row_bad, np.nan, lse)
 
 
 def reduce(spec: AttentionSpec, o_parts: np.ndarray, lse_parts: np.ndarray,

@@ -14,6 +14,7 @@ import pluggy
 
 from . import flags as flagmod
 from . import hookspecs, rules
+from . import params as paramsmod
 from .caps import DeviceCaps, unavailable
 from .errors import NoKernelError, SpecError
 from .hookspecs import Backend, Command
@@ -194,8 +195,18 @@ class Registry:
         if op not in OPS:
             raise SpecError("op", op, f"one of {OPS}")
         f = flagmod.resolve(flags) if flags is None or not _is_resolved(flags) else dict(flags)
-        forced = kernel or f.get("force_kernel") or None
-        forced_k = self.kernel(forced) if forced else None
+        if kernel is not None and not isinstance(kernel, str):
+            raise SpecError("kernel", kernel, "None or a registered kernel id (a str)")
+        params = paramsmod.check(params, self.kernels())
+        forced_k = None
+        if kernel:
+            forced_k = self.kernel(kernel)
+        elif f.get("force_kernel"):
+            if f["force_kernel"] not in {k.id for k in self.kernels()}:
+                raise SpecError("flags['force_kernel']", f["force_kernel"],
+                                f"a registered kernel id; known: {sorted(k.id for k in self.kernels())}")
+            forced_k = self.kernel(f["force_kernel"])
+        forced = forced_k.id if forced_k is not None else None
         if forced_k is not None:
             if backend is not None and backend != forced_k.backend:
                 raise SpecError("kernel", forced, f"a kernel of the selected backend {backend!r}")
@@ -208,8 +219,6 @@ class Registry:
             if backend is not None:
                 self.backend(backend)
             devs = self.find_device(backend, device)
-        if params is not None and not isinstance(params, Mapping):
-            raise SpecError("params", params, "a mapping of parameter name -> value")
         rejected: dict[str, list[str]] = {}
         multi = {d.backend for d in devs if sum(x.backend == d.backend for x in devs) > 1}
         for i, dev in enumerate(devs):

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import flags as flagmod
+from . import params as paramsmod
 from . import registry as regmod
 from .caps import DeviceCaps
 from .device_tensor import DTYPES, DeviceTensor, KVCache
-from .errors import KernelUnavailable, SpecError
+from .errors import ClosedError, KernelUnavailable, SpecError
 from .hookspecs import Runtime
+from .interrupts import deferred
 from .plan import Plan
 from .spec import AttentionSpec
 from .states import check_partials, merge_as_reduce
@@ -24,8 +28,25 @@ def _freeze(m: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((m or {}).items()))
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def serialized(method: F) -> F:
+    """A Session operation: one thread at a time (the session's lock), refused after
+    close(), and with Ctrl-C held until the device is consistent again (interrupts.py)."""
+    @functools.wraps(method)
+    def run(self: Session, *args: Any, **kw: Any) -> Any:
+        with self._lock, deferred():
+            self._check_open()
+            return method(self, *args, **kw)
+    return run  # type: ignore[return-value]
+
+
 class Session:
     """Holds plans, compiled kernels and buffers across calls; use as a context manager.
+
+    Threads: a Session may be shared; its operations (and those of its tensors and KV
+    caches) run one at a time under its lock. Separate Sessions run concurrently.
 
     >>> import attnreg, numpy as np
     >>> spec = attnreg.AttentionSpec(seq_len=1, past_len=7, head_size=8)
@@ -64,20 +85,33 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        with self._lock:
-            for rt in self._runtimes.values():
-                rt.close()
+        """Release every device buffer and compiled program; later calls on the session, its
+        tensors or KV caches raise ClosedError. Closing twice is harmless."""
+        with self._lock, deferred():
+            self.closed = True
+            runtimes = list(self._runtimes.values())
             self._runtimes.clear()
             self._plans.clear()
-            self.closed = True
+            for rt in runtimes:
+                rt.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("session", "closed", "an open Session (it was closed)")
 
     # -- planning ----------------------------------------------------------------------
     def plan(self, spec: AttentionSpec, *, op: str = "attention", kernel: str | None = None,
              params: Mapping[str, Any] | None = None,
              flags: Mapping[str, Any] | None = None) -> Plan:
         """The plan for ``spec`` (cached: a decode loop plans once)."""
+        if flags is not None:
+            flagmod.resolve(flags, use_env=False)       # names, types, choices: SpecError
+        if kernel is not None and not isinstance(kernel, str):
+            raise SpecError("kernel", kernel, "None or a registered kernel id (a str)")
+        params = paramsmod.check(params, self.registry.kernels()) if params else None
         key = (spec, op, kernel, _freeze(params), _freeze(flags))
         with self._lock:
+            self._check_open()
             plan = self._plans.get(key)
             if plan is None:
                 merged = flagmod.resolve(self.flags, flags)
@@ -95,8 +129,7 @@ class Session:
 
     def _runtime(self, caps: DeviceCaps) -> Runtime:
         with self._lock:
-            if self.closed:
-                raise SpecError("session", "closed", "an open Session (it was closed)")
+            self._check_open()
             rt = self._runtimes.get(caps.id)
             if rt is None:
                 rt = self._runtimes[caps.id] = self.registry.backend(caps.backend).open(caps)
@@ -118,6 +151,11 @@ class Session:
                 rt = self.runtime(plan)
                 self._check_resident(plan, inputs)
                 return plan, rt.launch(plan, inputs, outputs)
+            except MemoryError:
+                # Host memory (the reference's float64 copies, host-staged inputs): a
+                # request too big for this machine, refused like any other.
+                raise SpecError("spec", spec, f"a request whose host-side buffers fit in "
+                                f"memory on {plan.caps.name} ({plan.kernel})") from None
             except KernelUnavailable as exc:
                 # Remember the failure for this device and plan again without that kernel.
                 with self._lock:
@@ -141,28 +179,45 @@ class Session:
     def _device_runtime(self, device_id: str) -> Runtime:
         return self._runtime(next(d for d in self.registry.devices() if d.id == device_id))
 
+    @serialized
     def empty(self, shape: Sequence[int], dtype: str, *, device: str | int | None = None
               ) -> DeviceTensor:
         """An uninitialised tensor on the session's device (contents are unspecified)."""
-        if np.dtype(dtype).name not in DTYPES:
+        name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
+        if name not in DTYPES:
             raise SpecError("dtype", dtype, f"one of {DTYPES}")
+        if not isinstance(shape, (tuple, list)) or not all(
+                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in shape):
+            raise SpecError("shape", shape, "a tuple of integers")
         shape = tuple(int(x) for x in shape)
         if any(x < 1 for x in shape):
             raise SpecError("shape", shape, "positive sizes")
+        if math.prod(shape) > paramsmod.INT_MAX:
+            raise SpecError("shape", shape, "at most 2**31-1 elements (kernels index with int32)")
         dev = self.home_device(device)
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(name).itemsize
+        caps = next(d for d in self.registry.devices() if d.id == dev)
+        cap = caps.limit("buffer_size")
+        if cap is not None and nbytes > cap:
+            raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {caps.name} "
+                            f"({nbytes} bytes asked)")
         handle = self._device_runtime(dev).alloc(nbytes)
-        return DeviceTensor(self, dev, handle, shape, np.dtype(dtype).name)
+        return DeviceTensor(self, dev, handle, shape, name)
 
+    @serialized
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor:
         """Upload a host array once; pass the result to run() as often as you like."""
+        if not isinstance(array, np.ndarray):
+            raise SpecError("array", array, f"a numpy array of one of {DTYPES}")
         arr = np.ascontiguousarray(array)
         t = self.empty(arr.shape, arr.dtype.name, device=device)
         t.write(arr)
-        if arr.dtype == np.int32 and arr.size <= 4096:
+        if arr.dtype in (np.int32, np.float32) and arr.size <= 4096:
+            # seqlens, block tables, head sinks: checked on every run without a read-back
             t.host = arr.copy()
         return t
 
+    @serialized
     def kv_cache(self, *, batch: int, kv_num_heads: int, head_size: int, capacity: int,
                  dtype: str = "float16", layout: str = "BSNH",
                  device: str | int | None = None) -> KVCache:
@@ -170,7 +225,21 @@ class Session:
         return KVCache(self, batch=batch, kv_num_heads=kv_num_heads, head_size=head_size,
                        capacity=capacity, dtype=dtype, layout=layout, device=device)
 
+    def _live(self, t: DeviceTensor) -> None:
+        if t.freed:
+            raise ClosedError("tensor", t, "a live DeviceTensor (it was freed)")
+        if self.closed:
+            raise ClosedError("tensor", t, "a tensor of an open Session (its Session was "
+                              "closed, so its memory is gone)")
+
+    @serialized
     def _upload(self, t: DeviceTensor, array: Any, offset_elems: int = 0) -> None:
+        self._live(t)
+        if not isinstance(array, np.ndarray):
+            raise SpecError("array", array, f"a numpy array of {t.dtype.name}")
+        if isinstance(offset_elems, bool) or not isinstance(offset_elems, (int, np.integer)):
+            raise SpecError("offset_elems", offset_elems, "an integer >= 0")
+        offset_elems = int(offset_elems)
         arr = np.ascontiguousarray(array)
         if arr.dtype != t.dtype:
             raise SpecError("array.dtype", arr.dtype.name, f"{t.dtype.name} like the tensor")
@@ -179,13 +248,22 @@ class Session:
             raise SpecError("array", arr, f"at most {t.nbytes // t.dtype.itemsize - offset_elems}"
                             " elements at that offset")
         self._device_runtime(t.device_id).upload(t.handle, arr, offset_elems * t.dtype.itemsize)
+        if t.host is not None:           # keep the host mirror of small tensors exact
+            t.host.reshape(-1)[offset_elems:offset_elems + arr.size] = arr.reshape(-1)
+        t.version += 1
 
     def _free(self, t: DeviceTensor) -> None:
-        rt = self._runtimes.get(t.device_id)
-        if rt is not None:
-            rt.free(t.handle)
+        with self._lock, deferred():
+            if t.freed:
+                return
+            t.freed = True
+            rt = self._runtimes.get(t.device_id)
+            if rt is not None and not self.closed:      # a closed session freed it already
+                rt.free(t.handle)
 
+    @serialized
     def _download(self, t: DeviceTensor) -> np.ndarray:
+        self._live(t)
         raw = self._device_runtime(t.device_id).download(t.handle, t.nbytes)
         return np.frombuffer(bytes(raw), dtype=t.dtype, count=int(np.prod(t.shape))).reshape(t.shape)
 
@@ -194,12 +272,15 @@ class Session:
         for n, x in inputs.items():
             if not isinstance(x, DeviceTensor):
                 continue
-            if x.session is not self or x.freed:
+            if x.freed:
+                raise ClosedError(f"tensors[{n!r}]", x, "a live DeviceTensor (it was freed)")
+            if x.session is not self:
                 raise SpecError(f"tensors[{n!r}]", x, "a live DeviceTensor of this Session")
             if x.device_id != plan.caps.id:
                 raise SpecError(f"tensors[{n!r}]", x, f"a tensor on the planned device {plan.caps.id}")
 
     # -- ops ---------------------------------------------------------------------------
+    @serialized
     def run(self, spec: AttentionSpec, tensors: Mapping[str, Any], *, kernel: str | None = None,
             params: Mapping[str, Any] | None = None, flags: Mapping[str, Any] | None = None,
             out: DeviceTensor | None = None) -> Any:
@@ -215,6 +296,7 @@ class Session:
         _, res = self._launch(spec, "attention", inputs, kernel, params, flags, out)
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
+    @serialized
     def prepare(self, spec: AttentionSpec, tensors: Mapping[str, Any], *,
                 out: DeviceTensor | None = None, kernel: str | None = None,
                 params: Mapping[str, Any] | None = None,
@@ -235,6 +317,7 @@ class Session:
         self._check_resident(plan, inputs)                 # ownership/device checks, once
         return PreparedRun(self, plan, self.runtime(plan), dict(inputs), out)
 
+    @serialized
     def run_with_plan(self, spec: AttentionSpec, tensors: Mapping[str, Any], **kw: Any
                       ) -> tuple[Any, Plan]:
         """Like run(), also returning the plan that actually ran."""
@@ -244,6 +327,7 @@ class Session:
                                  kw.get("flags"))
         return ((res["out"], res["lse"]) if spec.return_lse else res["out"]), plan
 
+    @serialized
     def partial_states(self, spec: AttentionSpec, tensors: Mapping[str, Any], *,
                        split_size: int | None = None, kernel: str | None = None,
                        params: Mapping[str, Any] | None = None,
@@ -259,6 +343,7 @@ class Session:
         _, res = self._launch(spec, "partial", inputs, kernel, p, flags)
         return res["o_parts"], res["lse_parts"]
 
+    @serialized
     def reduce_states(self, spec: AttentionSpec, o_parts: Any, lse_parts: Any,
                       head_sink: Any = None, *, kernel: str | None = None,
                       flags: Mapping[str, Any] | None = None) -> Any:
@@ -269,6 +354,7 @@ class Session:
         _, res = self._launch(spec, "reduce", inputs, kernel, {"n_splits": t}, flags)
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
+    @serialized
     def merge_states(self, states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
         """merge_states on this session's device: the states become the splits of one reduce.
 
@@ -290,15 +376,21 @@ class PreparedRun:
         self.outputs = {"out": out} if out is not None else None
 
     def __call__(self) -> Any:
-        if self.session.closed:
-            raise SpecError("session", "closed", "an open Session (it was closed)")
-        if any(isinstance(x, DeviceTensor) and x.freed for x in self.inputs.values()):
-            raise SpecError("tensors", "freed", "live DeviceTensors (one was freed)")
-        res = self.runtime.launch(self.plan, self.inputs, self.outputs)
+        s = self.session
+        with s._lock, deferred():
+            s._check_open()
+            for name, x in self.inputs.items():
+                if isinstance(x, DeviceTensor) and x.freed:
+                    raise ClosedError(f"tensors[{name!r}]", x, "a live DeviceTensor (it was freed)")
+            if self.out is not None and self.out.freed:
+                raise ClosedError("out", self.out, "a live DeviceTensor (it was freed)")
+            res = self.runtime.launch(self.plan, self.inputs, self.outputs)
         return (res["out"], res["lse"]) if self.plan.spec.return_lse else res["out"]
 
 
 def _check_out(spec: AttentionSpec, out: Any) -> None:
+    if isinstance(out, DeviceTensor) and out.freed:
+        raise ClosedError("out", out, "a live DeviceTensor (it was freed)")
     if not isinstance(out, DeviceTensor) or out.shape != spec.out_shape \
             or out.dtype != np.dtype(spec.dtype):
         raise SpecError("out", out, f"a {spec.dtype} DeviceTensor of shape {spec.out_shape}")

@@ -11,6 +11,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from .errors import SpecError
 
 DTYPES = ("float32", "float16")
+# Kernels compute with int32 indices and float32 scalars (CONTRACT: "Non-finite values and
+# scalar fields"): integer fields and tensor element counts must fit int32, non-zero float
+# fields float32's normal range. Beyond that a kernel would wrap, overflow or flush to zero.
+INT_MAX = 2**31 - 1
+F32_MAX = 3.4028234663852886e38
+F32_TINY = 1.1754943508222875e-38
 LAYOUTS = ("BSNH", "BNSH")
 KV_LAYOUTS = ("BSNH", "BNSH", "paged")
 
@@ -36,23 +42,26 @@ Float = Annotated[float, BeforeValidator(_exact_float)]
 
 # What each field accepts, in words; used in every SpecError for that field.
 EXPECTED: dict[str, str] = {
-    "batch": "an integer >= 1",
-    "seq_len": "an integer >= 1 (new query tokens)",
-    "past_len": "an integer >= 0 (cached tokens before the new ones)",
-    "num_heads": "an integer >= 1",
-    "kv_num_heads": "an integer >= 1 that divides num_heads",
-    "head_size": "an integer >= 1",
+    "batch": "an integer in [1, 2**31-1]",
+    "seq_len": "an integer in [1, 2**31-1] (new query tokens)",
+    "past_len": "an integer in [0, 2**31-1] (cached tokens before the new ones)",
+    "num_heads": "an integer in [1, 2**31-1]",
+    "kv_num_heads": "an integer in [1, 2**31-1] that divides num_heads",
+    "head_size": "an integer in [1, 2**31-1]",
     "dtype": "one of 'float32', 'float16'",
     "q_layout": "one of 'BSNH', 'BNSH'",
     "kv_layout": "one of 'BSNH', 'BNSH', 'paged'",
-    "page_size": "None, or with kv_layout='paged' an integer >= 1 (keys per page)",
-    "num_pages": "None, or with kv_layout='paged' an integer >= 1 (pages in the k/v pools)",
+    "page_size": "None, or with kv_layout='paged' an integer in [1, 2**31-1] (keys per page)",
+    "num_pages": "None, or with kv_layout='paged' an integer in [1, 2**31-1] (pages in the "
+                 "k/v pools)",
     "causal": "a bool",
-    "scale": "None (1/sqrt(head_size)) or a finite float > 0",
-    "softcap": "a finite float >= 0 (0 disables)",
-    "local_window": "an integer >= -1 (-1 or 0 disables)",
-    "alibi_max_bias": "a finite float >= 0 (0 disables)",
-    "kv_capacity": "None (= total_len) or an integer >= past_len + seq_len",
+    "scale": "None (1/sqrt(head_size)) or a float in float32's normal range "
+             "[1.1754944e-38, 3.4028235e38]",
+    "softcap": "0 (disabled) or a float in float32's normal range [1.1754944e-38, 3.4028235e38]",
+    "local_window": "an integer in [-1, 2**31-1] (-1 or 0 disables)",
+    "alibi_max_bias": "0 (disabled) or a float in float32's normal range "
+                      "[1.1754944e-38, 3.4028235e38]",
+    "kv_capacity": "None (= total_len) or an integer in [past_len + seq_len, 2**31-1]",
     "bias": "a bool",
     "seqlens_k": "a bool",
     "head_sink": "a bool",
@@ -73,29 +82,29 @@ class AttentionSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
 
-    batch: Int = Field(1, ge=1)
-    seq_len: Int = Field(1, ge=1)
-    past_len: Int = Field(0, ge=0)
-    num_heads: Int = Field(1, ge=1)
-    kv_num_heads: Int = Field(1, ge=1)
-    head_size: Int = Field(64, ge=1)
+    batch: Int = Field(1, ge=1, le=INT_MAX)
+    seq_len: Int = Field(1, ge=1, le=INT_MAX)
+    past_len: Int = Field(0, ge=0, le=INT_MAX)
+    num_heads: Int = Field(1, ge=1, le=INT_MAX)
+    kv_num_heads: Int = Field(1, ge=1, le=INT_MAX)
+    head_size: Int = Field(64, ge=1, le=INT_MAX)
     dtype: Literal["float32", "float16"] = "float32"
     q_layout: Literal["BSNH", "BNSH"] = "BSNH"
     kv_layout: Literal["BSNH", "BNSH", "paged"] = "BNSH"
     causal: bool = True
     scale: Float | None = None
     softcap: Float = Field(0.0, ge=0.0)
-    local_window: Int = Field(-1, ge=-1)
+    local_window: Int = Field(-1, ge=-1, le=INT_MAX)
     alibi_max_bias: Float = Field(0.0, ge=0.0)
-    kv_capacity: Int | None = None
+    kv_capacity: Int | None = Field(None, le=INT_MAX)
     bias: bool = False
     seqlens_k: bool = False
     head_sink: bool = False
     return_lse: bool = False
     # Paged KV cache (kv_layout="paged"): k/v are page pools [num_pages, page_size, Nkv, H]
     # and a block_table [B, ceil(C / page_size)] int32 maps each sequence's pages.
-    page_size: Int | None = Field(None, ge=1)
-    num_pages: Int | None = Field(None, ge=1)
+    page_size: Int | None = Field(None, ge=1, le=INT_MAX)
+    num_pages: Int | None = Field(None, ge=1, le=INT_MAX)
 
     def __init__(self, **data: Any) -> None:
         unknown = sorted(set(data) - set(type(self).model_fields))
@@ -118,8 +127,15 @@ class AttentionSpec(BaseModel):
         if self.kv_capacity is not None and self.kv_capacity < self.total_len:
             raise SpecError("kv_capacity", self.kv_capacity,
                             f"None or an integer >= past_len + seq_len = {self.total_len}")
-        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
+        if self.scale is not None and not F32_TINY <= self.scale <= F32_MAX:
             raise SpecError("scale", self.scale, EXPECTED["scale"])
+        for name in ("softcap", "alibi_max_bias"):
+            value = getattr(self, name)
+            if value != 0 and not F32_TINY <= value <= F32_MAX:
+                raise SpecError(name, value, EXPECTED[name])
+        if self.total_len > INT_MAX:
+            raise SpecError("past_len", self.past_len,
+                            f"past_len + seq_len <= 2**31-1 (seq_len={self.seq_len})")
         paged = self.kv_layout == "paged"
         for name in ("page_size", "num_pages"):
             value = getattr(self, name)
@@ -127,6 +143,26 @@ class AttentionSpec(BaseModel):
                 raise SpecError(name, value, "an integer >= 1, because kv_layout is 'paged'")
             if not paged and value is not None:
                 raise SpecError(name, value, "None, because kv_layout is not 'paged'")
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Every tensor's element count must fit int32 (what the kernels index with)."""
+        dims = {"batch": self.batch, "seq_len": self.seq_len, "num_heads": self.num_heads,
+                "kv_num_heads": self.kv_num_heads, "head_size": self.head_size,
+                "kv_capacity": self.capacity, "page_size": self.page_size or 1,
+                "num_pages": self.num_pages or 1}
+        tensors: dict[str, tuple[int, ...]] = {"q": self.q_shape, "k": self.kv_shape}
+        if self.bias:
+            tensors["bias"] = (self.batch, self.num_heads, self.seq_len, self.capacity)
+        if self.kv_layout == "paged":
+            tensors["block_table"] = self.block_table_shape
+        for tensor, shape in tensors.items():
+            n = math.prod(shape)
+            if n > INT_MAX:
+                biggest = max(dims, key=lambda d: dims[d] if dims[d] in shape else 0)
+                raise SpecError(biggest, dims[biggest],
+                                f"a size that keeps {tensor} {shape} ({n} elements) within "
+                                "2**31-1 elements (kernels index with int32)")
 
     # -- derived sizes -------------------------------------------------------------------
     @property

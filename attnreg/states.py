@@ -27,15 +27,16 @@ def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
         raise SpecError("o_parts.shape", o.shape, f"[B, Nq, S, T, H] = {(*want, 'T>=1', spec.head_size)}")
     if not isinstance(lse, np.ndarray) or lse.dtype != np.float32 or lse.shape != o.shape[:4]:
         raise SpecError("lse_parts", lse_parts, f"a float32 array of shape {o.shape[:4]}")
-    if np.isnan(lse).any() or np.isposinf(lse).any():
-        raise SpecError("lse_parts", lse_parts, "finite values or -inf (an empty split)")
+    # lse values: finite, -inf (an empty split, its o ignored) or NaN/+inf (a poisoned row:
+    # CONTRACT "Non-finite values", propagated as NaN by every reduce).
     out = {"o_parts": np.ascontiguousarray(o), "lse_parts": np.ascontiguousarray(lse)}
     if spec.head_sink:
         if head_sink is None:
             raise SpecError("head_sink", None, "a float32 [Nq] array, because spec.head_sink")
         sink = np.asarray(head_sink)
-        if sink.dtype != np.float32 or sink.shape != (spec.num_heads,) or np.isnan(sink).any():
-            raise SpecError("head_sink", head_sink, f"a float32 array of shape ({spec.num_heads},)")
+        if sink.dtype != np.float32 or sink.shape != (spec.num_heads,) or not np.isfinite(sink).all():
+            raise SpecError("head_sink", head_sink,
+                            f"a finite float32 array of shape ({spec.num_heads},)")
         out["head_sink"] = np.ascontiguousarray(sink)
     elif head_sink is not None:
         raise SpecError("head_sink", head_sink, "None, because spec.head_sink is False")
@@ -55,8 +56,6 @@ def _check_states(states: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
             raise SpecError(f"states[{i}][0]", pair[0], "a float array [..., H]")
         if lse.dtype.kind != "f" or lse.shape != o.shape[:-1]:
             raise SpecError(f"states[{i}][1]", pair[1], f"a float array of shape {o.shape[:-1]}")
-        if np.isnan(lse).any() or np.isposinf(lse).any():
-            raise SpecError(f"states[{i}][1]", pair[1], "finite values or -inf")
         if os_ and (o.shape != os_[0].shape or o.dtype != os_[0].dtype or lse.dtype != lses[0].dtype):
             raise SpecError(f"states[{i}]", pair, f"o {os_[0].shape} {os_[0].dtype} and lse "
                             f"{lses[0].dtype} like states[0]")

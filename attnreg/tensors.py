@@ -95,8 +95,7 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
             raise SpecError("tensors['bias'].shape", tuple(bias.shape),
                             f"4 dims broadcastable to [B, Nq, S, C] = {full} "
                             "(B, Nq, S may each be 1; C must be full)")
-        if not _is_device(bias) and np.isnan(bias).any():
-            raise SpecError("tensors['bias']", bias, "no NaN (use -inf to mask a key)")
+        # NaN/inf are allowed: CONTRACT "Non-finite values" fixes what they do (-inf masks).
     if spec.seqlens_k:
         sk = arrays["seqlens_k"]
         _check_dtype("seqlens_k", sk, ("int32",))
@@ -114,8 +113,12 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
         sink = arrays["head_sink"]
         _check_dtype("head_sink", sink, ("float32",))
         _check_shape("head_sink", sink, (spec.num_heads,), "one sink logit per query head")
-        if not _is_device(sink) and np.isnan(sink).any():
-            raise SpecError("tensors['head_sink']", sink, "no NaN (-inf means no sink)")
+        if _is_device(sink):
+            sink = sink.host if sink.host is not None else sink.numpy()
+        if not np.isfinite(sink).all():
+            i = int(np.argmax(~np.isfinite(sink)))
+            raise SpecError(f"tensors['head_sink'][{i}]", float(sink[i]),
+                            "a finite float32 logit (CONTRACT: head_sink values must be finite)")
 
     if spec.kv_layout == "paged":
         _check_block_table(spec, arrays)

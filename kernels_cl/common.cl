@@ -81,4 +81,23 @@ typedef float bias_t;
 // -inf never meets -inf in a subtraction: an all-masked running max subtracts 0.
 #define SAFE_MAX(m) ((m) == -INFINITY ? 0.0f : (m))
 
+// Non-finite values (CONTRACT): a NaN logit poisons its row, whatever fmax (which drops
+// NaN) does with it: its weight is NaN, so the row's sum and output are NaN. The programs
+// are built without -cl-finite-math-only / -cl-fast-relaxed-math, so isnan and friends are
+// real tests and exp(NaN) is NaN; native_exp's special cases are the implementation's, so
+// with FAST_EXP the weight of a NaN logit is made NaN explicitly (a test per weight cost
+// PoCL ~15% of a prefill, so only there). An inf in an output (a visible v of inf) is
+// written as NaN.
+#if FAST_EXP
+#define WEIGHT(s, mu) (isnan(s) ? (s) : EXP((s) - (mu)))
+#else
+#define WEIGHT(s, mu) EXP((s) - (mu))
+#endif
+inline float4 finite_or_nan4(float4 x) { return select(x, (float4)(NAN), isinf(x)); }
+inline float finite_or_nan(float x) { return isinf(x) ? NAN : x; }
+// 1 / l for the normalisation of a row's sum: NaN for a poisoned row, 0 for an empty one.
+inline float inv_sum(float l) { return isnan(l) ? l : (l > 0.0f ? 1.0f / l : 0.0f); }
+// lse of a row from its max m and sum l: NaN for a poisoned row, -inf for an empty one.
+inline float lse_of(float m, float l) { return isnan(l) ? l : (l > 0.0f ? m + log(l) : -INFINITY); }
+
 

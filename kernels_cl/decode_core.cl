@@ -62,14 +62,12 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
     const int r = prl + pm * PRL;
     if (!row_ok(P, &w, r)) continue;
     const size_t row = part_row(P, &w, r, t);
-    const float inv = l[pm] > 0.0f ? 1.0f / l[pm] : 0.0f;
+    const float inv = inv_sum(l[pm]);
     for (int dv = 0; dv < DV; ++dv) {
       const int g = dl + dv * DL;
-      if (g < HD4) vstore4(acc[pm][dv] * inv, 0, o_parts + row * HD + 4 * g);
+      if (g < HD4) vstore4(finite_or_nan4(acc[pm][dv] * inv), 0, o_parts + row * HD + 4 * g);
     }
-    if (dl == 0)
-      lse_parts[row] = l[pm] > 0.0f ? m[pm] + alibi_offset(P, &w, r, kr.y) + log(l[pm])
-                                    : -INFINITY;
+    if (dl == 0) lse_parts[row] = lse_of(m[pm] + alibi_offset(P, &w, r, kr.y), l[pm]);
   }
 }
 
@@ -136,6 +134,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   const __global elem_t* kb = k + kv_base;
   const __global elem_t* vb = v + kv_base;
   const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;
+  const int2 ckeys = common_keys(P, &w);
 
   float4 qr[RP][DPL4];
   float4 acc[RP][DPL4];
@@ -194,7 +193,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
     float mold = -INFINITY;
     for (int rr = 0; rr < RP; ++rr) mold = rr == r ? m[rr] : mold;
     const float mnew = fmax(mold, mx);
-    const float p = EXP(sc - SAFE_MAX(mnew));
+    const float p = WEIGHT(sc, SAFE_MAX(mnew));
     float ps = p;
     for (int o = KC / 2; o > 0; o >>= 1) ps += SG_XOR(ps, o);
     for (int rr = 0; rr < RP; ++rr) {
@@ -204,12 +203,25 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
       m[rr] = mn;
       for (int d = 0; d < DPL4; ++d) acc[rr][d] *= alpha;
     }
+    // a chunk on the causal diagonal or the window's edge adds only the keys each row sees
+    // (the chunk differs per sub-group: the shuffles stay outside the branch, uniform)
+    const int j0 = kr.x + ci * KC;
+    const bool full = all_see(ckeys, j0, min(j0 + KC, kr.y));
     for (int cc = 0; cc < KC; ++cc) {
       float pr[RP];
       for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);
-      for (int d = 0; d < DPL4; ++d) {
-        const float4 vc = cvt4(cv[cc][d]);
-        for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
+      if (full) {
+        for (int d = 0; d < DPL4; ++d) {
+          const float4 vc = cvt4(cv[cc][d]);
+          for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
+        }
+      } else {
+        bool seen[RP];
+        for (int rr = 0; rr < RP; ++rr) seen[rr] = key_seen(P, &w, rr, j0 + cc);
+        for (int d = 0; d < DPL4; ++d) {
+          const float4 vc = cvt4(cv[cc][d]);
+          for (int rr = 0; rr < RP; ++rr) acc[rr][d] += seen[rr] ? pr[rr] * vc : (float4)(0.0f);
+        }
       }
     }
   }
@@ -240,9 +252,9 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
         oo += red_o[(ww * RP + r) * HD4 + g] * f;
       }
       const size_t row = part_row(P, &w, r, t);
-      vstore4(ll > 0.0f ? oo / ll : (float4)(0.0f), 0, o_parts + row * HD + 4 * g);
-      if (g == 0)
-        lse_parts[row] = ll > 0.0f ? mm + alibi_offset(P, &w, r, kr.y) + log(ll) : -INFINITY;
+      const float4 o = ll > 0.0f || isnan(ll) ? oo / ll : (float4)(0.0f);
+      vstore4(finite_or_nan4(o), 0, o_parts + row * HD + 4 * g);
+      if (g == 0) lse_parts[row] = lse_of(mm + alibi_offset(P, &w, r, kr.y), ll);
     }
   }
 }

@@ -32,8 +32,9 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
     if (!row_ok(P, w, r)) continue;
     const int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
     const size_t row = part_row(P, w, r, 0);
-    // One online pass. Our own partials are finite (an empty split wrote o = 0), so a
-    // split of lse -inf needs no branch: its weight is 0 (SAFE_MAX keeps -inf - -inf out).
+    // One online pass. A split of lse -inf has weight 0 (SAFE_MAX keeps -inf - -inf out)
+    // and adds nothing, whatever its o holds (as in the reduce); every other split's o is
+    // multiplied by its weight, so a NaN in it reaches out, and a NaN lse makes den NaN.
     float mx = -INFINITY, den = 0.0f;
     float4 num = (float4)(0.0f);
     for (int t0 = 0; t0 < ns; t0 += MB) {
@@ -48,7 +49,7 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
         const float m2 = fmax(mx, lt[u]), mu = SAFE_MAX(m2);
         const float f = EXP(mx - mu), wt = EXP(lt[u] - mu);
         den = den * f + wt;
-        num = num * f + wt * ot[u];
+        num = num * f + (lt[u] == -INFINITY ? (float4)(0.0f) : wt * ot[u]);
         mx = m2;
       }
     }
@@ -60,12 +61,10 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
       num *= f;
       mx = m2;
     }
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    ST4(num * inv, out, (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
-                            + 4 * g);
+    ST4(finite_or_nan4(num * inv_sum(den)), out,
+        (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g);
     if (P->return_lse && g == 0)
-      lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] =
-          den > 0.0f ? SAFE_MAX(mx) + log(den) : -INFINITY;
+      lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = lse_of(SAFE_MAX(mx), den);
   }
 }
 

@@ -25,6 +25,7 @@ void decode_pv(KERNEL_ARGS) {
   const int lid = get_local_id(0);
   const int dl = lid % DL, kn = lid / DL;
   const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * ns;
+  const int2 ckeys = common_keys(P, &w);
 
   if (lid < R_ROWS) {
     const int rc = row_ok(P, &w, lid) ? lid : 0;        // clamped: row 0 always exists
@@ -32,7 +33,7 @@ void decode_pv(KERNEL_ARGS) {
     const float lt = stats[nrows + row];
     Mt[lid] = SAFE_MAX(stats[row]);
     Lt[lid] = lt;
-    Il[lid] = lt > 0.0f ? 1.0f / lt : 0.0f;
+    Il[lid] = inv_sum(lt);
   }
   float4 acc[R_ROWS][DV];
   for (int r = 0; r < R_ROWS; ++r)
@@ -43,15 +44,32 @@ void decode_pv(KERNEL_ARGS) {
       const int r = idx / TK, j = t0 + idx % TK;
       const int rc = row_ok(P, &w, r) ? r : 0, jc = min(j, kr.y - 1);
       const float s = scores[SCORE_ROW(P, &w, rc) + jc];
-      Ps[idx] = (j < kr.y && row_ok(P, &w, r)) ? EXP(s - Mt[r]) * Il[r] : 0.0f;
+      Ps[idx] = (j < kr.y && row_ok(P, &w, r)) ? WEIGHT(s, Mt[r]) * Il[r] : 0.0f;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int jj = kn; jj < TK; jj += KLN) {
-      const int j = min(t0 + jj, kr.y - 1);             // clamped; p is 0 past the range
-      for (int dv = 0; dv < DV; ++dv) {
-        const int g = min(dl + dv * DL, HD4 - 1);
-        const float4 vv = LD4(vb, KOFF(j) + 4 * g);
-        for (int r = 0; r < R_ROWS; ++r) acc[r][dv] += Ps[r * TK + jj] * vv;
+    // a tile on the causal diagonal or the window's edge adds only the keys each row sees
+    // (a clamped key past the range is key kr.y - 1 again, with p 0: every row of a full
+    // tile sees it)
+    if (all_see(ckeys, t0, min(t0 + TK, kr.y))) {
+      for (int jj = kn; jj < TK; jj += KLN) {
+        const int j = min(t0 + jj, kr.y - 1);             // clamped; p is 0 past the range
+        for (int dv = 0; dv < DV; ++dv) {
+          const int g = min(dl + dv * DL, HD4 - 1);
+          const float4 vv = LD4(vb, KOFF(j) + 4 * g);
+          for (int r = 0; r < R_ROWS; ++r) acc[r][dv] += Ps[r * TK + jj] * vv;
+        }
+      }
+    } else {
+      for (int jj = kn; jj < TK; jj += KLN) {
+        const int j = min(t0 + jj, kr.y - 1);
+        bool seen[R_ROWS];
+        for (int r = 0; r < R_ROWS; ++r) seen[r] = t0 + jj < kr.y && key_seen(P, &w, r, j);
+        for (int dv = 0; dv < DV; ++dv) {
+          const int g = min(dl + dv * DL, HD4 - 1);
+          const float4 vv = LD4(vb, KOFF(j) + 4 * g);
+          for (int r = 0; r < R_ROWS; ++r)
+            acc[r][dv] += seen[r] ? Ps[r * TK + jj] * vv : (float4)(0.0f);
+        }
       }
     }
   }
@@ -65,13 +83,13 @@ void decode_pv(KERNEL_ARGS) {
     barrier(CLK_LOCAL_MEM_FENCE);
     if (kn == 0 && row_ok(P, &w, r)) {
       const size_t row = part_row(P, &w, r, t);
-      const bool any = Lt[r] > 0.0f;
+      const bool any = Lt[r] != 0.0f;                     // NaN (a NaN score): not empty
       for (int dv = 0; dv < DV; ++dv) {
         const int g = dl + dv * DL;
         if (g < HD4) {
           float4 o = (float4)(0.0f);
           for (int c = 0; c < KLN; ++c) o += red[c * HD4 + g];
-          vstore4(any ? o : (float4)(0.0f), 0, o_parts + row * HD + 4 * g);
+          vstore4(any ? finite_or_nan4(o) : (float4)(0.0f), 0, o_parts + row * HD + 4 * g);
         }
       }
       if (dl == 0)

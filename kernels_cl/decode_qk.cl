@@ -58,7 +58,7 @@ void decode_qk(KERNEL_ARGS) {
       }
       const float mu = SAFE_MAX(mx);
       float ls = l[a] * EXP(m[a] - mu);
-      for (int n = 0; n < NK; ++n) ls += EXP(s[n] - mu);
+      for (int n = 0; n < NK; ++n) ls += WEIGHT(s[n], mu);
       m[a] = mx;
       l[a] = ls;
     }
@@ -81,7 +81,7 @@ void decode_qk(KERNEL_ARGS) {
     for (int c = 0; c < KL; ++c) ls += red_l[lid * KL + c] * EXP(red_m[lid * KL + c] - mu);
     const size_t row = part_row(P, &w, lid, t);
     const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * ns;
-    stats[row] = ls > 0.0f ? mx : -INFINITY;
+    stats[row] = ls != 0.0f ? mx : -INFINITY;           // NaN ls (a NaN score): not empty
     stats[nrows + row] = ls;
   }
 }

@@ -95,9 +95,36 @@ inline bool row_ok(PARAMS P, const Rows* w, int r) {
   return r < R_ROWS && r / MQ < w->gcv && w->i0 + r % MQ < (int)P->seq_len;
 }
 
+// Whether row r sees key j (positional: L_b, causality, the window).
+inline bool key_seen(PARAMS P, const Rows* w, int r, int j) {
+  const int p = w->L - (int)P->seq_len + w->i0 + r % MQ;
+  return j < w->L && (!P->causal || j <= p) && (P->local_window <= 0 || j > p - P->local_window);
+}
+
+// Keys [lo, hi) that every row of the work-group sees. P.V multiplies a tile's weights with
+// its values unmasked only when the tile lies inside: elsewhere a row's weight of 0 for a
+// key it cannot see would meet that key's value (0 * NaN = NaN), so tiles on the causal
+// diagonal or the window's edge select each contribution by key_seen.
+inline int2 common_keys(PARAMS P, const Rows* w) {
+  const int i1 = min(w->i0 + MQ, (int)P->seq_len) - 1;
+  const int p0 = w->L - (int)P->seq_len + w->i0, p1 = w->L - (int)P->seq_len + i1;
+  int hi = w->L;
+  if (P->causal) hi = min(hi, p0 + 1);
+  int lo = 0;
+  if (P->local_window > 0) lo = max(lo, p1 - P->local_window + 1);
+  return (int2)(lo, hi);
+}
+
+// Whether keys [a, b) (b <= a: none) all lie in the common keys ckeys.
+inline bool all_see(int2 ckeys, int a, int b) {
+  return b <= a || (a >= ckeys.x && b <= ckeys.y);
+}
+
 // Score of row r against key j (scaled q already applied); -inf if masked or j >= jend.
 // ALiBi is taken relative to kref - 1 (the end of the row tile's key range); use_bias 0
-// skips the bias of a block the block list marks all-zero.
+// skips the bias of a block the block list marks all-zero. A visible key's score is NaN
+// where q.k is not finite (q or k not finite) or the logit is NaN or +inf: the row turns
+// NaN (CONTRACT); a -inf bias masks the key.
 inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias,
                             int r, int j, int jend, int kref, bool use_bias, float dotv) {
   const int khi = kref;
@@ -106,7 +133,7 @@ inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias
   int p = w->L - (int)P->seq_len + i;
   if (P->causal && j > p) return -INFINITY;
   if (P->local_window > 0 && j <= p - P->local_window) return -INFINITY;
-  float s = dotv;
+  float s = isfinite(dotv) ? dotv : NAN;
   if (P->softcap > 0.0f) s = P->softcap * tanh(s / P->softcap);
   if (P->has_bias && use_bias)
     s += LDB(bias, (size_t)w->b * P->bias_sb + (size_t)h * P->bias_sh + (size_t)i * P->bias_ss
@@ -114,7 +141,7 @@ inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias
   // ALiBi relative to the last key of the range, not to p: the heaviest keys then carry
   // small logits and keep f32 precision; alibi_offset() restores p for the lse.
   if (P->has_alibi) s += alibi_slope(P, h) * (float)(j - (khi - 1));
-  return s;
+  return (isnan(s) || s == INFINITY) ? NAN : s;
 }
 
 inline float finish_score(PARAMS P, const Rows* w, const __global bias_t* bias,
@@ -203,6 +230,13 @@ inline int2 listed(const __global int* off, const __global int* ids, int row, in
   return (int2)(a, e);
 }
 
+// Value of key t0 + jj of the current tile, float4 group g: staged, or read directly.
+#if STAGE_V
+#define PV_VALUE(jj, g) vload4(0, Vs + (jj) * HD + 4 * (g))
+#else
+#define PV_VALUE(jj, g) LD4(vb, KOFF(t0 + (jj)) + 4 * (g))
+#endif
+
 // The flash loop over the tiles of ts: per tile, stage K (and V), scores into Ss,
 // row max + probabilities into Ps, then P.V into the caller's accumulators. Every
 // work-item runs the same number of iterations (barriers stay uniform). On return each
@@ -218,6 +252,7 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
   const int lid = get_local_id(0);
   const int kl = lid % KL, rl = lid / KL;
   const int dl = lid % DL, prl = lid / DL;
+  const int2 ckeys = common_keys(P, w);
   for (int pm = 0; pm < PMR; ++pm) {
     l[pm] = 0.0f;
     m[pm] = -INFINITY;
@@ -271,13 +306,15 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
       float mu = SAFE_MAX(mx);
       for (int n = 0; n < NK; ++n) {
         int jj = kl + n * KL;
-        float p = EXP(Ss[rc * TK + jj] - mu);
+        float p = WEIGHT(Ss[rc * TK + jj], mu);
         if (r < R_ROWS) Ps[rc * TK + jj] = p;
       }
       if (kl == 0 && r < R_ROWS) Mnew[rc] = mx;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    // 4. rescale and accumulate P.V for this work-item's rows and float4 dims
+    // 4. rescale and accumulate P.V for this work-item's rows and float4 dims; a tile on
+    // the causal diagonal or the window's edge adds only the keys each row sees
+    const bool full = all_see(ckeys, t0, t1);
     for (int pm = 0; pm < PMR; ++pm) {
       int r = prl + pm * PRL;
       if (r < R_ROWS) {
@@ -286,23 +323,29 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
         float ls = 0.0f;
         float4 a2[DV];
         for (int dv = 0; dv < DV; ++dv) a2[dv] = acc[pm][dv] * alpha;
+        if (full) {
 #if STAGE_V
-        // zeros were staged past the range (and p is 0 there): a fixed trip count unrolls
+          // zeros were staged past the range (and p is 0 there): a fixed trip count unrolls
 #pragma unroll 8
-        for (int jj = 0; jj < TK; ++jj) {
+          for (int jj = 0; jj < TK; ++jj) {
 #else
-        for (int jj = 0; jj < tn; ++jj) {
+          for (int jj = 0; jj < tn; ++jj) {
 #endif
-          float p = Ps[r * TK + jj];
-          ls += p;
-          for (int dv = 0; dv < DV; ++dv) {
-            int g = dl + dv * DL;
-            if (g < HD4) {
-#if STAGE_V
-              a2[dv] += p * vload4(0, Vs + jj * HD + 4 * g);
-#else
-              a2[dv] += p * LD4(vb, KOFF(t0 + jj) + 4 * g);
-#endif
+            float p = Ps[r * TK + jj];
+            ls += p;
+            for (int dv = 0; dv < DV; ++dv) {
+              int g = dl + dv * DL;
+              if (g < HD4) a2[dv] += p * PV_VALUE(jj, g);
+            }
+          }
+        } else {
+          for (int jj = 0; jj < tn; ++jj) {
+            float p = Ps[r * TK + jj];
+            const bool seen = key_seen(P, w, r, t0 + jj);
+            ls += p;
+            for (int dv = 0; dv < DV; ++dv) {
+              int g = dl + dv * DL;
+              if (g < HD4) a2[dv] += seen ? p * PV_VALUE(jj, g) : (float4)(0.0f);
             }
           }
         }

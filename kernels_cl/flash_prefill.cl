@@ -46,14 +46,14 @@ inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], flo
     l = l * f + EXP(sk - mu);
     m = mm;
   }
-  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float inv = inv_sum(l);
   size_t base = (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss;
   for (int dv = 0; dv < DV; ++dv) {
     int g = dl + dv * DL;
-    if (g < HD4) ST4(a[dv] * inv, out, base + 4 * g);
+    if (g < HD4) ST4(finite_or_nan4(a[dv] * inv), out, base + 4 * g);
   }
   if (P->return_lse && dl == 0)
-    lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = l > 0.0f ? m + log(l) : -INFINITY;
+    lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = lse_of(m, l);
 }
 
 #if SG_IMPL == 0
@@ -109,6 +109,20 @@ void flash_prefill(KERNEL_ARGS) {
 #define KPL (TK / SG)             // keys per lane
 #define DPL ((HD + SG - 1) / SG)  // output dims per lane
 
+// This lane's output dims of the value of tile key jj (0 past the tile's tn keys).
+#if STAGE_V
+#define SG_VALUE(jj, dd) Vs[(jj) * HD + (dd)]
+#elif IS_F16
+#define SG_VALUE(jj, dd) vload_half(KOFF(t0 + (jj)) + (dd), vb)
+#else
+#define SG_VALUE(jj, dd) vb[KOFF(t0 + (jj)) + (dd)]
+#endif
+#define SG_VALUES(VV, jj)                                               \
+  for (int d_ = 0; d_ < DPL; ++d_) {                                    \
+    const int dd_ = lane + d_ * SG;                                     \
+    VV[d_] = ((jj) < tn && dd_ < HD) ? SG_VALUE(jj, dd_) : 0.0f;        \
+  }
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) SG_ATTR
 void flash_prefill(KERNEL_ARGS) {
   __local float Qs[R_ROWS * KP];
@@ -131,6 +145,7 @@ void flash_prefill(KERNEL_ARGS) {
   const int lane = SG_LANE, sg = SG_ID;
   load_q(P, &w, q, Qs);
 
+  const int2 ckeys = common_keys(P, &w);
   float acc[RS][DPL], l[RS], m[RS];
   for (int a = 0; a < RS; ++a) {
     l[a] = 0.0f;
@@ -172,31 +187,39 @@ void flash_prefill(KERNEL_ARGS) {
       float alpha = EXP(m[a] - mu);
       float ls = 0.0f;
       for (int c = 0; c < KPL; ++c) {
-        s[a][c] = EXP(s[a][c] - mu);
+        s[a][c] = WEIGHT(s[a][c], mu);
         ls += s[a][c];
       }
       l[a] = l[a] * alpha + SG_SUM(ls);
       m[a] = mx;
       for (int d = 0; d < DPL; ++d) acc[a][d] *= alpha;
     }
-    // P.V: each V element is read once per sub-group, the probability comes by shuffle
-    for (int c = 0; c < KPL; ++c) {
-      for (int src = 0; src < SG; ++src) {
-        const int jj = c * SG + src;
-        float vv[DPL];
-        for (int d = 0; d < DPL; ++d) {
-          int dd = lane + d * SG;
-#if STAGE_V
-          vv[d] = (jj < tn && dd < HD) ? Vs[jj * HD + dd] : 0.0f;
-#elif IS_F16
-          vv[d] = (jj < tn && dd < HD) ? vload_half(KOFF(t0 + jj) + dd, vb) : 0.0f;
-#else
-          vv[d] = (jj < tn && dd < HD) ? vb[KOFF(t0 + jj) + dd] : 0.0f;
-#endif
+    // P.V: each V element is read once per sub-group, the probability comes by shuffle; a
+    // tile on the causal diagonal or the window's edge adds only the keys each row sees
+    // (the branch is uniform over the work-group: the tile is)
+    if (all_see(ckeys, t0, t1)) {
+      for (int c = 0; c < KPL; ++c) {
+        for (int src = 0; src < SG; ++src) {
+          const int jj = c * SG + src;
+          float vv[DPL];
+          SG_VALUES(vv, jj)
+          for (int a = 0; a < RS; ++a) {
+            float p = SG_BCAST(s[a][c], src);
+            for (int d = 0; d < DPL; ++d) acc[a][d] = fma(p, vv[d], acc[a][d]);
+          }
         }
-        for (int a = 0; a < RS; ++a) {
-          float p = SG_BCAST(s[a][c], src);
-          for (int d = 0; d < DPL; ++d) acc[a][d] = fma(p, vv[d], acc[a][d]);
+      }
+    } else {
+      for (int c = 0; c < KPL; ++c) {
+        for (int src = 0; src < SG; ++src) {
+          const int jj = c * SG + src;
+          float vv[DPL];
+          SG_VALUES(vv, jj)
+          for (int a = 0; a < RS; ++a) {
+            float p = SG_BCAST(s[a][c], src);
+            const bool seen = key_seen(P, &w, sg * RS + a, t0 + jj);
+            for (int d = 0; d < DPL; ++d) acc[a][d] = seen ? fma(p, vv[d], acc[a][d]) : acc[a][d];
+          }
         }
       }
     }
@@ -215,20 +238,20 @@ void flash_prefill(KERNEL_ARGS) {
       ll = ll * f + EXP(sk - mu);
       mm = m2;
     }
-    float inv = ll > 0.0f ? 1.0f / ll : 0.0f;
+    float inv = inv_sum(ll);
     size_t base = (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss;
     for (int d = 0; d < DPL; ++d) {
       int dd = lane + d * SG;
       if (dd < HD) {
 #if IS_F16
-        vstore_half_rte(acc[a][d] * inv, base + dd, out);
+        vstore_half_rte(finite_or_nan(acc[a][d] * inv), base + dd, out);
 #else
-        out[base + dd] = acc[a][d] * inv;
+        out[base + dd] = finite_or_nan(acc[a][d] * inv);
 #endif
       }
     }
     if (P->return_lse && lane == 0)
-      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = ll > 0.0f ? mm + log(ll) : -INFINITY;
+      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = lse_of(mm, ll);
   }
 }
 

@@ -1,7 +1,9 @@
 // reduce: merge the split-KV partial states (and the head sink) into out (q layout, spec
 // dtype) and lse: M = max(lse_t, sink), w_t = exp(lse_t - M),
 // out = sum_t w_t o_t / (sum_t w_t + exp(sink - M)). A split whose lse_t is -inf adds
-// nothing, whatever its o_t holds (partials may come from any backend).
+// nothing, whatever its o_t holds (partials may come from any backend); every other split's
+// o_t is multiplied by its weight, 0 included, so a NaN in it reaches out (NaN, as an inf
+// does), and a NaN or +inf lse_t makes the row's out and lse NaN.
 // One work-group per query row: RW = WG / HD4 split lanes x HD4 float4 dim lanes, so a
 // work-item walks n_splits / RW splits instead of all of them (short load chains).
 
@@ -56,8 +58,8 @@ void reduce(KERNEL_ARGS) {
       den += red_d[k] * f;
       num += red_o[k * HD4 + g] * f;
     }
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    ST4(num * inv, out, (size_t)b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g);
-    if (P->return_lse && g == 0) lse[row] = den > 0.0f ? mu + log(den) : -INFINITY;
+    ST4(finite_or_nan4(num * inv_sum(den)), out,
+        (size_t)b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g);
+    if (P->return_lse && g == 0) lse[row] = lse_of(mu, den);
   }
 }

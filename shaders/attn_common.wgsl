@@ -16,6 +16,36 @@ fn neg_inf() -> f32 {
   return bitcast<f32>(bits);
 }
 
+// Non-finite values (CONTRACT): what a row sees poisons it, what it cannot see never
+// reaches it. WGSL lets implementations assume there is no NaN or inf (lavapipe folds
+// x * 0.0 and x - x to 0, turns NaN != 0 false and drops NaN in max and clamp), so NaN is
+// tested and made with integer bit tests and selects, never float compares or arithmetic.
+fn nan_f32() -> f32 {
+  let bits = 0x7fc00000u;       // through a let, as neg_inf
+  return bitcast<f32>(bits);
+}
+
+fn is_nan(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// NaN or +inf: a logit, lse or weight that poisons its row.
+fn is_poison(x: f32) -> bool {
+  let u = bitcast<u32>(x);
+  return u == 0x7f800000u || (u & 0x7fffffffu) > 0x7f800000u;
+}
+
+// Output writers: a non-finite value (a visible v of inf or NaN) is written as NaN.
+fn finite_or_nan4(x: vec4<f32>) -> vec4<f32> {
+  let e = bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u);
+  return select(x, vec4<f32>(nan_f32()), e == vec4<u32>(0x7f800000u));
+}
+
+// exp(x - m) for a softmax weight, NaN where the logit x is NaN (whatever exp does with it).
+fn weight_of(x: f32, m: f32) -> f32 {
+  return select(exp(x - m), x, is_nan(x));
+}
+
 fn cdiv(a: u32, b: u32) -> u32 {
   return (a + b - 1u) / b;
 }
@@ -34,7 +64,8 @@ fn row_pos(len: u32, i: u32) -> i32 {
 }
 
 // [lo, hi) of the keys that rows i_first..i_last can see: whole tiles outside it are
-// skipped by loop bounds (causal diagonal, seqlens_k, local window).
+// skipped by loop bounds (causal diagonal, seqlens_k, local window), and keys outside it
+// are never loaded (zeros stand in for them).
 fn key_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
   var hi = i32(len);
   if (P.causal != 0u) {
@@ -45,6 +76,29 @@ fn key_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
     lo = max(0, row_pos(len, i_first) - P.local_window + 1);
   }
   return vec2<i32>(lo, max(lo, hi));
+}
+
+// [lo, hi) of the keys that every row i_first..i_last sees. P.V multiplies a tile's weights
+// with its values unmasked only when the tile's loaded keys lie inside it: elsewhere a row's
+// weight of 0 for a key it cannot see would meet that key's value (0 * NaN = NaN), so those
+// tiles (the causal diagonal, the window's edge) select each contribution by visibility.
+fn common_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
+  var hi = i32(len);
+  if (P.causal != 0u) {
+    hi = min(hi, row_pos(len, i_first) + 1);
+  }
+  var lo = 0;
+  if (P.local_window > 0) {
+    lo = max(0, row_pos(len, i_last) - P.local_window + 1);
+  }
+  return vec2<i32>(lo, hi);
+}
+
+// Whether every key of [a, b) inside span (the loaded keys) lies in seen_all (common_span).
+fn all_see(a: u32, b: u32, span: vec2<i32>, seen_all: vec2<i32>) -> bool {
+  let lo = max(i32(a), span.x);
+  let hi = min(i32(b), span.y);
+  return hi <= lo || (lo >= seen_all.x && hi <= seen_all.y);
 }
 
 // One workgroup of a split-KV decode family (decode_partial, decode_qk, decode_pv): split t,
@@ -61,6 +115,7 @@ struct DecodeWg {
   len: u32,
   i0: u32,
   span: vec2<i32>,
+  seen_all: vec2<i32>,
   klo: u32,
   khi: u32,
 }
@@ -88,6 +143,7 @@ fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
   d.len = valid_len(d.b);
   d.i0 = d.rt * m;
   d.span = key_span(d.len, d.i0, min(d.i0 + m, P.seq_len) - 1u);
+  d.seen_all = common_span(d.len, d.i0, min(d.i0 + m, P.seq_len) - 1u);
   let split_lo = d.t * P.split_size;
   d.klo = max(split_lo, u32(d.span.x));
   d.khi = min(min(split_lo + P.split_size, P.capacity), u32(d.span.y));
@@ -119,17 +175,33 @@ fn alibi_slope(h: u32) -> f32 {
   return exp2(P.alibi_e1 * f32(2u * (h - P.alibi_n) + 1u));
 }
 
-// s = scale * q.k (the scale is folded into q on load) -> softcap -> bias -> alibi, clamped.
+// tanh as the softcap needs it. Large arguments are clamped: some tanh lowerings overflow
+// to NaN there (tanh(15) == 1 in f32). Small ones use the series: lowerings through
+// (e^2x - 1) / (e^2x + 1) lose every digit as x -> 0 (lavapipe returns 0 for x ~ 1e-10,
+// which dropped a huge softcap's logits); the series' first omitted term is < 1e-13 * x
+// for |x| < 0.05.
+fn softcap_tanh(x: f32) -> f32 {
+  if (abs(x) < 0.05) {
+    let x2 = x * x;
+    return x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))));
+  }
+  return tanh(clamp(x, -15.0, 15.0));
+}
+
+// s = scale * q.k (the scale is folded into q on load) -> softcap -> bias -> alibi, for a
+// key visible to the row. A non-finite q.k (q or k not finite), or a NaN / +inf logit (from
+// the bias) is NaN: it poisons the row. Finite logits below MASKED and -inf (a bias that
+// masks the key) are MASKED.
 fn logit(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32) -> f32 {
   return logit_b(dot_qk, b, h, i, j, pos, true);
 }
 
 // with_bias false: the bias is known to be 0 here (a block flagged all-zero); not loaded.
 fn logit_b(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32, with_bias: bool) -> f32 {
+  let dot_bad = (bitcast<u32>(dot_qk) & 0x7f800000u) == 0x7f800000u;
   var s = dot_qk;
   if (P.softcap > 0.0) {
-    // clamp: some tanh lowerings overflow to NaN for large arguments; tanh(15) == 1 in f32
-    s = P.softcap * tanh(clamp(s / P.softcap, -15.0, 15.0));
+    s = P.softcap * softcap_tanh(s / P.softcap);
   }
   if (P.has_bias != 0u && with_bias) {
     s = s + bias[b * P.bias_sb + h * P.bias_sh + i * P.bias_ss + j];
@@ -137,7 +209,7 @@ fn logit_b(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32, with_bias: boo
   if (P.has_alibi != 0u) {
     s = s + alibi_slope(h) * f32(i32(j) - pos);
   }
-  return max(s, MASKED);
+  return select(select(s, MASKED, s < MASKED), nan_f32(), dot_bad | is_poison(s));
 }
 
 // Granule index of element 0 of row (b, head, row) in q (q layout) or k/v (kv layout).
@@ -159,8 +231,12 @@ fn sink_logit(h: u32) -> f32 {
 }
 
 // Closes a row's online softmax: (factor for the unnormalised o, lse). The sink only joins
-// the denominator. Nothing visible and no sink: factor 0, lse -inf.
+// the denominator. Nothing visible and no sink: factor 0, lse -inf. A row that saw a NaN
+// logit (its sum l is NaN): NaN, NaN.
 fn finish_row(m: f32, l: f32, sink_l: f32) -> vec2<f32> {
+  if (is_nan(l) || is_nan(m)) {
+    return vec2<f32>(nan_f32());
+  }
   let mf = max(m, sink_l);
   if (mf <= MASKED) {
     return vec2<f32>(0.0, neg_inf());

@@ -78,6 +78,16 @@ fn stage_kv(idx: u32, kg: GV, vg: GV) {
   }
 }
 
+// The PV lane cl's columns (cl, cl+PVW, ...) of the value of tile key jj.
+fn tile_values(jj: u32, cl: u32) -> array<vec4<f32>, CPL> {
+  var vv: array<vec4<f32>, CPL>;
+  for (var u = 0u; u < CPL; u++) {
+    let c = cl + PVW * u;
+    vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
+  }
+  return vv;
+}
+
 // (first key, bias needed) of tile it: consecutive tiles from klo, or listed blocks.
 fn tile_of(it: u32, klo: u32, l_first: u32) -> vec2<u32> {
   if (BLOCKS == 1u) {
@@ -251,11 +261,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var u = 0u; u < NE; u++) {
       let e = lid + u * WG;
       if (e < BC * R) {
-        p_s[e] = exp(p_s[e] - mu_s[e % R]);
+        p_s[e] = weight_of(p_s[e], mu_s[e % R]);
       }
     }
     workgroupBarrier();
 
+    // A tile on the causal diagonal or the window's edge of the row tile adds only the keys
+    // each row sees (their weights of 0 must not meet the others' values).
+    let full = all_see(j0, j0 + BC, vec2<i32>(i32(klo), i32(khi)), d.seen_all);
     if (st < NS) {
       for (var r = 0u; r < R; r++) {
         let al = al_s[r];
@@ -264,19 +277,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           o[r][u] *= al;
         }
       }
-      for (var n = 0u; n < (BC + NS - 1u) / NS; n++) {
-        let jj = st + NS * n;
-        if (jj < BC) {
-          var vv: array<vec4<f32>, CPL>;
-          for (var u = 0u; u < CPL; u++) {
-            let c = cl + PVW * u;
-            vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
+      if (full) {
+        for (var n = 0u; n < (BC + NS - 1u) / NS; n++) {
+          let jj = st + NS * n;
+          if (jj < BC) {
+            let vv = tile_values(jj, cl);
+            for (var r = 0u; r < R; r++) {
+              let p = p_s[jj * R + r];
+              l[r] += p;
+              for (var u = 0u; u < CPL; u++) {
+                o[r][u] += p * vv[u];
+              }
+            }
           }
-          for (var r = 0u; r < R; r++) {
-            let p = p_s[jj * R + r];
-            l[r] += p;
-            for (var u = 0u; u < CPL; u++) {
-              o[r][u] += p * vv[u];
+        }
+      } else {
+        for (var n = 0u; n < (BC + NS - 1u) / NS; n++) {
+          let jj = st + NS * n;
+          if (jj < BC) {
+            let vv = tile_values(jj, cl);
+            for (var r = 0u; r < R; r++) {
+              let p = p_s[jj * R + r];
+              let seen = key_visible(i32(j0 + jj), row_pos(d.len, d.i0 + r % M), d.len);
+              l[r] += p;
+              for (var u = 0u; u < CPL; u++) {
+                o[r][u] += select(vec4<f32>(0.0), p * vv[u], seen);
+              }
             }
           }
         }
@@ -313,7 +339,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (gh < P.group_size && i < P.seq_len) {
         let fin = finish_row(m_s[r], l_s[r], MASKED);
         let row = ((d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + d.t;
-        o_parts[row * HV + c] = q_s[e] * fin.x;
+        o_parts[row * HV + c] = finite_or_nan4(q_s[e] * fin.x);
         if (c == 0u) {
           lse_parts[row] = fin.y;
         }

@@ -34,6 +34,16 @@ fn stage_v(idx: u32, vg: GV) {
   }
 }
 
+// The PV lane cl's columns (cl, cl+PVW, ...) of the value of tile key jj.
+fn tile_values(jj: u32, cl: u32) -> array<vec4<f32>, CPL> {
+  var vv: array<vec4<f32>, CPL>;
+  for (var u = 0u; u < CPL; u++) {
+    let c = cl + PVW * u;
+    vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
+  }
+  return vv;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -104,26 +114,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             && key_visible(i32(j), row_pos(d.len, i), d.len)) {
           let m = st_s[r].x;
           let row = (d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i;
-          p = exp(scores[row * P.capacity + j] - select(m, 0.0, m <= MASKED));
+          p = weight_of(scores[row * P.capacity + j], select(m, 0.0, m <= MASKED));
         }
         p_s[e] = p;
       }
     }
     workgroupBarrier();
 
-    if (sl < NS) {
+    // A tile on the causal diagonal or the window's edge of the row tile adds only the keys
+    // each row sees (their weights of 0 must not meet the others' values).
+    let full = all_see(j0, j0 + BC, vec2<i32>(i32(d.klo), i32(d.khi)), d.seen_all);
+    if (sl < NS && full) {
       for (var n = 0u; n < (BC + NS - 1u) / NS; n++) {
         let jj = sl + NS * n;
         if (jj < BC) {
-          var vv: array<vec4<f32>, CPL>;
-          for (var u = 0u; u < CPL; u++) {
-            let c = cl + PVW * u;
-            vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
-          }
+          let vv = tile_values(jj, cl);
           for (var r = 0u; r < R; r++) {
             let p = p_s[jj * R + r];
             for (var u = 0u; u < CPL; u++) {
               o[r][u] += p * vv[u];
+            }
+          }
+        }
+      }
+    } else if (sl < NS) {
+      for (var n = 0u; n < (BC + NS - 1u) / NS; n++) {
+        let jj = sl + NS * n;
+        if (jj < BC) {
+          let vv = tile_values(jj, cl);
+          for (var r = 0u; r < R; r++) {
+            let p = p_s[jj * R + r];
+            let seen = key_visible(i32(j0 + jj), row_pos(d.len, d.i0 + r % M), d.len);
+            for (var u = 0u; u < CPL; u++) {
+              o[r][u] += select(vec4<f32>(0.0), p * vv[u], seen);
             }
           }
         }
@@ -158,7 +181,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let st = st_s[r];
         let fin = finish_row(st.x, st.y, MASKED);
         let row = ((d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + d.t;
-        o_parts[row * HV + c] = acc_s[e] * fin.x;
+        o_parts[row * HV + c] = finite_or_nan4(acc_s[e] * fin.x);
         if (c == 0u) {
           lse_parts[row] = fin.y;
         }

@@ -190,7 +190,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       let m_use = select(m_new, 0.0, m_new <= MASKED);
       var lsum = l_run * exp(m_run - m_use);
       for (var jj = 0u; jj < BC; jj++) {
-        lsum += exp(p_s[jj * R + lid] - m_use);
+        lsum += weight_of(p_s[jj * R + lid], m_use);
       }
       m_run = m_new;
       l_run = lsum;

@@ -86,6 +86,30 @@ fn stage_kv(idx: u32, kg: GV, vg: GV) {
   }
 }
 
+// The lane's output units (tx, tx+NCG, ...) of the value of key j, step key jj of step st:
+// from v_s (STAGE 1) or v (STAGE 0, zeros outside [lo, hi), the keys some row sees).
+fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi: u32
+               ) -> array<vec4<f32>, OSL> {
+  var vv: array<vec4<f32>, OSL>;
+  for (var c = 0u; c < OCU; c++) {
+    let un = tx + NCG * c;
+    for (var s = 0u; s < OW; s++) {
+      vv[c * OW + s] = vec4<f32>(0.0);
+    }
+    if (un < NU) {
+      if (STAGE == 1u) {
+        vv[c] = vec4<f32>(v_s[(st * STEP + jj) * HV + un]);
+      } else if (j >= lo && j < hi) {
+        let gv = v[kv_granule(b, kvh, j) + un];
+        for (var s = 0u; s < OW; s++) {
+          vv[c * OW + s] = vec4<f32>(g_part(gv, s));
+        }
+      }
+    }
+  }
+  return vv;
+}
+
 // (first key, bias needed) of unit it: contiguous units from u_first, or listed blocks.
 fn unit_of(it: u32, u_first: u32, l_first: u32) -> vec2<u32> {
   if (BLOCKS == 1u) {
@@ -114,6 +138,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let tx = lid % NCG;
   let i0 = rt * BR;
   let span = key_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
+  let seen_all = common_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
+  let lo = u32(span.x);
   let hi = u32(span.y);
 
   for (var u = 0u; u < (BR * HG + WG - 1u) / WG; u++) {
@@ -182,7 +208,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let jj = idx / HG;
         kr[u] = GV();
         vr[u] = GV();
-        if (idx < BC * HG && it < n_units && jf + jj < hi) {   // never past the valid length
+        // only keys some row sees: never past the valid length, never left of the window
+        if (idx < BC * HG && it < n_units && jf + jj >= lo && jf + jj < hi) {
           let at = kv_granule(b, kvh, jf + jj) + idx % HG;
           kr[u] = k[at];
           vr[u] = v[at];
@@ -230,7 +257,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var ok: array<bool, TC>;
         for (var e = 0u; e < TC; e++) {
           let j = js + tx + NCG * e;
-          ok[e] = j < hi;                   // never past the valid length
+          ok[e] = j >= lo && j < hi;        // only keys some row sees
           kb[e] = 0u;
           if (ok[e]) {
             kb[e] = kv_granule(b, kvh, j);
@@ -282,7 +309,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         m[a] = m_new;
         var psum = 0.0;
         for (var e = 0u; e < TC; e++) {
-          let p = exp(sc[a][e] - m_use);
+          let p = weight_of(sc[a][e], m_use);
           psum += p;
           p_s[(ty * TR + a) * STEP + tx + NCG * e] = p;
         }
@@ -296,34 +323,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       workgroupBarrier();
 
-      // O += P V over the step's keys; the lane's output units are tx, tx+NCG, ...
-      for (var jj = 0u; jj < STEP; jj++) {
-        let j = js + jj;
-        var vv: array<vec4<f32>, OSL>;
-        for (var c = 0u; c < OCU; c++) {
-          let un = tx + NCG * c;
-          for (var s = 0u; s < OW; s++) {
-            vv[c * OW + s] = vec4<f32>(0.0);
-          }
-          if (un < NU) {
-            if (STAGE == 1u) {
-              vv[c] = vec4<f32>(v_s[(st * STEP + jj) * HV + un]);
-            } else if (j < hi) {            // never past the valid length
-              let gv = v[kv_granule(b, kvh, j) + un];
-              for (var s = 0u; s < OW; s++) {
-                vv[c * OW + s] = vec4<f32>(g_part(gv, s));
-              }
+      // O += P V over the step's keys; the lane's output units are tx, tx+NCG, ... A step
+      // on the causal diagonal or the window's edge adds only the keys each row sees.
+      if (all_see(js, js + STEP, span, seen_all)) {
+        for (var jj = 0u; jj < STEP; jj++) {
+          let vv = step_values(st, jj, js + jj, tx, b, kvh, lo, hi);
+          for (var a = 0u; a < TR; a++) {
+            let p = p_s[(ty * TR + a) * STEP + jj];
+            for (var c = 0u; c < OSR; c++) {
+              o[a][c] += p * vv[c];
+            }
+            for (var c = 0u; c < OSW; c++) {
+              let at = osi(ty * TR + a, tx, c);
+              o_s[at] += p * vv[OSR + c];
             }
           }
         }
-        for (var a = 0u; a < TR; a++) {
-          let p = p_s[(ty * TR + a) * STEP + jj];
-          for (var c = 0u; c < OSR; c++) {
-            o[a][c] += p * vv[c];
-          }
-          for (var c = 0u; c < OSW; c++) {
-            let at = osi(ty * TR + a, tx, c);
-            o_s[at] += p * vv[OSR + c];
+      } else {
+        for (var jj = 0u; jj < STEP; jj++) {
+          let j = js + jj;
+          let vv = step_values(st, jj, j, tx, b, kvh, lo, hi);
+          for (var a = 0u; a < TR; a++) {
+            let p = p_s[(ty * TR + a) * STEP + jj];
+            let seen = key_visible(i32(j), row_pos(len, i0 + ty * TR + a), len);
+            for (var c = 0u; c < OSR; c++) {
+              o[a][c] += select(vec4<f32>(0.0), p * vv[c], seen);
+            }
+            for (var c = 0u; c < OSW; c++) {
+              let at = osi(ty * TR + a, tx, c);
+              o_s[at] += select(vec4<f32>(0.0), p * vv[OSR + c], seen);
+            }
           }
         }
       }
@@ -346,7 +375,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           } else {
             acc = o_s[osi(ty * TR + a, tx, c - OSR)];
           }
-          out[base + un * OW + c % OW] = vec4<T>(acc * fin.x);
+          out[base + un * OW + c % OW] = vec4<T>(finite_or_nan4(acc * fin.x));
         }
       }
       if (P.return_lse != 0u && tx == 0u) {

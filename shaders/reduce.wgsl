@@ -6,7 +6,9 @@
 // four independent loads at a time (a loop of dependent loads would wait on memory once per
 // split), and the groups meet in workgroup memory. Prefix constants: WG.
 // Partials may come from any backend: a split with lse_t = -inf contributes nothing,
-// whatever its o_t holds.
+// whatever its o_t holds; every other split's o_t is multiplied by its weight, 0 included,
+// so a NaN in it reaches out (NaN, as an inf does); a NaN or +inf lse_t makes the row NaN.
+// NaN is tested with bit tests (see attn_common.wgsl: WGSL may assume no NaN).
 
 const NSG: u32 = max(1u, WG / HV);
 const MASKED: f32 = -3.0e38;
@@ -16,6 +18,17 @@ var<workgroup> red_s: array<f32, WG>;
 var<workgroup> w_s: array<f32, WCHUNK>;
 var<workgroup> acc_s: array<vec4<f32>, NSG * HV>;
 var<workgroup> den_s: array<f32, NSG>;
+
+const EMPTY: u32 = 0xbf800000u;   // the weight of an empty split: -1.0, tested by its bits
+
+fn nan_f32() -> f32 {
+  let bits = 0x7fc00000u;       // through a let: Tint rejects non-finite constants
+  return bitcast<f32>(bits);
+}
+
+fn is_nan(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
 
 // Sum (is_max false) or max over the workgroup of one value per lane.
 fn wg_reduce(x: f32, lid: u32, is_max: bool) -> f32 {
@@ -33,10 +46,22 @@ fn wg_reduce(x: f32, lid: u32, is_max: bool) -> f32 {
   return r;
 }
 
-// The weight of split t; 0 for an empty split (its o_t is never read).
+// The weight of split t: -1 (EMPTY) for an empty split (its o_t is never used); NaN for a
+// NaN or +inf lse_t.
 fn weight(row: u32, t: u32, m_use: f32) -> f32 {
-  let lt = max(lse_parts[row * P.n_splits + t], MASKED);
-  return select(0.0, exp(lt - m_use), lt > MASKED);
+  let lt = lse_parts[row * P.n_splits + t];
+  let u = bitcast<u32>(lt);
+  let poison = u == 0x7f800000u || (u & 0x7fffffffu) > 0x7f800000u;
+  return select(select(exp(lt - m_use), bitcast<f32>(EMPTY), lt <= MASKED), nan_f32(), poison);
+}
+
+// w * o, 0 for an empty split.
+fn part(w: f32, o: vec4<f32>) -> vec4<f32> {
+  return select(w * o, vec4<f32>(0.0), bitcast<u32>(w) == EMPTY);
+}
+
+fn den_of(w: f32) -> f32 {
+  return select(w, 0.0, bitcast<u32>(w) == EMPTY);
 }
 
 @compute @workgroup_size(WG)
@@ -85,16 +110,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let o1 = o_parts[(base + t + NSG) * HV + col];
         let o2 = o_parts[(base + t + 2u * NSG) * HV + col];
         let o3 = o_parts[(base + t + 3u * NSG) * HV + col];
-        acc += select(vec4<f32>(0.0), w0 * o0, w0 > 0.0) + select(vec4<f32>(0.0), w1 * o1, w1 > 0.0)
-             + select(vec4<f32>(0.0), w2 * o2, w2 > 0.0) + select(vec4<f32>(0.0), w3 * o3, w3 > 0.0);
-        den += (w0 + w1) + (w2 + w3);
+        acc += (part(w0, o0) + part(w1, o1)) + (part(w2, o2) + part(w3, o3));
+        den += (den_of(w0) + den_of(w1)) + (den_of(w2) + den_of(w3));
       }
       for (; t < n; t += NSG) {
         let w = w_s[t];
-        if (w > 0.0) {
-          acc += w * o_parts[(base + t) * HV + col];
-          den += w;
-        }
+        acc += part(w, o_parts[(base + t) * HV + col]);
+        den += den_of(w);
       }
     }
     workgroupBarrier();
@@ -116,10 +138,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var res = vec4<f32>(0.0);
     let neg_inf_bits = 0xff800000u;      // not a folded constant: Tint rejects infinite ones
     var lse_v = bitcast<f32>(neg_inf_bits);
-    if (mx > MASKED) {
+    if (is_nan(d)) {                     // a NaN or +inf lse_t (the max may have dropped it)
+      res = vec4<f32>(nan_f32());
+      lse_v = nan_f32();
+    } else if (mx > MASKED) {
       res = a / d;
       lse_v = m_use + log(d);
     }
+    // an inf in some o_t: NaN (as every writer of out)
+    let e = bitcast<vec4<u32>>(res) & vec4<u32>(0x7f800000u);
+    res = select(res, vec4<f32>(nan_f32()), e == vec4<u32>(0x7f800000u));
     out[(b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u + lid] = vec4<T>(res);
     if (P.return_lse != 0u && lid == 0u) {
       lse[row] = lse_v;

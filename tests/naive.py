@@ -1,5 +1,8 @@
 """A deliberately naive, loop-per-row transcription of CONTRACT.md, independent of
-attnreg.reference, used to check the vectorised reference itself."""
+attnreg.reference, used to check the vectorised reference itself. Non-finite values follow
+CONTRACT "Non-finite values": only keys visible by position (L_b, causal, window) are
+looked at; a non-finite q_i or k_j, or a NaN / +inf logit, makes the row NaN; a non-finite
+v_j[d] makes out[d] NaN (a -inf bias masks the logit, not the value)."""
 
 from __future__ import annotations
 
@@ -36,12 +39,19 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
             for i in range(S):
                 p = L - S + i
                 logits, values = [], []
+                row_nan = False
+                comp_nan = np.zeros(H, bool)
                 for j in range(L):
                     if spec.causal and j > p:
                         continue
                     if spec.local_window > 0 and j <= p - spec.local_window:
                         continue
-                    s = scale * float(np.dot(q_at(b, h, i), kv_at("k", b, kvh, j)))
+                    qi, kj, vj = q_at(b, h, i), kv_at("k", b, kvh, j), kv_at("v", b, kvh, j)
+                    comp_nan |= ~np.isfinite(vj)
+                    if not (np.isfinite(qi).all() and np.isfinite(kj).all()):
+                        row_nan = True
+                        continue
+                    s = scale * float(np.dot(qi, kj))
                     if spec.softcap > 0:
                         s = spec.softcap * math.tanh(s / spec.softcap)
                     if spec.bias:
@@ -49,10 +59,17 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
                         s += float(bias[b % bias.shape[0], h % bias.shape[1], i % bias.shape[2], j])
                     if spec.alibi_max_bias > 0:
                         s += slope * (j - p)
-                    if s == -math.inf:
+                    if math.isnan(s) or s == math.inf:
+                        row_nan = True
+                    if s == -math.inf or row_nan:
                         continue
                     logits.append(s)
-                    values.append(kv_at("v", b, kvh, j))
+                    values.append(np.where(np.isfinite(vj), vj, 0.0))
+                if row_nan:
+                    out[b, h, i] = math.nan
+                    lse[b, h, i] = math.nan
+                    continue
+                out[b, h, i, comp_nan] = math.nan
                 sink = float(t["head_sink"][h]) if spec.head_sink else None
                 cands = logits + ([sink] if sink is not None else [])
                 if not cands or max(cands) == -math.inf:
@@ -64,6 +81,6 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
                 acc = np.zeros(H)
                 for wj, vj in zip(w, values):
                     acc += wj * vj
-                out[b, h, i] = acc / den
+                out[b, h, i] = np.where(comp_nan, math.nan, acc / den)
                 lse[b, h, i] = m + math.log(den)
     return out, lse

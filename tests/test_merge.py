@@ -59,3 +59,25 @@ def test_shared_prefix_cascade_equals_full_attention(backend: str) -> None:
     v_full = np.concatenate([np.repeat(vp, n_req, 0), vs], axis=2)
     want, _ = ref.attention(full, {"q": q, "k": k_full, "v": v_full})
     np.testing.assert_allclose(o, want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_merge_propagates_nan_of_nonempty_states_only(backend: str) -> None:
+    """CONTRACT non-finite values: a NaN or inf in the o of a state with a finite lse reaches
+    the merged o as NaN, even where its weight underflows to 0; the o of an empty state
+    (lse -inf) is ignored, NaN and inf included; lse is not touched by o."""
+    rng = np.random.default_rng(4)
+    o = [rng.standard_normal((3, 8)).astype(np.float32) for _ in range(3)]
+    lse = [np.array([0.5, 1.0, -0.2], np.float32), np.array([-200.0, 0.3, -np.inf], np.float32),
+           np.full(3, -np.inf, np.float32)]
+    o[1][0, 2] = np.nan          # weight exp(-200.5) == 0 in float32: still NaN
+    o[1][1, 5] = np.inf          # NaN in the merged o
+    o[1][2] = np.nan             # empty in row 2: ignored
+    o[2][:] = np.inf             # an empty state: ignored
+    got_o, got_lse = attnreg.merge_states(list(zip(o, lse)), backend=backend)
+    want_o, want_lse = ref.merge(list(zip(o, lse)))
+    assert np.array_equal(np.isnan(got_o), np.isnan(want_o))
+    assert np.isnan(got_o).sum() == 2 and np.isnan(got_o[0, 2]) and np.isnan(got_o[1, 5])
+    fin = ~np.isnan(want_o)
+    np.testing.assert_allclose(got_o[fin], want_o[fin], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(got_lse, want_lse, atol=2e-4)

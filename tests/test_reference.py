@@ -10,6 +10,7 @@ import pytest
 import attnreg
 from attnreg import reference as ref
 from attnreg.tensors import check_tensors
+from attnreg.tools.testing import plant_nonfinite
 from tests.naive import naive_attention
 from tests.support import make_tensors
 
@@ -188,3 +189,116 @@ def test_paged_block_table_is_checked() -> None:
     ok = dict(t, block_table=t["block_table"].copy())
     ok["block_table"][1, 2] = 99          # past batch 1's length (3 keys = 1 page): ignored
     check_tensors(spec, ok)
+
+
+# -- non-finite values (CONTRACT "Non-finite values"): positional visibility --------------
+NONFINITE = {
+    "causal": {},
+    "everything": FEATURES["everything"],
+    "window-noncausal": {"causal": False, "local_window": 4, "seqlens_k": True, "kv_capacity": 14},
+    "bias-bcast": {"bias": True, "softcap": 2.0},
+}
+
+
+@pytest.mark.parametrize("name", list(NONFINITE))
+def test_nonfinite_reference_matches_naive(name: str) -> None:
+    spec = attnreg.AttentionSpec(**{**BASE, **NONFINITE[name]})
+    shape = (1, spec.num_heads, 1, spec.capacity) if name == "bias-bcast" else None
+    t = make_tensors(spec, seed=7, bias_shape=shape,
+                     lengths=[spec.capacity, spec.capacity - 4] if spec.seqlens_k else None)
+    plant_nonfinite(spec, t)
+    t = check_tensors(spec, t)
+    out, lse = ref.attention(spec, t)
+    n_out, n_lse = naive_attention(spec, t)
+    np.testing.assert_allclose(out, n_out, atol=1e-12, rtol=1e-10)   # NaN where NaN
+    np.testing.assert_allclose(lse, n_lse, atol=1e-12, rtol=1e-10)
+    assert np.isnan(out).any() and np.isfinite(out).any()
+
+
+def test_nonfinite_seen_only_by_the_rows_that_see_it() -> None:
+    """Causal, 3 rows, L = 12: key 11 is visible to row 2 only, key 10 to rows 1 and 2."""
+    spec = attnreg.AttentionSpec(batch=1, seq_len=3, past_len=9, num_heads=2, kv_num_heads=1,
+                                 head_size=4, q_layout="BNSH", kv_layout="BNSH", bias=True,
+                                 return_lse=True)
+    clean = make_tensors(spec, seed=3)
+    want_out, want_lse = ref.attention(spec, check_tensors(spec, clean))
+    t = {n: a.copy() for n, a in clean.items()}
+    t["k"][0, 0, 11, 2] = np.nan           # only row 2 sees it: rows 0, 1 unchanged
+    t["v"][0, 0, 11, :] = np.nan           # weight 0 for rows 0, 1: must not multiply
+    t["v"][0, 0, 10, 1] = np.inf           # rows 1, 2: component 1 NaN, lse unchanged
+    t["bias"][0, 1, 0, 10] = np.nan        # invisible to row 0
+    t["bias"][0, 0, 1, 11] = np.inf        # invisible to row 1
+    t["bias"][0, 1, 0, 3] = -np.inf        # visible, masks the logit
+    t["bias"][0, 0, 0, 2] = np.inf         # visible: row 0 of head 0 NaN
+    out, lse = ref.attention(spec, check_tensors(spec, t))
+    assert np.isnan(out[0, :, 2]).all() and np.isnan(lse[0, :, 2]).all()
+    assert np.isnan(out[0, 0, 0]).all() and np.isnan(lse[0, 0, 0])
+    assert np.isnan(out[0, :, 1, 1]).all() and not np.isnan(np.delete(out[0, :, 1], 1, -1)).any()
+    np.testing.assert_allclose(lse[0, :, 1], want_lse[0, :, 1], atol=1e-12)
+    np.testing.assert_allclose(np.delete(out[0, :, 1], 1, -1),
+                               np.delete(want_out[0, :, 1], 1, -1), atol=1e-12)
+    # head 1 row 0: the -inf bias changes its weights, nothing is NaN
+    assert np.isfinite(out[0, 1, 0]).all() and np.isfinite(lse[0, 1, 0])
+    spec2 = spec.replace(return_lse=False)
+    np.testing.assert_allclose(naive_attention(spec2, check_tensors(spec2, t))[0], out, atol=1e-12)
+
+
+@pytest.mark.parametrize("split_size", [1, 4, 16])
+def test_nonfinite_partials_reduce_to_attention(split_size: int) -> None:
+    spec = attnreg.AttentionSpec(**{**BASE, **FEATURES["everything"]})
+    t = make_tensors(spec, seed=11, lengths=[20, 13])
+    plant_nonfinite(spec, t)
+    t = check_tensors(spec, t)
+    o_parts, lse_parts = ref.partial_states(spec, t, split_size)
+    assert np.isnan(o_parts).any() and np.isnan(lse_parts).any()
+    empty = np.isneginf(lse_parts)
+    assert (o_parts[empty] == 0).all()
+    out, lse = ref.reduce(spec, o_parts, lse_parts, t["head_sink"])
+    want, want_lse = ref.attention(spec, t)
+    np.testing.assert_allclose(out, want, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-12)
+
+
+def test_combine_propagates_nonfinite_o_of_every_nonempty_split() -> None:
+    o = np.ones((2, 3, 4))
+    lse = np.array([[0.0, -np.inf, -800.0], [0.0, np.nan, 1.0]])
+    o[0, 1] = np.nan                       # empty split: ignored
+    o[0, 2, 3] = np.nan                    # weight underflows to 0: still NaN
+    o[0, 0, 1] = np.inf                    # inf in o: NaN out
+    out, m = ref.combine(o, lse)
+    assert np.isnan(out[0, [1, 3]]).all() and (out[0, [0, 2]] == 1).all()
+    assert m[0] == pytest.approx(0.0)
+    assert np.isnan(out[1]).all() and np.isnan(m[1])      # a NaN lse_t: the row is NaN
+
+
+def test_reference_backend_runs_paged_kv() -> None:
+    """kv_layout="paged" on the reference backend: a pool built from a contiguous cache (an
+    independent scatter, shuffled pages) gives what the contiguous spec gives."""
+    flat = attnreg.AttentionSpec(batch=2, seq_len=3, past_len=30, num_heads=4, kv_num_heads=2,
+                                 head_size=8, seqlens_k=True, kv_capacity=40, bias=True,
+                                 causal=True, return_lse=True, kv_layout="BSNH")
+    t = make_tensors(flat, seed=6, lengths=[40, 11])
+    ps = 5
+    paged = flat.replace(kv_layout="paged", page_size=ps, num_pages=20)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(20)
+    pool = {n: np.full(paged.kv_shape, np.nan, np.float32) for n in ("k", "v")}
+    table = np.full(paged.block_table_shape, -1, np.int32)
+    nxt = 0
+    for b, L in enumerate(t["seqlens_k"]):
+        for p in range(-(-int(L) // ps)):
+            table[b, p] = order[nxt]
+            for n in ("k", "v"):                       # t[n] is BSNH [B, C, Nkv, H]
+                pool[n][order[nxt], : min(ps, L - p * ps)] = t[n][b, p * ps: min((p + 1) * ps, L)]
+            nxt += 1
+    tp = {**t, **pool, "block_table": table}
+    assert attnreg.explain(paged, backend="reference").kernel.startswith("reference.")
+    got = attnreg.run(paged, tp, backend="reference")
+    want = attnreg.run(flat, t, backend="reference")
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    with attnreg.Session(backend="reference") as s:      # the split-KV route too
+        o, lse = s.partial_states(paged, tp, split_size=16)
+        o2, lse2 = s.partial_states(flat, t, split_size=16)
+        np.testing.assert_array_equal(o, o2)
+        np.testing.assert_array_equal(lse, lse2)

@@ -4,7 +4,7 @@ Every registered kernel x every available device of its backend x its dtypes bec
 with readable ids such as ``webgpu-llvmpipe-decode_partial-f16-m4-gqa4-h32-causal``. Each
 cell forces its kernel, so vendor-tuned and fallback variants run on whatever device can
 execute them; a kernel whose device lacks a feature it needs runs under its declared
-``KernelInfo.emulation`` params, as an ordinary forced kernel. Three kinds of cells:
+``KernelInfo.emulation`` params, as an ordinary forced kernel. Four kinds of cells:
 
 - feature cells: a small base problem with one contract feature (layout, GQA ratio, paged
   KV, ...) changed at a time, and all at once; the full matrix adds head sizes, lengths
@@ -19,6 +19,9 @@ execute them; a kernel whose device lacks a feature it needs runs under its decl
   partial states alternate attention and partial-state checks (partial states against the
   reference's, then reduced); reduce kernels reduce the reference's partials with NaN in
   the o of empty splits.
+- non-finite cells (tools.nonfinite_cells): per (kernel, dtype) one cell, two through the
+  partial route too where the kernel writes partial states, with NaN / inf planted where
+  some rows see them and others do not; the reference says which rows turn NaN.
 - profile cells: the plan of every stored device profile, forced on a device here.
 
 The quick matrix (CI) leaves out the full matrix's sweeps, and gives a kernel that runs
@@ -40,6 +43,7 @@ from ..kernel import SPLIT_FAMILIES, KernelInfo
 from ..spec import AttentionSpec
 from . import cells, testing
 from .cells import Case, dtype_rank, emulation_params, kv_tiles, unique, variant_ranks
+from .nonfinite_cells import nonfinite_cells
 from .profile_cells import profile_cases
 
 
@@ -208,9 +212,9 @@ class _Gen:
                     "partial" if self.partials_ok() and (n + self.rank) % 2 else "attention"
                 spec = self._fit(fields, params)
                 if spec is not None and check == "attention" and self.partials_ok() \
-                        and not self._plannable(spec, check, params):
+                        and not self.plannable(spec, check, params):
                     check = "partial"      # the same recipe through the partial route
-                if spec is None or not self._plannable(spec, check, params):
+                if spec is None or not self.plannable(spec, check, params):
                     continue
                 self.emit(f"s{spec.seq_len}-L{total}-{ql.lower()}-{kv_tag}-{tag}", spec, params,
                           check=check, kind="covering", feature=tag,
@@ -250,7 +254,7 @@ class _Gen:
                  if n in stage.params and stage.params[n] != self.k.defaults[n]}
         return tiles if self.runs(spec, {**params, **tiles, **self.emu}) else None
 
-    def _plannable(self, spec: AttentionSpec, check: str, params: dict[str, Any]) -> bool:
+    def plannable(self, spec: AttentionSpec, check: str, params: dict[str, Any]) -> bool:
         """A kernel that does not start its route runs behind stages the rules choose; where
         they choose parameters no kernel of that family has, the registry cannot build the
         route and there is no cell for this kernel (the first stage's own cells cover it)."""
@@ -270,6 +274,7 @@ class _Gen:
         if not (self.quick and self.emu):
             self.feature_cells()
         self.covering_cells()
+        nonfinite_cells(self)
         return self.out
 
 

@@ -68,8 +68,9 @@ class Case:
     docs: int = 0               # > 0: a block-diagonal document mask (testing.doc_mask)
     doc_values: bool = False    # the mask keeps the bias values inside a document
     rerun: bool = False         # also run twice and require bitwise-identical results
+    nonfinite: bool = False     # NaN / inf planted (testing.plant_nonfinite; reduce: partials)
     emulated: bool = False      # params include the kernel's emulation
-    kind: str = "feature"       # "feature" | "covering" | "profile" (see attnreg.tools.cases)
+    kind: str = "feature"       # "feature" | "covering" | "nonfinite" | "profile" (tools.cases)
     feature: str = ""           # the contract feature or recipe the cell exercises
     seed: int = 0
 
@@ -92,7 +93,7 @@ class Case:
         """What makes two cells the same test (labels and seeds aside)."""
         return (self.device, self.kernel, self.check, self.spec, self.params, self.lengths,
                 self.bias_shape, self.mask_frac, self.bias_f16, self.mask_rows, self.docs,
-                self.doc_values, self.rerun)
+                self.doc_values, self.rerun, self.nonfinite)
 
 
 def emulation_params(k: KernelInfo, dev: DeviceCaps) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from ..tensors import check_tensors
 from .cases import cases, uncovered
 from .cells import Case
 from .profile_cells import PROFILE_SPECS, profile_cases
-from .testing import compare, compare_partials, doc_mask, expected, make_tensors
+from .testing import compare, compare_partials, doc_mask, expected, make_tensors, plant_nonfinite
 
 __all__ = ["PROFILE_SPECS", "Case", "Result", "cases", "inputs_for", "load_required",
            "markdown", "missing_required", "profile_cases", "run_case", "run_matrix",
@@ -55,7 +55,8 @@ class Result:
 # -- running -----------------------------------------------------------------------------
 def inputs_for(case: Case) -> dict[str, np.ndarray]:
     """The cell's tensors: random, tails past each valid length poisoned, the bias shaped,
-    masked, made a document mask or stored in float16 as the recipe says."""
+    masked, made a document mask or stored in float16 as the recipe says, and NaN / inf
+    planted for non-finite cells (testing.plant_nonfinite)."""
     spec = case.spec
     t = make_tensors(spec, seed=case.seed, lengths=case.lengths, bias_shape=case.bias_shape,
                      mask_frac=case.mask_frac)
@@ -69,7 +70,28 @@ def inputs_for(case: Case) -> dict[str, np.ndarray]:
         t["bias"][:, :, 0, :] = -np.inf          # row 0 of every batch and head
     if case.bias_f16 and spec.dtype == "float16":
         t["bias"] = t["bias"].astype(np.float16)
+    if case.nonfinite and case.check != "reduce":
+        plant_nonfinite(spec, t)
     return t
+
+
+def nonfinite_partials(o_p: np.ndarray, l_p: np.ndarray) -> None:
+    """Non-finite values in (reference) partial states, in place, for a reduce to handle:
+    garbage (NaN, inf) in the o of empty splits, to ignore; NaN and inf in the o of
+    non-empty splits, one of them with a weight that underflows to 0, to propagate as NaN."""
+    o_p[np.isneginf(l_p)] = np.nan
+    if o_p.shape[-2] > 1:
+        o_p[..., 1, :][np.isneginf(l_p[..., 1])] = np.inf
+    rows = np.argwhere(np.isfinite(l_p))                  # [b, h, i, t] of non-empty splits
+    if len(rows):
+        b, h, i, t = rows[0]
+        o_p[b, h, i, t, 0] = np.nan
+        b, h, i, t = rows[len(rows) // 2]
+        o_p[b, h, i, t, 1 % o_p.shape[-1]] = np.inf
+        b, h, i, t = rows[-1]
+        if np.isfinite(l_p[b, h, i]).sum() > 1:          # another split keeps the row going
+            l_p[b, h, i, t] -= 200.0                      # its weight underflows to 0
+            o_p[b, h, i, t, o_p.shape[-1] - 1] = np.nan
 
 
 def run_case(case: Case, session: Session) -> Result:
@@ -98,6 +120,10 @@ def _execute(case: Case, s: Session, k: KernelInfo, tol: tuple[float, float]) ->
         o_p, l_p = ref.partial_states(spec, check_tensors(spec, t), split)
         o_p, l_p = o_p.astype(np.float32), l_p.astype(np.float32)
         o_p[np.isneginf(l_p)] = np.nan
+        if case.nonfinite:
+            nonfinite_partials(o_p, l_p)
+            out, lse = ref.reduce(spec, o_p, l_p, t.get("head_sink"))
+            want = ref.out_layout(spec, out), lse
         got = s.reduce_states(spec, o_p, l_p, t.get("head_sink"), kernel=k.id)
         return compare(spec, got, want, tol)
     if case.check == "partial":

@@ -1,5 +1,6 @@
-"""Inputs and checks for conformance: random tensors with poisoned tails, and the contract's
-tolerance test against the float64 reference. Used by `attnreg conformance` and the tests."""
+"""Inputs and checks for conformance: random tensors with poisoned tails, non-finite values
+planted where some rows see them and others do not, and the contract's tolerance test
+against the float64 reference. Used by `attnreg conformance` and the tests."""
 
 from __future__ import annotations
 
@@ -108,9 +109,28 @@ def expected(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> tuple[np
     return ref.out_layout(spec, out), lse
 
 
+def _nan_pattern(what: str, got: np.ndarray, want: np.ndarray) -> str:
+    """'' if got is NaN exactly where want is, else what differs (counts, a first index)."""
+    g, w = np.isnan(got), np.isnan(want)
+    if np.array_equal(g, w):
+        return ""
+    missing, extra = w & ~g, g & ~w
+    parts = []
+    if missing.any():
+        at = tuple(int(x) for x in np.argwhere(missing)[0])
+        parts.append(f"{int(missing.sum())} expected NaN missing (first at {at}, got "
+                     f"{got[at]!r})")
+    if extra.any():
+        at = tuple(int(x) for x in np.argwhere(extra)[0])
+        parts.append(f"{int(extra.sum())} unexpected NaN (first at {at})")
+    return f"{what}: " + ", ".join(parts)
+
+
 def compare(spec: AttentionSpec, got: Any, want: tuple[np.ndarray, np.ndarray],
             tol: tuple[float, float] | None = None) -> tuple[float, str]:
-    """(max abs error, problem text or '') of got (out, or (out, lse)) against want."""
+    """(max abs error, problem text or '') of got (out, or (out, lse)) against want. NaN
+    must appear exactly where the reference has it (nowhere, for finite inputs); the other
+    values must be within tolerance."""
     want_out, want_lse = want
     out, lse = got if spec.return_lse else (got, None)
     atol, rtol = tol or TOLERANCE[spec.dtype]
@@ -119,50 +139,154 @@ def compare(spec: AttentionSpec, got: Any, want: tuple[np.ndarray, np.ndarray],
     if out.dtype != np.dtype(spec.dtype):
         return float("inf"), f"out dtype {out.dtype} != {spec.dtype}"
     o = out.astype(np.float64)
-    if np.isnan(o).any():
+    if not np.isnan(want_out).any() and np.isnan(o).any():
         return float("inf"), f"{int(np.isnan(o).sum())} NaN in out"
-    err = np.abs(o - want_out)
+    problem = _nan_pattern("out", o, want_out)
+    if problem:
+        return float("inf"), problem
+    fin = ~np.isnan(want_out)
+    with np.errstate(invalid="ignore"):
+        err = np.where(fin, np.abs(o - np.where(fin, want_out, 0.0)), 0.0)
     worst = float(err.max()) if err.size else 0.0
-    bad = err > atol + rtol * np.abs(want_out)
+    bad = fin & ~(err <= atol + rtol * np.abs(np.where(fin, want_out, 0.0)))
     if bad.any():
-        at = np.unravel_index(int(np.argmax(err)), err.shape)
+        at = np.unravel_index(int(np.argmax(np.where(bad, err, -1.0))), err.shape)
         return worst, (f"{int(bad.sum())}/{bad.size} values off, max err {worst:.3g} at {at} "
                        f"(atol={atol}, rtol={rtol})")
     if lse is not None:
         if lse.dtype != np.float32 or lse.shape != spec.lse_shape:
             return worst, f"lse {lse.dtype}{lse.shape} != float32{spec.lse_shape}"
+        problem = _nan_pattern("lse", lse, want_lse)
+        if problem:
+            return worst, problem
         if not np.array_equal(np.isneginf(lse), np.isneginf(want_lse)):
             return worst, "-inf pattern of lse differs from the reference"
-        fin = np.isfinite(want_lse)
-        lerr = np.abs(lse[fin] - want_lse[fin])
-        if lerr.size and lerr.max() > LSE_ATOL[spec.dtype]:
+        fin_l = np.isfinite(want_lse)
+        lerr = np.abs(lse[fin_l] - want_lse[fin_l])
+        if lerr.size and not lerr.max() <= LSE_ATOL[spec.dtype]:
             return worst, f"lse err {lerr.max():.3g} > {LSE_ATOL[spec.dtype]}"
     return worst, ""
 
 
 def compare_partials(spec: AttentionSpec, got: tuple[np.ndarray, np.ndarray],
                      want: tuple[np.ndarray, np.ndarray], tol: tuple[float, float]) -> tuple[float, str]:
-    """Partial states against the reference's: same shapes, empty splits exact, values close."""
+    """Partial states against the reference's: same shapes, NaN exactly where the
+    reference has it, empty splits exact (o = 0, lse = -inf), other values close."""
     (o, lse), (wo, wl) = got, want
     if o.shape != wo.shape or lse.shape != wl.shape or o.dtype != np.float32 or lse.dtype != np.float32:
         return float("inf"), f"partials {o.dtype}{o.shape}/{lse.dtype}{lse.shape} != float32{wo.shape}"
+    if not np.isnan(wo).any() and not np.isnan(wl).any() and (np.isnan(o).any() or np.isnan(lse).any()):
+        return float("inf"), "NaN in partial states"
+    problem = _nan_pattern("lse_parts", lse, wl) or _nan_pattern("o_parts", o, wo)
+    if problem:
+        return float("inf"), problem
     if not np.array_equal(np.isneginf(lse), np.isneginf(wl)):
         return float("inf"), "-inf pattern of lse_parts differs (empty splits)"
-    if np.isnan(o).any() or np.isnan(lse).any():
-        return float("inf"), "NaN in partial states"
     empty = np.isneginf(wl)
-    if (o[empty] != 0).any():
+    if (np.where(np.isnan(wo), 0.0, o)[empty] != 0).any():
         return float("inf"), "o_parts of an empty split is not 0"
     atol, rtol = tol
-    err = np.abs(o.astype(np.float64) - wo)
+    fin = ~np.isnan(wo)
+    with np.errstate(invalid="ignore"):
+        err = np.where(fin, np.abs(o.astype(np.float64) - np.where(fin, wo, 0.0)), 0.0)
     worst = float(err.max()) if err.size else 0.0
-    if (err > atol + rtol * np.abs(wo)).any():
+    if (fin & ~(err <= atol + rtol * np.abs(np.where(fin, wo, 0.0)))).any():
         return worst, f"o_parts max err {worst:.3g}"
-    fin = ~empty
-    lerr = np.abs(lse[fin] - wl[fin])
-    if lerr.size and lerr.max() > LSE_ATOL[spec.dtype]:
+    fin_l = np.isfinite(wl)
+    lerr = np.abs(lse[fin_l] - wl[fin_l])
+    if lerr.size and not lerr.max() <= LSE_ATOL[spec.dtype]:
         return worst, f"lse_parts err {lerr.max():.3g}"
     return worst, ""
+
+
+# -- non-finite values (CONTRACT "Non-finite values") -------------------------------------
+def visibility(spec: AttentionSpec, lengths: np.ndarray) -> np.ndarray:
+    """[B, S, C] bool: key j is visible to query row i of batch b (positional: L_b,
+    causality, the window; the bias plays no part)."""
+    j = np.arange(spec.capacity)[None, None, :]
+    L = np.asarray(lengths, np.int64)[:, None, None]
+    pos = L - spec.seq_len + np.arange(spec.seq_len)[None, :, None]
+    vis = np.broadcast_to(j < L, (spec.batch, spec.seq_len, spec.capacity))
+    if spec.causal:
+        vis = vis & (j <= pos)
+    if spec.local_window > 0:
+        vis = vis & (j > pos - spec.local_window)
+    return vis
+
+
+def _kv_index(spec: AttentionSpec, t: Mapping[str, np.ndarray], b: int, n: int, j: int,
+              d: int) -> tuple[int, ...]:
+    """Index of element d of key j, kv head n, batch b in k/v (any kv layout)."""
+    if spec.kv_layout == "paged":
+        assert spec.page_size is not None
+        return (int(t["block_table"][b, j // spec.page_size]), j % spec.page_size, n, d)
+    return (b, j, n, d) if spec.kv_layout == "BSNH" else (b, n, j, d)
+
+
+def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
+    """Plant NaN and inf (in place) where some rows see them and others do not:
+
+    - k of the last existing key of batch 0, kv head 0 (NaN): under causal masking only the
+      last query row sees it;
+    - v of the key before it, kv head Nkv-1 (+inf in one component, NaN in another): the
+      rows that see it get NaN in those components only;
+    - k and v of the key just left of the first row's window, every batch (invisible to
+      every row: NaN, -inf);
+    - bias: NaN and +inf in entries no row sharing them can see, +inf in one entry that
+      some row sees;
+    - q of the last head of the last batch (NaN), in row 0, or with a bias the first row
+      that sees a key the bias does not mask.
+
+    Memory past each L_b is NaN already (make_tensors). Which rows turn NaN follows from
+    the reference (CONTRACT: visible NaN / +inf poison their rows). The planted q, k and v
+    that rows see sit where their bias does not mask them: a block-skipping kernel never
+    reads a block its bias masks whole (-inf), so a NaN there cannot reach its rows, though
+    visibility is positional (the reference, and every other kernel, poison them)."""
+    lengths = valid_lengths(spec, t)
+    vis = visibility(spec, lengths)
+    s, nkv, h = spec.seq_len, spec.kv_num_heads, spec.head_size
+    b0, b1 = 0, spec.batch - 1
+    L0 = int(lengths[b0])
+    t["k"][_kv_index(spec, t, b0, 0, L0 - 1, 1 % h)] = np.nan
+    jv = max(L0 - 2, 0)
+    t["v"][_kv_index(spec, t, b0, nkv - 1, jv, 2 % h)] = np.inf
+    t["v"][_kv_index(spec, t, b0, nkv - 1, jv, h - 1)] = np.nan
+    if spec.local_window > 0:
+        for b, L in enumerate(lengths):
+            jw = int(L) - s - spec.local_window          # p_0 - window: invisible to all rows
+            if jw >= 0:
+                t["k"][_kv_index(spec, t, b, 0, jw, 0)] = np.nan
+                t["v"][_kv_index(spec, t, b, nkv - 1, jw, 0)] = -np.inf
+    if spec.bias:
+        bias = t["bias"]
+        bb, hb, sb = bias.shape[:3]
+        # an entry is seen if any (batch, row) it broadcasts to sees its key
+        seen = vis if sb > 1 else vis.any(axis=1, keepdims=True)
+        seen = np.asarray(seen if bb > 1 else seen.any(axis=0, keepdims=True))  # [bb, sb, C]
+        # the k and v planted above are not masked by the bias for the rows that see them
+        # (see the note on block-skipping kernels above)
+        for j in (jv, L0 - 1):
+            col = bias[b0 % bb, :, :, j]
+            col[np.isneginf(col)] = 0.0
+        in_range = np.arange(spec.capacity)[None, None, :] < lengths.max()
+        hidden = np.argwhere(~seen & in_range)
+        if len(hidden):
+            x, i, j = (int(v) for v in hidden[-1])          # the latest invisible in range
+            bias[x, hb - 1, i, j] = np.nan
+            x, i, j = (int(v) for v in hidden[0])
+            bias[x, 0, i, j] = np.inf
+        shown = np.argwhere(seen[bb - 1, sb - 1])
+        if len(shown):
+            bias[bb - 1, 0, sb - 1, int(shown[0][0])] = np.inf
+    # q: the first row of the last head that sees a key its bias does not mask (a row that
+    # only sees -inf would be skipped whole by block-skipping kernels, see above)
+    hq, row = spec.num_heads - 1, 0
+    if spec.bias:
+        bias = t["bias"]
+        sees = vis[b1] & ~np.isneginf(bias[b1 % bias.shape[0], hq % bias.shape[1]])
+        rows = np.nonzero(sees.any(axis=-1))[0]
+        row = int(rows[0]) if len(rows) else 0
+    t["q"][(b1, row, hq, 0) if spec.q_layout == "BSNH" else (b1, hq, row, 0)] = np.nan
 
 
 # A contract feature as an input recipe: (tag, spec changes, make_tensors keywords plus

@@ -93,14 +93,29 @@ class DeviceMemory:
     def map_read(self, rb: Any, nbytes: int) -> bytes:
         """Wait for and copy out the first nbytes of a MAP_READ buffer (a submitted copy)."""
         size = cdiv(nbytes, _WORD) * _WORD
-        rb.map_sync(self.wgpu.MapMode.READ, 0, size)
         try:
-            raw = bytes(rb.read_mapped(0, size))
-        finally:
-            rb.unmap()
+            rb.map_sync(self.wgpu.MapMode.READ, 0, size)
+            try:
+                raw = bytes(rb.read_mapped(0, size))
+            finally:
+                rb.unmap()
+        except BaseException:
+            # Interrupted or failed while a map was pending: the buffer may stay mapped or
+            # pending, and copying into it would abort the process. Drop it; the next read
+            # makes a new one.
+            self.discard(rb)
+            raise
         self.counters["readbacks"] += 1
         self.counters["readback_bytes"] += nbytes
         return raw[:nbytes]
+
+    def discard(self, buf: Any) -> None:
+        """Destroy one of the runtime's named buffers (a later request recreates it)."""
+        for name, (b, _) in list(self._bufs.items()):
+            if b is buf:
+                del self._bufs[name]
+                self._forget(b)
+                b.destroy()
 
     # -- DeviceTensor memory (the Runtime contract) ---------------------------------------------
     def alloc(self, nbytes: int) -> Any:
