@@ -340,9 +340,9 @@ def test_a_parameter_no_candidate_takes_is_refused_not_dropped() -> None:
     """The reference prefill takes no kv_tile: asking for one is a NoKernelError that says
     so, never a run that ignores the parameter."""
     spec = SPEC.replace(seq_len=4)
-    with attnreg.Session(backend="reference") as s:
-        with pytest.raises(attnreg.NoKernelError, match="takes no parameter kv_tile"):
-            s.run(spec, _t(spec), kernel="reference.prefill", params={"kv_tile": 16})
+    with attnreg.Session(backend="reference") as s, \
+            pytest.raises(attnreg.NoKernelError, match="takes no parameter kv_tile"):
+        s.run(spec, _t(spec), kernel="reference.prefill", params={"kv_tile": 16})
 
 
 def test_sigint_deferral_restores_the_handler() -> None:
