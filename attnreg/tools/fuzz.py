@@ -14,6 +14,7 @@ tests/test_fuzz.py drives :func:`one_call` with hypothesis (bounded, in CI).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import random
@@ -239,8 +240,8 @@ def _child(backend: str, calls: int, seed: int) -> None:
     """Runs the calls, one JSON line per call on stdout (flushed: a crash loses nothing)."""
     with attnreg.Session(backend=backend) as s:
         for i in range(calls):
-            rnd = random.Random(seed * 1_000_003 + i)
-            outcome, detail = classify(lambda r=rnd: one_call(r, s))
+            outcome, detail = classify(functools.partial(
+                one_call, random.Random(seed * 1_000_003 + i), s))
             print(json.dumps({"i": i, "outcome": outcome, "detail": detail}), flush=True)
 
 
