@@ -220,7 +220,8 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
         for (int rr = 0; rr < RP; ++rr) seen[rr] = key_seen(P, &w, rr, j0 + cc);
         for (int d = 0; d < DPL4; ++d) {
           const float4 vc = cvt4(cv[cc][d]);
-          for (int rr = 0; rr < RP; ++rr) acc[rr][d] += seen[rr] ? pr[rr] * vc : (float4)(0.0f);
+          for (int rr = 0; rr < RP; ++rr)
+            if (seen[rr]) acc[rr][d] += pr[rr] * vc;
         }
       }
     }

@@ -68,7 +68,7 @@ void decode_pv(KERNEL_ARGS) {
           const int g = min(dl + dv * DL, HD4 - 1);
           const float4 vv = LD4(vb, KOFF(j) + 4 * g);
           for (int r = 0; r < R_ROWS; ++r)
-            acc[r][dv] += seen[r] ? Ps[r * TK + jj] * vv : (float4)(0.0f);
+            if (seen[r]) acc[r][dv] += Ps[r * TK + jj] * vv;
         }
       }
     }

@@ -101,6 +101,16 @@ inline bool key_seen(PARAMS P, const Rows* w, int r, int j) {
   return j < w->L && (!P->causal || j <= p) && (P->local_window <= 0 || j > p - P->local_window);
 }
 
+// Keys [lo, hi) that row r sees (a contiguous range: L_b, causality, the window). Loops over
+// edge tiles test j against it: two compares per (row, key), hoisted out of the element loop.
+inline int2 row_keys(PARAMS P, const Rows* w, int r) {
+  const int p = w->L - (int)P->seq_len + w->i0 + r % MQ;
+  int hi = w->L, lo = 0;
+  if (P->causal) hi = min(hi, p + 1);
+  if (P->local_window > 0) lo = max(lo, p - P->local_window + 1);
+  return (int2)(lo, hi);
+}
+
 // Keys [lo, hi) that every row of the work-group sees. P.V multiplies a tile's weights with
 // its values unmasked only when the tile lies inside: elsewhere a row's weight of 0 for a
 // key it cannot see would meet that key's value (0 * NaN = NaN), so tiles on the causal
@@ -341,11 +351,11 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
         } else {
           for (int jj = 0; jj < tn; ++jj) {
             float p = Ps[r * TK + jj];
-            const bool seen = key_seen(P, w, r, t0 + jj);
             ls += p;
+            if (!key_seen(P, w, r, t0 + jj)) continue;   // a branch per key, not per element
             for (int dv = 0; dv < DV; ++dv) {
               int g = dl + dv * DL;
-              if (g < HD4) a2[dv] += seen ? p * PV_VALUE(jj, g) : (float4)(0.0f);
+              if (g < HD4) a2[dv] += p * PV_VALUE(jj, g);
             }
           }
         }

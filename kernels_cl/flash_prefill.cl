@@ -146,6 +146,8 @@ void flash_prefill(KERNEL_ARGS) {
   load_q(P, &w, q, Qs);
 
   const int2 ckeys = common_keys(P, &w);
+  int2 rk[RS];
+  for (int a = 0; a < RS; ++a) rk[a] = row_keys(P, &w, sg * RS + a);
   float acc[RS][DPL], l[RS], m[RS];
   for (int a = 0; a < RS; ++a) {
     l[a] = 0.0f;
@@ -216,9 +218,9 @@ void flash_prefill(KERNEL_ARGS) {
           float vv[DPL];
           SG_VALUES(vv, jj)
           for (int a = 0; a < RS; ++a) {
-            float p = SG_BCAST(s[a][c], src);
-            const bool seen = key_seen(P, &w, sg * RS + a, t0 + jj);
-            for (int d = 0; d < DPL; ++d) acc[a][d] = seen ? fma(p, vv[d], acc[a][d]) : acc[a][d];
+            float p = SG_BCAST(s[a][c], src);        // the shuffle stays outside the branch
+            if (t0 + jj >= rk[a].x && t0 + jj < rk[a].y)
+              for (int d = 0; d < DPL; ++d) acc[a][d] = fma(p, vv[d], acc[a][d]);
           }
         }
       }

@@ -157,6 +157,19 @@ fn tile_at(idx: u32, stride: u32) -> u32 {
   return (idx / HG) * stride + (idx % HG) * GS;
 }
 
+// Keys [lo, hi) a row at position pos sees (contiguous): edge loops test j against it.
+fn row_span(pos: i32, len: u32) -> vec2<i32> {
+  var hi = i32(len);
+  var lo = 0;
+  if (P.causal != 0u) {
+    hi = min(hi, pos + 1);
+  }
+  if (P.local_window > 0) {
+    lo = max(lo, pos - P.local_window + 1);
+  }
+  return vec2<i32>(lo, hi);
+}
+
 fn key_visible(j: i32, pos: i32, len: u32) -> bool {
   var ok = j < i32(len);
   if (P.causal != 0u) {

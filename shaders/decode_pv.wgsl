@@ -144,9 +144,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           let vv = tile_values(jj, cl);
           for (var r = 0u; r < R; r++) {
             let p = p_s[jj * R + r];
-            let seen = key_visible(i32(j0 + jj), row_pos(d.len, d.i0 + r % M), d.len);
-            for (var u = 0u; u < CPL; u++) {
-              o[r][u] += select(vec4<f32>(0.0), p * vv[u], seen);
+            if (key_visible(i32(j0 + jj), row_pos(d.len, d.i0 + r % M), d.len)) {
+              for (var u = 0u; u < CPL; u++) {
+                o[r][u] += p * vv[u];
+              }
             }
           }
         }

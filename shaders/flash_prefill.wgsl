@@ -139,6 +139,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let i0 = rt * BR;
   let span = key_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
   let seen_all = common_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
+  var rk: array<vec2<i32>, TR>;            // the keys each of the lane's rows sees
+  for (var a = 0u; a < TR; a++) {
+    rk[a] = row_span(row_pos(len, i0 + ty * TR + a), len);
+  }
   let lo = u32(span.x);
   let hi = u32(span.y);
 
@@ -344,14 +348,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           let j = js + jj;
           let vv = step_values(st, jj, j, tx, b, kvh, lo, hi);
           for (var a = 0u; a < TR; a++) {
-            let p = p_s[(ty * TR + a) * STEP + jj];
-            let seen = key_visible(i32(j), row_pos(len, i0 + ty * TR + a), len);
-            for (var c = 0u; c < OSR; c++) {
-              o[a][c] += select(vec4<f32>(0.0), p * vv[c], seen);
-            }
-            for (var c = 0u; c < OSW; c++) {
-              let at = osi(ty * TR + a, tx, c);
-              o_s[at] += select(vec4<f32>(0.0), p * vv[OSR + c], seen);
+            // a branch per (key, row), not a select per element: the edge steps then
+            // cost what the full ones do
+            if (i32(j) >= rk[a].x && i32(j) < rk[a].y) {
+              let p = p_s[(ty * TR + a) * STEP + jj];
+              for (var c = 0u; c < OSR; c++) {
+                o[a][c] += p * vv[c];
+              }
+              for (var c = 0u; c < OSW; c++) {
+                let at = osi(ty * TR + a, tx, c);
+                o_s[at] += p * vv[OSR + c];
+              }
             }
           }
         }

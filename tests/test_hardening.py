@@ -110,6 +110,8 @@ def _interrupt_at_line(n: int, where: str) -> Iterator[list[int]]:
         sys.settrace(None)
 
 
+# The injected interrupts also land in wgpu objects' __del__, which Python reports and ignores.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("dev", [d for d in DEVICES if d.backend == "webgpu"],
                          ids=[i for d, i in zip(DEVICES, IDS) if d.backend == "webgpu"])
 def test_interrupt_inside_webgpu_readback_leaves_the_runtime_usable(dev: attnreg.DeviceCaps
@@ -177,7 +179,7 @@ def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps
             interrupts = steps = 0
             thread = threading.Thread(target=storm, daemon=True)
             thread.start()
-            deadline = time.monotonic() + 8.0
+            deadline = time.monotonic() + 5.0
             try:
                 while time.monotonic() < deadline and cache.lengths.max() < cache.capacity - 1:
                     before = cache.lengths.copy()

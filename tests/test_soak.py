@@ -68,7 +68,7 @@ def test_decode_loop_soak(dev: attnreg.DeviceCaps) -> None:
 
 @pytest.mark.parametrize("dev", DEVICES, ids=IDS)
 def test_session_churn(dev: attnreg.DeviceCaps) -> None:
-    n = 3 if dev.backend == "browser" else 300
+    n = 2 if dev.backend == "browser" else 300
     spec = attnreg.AttentionSpec(batch=1, seq_len=2, past_len=30, num_heads=2, head_size=32)
     t = make_tensors(spec, 1)
     rss0 = 0.0
