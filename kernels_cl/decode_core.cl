@@ -206,7 +206,8 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
     // a chunk on the causal diagonal or the window's edge adds only the keys each row sees
     // (the chunk differs per sub-group: the shuffles stay outside the branch, uniform)
     const int j0 = kr.x + ci * KC;
-    const bool full = all_see(ckeys, j0, min(j0 + KC, kr.y));
+    // MQ == 1: the rows share one position, so no chunk has an edge (the branch folds away)
+    const bool full = MQ == 1 || all_see(ckeys, j0, min(j0 + KC, kr.y));
     for (int cc = 0; cc < KC; ++cc) {
       float pr[RP];
       for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);

@@ -50,7 +50,8 @@ void decode_pv(KERNEL_ARGS) {
     // a tile on the causal diagonal or the window's edge adds only the keys each row sees
     // (a clamped key past the range is key kr.y - 1 again, with p 0: every row of a full
     // tile sees it)
-    if (all_see(ckeys, t0, min(t0 + TK, kr.y))) {
+    // MQ == 1: the rows share one position, so no tile has an edge (the branch folds away)
+    if (MQ == 1 || all_see(ckeys, t0, min(t0 + TK, kr.y))) {
       for (int jj = kn; jj < TK; jj += KLN) {
         const int j = min(t0 + jj, kr.y - 1);             // clamped; p is 0 past the range
         for (int dv = 0; dv < DV; ++dv) {

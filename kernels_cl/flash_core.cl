@@ -324,7 +324,7 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
     barrier(CLK_LOCAL_MEM_FENCE);
     // 4. rescale and accumulate P.V for this work-item's rows and float4 dims; a tile on
     // the causal diagonal or the window's edge adds only the keys each row sees
-    const bool full = all_see(ckeys, t0, t1);
+    const bool full = MQ == 1 || all_see(ckeys, t0, t1);   // MQ == 1: rows share a position
     for (int pm = 0; pm < PMR; ++pm) {
       int r = prl + pm * PRL;
       if (r < R_ROWS) {

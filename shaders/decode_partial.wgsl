@@ -268,7 +268,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     // A tile on the causal diagonal or the window's edge of the row tile adds only the keys
     // each row sees (their weights of 0 must not meet the others' values).
-    let full = all_see(j0, j0 + BC, vec2<i32>(i32(klo), i32(khi)), d.seen_all);
+    // M == 1: the rows share one position, so no tile has an edge (the branch folds away)
+    let full = M == 1u || all_see(j0, j0 + BC, vec2<i32>(i32(klo), i32(khi)), d.seen_all);
     if (st < NS) {
       for (var r = 0u; r < R; r++) {
         let al = al_s[r];
