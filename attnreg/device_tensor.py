@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import SpecError
+from .errors import ClosedError, SpecError
 from .interrupts import deferred
 from .spec import AttentionSpec
 
@@ -39,6 +39,11 @@ class DeviceTensor:
         self.host = host
         self.freed = False
         self.version = 0            # bumped on every write: derived data (block lists) keys on it
+
+    def check_live(self, field: str = "tensor") -> None:
+        """ClosedError naming ``field`` if the tensor was freed."""
+        if self.freed:
+            raise ClosedError(field, self, "a live DeviceTensor (it was freed)")
 
     @property
     def nbytes(self) -> int:

@@ -19,6 +19,7 @@ from .errors import ClosedError, KernelUnavailable, SpecError
 from .hookspecs import Runtime
 from .interrupts import deferred
 from .plan import Plan
+from .prepared import PreparedRun
 from .spec import AttentionSpec
 from .states import check_partials, merge_as_reduce
 from .tensors import check_tensors
@@ -226,8 +227,7 @@ class Session:
                        capacity=capacity, dtype=dtype, layout=layout, device=device)
 
     def _live(self, t: DeviceTensor) -> None:
-        if t.freed:
-            raise ClosedError("tensor", t, "a live DeviceTensor (it was freed)")
+        t.check_live()
         if self.closed:
             raise ClosedError("tensor", t, "a tensor of an open Session (its Session was "
                               "closed, so its memory is gone)")
@@ -272,8 +272,7 @@ class Session:
         for n, x in inputs.items():
             if not isinstance(x, DeviceTensor):
                 continue
-            if x.freed:
-                raise ClosedError(f"tensors[{n!r}]", x, "a live DeviceTensor (it was freed)")
+            x.check_live(f"tensors[{n!r}]")
             if x.session is not self:
                 raise SpecError(f"tensors[{n!r}]", x, "a live DeviceTensor of this Session")
             if x.device_id != plan.caps.id:
@@ -366,31 +365,9 @@ class Session:
         return out.reshape(*lead, spec.head_size), lse.reshape(lead)
 
 
-class PreparedRun:
-    """A validated (plan, tensors, out) triple; calling it launches (see Session.prepare)."""
-
-    def __init__(self, session: Session, plan: Plan, runtime: Runtime, inputs: dict[str, Any],
-                 out: DeviceTensor | None) -> None:
-        self.session, self.plan, self.runtime = session, plan, runtime
-        self.inputs, self.out = inputs, out
-        self.outputs = {"out": out} if out is not None else None
-
-    def __call__(self) -> Any:
-        s = self.session
-        with s._lock, deferred():
-            s._check_open()
-            for name, x in self.inputs.items():
-                if isinstance(x, DeviceTensor) and x.freed:
-                    raise ClosedError(f"tensors[{name!r}]", x, "a live DeviceTensor (it was freed)")
-            if self.out is not None and self.out.freed:
-                raise ClosedError("out", self.out, "a live DeviceTensor (it was freed)")
-            res = self.runtime.launch(self.plan, self.inputs, self.outputs)
-        return (res["out"], res["lse"]) if self.plan.spec.return_lse else res["out"]
-
-
 def _check_out(spec: AttentionSpec, out: Any) -> None:
-    if isinstance(out, DeviceTensor) and out.freed:
-        raise ClosedError("out", out, "a live DeviceTensor (it was freed)")
+    if isinstance(out, DeviceTensor):
+        out.check_live("out")
     if not isinstance(out, DeviceTensor) or out.shape != spec.out_shape \
             or out.dtype != np.dtype(spec.dtype):
         raise SpecError("out", out, f"a {spec.dtype} DeviceTensor of shape {spec.out_shape}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-FAMILIES = ("attn_common", "flash_prefill", "decode_partial", "reduce", "decode_qk", "decode_pv",
-            "patch16", "copy_bw")
+FAMILIES = ("attn_common", "decode_lanes", "flash_prefill", "decode_partial", "reduce", "decode_qk",
+            "decode_pv", "patch16", "copy_bw")
 
 
 @cache

@@ -78,16 +78,6 @@ fn stage_kv(idx: u32, kg: GV, vg: GV) {
   }
 }
 
-// The PV lane cl's columns (cl, cl+PVW, ...) of the value of tile key jj.
-fn tile_values(jj: u32, cl: u32) -> array<vec4<f32>, CPL> {
-  var vv: array<vec4<f32>, CPL>;
-  for (var u = 0u; u < CPL; u++) {
-    let c = cl + PVW * u;
-    vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
-  }
-  return vv;
-}
-
 // (first key, bias needed) of tile it: consecutive tiles from klo, or listed blocks.
 fn tile_of(it: u32, klo: u32, l_first: u32) -> vec2<u32> {
   if (BLOCKS == 1u) {

@@ -34,16 +34,6 @@ fn stage_v(idx: u32, vg: GV) {
   }
 }
 
-// The PV lane cl's columns (cl, cl+PVW, ...) of the value of tile key jj.
-fn tile_values(jj: u32, cl: u32) -> array<vec4<f32>, CPL> {
-  var vv: array<vec4<f32>, CPL>;
-  for (var u = 0u; u < CPL; u++) {
-    let c = cl + PVW * u;
-    vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
-  }
-  return vv;
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {

@@ -33,10 +33,10 @@ NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium
 # Which files make up each family's module, in order.
 FILES = {
     "prefill": ("attn_common", "flash_prefill"),
-    "decode_partial": ("attn_common", "decode_partial"),
+    "decode_partial": ("attn_common", "decode_partial", "decode_lanes"),
     "reduce": ("reduce",),
     "decode_qk": ("attn_common", "decode_qk"),
-    "decode_pv": ("attn_common", "decode_pv"),
+    "decode_pv": ("attn_common", "decode_pv", "decode_lanes"),
 }
 
 # WGSL spelling of each port kind (backends/ports.py).

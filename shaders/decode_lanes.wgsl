@@ -1,0 +1,13 @@
+// PV lane helpers shared by the two decode families that stage V as v_s [BC keys x HV]
+// and split the head across PVW lanes of CPL vec4 columns (decode_partial, decode_pv); each
+// declares those names itself.
+
+// The PV lane cl's columns (cl, cl+PVW, ...) of the value of tile key jj.
+fn tile_values(jj: u32, cl: u32) -> array<vec4<f32>, CPL> {
+  var vv: array<vec4<f32>, CPL>;
+  for (var u = 0u; u < CPL; u++) {
+    let c = cl + PVW * u;
+    vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
+  }
+  return vv;
+}
