@@ -59,6 +59,9 @@ class DeviceCaps(BaseModel):
     available: bool = True
     reason: str = ""
     extra: dict[str, Any] = Field(default_factory=dict)
+    settings: tuple[str, ...] = Field(
+        default=(), description="how the backend set this device up (Dawn toggles, a Vulkan "
+        "driver shim), one line each with why; shown by `attnreg devices` and explain")
 
     def __hash__(self) -> int:
         return hash((self.backend, self.id, self.name, self.driver))

@@ -104,6 +104,7 @@ class Plan:
             + (f" arch={self.caps.architecture}" if self.caps.architecture else ""),
             "kernels: " + " -> ".join(self.kernels),
         ]
+        lines[4:4] = [f"         {line}" for line in self.caps.settings]
         if self.split is not None:
             lines.insert(-1, "split:   " + ", ".join(f"{k}={v}" for k, v in
                                                   sorted(self.split.params.items())))

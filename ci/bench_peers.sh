@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the optional comparison peers for `attnreg bench` (attnreg/peers/):
 #   - onnxruntime-webgpu 1.27.0 and onnx (the ONNX Runtime WebGPU EP peer),
-#   - libvulkan-dev (headers) and the lavapipe pass-through ICD shim that lets Dawn, inside
-#     onnxruntime-webgpu, accept Debian 12's Mesa 22.3 lavapipe; built into .peers/ (ignored).
+#   - libvulkan-dev (headers) and attnreg's lavapipe pass-through ICD (`attnreg vk-shim`,
+#     attnreg/vkshim.py) that lets Dawn, inside onnxruntime-webgpu, accept Debian 12's Mesa
+#     22.3 lavapipe; built into ~/.cache/attnreg/vkshim.
 # Installs into the repo's .venv when it exists, else into the current python3.
 # torch is not installed here (large; `pip install torch` adds the CPU build if wanted).
 # Safe to run again: every step checks first and does only what is missing.
 # Usage: bash ci/bench_peers.sh            (then: attnreg bench ... picks the peers up)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 
 source ci/apt.sh
 
@@ -34,23 +34,10 @@ if [ "$have_ort" != "$want_ort" ] || [ -z "$have_onnx" ]; then
   "$PY" -m pip install -q "onnxruntime-webgpu==$want_ort" onnx
 fi
 
-# 3. the lavapipe shim (only useful where lavapipe is the Vulkan driver; harmless elsewhere).
-shim_src=""
-for d in "$root/../shared/tools/lvp-dawn-shim" "$root/shared/tools/lvp-dawn-shim" /work/shared/tools/lvp-dawn-shim; do
-  if [ -f "$d/build.sh" ] && [ -f "$d/lvp_shim.c" ]; then shim_src=$(cd "$d" && pwd); break; fi
-done
-out="$root/.peers/lvp-dawn-shim"
-if [ -z "$shim_src" ]; then
-  echo "[peers] lvp-dawn-shim sources not found (../shared/tools/lvp-dawn-shim); skipping the shim"
-elif [ ! -f /usr/lib/x86_64-linux-gnu/libvulkan_lvp.so ]; then
-  echo "[peers] lavapipe (libvulkan_lvp.so) not found; skipping the shim"
-elif [ -f "$out/libvk_lvp_shim.so" ] && [ -f "$out/lvp_shim_icd.json" ] \
-     && [ "$out/libvk_lvp_shim.so" -nt "$shim_src/lvp_shim.c" ] \
-     && grep -q "$out/libvk_lvp_shim.so" "$out/lvp_shim_icd.json"; then
-  echo "[peers] shim up to date: $out/lvp_shim_icd.json"
-else
-  mkdir -p "$out"
-  sh "$shim_src/build.sh" "$out"
+# 3. the lavapipe shim: attnreg's own pass-through ICD (attnreg/vkshim.py), built into the user
+#    cache; the ORT peer swaps it in for lavapipe before its first WebGPU session.
+if ! "$PY" -m attnreg.tools.cli vk-shim; then
+  echo "[peers] the Vulkan shim could not be built; ORT WebGPU will not see lavapipe"
 fi
 
 "$PY" - <<'PY'

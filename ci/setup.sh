@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 
 source ci/apt.sh
 # chromium: the browser backend's headless Chromium (WebGPU through Dawn/Tint, on SwiftShader).
-pkgs=(mesa-vulkan-drivers libvulkan1 pocl-opencl-icd ocl-icd-libopencl1 chromium)
+# gcc + libvulkan-dev: attnreg's pass-through Vulkan ICD, which lets the dawn backend's Dawn
+# accept Debian 12's lavapipe (attnreg/vkshim.py).
+pkgs=(mesa-vulkan-drivers libvulkan1 pocl-opencl-icd ocl-icd-libopencl1 chromium gcc libvulkan-dev)
 # Debian's own python3 needs python3-venv for `python3 -m venv`; other Pythons bring it.
 python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv python3-pip)
 apt_install_missing setup "${pkgs[@]}"
@@ -23,9 +25,12 @@ fi
 stamp=.venv/.attnreg-installed
 want=$( (cat pyproject.toml; ls -d */__init__.py */*/__init__.py 2>/dev/null) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] pip install -e .[test]"
+  echo "[setup] pip install -e .[test,dawn]"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -e ".[test,dawn]"
   echo "$want" > "$stamp"
 fi
+# The Vulkan shim, into ~/.cache/attnreg/vkshim (idempotent: rebuilt only when its source or
+# the lavapipe it wraps changed).
+.venv/bin/attnreg vk-shim | sed 's/^/[setup] /'
 echo "[setup] ready: $(.venv/bin/python --version), attnreg in .venv"

@@ -33,7 +33,7 @@ REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.
 # Backends whose cells run in their own test module: pytest-xdist's loadfile mode keeps a
 # module on one worker, so the cells spread over the workers and each module's sessions reuse
 # their compiled programs. Every other backend's cells run in tests/test_conformance.py.
-CELL_MODULES = {"webgpu": "test_webgpu", "opencl": "test_opencl"}
+CELL_MODULES = {"webgpu": "test_webgpu", "opencl": "test_opencl", "dawn": "test_dawn"}
 
 
 def check_close(spec: AttentionSpec, got: Any, tensors: dict[str, np.ndarray],

@@ -8,6 +8,7 @@ timeouts and crashes), Tint rejections becoming KernelUnavailable, host-cast flo
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -58,8 +59,12 @@ def _job(wgsl: str, key: str = "double", source: bool = True) -> dict[str, Any]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _nothing_left_running() -> Iterator[None]:
+    # Only this module's browsers: pytest-xdist may have run other modules in this worker
+    # before, and a Session they dropped unclosed is ended by the garbage collector, not here.
+    before = {id(b) for b in list(chromium._LIVE)}
     yield
-    live = [b for b in list(chromium._LIVE) if b.alive()]
+    gc.collect()
+    live = [b for b in list(chromium._LIVE) if b.alive() and id(b) not in before]
     assert not live, f"browsers still running after the browser tests: {[b.pid for b in live]}"
 
 

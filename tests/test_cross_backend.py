@@ -15,7 +15,7 @@ from attnreg import reference as ref
 from attnreg.tools.testing import make_tensors
 from tests.support import IN_CI, check_close
 
-BACKENDS = ("reference", "webgpu", "opencl", "browser")
+BACKENDS = ("reference", "webgpu", "opencl", "browser", "dawn")
 DEVICES = {b: next((d for d in attnreg.devices(b) if d.available), None) for b in BACKENDS}
 SPLIT = 32
 

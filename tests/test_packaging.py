@@ -39,12 +39,13 @@ def test_one_top_level_package(wheel: Path) -> None:
     for must in ("attnreg/backends/webgpu/program.py", "attnreg/backends/opencl/program.py",
                  "attnreg/backends/browser/page.js", "attnreg/shaders/attn_common.wgsl",
                  "attnreg/kernels_cl/decode_core.cl", "attnreg/tools/cli.py",
-                 "attnreg/data/profiles.json", "attnreg/py.typed"):
+                 "attnreg/data/profiles.json", "attnreg/data/vkshim.c", "attnreg/py.typed",
+                 "attnreg/backends/dawn/plugin.py"):
         assert must in names, must
     meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     eps = zipfile.ZipFile(wheel).read(meta).decode()
     assert "attnreg = attnreg.tools.cli:main" in eps
-    for backend in ("reference", "webgpu", "opencl", "browser"):
+    for backend in ("reference", "webgpu", "opencl", "browser", "dawn"):
         assert f"{backend} = attnreg.backends.{backend}.plugin" in eps, eps
 
 

@@ -93,22 +93,24 @@ def test_unsupported_features_are_named():
 
 
 def test_shim_is_left_alone_when_disabled_or_a_driver_is_named(monkeypatch, tmp_path):
-    icd = tmp_path / "lvp_shim_icd.json"
+    icd = tmp_path / "attnreg_vkshim_icd.json"
     icd.write_text("{}")
     monkeypatch.setattr(peers.vulkan, "shim_in_use", None)
-    monkeypatch.setenv("ATTNREG_PEERS_SHIM", "0")
+    monkeypatch.setattr(peers.vulkan, "_HW_NODES", ())
+    monkeypatch.delenv("VK_DRIVER_FILES", raising=False)
+    monkeypatch.setenv("ATTNREG_VK_SHIM", "0")
+    monkeypatch.setenv("VK_ICD_FILENAMES", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
     assert peers.shim_path() is None and peers.ensure_vulkan_env() is None
     # A user-named non-lavapipe driver (the NVIDIA ICD on the GPU machine) is never replaced.
-    monkeypatch.delenv("ATTNREG_PEERS_SHIM")
-    monkeypatch.setattr(peers.vulkan, "_SHIM_JSON", icd)
-    monkeypatch.setattr(peers.vulkan, "_HW_NODES", ())
+    monkeypatch.setenv("ATTNREG_VK_SHIM", str(icd))
     monkeypatch.setenv("VK_ICD_FILENAMES", "/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json")
     assert peers.ensure_vulkan_env() is None
     assert peers.vulkan.shim_in_use is None
-    # Named lavapipe, nothing else: the shim replaces it.
+    # Named lavapipe, nothing else: the shim replaces it (in both loader variables).
     monkeypatch.setenv("VK_ICD_FILENAMES", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
     assert peers.ensure_vulkan_env() == str(icd)
-    assert peers.vulkan.shim_in_use == str(icd) and sys.modules["os"].environ["VK_ICD_FILENAMES"] == str(icd)
+    env = sys.modules["os"].environ
+    assert peers.vulkan.shim_in_use == str(icd) == env["VK_ICD_FILENAMES"] == env["VK_DRIVER_FILES"]
 
 
 # -- ONNX Runtime WebGPU (skips without onnxruntime-webgpu and a WebGPU adapter) -----------

@@ -10,7 +10,7 @@ import pytest
 import attnreg
 from tests.support import check_close, make_tensors, require_devices
 
-BACKENDS = ("reference", "webgpu", "opencl", "browser")
+BACKENDS = ("reference", "webgpu", "opencl", "browser", "dawn")
 SPEC = attnreg.AttentionSpec(batch=1, seq_len=2, past_len=40, num_heads=4, kv_num_heads=2,
                              head_size=32, causal=True, return_lse=True)
 

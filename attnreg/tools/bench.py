@@ -330,17 +330,21 @@ def ratios(rows: Sequence[Row]) -> str:
     def basis(r: Row) -> float:
         return r.gpu_us if r.gpu_us is not None else r.wall_us
 
-    ours_backends = {"webgpu", "opencl", "browser"}
+    peers = ("ort-webgpu", "torch", "reference")
     out = []
     for case in dict.fromkeys(r.case for r in rows if r.suite not in ("roof", "decode-loop")):
-        mine = [r for r in rows if r.case == case and r.backend in ours_backends
+        mine = [r for r in rows if r.case == case and r.backend not in peers
                 and not r.kernels.startswith(("FAILED", "n/a"))]
         if not mine:
             continue
         best = min(mine, key=basis)
         webgpu = [r for r in mine if r.backend == "webgpu"]
-        cells = [case, f"{best.backend}/{best.device} {basis(best):.1f} us"]
-        for peer in ("ort-webgpu", "torch", "reference"):
+        hosts: dict[str, str] = {}
+        for r in sorted(mine, key=basis):
+            hosts.setdefault(r.backend, f"{r.backend} {basis(r):.1f}")
+        cells = [case, f"{best.backend}/{best.device} {basis(best):.1f} us",
+                 ", ".join(hosts.values())]
+        for peer in peers:
             pr = next((r for r in rows if r.case == case and r.backend == peer), None)
             mine_r = min(webgpu, key=basis) if peer == "ort-webgpu" and webgpu else best
             if pr is None:
@@ -349,7 +353,8 @@ def ratios(rows: Sequence[Row]) -> str:
             flag = "" if pr.extra.get("correct", True) else " (peer WRONG)"
             cells.append(f"{basis(pr):.1f} us = {basis(pr) / basis(mine_r):.2f}x{flag}")
         out.append(cells)
-    return table(("case", "attnreg best", "ORT WebGPU (vs our webgpu)", "torch SDPA",
+    return table(("case", "attnreg best", "each backend (us)", "ORT WebGPU (vs our webgpu)",
+                  "torch SDPA",
                   "numpy reference"), out)
 
 

@@ -102,6 +102,10 @@ def cmd_devices(a: argparse.Namespace) -> int:
             rows.append((d.backend, d.id, d.name, "-", "-", "-", "-", "-", f"no: {d.reason}"))
     print(table(("backend", "id", "device", "vendor", "type", "api", "features", "wg mem",
                  "available"), rows))
+    for d in devs:
+        if d.available and d.settings:
+            print(f"\n{d.id} set-up:")
+            print("\n".join(f"  - {line}" for line in d.settings))
     if a.json:
         print(json.dumps([d.model_dump(mode="json") for d in devs], indent=2))
     return 0

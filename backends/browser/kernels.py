@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from attnreg.backends.webgpu import kernels as wkernels
-from attnreg.backends.webgpu import probe as wprobe
 from attnreg.caps import DeviceCaps
 from attnreg.kernel import KernelInfo, binding_bytes
 from attnreg.spec import AttentionSpec
@@ -39,10 +38,7 @@ Checks = Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]
 
 def browser_id(webgpu_id: str) -> str:
     """``webgpu.decode_partial.f32.m4`` -> ``browser.decode_partial.f32.m4``."""
-    prefix = wprobe.NAME + "."
-    if not webgpu_id.startswith(prefix):
-        raise ValueError(f"{webgpu_id!r} is not a WebGPU kernel id")
-    return f"{NAME}.{webgpu_id[len(prefix):]}"
+    return wkernels.rehome_id(NAME, webgpu_id)
 
 
 def device_spec(spec: AttentionSpec, params: Mapping[str, Any]) -> AttentionSpec:
@@ -85,8 +81,6 @@ def cast_variant(k: KernelInfo) -> KernelInfo:
 
 def declare() -> list[KernelInfo]:
     """The re-homed WebGPU variants, then the host-cast ones."""
-    native = [dataclasses.replace(k, id=browser_id(k.id), backend=NAME,
-                                  kv_layouts=k.kv_layouts & KV_LAYOUTS,
-                                  doc=f"{k.doc} (in Chromium: WGSL compiled by Tint, run by Dawn)")
-              for k in wkernels.declare() if k.family in FAMILIES]
+    native = wkernels.rehomed(NAME, "in Chromium: WGSL compiled by Tint, run by Dawn",
+                              wkernels.declare(), FAMILIES, KV_LAYOUTS)
     return native + [cast_variant(k) for k in native if k.dtypes == frozenset({"float32"})]

@@ -52,24 +52,33 @@ class GpuDevice:
     full compute limits (the defaults are far below what the kernels use)."""
 
     dialect = NAGA          # the WGSL compiler behind this device (program.py adapts to it)
+    request: tuple[str, ...] = probe.REQUEST  # adapter features asked for whenever present
 
     def __init__(self, caps: DeviceCaps, adapter: Any) -> None:
-        import wgpu
-
-        self.wgpu = wgpu
+        self.wgpu = self.api()
         self.caps = caps
-        self.features = [f for f in probe.REQUEST if f in adapter.features]
+        self.features = [f for f in self.request if f in adapter.features]
         wanted = [*probe.LIMITS.values(), "max-storage-buffers-per-shader-stage",
                   "max-compute-workgroup-size-y", "max-compute-workgroup-size-z"]
         limits = {k: adapter.limits[k] for k in wanted if k in adapter.limits}
-        self.device = adapter.request_device_sync(required_features=self.features,
-                                                  required_limits=limits)
+        self.device = self.open(adapter, self.features, limits)
         self.has_timestamps = "timestamp-query" in self.features
         self._lock = threading.Lock()
         self._pipelines: dict[tuple[Any, ...], Any] = {}
         self._layouts: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self.compiles = 0          # how many pipelines were built (tests check the cache)
         self.trusted_ok = True
+
+    # -- what another host of the wgpu-py API (backends.dawn) overrides ---------------------
+    def api(self) -> Any:
+        """The wgpu-py-API module of this host."""
+        import wgpu
+
+        return wgpu
+
+    def open(self, adapter: Any, features: list[str], limits: dict[str, int]) -> Any:
+        """The device, with these features and limits."""
+        return adapter.request_device_sync(required_features=features, required_limits=limits)
 
     def wait(self) -> None:
         """Block until every submitted command buffer has finished. wgpu-py 0.32's
@@ -101,6 +110,7 @@ class GpuDevice:
         return self._layouts[accesses]
 
     def module(self, label: str, wgsl: str) -> Any:
+        """The shader module; naga's runtime checks follow ATTNREG_WGSL_CHECKS."""
         checks = _checks()
         if checks is not None and self.trusted_ok:
             try:

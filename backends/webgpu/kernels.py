@@ -3,6 +3,7 @@ from (spec, params): tile sizes, rows per workgroup, query heads per workgroup."
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -309,6 +310,25 @@ def declare_block_skip() -> list[KernelInfo]:
         out += [_prefill(dtype, v, True) for v in ("sg", "wgmem")]
         out += [_decode(dtype, m, True) for m in M_TILES]
     return out
+
+
+def rehome_id(backend: str, webgpu_id: str) -> str:
+    """``webgpu.decode_partial.f32.m4`` -> ``<backend>.decode_partial.f32.m4``."""
+    prefix = NAME + "."
+    if not webgpu_id.startswith(prefix):
+        raise ValueError(f"{webgpu_id!r} is not a WebGPU kernel id")
+    return f"{backend}.{webgpu_id[len(prefix):]}"
+
+
+def rehomed(backend: str, host: str, kernels: list[KernelInfo],
+            families: tuple[str, ...] | None = None,
+            kv_layouts: frozenset[str] = KV_LAYOUTS) -> list[KernelInfo]:
+    """These declarations for another host of the same WGSL programs (dawn, browser): same
+    variants, params and support checks; the id prefix and backend change, ``host`` is added
+    to the doc, and only the families and K/V layouts that host's runtime binds are kept."""
+    return [dataclasses.replace(k, id=rehome_id(backend, k.id), backend=backend,
+                                kv_layouts=k.kv_layouts & kv_layouts, doc=f"{k.doc} ({host})")
+            for k in kernels if families is None or k.family in families]
 
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],

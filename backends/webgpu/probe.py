@@ -94,20 +94,23 @@ def _compute_units(name: str, device_type: str) -> int | None:
     return None
 
 
-def caps_of(index: int, adapter: Any) -> DeviceCaps:
-    """One adapter's capabilities in attnreg's vocabulary."""
+def caps_of(index: int, adapter: Any, backend: str = NAME,
+            features: dict[str, str] | None = None) -> DeviceCaps:
+    """One adapter's capabilities in attnreg's vocabulary. Hosts of the same WGSL with the
+    wgpu-py API (dawn) pass their backend name and their own feature-name table."""
     info = adapter.info
     name = str(info.get("device") or info.get("description") or f"adapter {index}")
     dtype = _device_type(str(info.get("adapter_type", "")))
     limits_raw = adapter.limits
     limits = {ours: int(limits_raw[theirs]) for ours, theirs in LIMITS.items()
               if theirs in limits_raw and limits_raw[theirs] is not None}
-    feats = frozenset(ours for theirs, ours in FEATURES.items() if theirs in adapter.features)
+    feats = frozenset(ours for theirs, ours in (features or FEATURES).items()
+                      if theirs in adapter.features)
     lo, hi = _subgroup_sizes(info)
     if "subgroups" in feats and lo == 0:
         lo = 4        # the smallest subgroup size WebGPU allows
     return DeviceCaps(
-        backend=NAME, id=f"{NAME}:{index}", name=name,
+        backend=backend, id=f"{backend}:{index}", name=name,
         vendor=normalize_vendor(info.get("vendor"), info.get("vendor_id"), name,
                                 info.get("description")),
         architecture=str(info.get("architecture", "")),

@@ -14,6 +14,7 @@ shaders/. Variants differ only in that prefix.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -242,8 +243,10 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
     return for_dialect(text, dialect)
 
 
+@functools.lru_cache(maxsize=256)
 def for_dialect(wgsl: str, dialect: str) -> str:
-    """The module as ``dialect``'s compiler accepts it."""
+    """The module as ``dialect``'s compiler accepts it (cached: the runtimes rebuild a plan's
+    sources at each launch to key their caches, and the scan costs 0.5 ms a module)."""
     if dialect == TINT and _SUBGROUP_CALL.search(wgsl) and \
             not re.search(r"^\s*enable\s+[^;]*\bsubgroups\b", wgsl, re.M):
         return SUBGROUP_DIRECTIVE + wgsl

@@ -38,18 +38,22 @@ def fit_tiles(backend: str) -> Rule:
 FIT_TILES = fit_tiles(probe.NAME)
 
 
-def _step_over_tile(ctx: Ctx) -> bool:
+def _step_over_tile(ctx: Ctx, backend: str = probe.NAME) -> bool:
     p = _params(ctx)
-    return (_ours(ctx) and ctx.kernel is not None and ctx.kernel.family == "prefill"
+    return (_ours(ctx, backend) and ctx.kernel is not None and ctx.kernel.family == "prefill"
             and p.get("kv_staging") == "workgroup" and "max_k_step" not in ctx.user
             and int(p.get("max_k_step", 0)) > int(p.get("kv_tile", 0)))
 
 
-STEP_IN_TILE = Rule(
-    "webgpu_step_within_staged_tile",
-    "with K/V staged in workgroup memory an inner step reads one staged kv_tile tile: "
-    "max_k_step is capped at kv_tile", "params", _step_over_tile,
-    lambda c: {"max_k_step": int(_params(c)["kv_tile"])})
+def step_in_tile(backend: str) -> Rule:
+    return Rule(
+        f"{backend}_step_within_staged_tile",
+        "with K/V staged in workgroup memory an inner step reads one staged kv_tile tile: "
+        "max_k_step is capped at kv_tile", "params", lambda c: _step_over_tile(c, backend),
+        lambda c: {"max_k_step": int(_params(c)["kv_tile"])})
+
+
+STEP_IN_TILE = step_in_tile(probe.NAME)
 
 
 # -- masked-block skipping -------------------------------------------------------------------
@@ -66,18 +70,22 @@ def _skip_pays(ctx: Ctx) -> bool:
     return ctx.caps.device_type == "cpu"
 
 
-BLOCK_SKIP = Rule(
-    "webgpu_block_skip",
-    "flag block_skip with a bias: 'on' runs the variant that visits only the KV blocks the "
-    "bias's block list keeps (4 x 512 packed sequences, block-diagonal bias, GPU time: "
-    "H100 prefill 4.3x non-causal, 2.2x causal, decode S=4 1.9x; 0.89x the dense time with "
-    "nothing to skip, as all-zero blocks skip the bias load); 'auto' does so on CPU adapters "
-    "(lavapipe 3.6-3.7x prefill, 2.5x decode rows), where the host-built list (2-40 ms) is "
-    "small next to the kernel, but not on GPUs, where a host bias's list costs more than the "
-    "kernel saves (use 'on' with a device-resident bias: its list is built once per "
-    "written version)", "params",
-    lambda c: c.spec.bias and c.kernel is not None and c.kernel.backend == probe.NAME
-    and "block_skip" in c.kernel.params and "block_skip" not in c.user, _block_skip)
+def block_skip(backend: str) -> Rule:
+    return Rule(
+        f"{backend}_block_skip",
+        "flag block_skip with a bias: 'on' runs the variant that visits only the KV blocks the "
+        "bias's block list keeps (4 x 512 packed sequences, block-diagonal bias, GPU time: "
+        "H100 prefill 4.3x non-causal, 2.2x causal, decode S=4 1.9x; 0.89x the dense time with "
+        "nothing to skip, as all-zero blocks skip the bias load); 'auto' does so on CPU adapters "
+        "(lavapipe 3.6-3.7x prefill, 2.5x decode rows), where the host-built list (2-40 ms) is "
+        "small next to the kernel, but not on GPUs, where a host bias's list costs more than the "
+        "kernel saves (use 'on' with a device-resident bias: its list is built once per "
+        "written version)", "params",
+        lambda c: c.spec.bias and c.kernel is not None and c.kernel.backend == backend
+        and "block_skip" in c.kernel.params and "block_skip" not in c.user, _block_skip)
+
+
+BLOCK_SKIP = block_skip(probe.NAME)
 
 
 # -- unfused decode crossover ------------------------------------------------------------------

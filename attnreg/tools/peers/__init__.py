@@ -19,16 +19,14 @@ Nothing here is imported at module import time beyond numpy and the standard lib
 why it is unusable through :func:`ort_webgpu_status` / :func:`torch_status` (``None`` when
 usable) instead of raising.
 
-Lavapipe: Dawn refuses Debian 12's Mesa 22.3 lavapipe. ``ci/bench_peers.sh`` builds a
-pass-through Vulkan ICD (``../shared/tools/lvp-dawn-shim``) into ``.peers/``; when it is
-built, no Vulkan variable is set by the user and no hardware GPU node exists, this module
-points ``VK_ICD_FILENAMES`` at it before the first ORT WebGPU session. That is safe for
-wgpu-py in the same process, before or after wgpu made its own Vulkan instance: the Vulkan
-loader re-reads the variable at every ``vkCreateInstance``, and the shim forwards to
-lavapipe unchanged (it only reports two image-array features as present). It must happen
-before ORT's first WebGPU session, because Dawn keeps the adapter list it found first for
-the life of the process. ``ATTNREG_PEERS_SHIM`` overrides: a path to an ICD json, or ``0``
-to never set the variable.
+Lavapipe: Dawn refuses Debian 12's Mesa 22.3 lavapipe. attnreg builds its own pass-through
+Vulkan ICD (``attnreg vk-shim``, attnreg/vkshim.py; ci/bench_peers.sh and ci/setup.sh run it);
+when it is built, no hardware GPU node exists and no other driver is named, this module swaps
+it in for lavapipe in the loader's driver list before the first ORT WebGPU session. That is
+safe for wgpu-py in the same process: the shim forwards to lavapipe unchanged (it only
+reports two image-array features as present). It must happen before ORT's first WebGPU
+session, because Dawn keeps the adapter list it found first for the life of the process.
+``ATTNREG_VK_SHIM`` overrides: a path to an ICD json, or ``0`` for never.
 
 Known peer defects (onnxruntime-webgpu 1.27.0; ``run()`` returns what ORT computed, callers
 compare and print, never hide it; ``python -m attnreg.tools.peers --cases probes`` re-checks):

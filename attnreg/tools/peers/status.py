@@ -66,8 +66,8 @@ def ort_webgpu_status() -> str | None:
         cause = _root_cause(exc)
         hint = ""
         if "adapter" in cause.lower() and vulkan.shim_in_use is None and _lavapipe_only():
-            hint = (" (Dawn refuses Mesa 22.3 lavapipe: run ci/bench_peers.sh to build the shim"
-                    + (", and unset ATTNREG_PEERS_SHIM=0" if os.environ.get("ATTNREG_PEERS_SHIM") == "0"
+            hint = (" (Dawn refuses Mesa 22.3 lavapipe: run `attnreg vk-shim` to build the shim"
+                    + (", and unset ATTNREG_VK_SHIM=0" if os.environ.get("ATTNREG_VK_SHIM") == "0"
                        else "") + ")")
         return f"{ORT_PROVIDER} unusable: {cause}{hint}"
     return None

@@ -1,0 +1,58 @@
+"""One Dawn device per adapter (and per opt-in to experimental features), shared by every
+Session in the process: backends.webgpu's GpuDevice (pipeline and layout caches, waits) with
+wgpudawn as the API and Tint as the WGSL compiler."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from attnreg.backends.webgpu import program
+from attnreg.backends.webgpu.device import GpuDevice
+from attnreg.caps import DeviceCaps
+
+from . import probe
+
+
+class DawnDevice(GpuDevice):
+    """A wgpudawn device with every feature the kernels may need, the adapter's full compute
+    limits and the device toggles of toggles.py (given to Dawn with the instance's)."""
+
+    dialect = program.TINT
+    request: tuple[str, ...] = probe.REQUEST
+
+    def __init__(self, caps: DeviceCaps, adapter: Any, experimental: bool = False) -> None:
+        if experimental:
+            self.request = (*probe.REQUEST, *probe.EXPERIMENTAL)
+        self.experimental = experimental
+        super().__init__(caps, adapter)
+
+    def api(self) -> Any:
+        import wgpudawn
+
+        return wgpudawn
+
+    def open(self, adapter: Any, features: list[str], limits: dict[str, int]) -> Any:
+        from wgpudawn.backends.dawn import extras
+
+        return extras.request_device_sync(adapter, required_features=features,
+                                          required_limits=limits)
+
+    def module(self, label: str, wgsl: str) -> Any:
+        """Tint's checks are Dawn's robustness toggle (toggles.py), not a naga option."""
+        return self.device.create_shader_module(label=label, code=wgsl)
+
+
+_DEVICES: dict[tuple[str, bool], DawnDevice] = {}
+_LOCK = threading.Lock()
+
+
+def get(caps: DeviceCaps, experimental: bool = False) -> DawnDevice:
+    """The process-wide Dawn device for a probed adapter."""
+    key = (caps.id, experimental)
+    with _LOCK:
+        dev = _DEVICES.get(key)
+        if dev is None:
+            index = int(caps.id.rsplit(":", 1)[1])
+            dev = _DEVICES[key] = DawnDevice(caps, probe.adapters()[index], experimental)
+        return dev

@@ -1,0 +1,94 @@
+"""The Dawn toggles this backend sets, as data: name, stage, on or off, why, and what decides
+it. Instance and adapter toggles are fixed once per process, before the first adapter
+request (Dawn keeps one instance); device toggles apply to each device opened.
+
+``ATTNREG_DAWN_TOGGLES`` edits the table for the process: ``+name`` enables a Dawn toggle,
+``-name`` disables one, ``!name`` leaves one of ours unset (comma-separated; read once, at
+the first probe). ``attnreg devices`` and ``explain`` show what is in force.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+ENV = "ATTNREG_DAWN_TOGGLES"
+CHECKS_ENV = "ATTNREG_WGSL_CHECKS"          # the webgpu backend's naga switch, shared
+
+
+@dataclass(frozen=True)
+class Toggle:
+    name: str
+    stage: str                  # instance | adapter | device (where Dawn takes it)
+    enable: bool                # True: enabled, False: disabled
+    why: str
+    source: str = "always"      # what decides it, for the reader
+    when: Callable[[], bool] = field(default=lambda: True, compare=False)
+
+    def line(self) -> str:
+        return (f"dawn toggle {self.name}={'on' if self.enable else 'off'} ({self.stage}; "
+                f"{self.source}): {self.why}")
+
+
+def _checks_off() -> bool:
+    return os.environ.get(CHECKS_ENV, "bounds").strip().lower() == "none"
+
+
+TOGGLES: tuple[Toggle, ...] = (
+    Toggle("allow_unsafe_apis", "instance", True,
+           "Dawn offers experimental features (chromium-experimental-subgroup-matrix) only "
+           "with it; attnreg asks a device for one only in a Session with "
+           "experimental_features=true"),
+    Toggle("vulkan_enable_f16_on_nvidia", "adapter", True,
+           "Dawn hides shader-f16 on NVIDIA's Vulkan driver unless asked, and the float16 "
+           "kernels need it"),
+    Toggle("timestamp_quantization", "device", False,
+           "Dawn rounds GPU timestamps (a browser's fingerprinting defence); bench and tune "
+           "need them exact"),
+    Toggle("disable_workgroup_init", "device", True,
+           "every kernel writes its workgroup variables before reading them (the conformance "
+           "matrix runs with it); Dawn's zeroing of them at each workgroup's start cost the "
+           "H100 decode 11% (f16 L=8192: 36.8 -> 32.7 us)"),
+    Toggle("disable_robustness", "device", True,
+           "Tint's bounds clamping off, as naga's checks are off on the webgpu backend with "
+           "the same variable (the kernels' indices are in bounds by construction)",
+           source=f"{CHECKS_ENV}=none", when=_checks_off),
+)
+
+
+def _edits() -> dict[str, str]:
+    """{name: '+' | '-' | '!'} from ATTNREG_DAWN_TOGGLES."""
+    out: dict[str, str] = {}
+    for item in os.environ.get(ENV, "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item[0] not in "+-!" or len(item) == 1:
+            raise ValueError(f"{ENV}: {item!r} is not +name, -name or !name")
+        out[item[1:]] = item[0]
+    return out
+
+
+def in_force(known: Mapping[str, str] | None = None) -> list[Toggle]:
+    """The toggles to set now: the table's (where they apply) edited by ATTNREG_DAWN_TOGGLES.
+    ``known`` maps Dawn's toggle names to their stage (extras.all_toggles()); an edit naming
+    a toggle Dawn does not have raises ValueError."""
+    edits = _edits()
+    ours = {t.name for t in TOGGLES}
+    out = [t for t in TOGGLES if t.when() and edits.get(t.name) != "!"
+           and edits.get(t.name, "+" if t.enable else "-") == ("+" if t.enable else "-")]
+    for name, op in edits.items():
+        if op == "!" or (name in ours and any(t.name == name for t in out)):
+            continue
+        if known is not None and name not in known:
+            raise ValueError(f"{ENV}: Dawn has no toggle {name!r}")
+        stage = known[name] if known is not None else "device"
+        out.append(Toggle(name, stage, op == "+", "asked for in the environment", source=ENV))
+    return out
+
+
+def split(toggles: list[Toggle], stage: str) -> tuple[list[str], list[str]]:
+    """(enabled, disabled) names of one stage."""
+    mine = [t for t in toggles if t.stage == stage]
+    return [t.name for t in mine if t.enable], [t.name for t in mine if not t.enable]
