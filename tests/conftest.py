@@ -5,6 +5,7 @@ modules in one worker, and tests/test_browser.py checks that no browser is left 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -20,3 +21,22 @@ def _close_default_sessions() -> Iterator[None]:
         api._DEFAULT.clear()
     for s in sessions:
         s.close()
+
+
+_LOADER_VARS = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vulkan_driver_list_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module that leaves the Vulkan loader's driver list changed breaks the modules after it
+    in the same worker (Chromium, started later, then finds no SwiftShader): restore it and
+    fail the module that leaked it."""
+    before = {v: os.environ.get(v) for v in _LOADER_VARS}
+    yield
+    after = {v: os.environ.get(v) for v in _LOADER_VARS}
+    for v, old in before.items():
+        if old is None:
+            os.environ.pop(v, None)
+        else:
+            os.environ[v] = old
+    assert after == before, f"{request.module.__name__} left the Vulkan driver list changed: {after}"

@@ -97,7 +97,10 @@ def test_shim_is_left_alone_when_disabled_or_a_driver_is_named(monkeypatch, tmp_
     icd.write_text("{}")
     monkeypatch.setattr(peers.vulkan, "shim_in_use", None)
     monkeypatch.setattr(peers.vulkan, "_HW_NODES", ())
-    monkeypatch.delenv("VK_DRIVER_FILES", raising=False)
+    # set, then deleted, through monkeypatch: both loader variables are restored afterwards
+    # (ensure_vulkan_env writes them, and a leftover one hides SwiftShader from Chromium)
+    monkeypatch.setenv("VK_DRIVER_FILES", "unset-after-the-test")
+    monkeypatch.delenv("VK_DRIVER_FILES")
     monkeypatch.setenv("ATTNREG_VK_SHIM", "0")
     monkeypatch.setenv("VK_ICD_FILENAMES", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
     assert peers.shim_path() is None and peers.ensure_vulkan_env() is None
