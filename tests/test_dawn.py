@@ -280,3 +280,33 @@ print("wrong results:", bad)
                           timeout=300)
     assert done.returncode == 0, f"status {done.returncode}: {done.stderr[-1500:]}"
     assert "wrong results: []" in done.stdout, done.stdout
+
+
+def test_prefill_and_reduce_keep_memory_flat() -> None:
+    """The lavapipe leak (tests/test_soak.py KNOWN_LEAKS) is confined to the decode kernels:
+    prefill and reduce on dawn grow nothing over 150 runs."""
+    import gc
+
+    from tests.test_soak import rss_mib
+
+    dev = require_devices("dawn")[0]
+    pre = attnreg.AttentionSpec(batch=1, seq_len=64, past_len=0, num_heads=4, kv_num_heads=2,
+                                head_size=32, dtype="float16", causal=True)
+    dec = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=100, num_heads=4, kv_num_heads=2,
+                                head_size=32, dtype="float16")
+    with attnreg.Session(backend="dawn", device=dev.id) as s:
+        tp, td = make_tensors(pre, seed=0), make_tensors(dec, seed=1)
+        o, lse = s.partial_states(dec, td, split_size=32)
+        steps = (lambda: s.run(pre, tp), lambda: s.reduce_states(dec, o, lse))
+        for f in steps:
+            for _ in range(20):
+                f()
+        gc.collect()
+        rss0 = rss_mib()
+        for _ in range(150):
+            for f in steps:
+                f()
+        gc.collect()
+        assert rss_mib() - rss0 < 10, f"RSS grew {rss_mib() - rss0:.1f} MiB"
+    if dev.slug == "llvmpipe":
+        assert any("0.6 MB per decode dispatch" in x for x in dev.settings), dev.settings

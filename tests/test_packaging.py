@@ -67,4 +67,4 @@ def test_installed_wheel_loads_its_plugins(wheel: Path, tmp_path: Path) -> None:
     lines = res.stdout.splitlines()
     assert lines[0].startswith(str(site)) and lines[1].startswith(str(site)), lines
     assert lines[2] == "['common.cl']", lines
-    assert lines[3] == "['browser', 'opencl', 'reference', 'webgpu']", lines
+    assert lines[3] == "['browser', 'dawn', 'opencl', 'reference', 'webgpu']", lines

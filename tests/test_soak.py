@@ -15,6 +15,21 @@ DEVICES = [d for d in attnreg.devices() if d.available]
 IDS = [f"{d.backend}-{d.slug}" for d in DEVICES]
 
 
+# A driver defect, not ours: Debian 12's Mesa 22.3 lavapipe grows by about 0.6 MB for every
+# dispatch of Tint's SPIR-V of the decode kernels (dawn backend). The same WGSL through naga
+# (webgpu) does not, Tint's prefill and reduce do not, and dawn on the H100 does not (0.0 MB
+# over 200 decodes). The dawn device on lavapipe says so in its settings; strict: a lavapipe
+# or Dawn that fixes it turns these cases red, so the note goes too.
+KNOWN_LEAKS = {("dawn", "llvmpipe"): "Mesa 22.3 lavapipe leaks ~0.6 MB per dispatch of Tint's "
+               "decode kernels (not naga's, not on GPUs)"}
+
+
+def _known_leak(dev: attnreg.DeviceCaps, request: pytest.FixtureRequest) -> None:
+    why = KNOWN_LEAKS.get((dev.backend, dev.slug))
+    if why:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=why))
+
+
 def rss_mib() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -28,7 +43,8 @@ def live_buffers(rt: attnreg.Runtime) -> int:
 
 
 @pytest.mark.parametrize("dev", DEVICES, ids=IDS)
-def test_decode_loop_soak(dev: attnreg.DeviceCaps) -> None:
+def test_decode_loop_soak(dev: attnreg.DeviceCaps, request: pytest.FixtureRequest) -> None:
+    _known_leak(dev, request)
     steps = 60 if dev.backend == "browser" else 1000
     rng = np.random.default_rng(11)
     B, NKV, NQ, H, C = 2, 2, 4, 32, steps + 8
@@ -67,7 +83,8 @@ def test_decode_loop_soak(dev: attnreg.DeviceCaps) -> None:
 
 
 @pytest.mark.parametrize("dev", DEVICES, ids=IDS)
-def test_session_churn(dev: attnreg.DeviceCaps) -> None:
+def test_session_churn(dev: attnreg.DeviceCaps, request: pytest.FixtureRequest) -> None:
+    _known_leak(dev, request)
     n = 2 if dev.backend == "browser" else 300
     spec = attnreg.AttentionSpec(batch=1, seq_len=2, past_len=30, num_heads=2, head_size=32)
     t = make_tensors(spec, 1)

@@ -80,6 +80,10 @@ class GpuDevice:
         """The device, with these features and limits."""
         return adapter.request_device_sync(required_features=features, required_limits=limits)
 
+    def submit(self, commands: list[Any]) -> None:
+        """Submit command buffers (every submit of the runtime and memory goes here)."""
+        self.device.queue.submit(commands)
+
     def wait(self) -> None:
         """Block until every submitted command buffer has finished. wgpu-py 0.32's
         on_submitted_work_done_sync() has a broken callback signature, so poll the device

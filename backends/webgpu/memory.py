@@ -87,7 +87,7 @@ class DeviceMemory:
         rb = self.buffer("rb_download", size, U.MAP_READ | U.COPY_DST)
         enc = enc or self.dev.device.create_command_encoder()
         enc.copy_buffer_to_buffer(buf, 0, rb, 0, size)
-        self.dev.device.queue.submit([enc.finish()])
+        self.dev.submit([enc.finish()])
         return self.map_read(rb, nbytes)
 
     def map_read(self, rb: Any, nbytes: int) -> bytes:
@@ -221,7 +221,7 @@ class DeviceMemory:
             enc = d.create_command_encoder()
             enc.clear_buffer(src)
             enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)        # warm-up (pages, clocks)
-            d.queue.submit([enc.finish()])
+            self.dev.submit([enc.finish()])
             self.dev.wait()
             secs = self._timed_copies(src, dst, nbytes, repeats) if inside else []
             if not secs:
@@ -230,7 +230,7 @@ class DeviceMemory:
                     enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
                     cmd = enc.finish()
                     t0 = time.perf_counter()
-                    d.queue.submit([cmd])
+                    self.dev.submit([cmd])
                     self.dev.wait()
                     secs.append(time.perf_counter() - t0)
             res = {"command": 2 * nbytes / statistics.median(secs) / 1e9}

@@ -246,7 +246,7 @@ class WebGpuRuntime:
             rb = self.memory.buffer(f"rb_{o.name}", o.nbytes, U.MAP_READ | U.COPY_DST)
             enc.copy_buffer_to_buffer(o.buffer, 0, rb, 0, -(-o.nbytes // 4) * 4)
             readback.append((o, rb))
-        self.dev.device.queue.submit([enc.finish()])
+        self.dev.submit([enc.finish()])
         self.counters["submits"] += 1
         self.counters["launches"] += 1
         res: dict[str, Any] = dict(given)
@@ -265,11 +265,10 @@ class WebGpuRuntime:
         launch at a time. ``warmup_s`` keeps launching for that long first: an idle H100
         sits at 345 MHz and short bursts of launches were timed 2-8x slow without it."""
         dispatches = self._prepare(plan, inputs).dispatches
-        queue = self.dev.device.queue
         t_end = time.perf_counter() + warmup_s
         n = 0
         while n < warmup or time.perf_counter() < t_end:
-            queue.submit([self._encode(dispatches).finish()])
+            self.dev.submit([self._encode(dispatches).finish()])
             n += 1
             if n % 64 == 0:
                 self.dev.wait()
@@ -281,7 +280,7 @@ class WebGpuRuntime:
         for _ in range(iters):
             cmd = self._encode(dispatches).finish()
             t0 = time.perf_counter()
-            queue.submit([cmd])
+            self.dev.submit([cmd])
             self.dev.wait()
             wall.append(time.perf_counter() - t0)
         res["wall_s"] = wall
@@ -289,20 +288,19 @@ class WebGpuRuntime:
 
     def _gpu_times(self, dispatches: list[_Dispatch], iters: int) -> list[float]:
         U = self.wgpu.BufferUsage
-        queue = self.dev.device.queue
         qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2 * iters)
         cmds = [self._encode(dispatches, {"query_set": qs, "beginning_of_pass_write_index": 2 * i,
                                           "end_of_pass_write_index": 2 * i + 1}).finish()
                 for i in range(iters)]
         for cmd in cmds:
-            queue.submit([cmd])
+            self.dev.submit([cmd])
         n = 16 * iters
         resolve = self.memory.buffer("ts_resolve", n, U.QUERY_RESOLVE | U.COPY_SRC)
         rb = self.memory.buffer("rb_ts", n, U.MAP_READ | U.COPY_DST)
         enc = self.dev.device.create_command_encoder()
         enc.resolve_query_set(qs, 0, 2 * iters, resolve, 0)
         enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
-        queue.submit([enc.finish()])
+        self.dev.submit([enc.finish()])
         rb.map_sync(self.wgpu.MapMode.READ, 0, n)
         try:
             ticks = np.frombuffer(bytes(rb.read_mapped(0, n)), dtype=np.uint64)
