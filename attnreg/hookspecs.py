@@ -116,7 +116,9 @@ class Backend(Protocol):
         ...
 
     def open(self, caps: DeviceCaps) -> Runtime:
-        """A Runtime for one of the probed devices."""
+        """A Runtime for one of the probed devices. A backend whose devices depend on session
+        flags may declare ``open(caps, flags=None)``: the Session then passes its resolved
+        flags (the registry asks a one-argument ``open`` as before)."""
         ...
 
 

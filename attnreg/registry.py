@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pluggy
@@ -17,7 +18,7 @@ from . import hookspecs, rules
 from . import params as paramsmod
 from .caps import DeviceCaps, unavailable
 from .errors import NoKernelError, SpecError
-from .hookspecs import Backend, Command
+from .hookspecs import Backend, Command, Runtime
 from .kernel import KernelInfo
 from .plan import OPS, Plan
 from .planner import DevicePlanner
@@ -141,6 +142,15 @@ class Registry:
             raise SpecError("backend", name, f"one of the installed backends {sorted(backends)}"
                             + (f" (failed to load: {self._broken})" if self._broken else ""))
         return backends[name]
+
+    def open(self, caps: DeviceCaps, flags: Mapping[str, Any]) -> Runtime:
+        """A runtime for a probed device, given the Session's resolved flags where the backend
+        takes them (dawn: experimental_features picks the device). A backend written against
+        the one-argument ``open(caps)`` keeps working: it is asked as before."""
+        opener: Callable[..., Runtime] = self.backend(caps.backend).open
+        if "flags" in inspect.signature(opener).parameters:
+            return opener(caps, flags=dict(flags))
+        return opener(caps)
 
     # -- devices -----------------------------------------------------------------------
     def devices(self, backend: str | None = None, refresh: bool = False) -> list[DeviceCaps]:

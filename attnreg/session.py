@@ -133,7 +133,8 @@ class Session:
             self._check_open()
             rt = self._runtimes.get(caps.id)
             if rt is None:
-                rt = self._runtimes[caps.id] = self.registry.backend(caps.backend).open(caps)
+                rt = self._runtimes[caps.id] = self.registry.open(
+                    caps, flagmod.resolve(self.flags))
             return rt
 
     def _launch(self, spec: AttentionSpec, op: str, inputs: Mapping[str, Any],

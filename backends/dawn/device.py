@@ -63,5 +63,9 @@ def get(caps: DeviceCaps, experimental: bool = False) -> DawnDevice:
         dev = _DEVICES.get(key)
         if dev is None:
             index = int(caps.id.rsplit(":", 1)[1])
-            dev = _DEVICES[key] = DawnDevice(caps, probe.adapters()[index], experimental)
+            # Dawn lets an adapter make one device: the first device of a GPU takes the
+            # probed adapter, a second one (the experimental kind) a fresh adapter object.
+            first = not any(k[0] == caps.id for k in _DEVICES)
+            adapter = probe.adapters()[index] if first else probe.fresh_adapter(index)
+            dev = _DEVICES[key] = DawnDevice(caps, adapter, experimental)
         return dev

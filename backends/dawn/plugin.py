@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attnreg
 from attnreg import vkshim
@@ -27,8 +28,11 @@ class DawnBackend:
     def probe(self) -> list[DeviceCaps]:
         return probe.probe()
 
-    def open(self, caps: DeviceCaps) -> WebGpuRuntime:
-        return WebGpuRuntime(caps, device.get(caps))
+    def open(self, caps: DeviceCaps, flags: Mapping[str, Any] | None = None) -> WebGpuRuntime:
+        """A Session's runtime; with flag experimental_features, on the device that also
+        requests Dawn's experimental features (a separate device: tensors of the two never mix)."""
+        experimental = bool((flags or {}).get(EXPERIMENTAL.name, False))
+        return WebGpuRuntime(caps, device.get(caps, experimental))
 
 
 EXPERIMENTAL = Flag(

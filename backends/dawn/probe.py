@@ -171,6 +171,23 @@ def adapters() -> list[Any]:
         return _ADAPTERS
 
 
+def fresh_adapter(index: int) -> Any:
+    """A new adapter object for the probed adapter ``index``: Dawn lets an adapter make one
+    device, and a second device of the same GPU (the experimental one) needs another."""
+    import wgpudawn
+
+    adapters()                                      # the instance, toggles and shim first
+    with _LOCK, vkshim.loader_env():
+        found = [a for a in wgpudawn.gpu.enumerate_adapters_sync()
+                 if str(a.info.get("backend_type", "")).lower() not in _SKIP_BACKENDS]
+    # Dawn lists a process's adapters in one order; check that index still names that GPU.
+    want = _ADAPTERS[index].info if _ADAPTERS is not None and index < len(_ADAPTERS) else {}
+    got = found[index] if index < len(found) else None
+    if got is None or got.info.get("device") != want.get("device"):
+        raise RuntimeError(f"Dawn no longer lists adapter {index} ({want.get('device')})")
+    return got
+
+
 def _no_adapter_reason() -> str:
     lvp = vkshim.lavapipe_manifest()
     if lvp is not None and vkshim.manifest() is None:
