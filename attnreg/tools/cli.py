@@ -94,7 +94,8 @@ def cmd_devices(a: argparse.Namespace) -> int:
     for d in devs:
         if d.available:
             feats = ",".join(sorted(f for f in d.features if f in (
-                "subgroups", "shader-f16", "timestamp-query", "cl_khr_fp16", "cl_khr_subgroups")))
+                "subgroups", "shader-f16", "timestamp-query", "cl_khr_fp16", "cl_khr_subgroups",
+                "subgroup-matrix", "ptx-mma-m16n8k16-f16")))
             wg = d.limit("workgroup_storage")
             rows.append((d.backend, d.id, d.name, d.vendor, d.device_type, d.backend_type,
                          feats or "-", f"{wg // 1024} KiB" if wg else "-", "yes"))

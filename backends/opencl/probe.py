@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
 
+from . import mma_probe
 from .kernels import BACKEND, NV_SHUFFLE
 
 # Extensions that decide variants; every extension is listed as a feature anyway.
@@ -58,6 +59,9 @@ def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCap
     intel_sizes = _get(dev, "sub_group_sizes_intel") if "cl_intel_subgroups" in exts else None
     if intel_sizes:
         sg_min, sg_max = int(min(intel_sizes)), int(max(intel_sizes))
+    mma_ok, mma_why = mma_probe.check(cl, dev, platform, arch)
+    if mma_ok:
+        features.add(mma_probe.FEATURE)
     if any(e in exts for e in SUBGROUP_EXTENSIONS) or NV_SHUFFLE in features:
         features.add("subgroups")
     alloc = int(_get(dev, "max_mem_alloc_size", 0) or 0)
@@ -83,7 +87,7 @@ def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCap
                "opencl_c_version": str(_get(dev, "opencl_c_version", "")),
                "global_mem_size": int(_get(dev, "global_mem_size", 0) or 0),
                "max_clock_mhz": _get(dev, "max_clock_frequency"),
-               "fp16": "cl_khr_fp16" in exts})
+               "fp16": "cl_khr_fp16" in exts, "ptx_mma": mma_why})
 
 
 def probe() -> list[DeviceCaps]:
