@@ -9,19 +9,17 @@ GQA group, query-row and key-count buckets), so one measurement serves nearby sp
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import cache
 from .caps import DeviceCaps
 from .spec import AttentionSpec
 
 
 def cache_path() -> Path:
-    root = os.environ.get("ATTNREG_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "attnreg")
-    return Path(root) / "tuning.json"
+    return cache.root() / "tuning.json"
 
 
 def device_key(caps: DeviceCaps) -> str:

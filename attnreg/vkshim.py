@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
+from . import cache
+
 ENV = "ATTNREG_VK_SHIM"
 LOADER_VARS = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")     # the newer name wins in the loader
 ICD_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d")
@@ -40,11 +42,7 @@ def source() -> str:
 
 
 def cache_dir() -> Path:
-    """$ATTNREG_CACHE_DIR/vkshim (default ~/.cache/attnreg/vkshim), as the tuning cache."""
-    base = os.environ.get("ATTNREG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "attnreg")
-    return Path(base) / "vkshim"
+    return cache.root() / "vkshim"
 
 
 def is_lavapipe(manifest: str) -> bool:

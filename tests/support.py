@@ -22,7 +22,8 @@ from attnreg.tools import testing
 from attnreg.tools.testing import compare, expected, make_tensors
 
 __all__ = ["IN_CI", "CellRunner", "assert_covering", "check_close", "conformance_cells",
-           "expected", "make_tensors", "module_cells", "require_devices"]
+           "expected", "make_tensors", "module_cells", "prefill_rejection_when_tint_fails",
+           "require_devices"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (CI; the default is the full matrix).
@@ -53,6 +54,29 @@ def require_devices(backend: str) -> list[attnreg.DeviceCaps]:
             pytest.fail(f"backend {backend} has no device in CI: {why}")
         pytest.skip(f"backend {backend} has no device: {why}")
     return devs
+
+
+def prefill_rejection_when_tint_fails(monkeypatch: pytest.MonkeyPatch, backend: str,
+                                      spec: AttentionSpec, seed: int) -> str:
+    """Break flash_prefill's WGSL for Tint, run ``spec`` on ``backend`` (checked against the
+    reference if something else ran it) and return why ``<backend>.prefill.f32.sg`` was
+    rejected: a compile failure must become a reason, and the plan go on past prefill."""
+    from attnreg.backends.webgpu import program
+    from attnreg.errors import NoKernelError
+
+    real = program.load
+    monkeypatch.setattr(program, "load", lambda name: real(name) + (
+        "\nfn broken() -> f32 { return undefined_in_tint; }\n" if name == "flash_prefill" else ""))
+    t = make_tensors(spec, seed=seed)
+    with attnreg.Session(backend=backend) as s:
+        try:
+            out, plan = s.run_with_plan(spec, t)
+            check_close(spec, out, t, what=plan.kernel)
+            assert plan.route != "prefill"                         # re-planned past prefill
+            rejected = s.explain(spec).rejected
+        except NoKernelError as exc:        # nothing else compiled here either
+            rejected = exc.rejected
+    return " ".join(rejected[f"{backend}.prefill.f32.sg"])
 
 
 def assert_covering(cells: list[cmod.Case], kernels: list[KernelInfo]) -> None:

@@ -27,8 +27,12 @@ from attnreg.backends.browser import chromium, kernels, probe, wire
 from attnreg.backends.browser.host import BrowserError, BrowserHost
 from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import program
-from attnreg.errors import NoKernelError
-from tests.support import check_close, make_tensors, require_devices
+from tests.support import (
+    check_close,
+    make_tensors,
+    prefill_rejection_when_tint_fails,
+    require_devices,
+)
 
 # What the page reported for Debian 12's chromium 156 (SwiftShader), trimmed.
 SWIFTSHADER_HELLO = {
@@ -309,19 +313,7 @@ def test_float16_runs_through_the_host_cast_variants(session: attnreg.Session) -
 def test_a_kernel_tint_rejects_is_replanned_with_the_message(
         monkeypatch: pytest.MonkeyPatch) -> None:
     require_devices("browser")
-    real = program.load
-    monkeypatch.setattr(program, "load", lambda name: real(name) + (
-        "\nfn broken() -> f32 { return undefined_in_tint; }\n" if name == "flash_prefill" else ""))
     spec = attnreg.AttentionSpec(batch=1, seq_len=64, past_len=0, num_heads=2, kv_num_heads=2,
                                  head_size=32, causal=True)
-    t = make_tensors(spec, seed=2)
-    with attnreg.Session(backend="browser") as s:
-        try:
-            out, plan = s.run_with_plan(spec, t)
-            check_close(spec, out, t, what=plan.kernel)
-            assert plan.route != "prefill"                         # re-planned past prefill
-            rejected = s.explain(spec).rejected
-        except NoKernelError as exc:        # nothing else compiled here either
-            rejected = exc.rejected
-    why = " ".join(rejected["browser.prefill.f32.sg"])
+    why = prefill_rejection_when_tint_fails(monkeypatch, "browser", spec, seed=2)
     assert "WGSL compile failed in Chromium (Tint)" in why and "undefined_in_tint" in why

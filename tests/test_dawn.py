@@ -18,8 +18,14 @@ from attnreg.backends.dawn import device as ddevice
 from attnreg.backends.dawn import probe as dprobe
 from attnreg.backends.dawn import toggles
 from attnreg.backends.webgpu import program
-from attnreg.errors import NoKernelError
-from tests.support import CellRunner, check_close, make_tensors, module_cells, require_devices
+from tests.support import (
+    CellRunner,
+    check_close,
+    make_tensors,
+    module_cells,
+    prefill_rejection_when_tint_fails,
+    require_devices,
+)
 
 CELLS = module_cells("test_dawn")
 
@@ -98,21 +104,9 @@ def test_programs_are_built_for_tint(session: attnreg.Session) -> None:
 def test_a_kernel_tint_rejects_is_replanned_with_the_message(
         monkeypatch: pytest.MonkeyPatch) -> None:
     require_devices("dawn")
-    real = program.load
-    monkeypatch.setattr(program, "load", lambda name: real(name) + (
-        "\nfn broken() -> f32 { return undefined_in_tint; }\n" if name == "flash_prefill" else ""))
     spec = attnreg.AttentionSpec(batch=1, seq_len=48, past_len=0, num_heads=2, kv_num_heads=2,
                                  head_size=40, causal=True)
-    t = make_tensors(spec, seed=3)
-    with attnreg.Session(backend="dawn") as s:
-        try:
-            out, plan = s.run_with_plan(spec, t)
-            check_close(spec, out, t, what=plan.kernel)
-            assert plan.route != "prefill"
-            rejected = s.explain(spec).rejected
-        except NoKernelError as exc:
-            rejected = exc.rejected
-    why = " ".join(rejected["dawn.prefill.f32.sg"])
+    why = prefill_rejection_when_tint_fails(monkeypatch, "dawn", spec, seed=3)
     assert "WGSL compile failed" in why and "undefined_in_tint" in why
 
 

@@ -223,14 +223,7 @@ def probe() -> list[DeviceCaps]:
         found = adapters()
     except Exception as exc:
         return [unavailable(NAME, str(exc))]
-    out = []
-    for i, a in enumerate(found):
-        try:
-            out.append(caps_of(i, a))
-        except Exception as exc:
-            out.append(unavailable(NAME, f"adapter {i} could not be described: {exc!r}")
-                       .model_copy(update={"id": f"{NAME}:{i}"}))
-    return out or [unavailable(NAME, _no_adapter_reason())]
+    return wprobe.describe(NAME, found, caps_of, _no_adapter_reason())
 
 
 def configs_text(caps: DeviceCaps) -> str:

@@ -9,6 +9,7 @@ the first probe). ``attnreg devices`` and ``explain`` show what is in force.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -75,11 +76,17 @@ def in_force(known: Mapping[str, str] | None = None) -> list[Toggle]:
     ``known`` maps Dawn's toggle names to their stage (extras.all_toggles()); an edit naming
     a toggle Dawn does not have raises ValueError."""
     edits = _edits()
-    ours = {t.name for t in TOGGLES}
-    out = [t for t in TOGGLES if t.when() and edits.get(t.name) != "!"
-           and edits.get(t.name, "+" if t.enable else "-") == ("+" if t.enable else "-")]
+    out = []
+    for t in TOGGLES:
+        op = edits.pop(t.name, None)
+        if op is None and t.when():
+            out.append(t)
+        elif op in ("+", "-"):        # the table's why stands only if the sense does
+            same = (op == "+") == t.enable
+            out.append(dataclasses.replace(t, enable=op == "+", source=ENV,
+                                           why=t.why if same else "asked for in the environment"))
     for name, op in edits.items():
-        if op == "!" or (name in ours and any(t.name == name for t in out)):
+        if op == "!":
             continue
         if known is not None and name not in known:
             raise ValueError(f"{ENV}: Dawn has no toggle {name!r}")

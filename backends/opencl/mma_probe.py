@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from attnreg import cache
+
 FEATURE = "ptx-mma-m16n8k16-f16"     # the feature name kernels declare
 MIN_SM = 80                         # mma.sync m16n8k16 with f16 inputs needs sm_80
 
@@ -48,10 +50,7 @@ _LOCK = threading.Lock()
 
 
 def _cache_file() -> Path:
-    base = os.environ.get("ATTNREG_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "attnreg")
-    return Path(base) / "ptx_mma.json"
+    return cache.root() / "ptx_mma.json"
 
 
 def cache_key(device_name: str, driver: str, platform_version: str) -> str:

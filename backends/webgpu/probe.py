@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
@@ -132,11 +133,18 @@ def probe() -> list[DeviceCaps]:
         found = adapters()
     except Exception as exc:
         return [unavailable(NAME, f"wgpu could not enumerate adapters: {exc!r}")]
+    return describe(NAME, found, caps_of, "wgpu found no Vulkan/Metal/D3D12 adapter")
+
+
+def describe(backend: str, found: list[Any], caps_of: Callable[[int, Any], DeviceCaps],
+             none_reason: str) -> list[DeviceCaps]:
+    """Each adapter's caps (one that cannot be described becomes an unavailable entry with
+    its id), or one unavailable entry saying why there is none. For every wgpu-py-API host."""
     out = []
     for i, a in enumerate(found):
         try:
             out.append(caps_of(i, a))
         except Exception as exc:
-            out.append(unavailable(NAME, f"adapter {i} could not be described: {exc!r}")
-                       .model_copy(update={"id": f"{NAME}:{i}"}))
-    return out or [unavailable(NAME, "wgpu found no Vulkan/Metal/D3D12 adapter")]
+            out.append(unavailable(backend, f"adapter {i} could not be described: {exc!r}")
+                       .model_copy(update={"id": f"{backend}:{i}"}))
+    return out or [unavailable(backend, none_reason)]

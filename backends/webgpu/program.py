@@ -14,9 +14,10 @@ shaders/. Variants differ only in that prefix.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -243,10 +244,8 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
     return for_dialect(text, dialect)
 
 
-@functools.lru_cache(maxsize=256)
 def for_dialect(wgsl: str, dialect: str) -> str:
-    """The module as ``dialect``'s compiler accepts it (cached: the runtimes rebuild a plan's
-    sources at each launch to key their caches, and the scan costs 0.5 ms a module)."""
+    """The module as ``dialect``'s compiler accepts it."""
     if dialect == TINT and _SUBGROUP_CALL.search(wgsl) and \
             not re.search(r"^\s*enable\s+[^;]*\bsubgroups\b", wgsl, re.M):
         return SUBGROUP_DIRECTIVE + wgsl
@@ -278,10 +277,37 @@ def fold_grid(n: int, limit: int) -> tuple[int, int, int]:
 
 
 # -- programs ------------------------------------------------------------------------------
+# Programs by value: a runtime asks for its plan's programs at every launch (they key its
+# prepared launches), and building the WGSL text costs 0.1-0.6 ms; a decode loop asks for
+# the same few again and again.
+_BUILT: OrderedDict[tuple[Any, ...], Program] = OrderedDict()
+_BUILT_LOCK = threading.Lock()
+_BUILT_MAX = 512
+
+
 def build(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, n_splits: int = 1,
           op: str = "attention", bias_shape: tuple[int, ...] | None = None,
           dialect: str = NAGA) -> Program:
-    """Everything a host needs to compile and dispatch one stage."""
+    """Everything a host needs to compile and dispatch one stage (built once per value)."""
+    # ``load`` is in the key: a test that swaps it for a broken source gets its own entries
+    key = (stage.kernel, stage.family, tuple(sorted(stage.params.items())), spec, caps,
+           n_splits, op, bias_shape, dialect, load)
+    with _BUILT_LOCK:
+        got = _BUILT.get(key)
+        if got is not None:
+            _BUILT.move_to_end(key)
+            return got
+    got = _build(stage, spec, caps, n_splits=n_splits, op=op, bias_shape=bias_shape,
+                 dialect=dialect)
+    with _BUILT_LOCK:
+        _BUILT[key] = got
+        while len(_BUILT) > _BUILT_MAX:
+            _BUILT.popitem(last=False)
+    return got
+
+
+def _build(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, n_splits: int,
+           op: str, bias_shape: tuple[int, ...] | None, dialect: str) -> Program:
     c = consts(stage, spec, caps, op=op, bias_shape=bias_shape)
     aux = stage_aux(stage, spec)
     wgsl = source(stage.family, spec, c, subgroups=stage.params.get("reduction") == "subgroup",
