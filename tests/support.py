@@ -8,7 +8,7 @@ import json
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ from attnreg.tools import testing
 from attnreg.tools.testing import compare, expected, make_tensors
 
 __all__ = ["IN_CI", "CellRunner", "assert_covering", "check_close", "conformance_cells",
-           "expected", "make_tensors", "module_cells", "prefill_rejection_when_tint_fails",
+           "expected", "make_tensors", "missing", "module_cells", "prefill_rejection_when_tint_fails",
            "require_devices"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -43,6 +43,13 @@ def check_close(spec: AttentionSpec, got: Any, tensors: dict[str, np.ndarray],
     err, problem = compare(spec, got, expected(spec, tensors), tol)
     assert not problem, f"{what}: {problem}; spec={spec!r}"
     return err
+
+
+def missing(why: str) -> NoReturn:
+    """Skip a test whose machine lacks something CI has (lavapipe, PoCL); fail in CI."""
+    if IN_CI:
+        pytest.fail(f"missing in CI: {why}")
+    pytest.skip(why)
 
 
 def require_devices(backend: str) -> list[attnreg.DeviceCaps]:

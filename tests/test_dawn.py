@@ -22,6 +22,7 @@ from tests.support import (
     CellRunner,
     check_close,
     make_tensors,
+    missing,
     module_cells,
     prefill_rejection_when_tint_fails,
     require_devices,
@@ -208,7 +209,7 @@ def test_shim_swaps_lavapipe_in_the_driver_list(monkeypatch: pytest.MonkeyPatch,
 
 def test_shim_build_is_idempotent_and_makes_an_icd(monkeypatch: pytest.MonkeyPatch) -> None:
     if vkshim.lavapipe_manifest() is None:
-        pytest.skip("no lavapipe on this machine (the shim is for it)")
+        missing("no lavapipe on this machine (the shim is for it)")
     monkeypatch.delenv(vkshim.ENV, raising=False)
     for v in vkshim.LOADER_VARS:
         monkeypatch.delenv(v, raising=False)
@@ -232,7 +233,7 @@ def test_shim_build_is_idempotent_and_makes_an_icd(monkeypatch: pytest.MonkeyPat
 def test_dawn_sees_lavapipe_only_through_the_shim() -> None:
     """In a fresh process: no shim, no lavapipe adapter for Dawn; with it, one."""
     if vkshim.lavapipe_manifest() is None or vkshim.manifest() is None:
-        pytest.skip("needs lavapipe and the built shim")
+        missing("needs lavapipe and the built shim")
     code = ("import sys; from attnreg.backends.dawn import probe as p\n"
             "print(len(p._enumerate()))")
     counts = {}

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from attnreg.backends.opencl import mma_probe
-from tests.support import require_devices
+from tests.support import missing, require_devices
 
 
 def test_only_nvidia_sm80_and_later_are_tried() -> None:
@@ -29,7 +29,7 @@ def _pocl() -> tuple[object, object]:
     for p in cl.get_platforms():
         if "portable" in p.name.lower():
             return cl, p.get_devices()[0]
-    pytest.skip("no PoCL platform")
+    missing("no PoCL platform")
 
 
 def test_probe_devices_say_why_there_is_no_mma() -> None:
