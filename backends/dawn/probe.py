@@ -126,7 +126,6 @@ def _enumerate() -> list[Any]:
     """Make the Dawn instance (toggles, shim) and list its adapters. Not cached."""
     global _SETTINGS
     wprobe.ensure_env()
-    import wgpudawn
     from wgpudawn.backends.dawn import extras
 
     known = {n: v["stage"] for n, v in extras.all_toggles().items()}
@@ -138,15 +137,24 @@ def _enumerate() -> list[Any]:
         extras.set_instance_extras(enable_toggles=enable, disable_toggles=disable)
     except RuntimeError as exc:        # someone made Dawn's instance before us
         lines = [f"dawn toggles not set: {exc}"]
-    with vkshim.loader_env() as files, _native_warnings() as warned:
-        found = wgpudawn.gpu.enumerate_adapters_sync()
+    found, shimmed, warned = _listed()
     lines += [f"dawn said: {w}" for w in warned]
-    if files is not None:
+    if shimmed:
         lines.append(f"vulkan drivers: lavapipe through attnreg's pass-through ICD "
                      f"({vkshim.manifest()}): Dawn refuses Mesa 22.3 lavapipe without it")
     _SETTINGS = tuple(lines)
-    return [a for a in found
-            if str(a.info.get("backend_type", "")).lower() not in _SKIP_BACKENDS]
+    return found
+
+
+def _listed() -> tuple[list[Any], bool, list[str]]:
+    """The instance's compute adapters, whether the shim stood in for lavapipe, and Dawn's
+    native warnings while it listed them."""
+    import wgpudawn
+
+    with vkshim.loader_env() as files, _native_warnings() as warned:
+        found = wgpudawn.gpu.enumerate_adapters_sync()
+    return ([a for a in found if str(a.info.get("backend_type", "")).lower()
+             not in _SKIP_BACKENDS], files is not None, warned)
 
 
 def adapters() -> list[Any]:
@@ -174,12 +182,9 @@ def adapters() -> list[Any]:
 def fresh_adapter(index: int) -> Any:
     """A new adapter object for the probed adapter ``index``: Dawn lets an adapter make one
     device, and a second device of the same GPU (the experimental one) needs another."""
-    import wgpudawn
-
     adapters()                                      # the instance, toggles and shim first
-    with _LOCK, vkshim.loader_env():
-        found = [a for a in wgpudawn.gpu.enumerate_adapters_sync()
-                 if str(a.info.get("backend_type", "")).lower() not in _SKIP_BACKENDS]
+    with _LOCK:
+        found = _listed()[0]
     # Dawn lists a process's adapters in one order; check that index still names that GPU.
     want = _ADAPTERS[index].info if _ADAPTERS is not None and index < len(_ADAPTERS) else {}
     got = found[index] if index < len(found) else None

@@ -93,9 +93,3 @@ def in_force(known: Mapping[str, str] | None = None) -> list[Toggle]:
         stage = known[name] if known is not None else "device"
         out.append(Toggle(name, stage, op == "+", "asked for in the environment", source=ENV))
     return out
-
-
-def split(toggles: list[Toggle], stage: str) -> tuple[list[str], list[str]]:
-    """(enabled, disabled) names of one stage."""
-    mine = [t for t in toggles if t.stage == stage]
-    return [t.name for t in mine if t.enable], [t.name for t in mine if not t.enable]
