@@ -28,7 +28,7 @@ from .device_tensor import DeviceTensor, KVCache
 from .errors import ClosedError, KernelUnavailable, NoKernelError, SpecError
 from .flags import Flag
 from .hookspecs import Backend, Command, Runtime, hookimpl
-from .kernel import KernelInfo
+from .kernel import KernelInfo, MatrixUnit
 from .plan import Plan, Stage
 from .profiles import profile, profiles
 from .rules import Rule
@@ -47,6 +47,7 @@ __all__ = [
     "Flag",
     "KVCache",
     "KernelInfo",
+    "MatrixUnit",
     "KernelUnavailable",
     "NoKernelError",
     "Plan",

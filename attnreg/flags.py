@@ -50,6 +50,11 @@ for _f in (
     Flag("block_skip", str, "auto", "Masked-block skipping for a bias: 'on' iterates only over "
          "KV blocks the bias leaves visible, 'off' never, 'auto' where the rules measured it "
          "faster.", choices=("auto", "on", "off")),
+    Flag("matrix_units", str, "auto", "Matrix-unit kernels (tensor cores, subgroup "
+         "matrices): 'auto' runs them where a rule measured them faster, 'on' wherever the "
+         "device has the primitive, 'off' never, 'emulate' builds them with a software "
+         "polyfill of the primitive (same tile contract) on any device, for testing.",
+         choices=("auto", "on", "off", "emulate")),
     Flag("use_tuning_cache", bool, False, "Let measured values from `attnreg tune` override "
          "rule defaults on this device."),
 ):

@@ -30,6 +30,27 @@ SPLIT_FAMILIES = ("decode_partial", "decode_qk", "decode_fused")
 ALL_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_lse", "softcap",
                           "local_window", "alibi", "kv_capacity", "gqa"})
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+# How a matrix-unit kernel's products are built (its param "mma"): on the device's matrix
+# units, or through a software polyfill of the same primitive and tile contract (flag
+# matrix_units=emulate) so the kernel's indexing, masking and softmax run on any device.
+MMA_BUILDS = ("hardware", "emulate")
+
+
+@dataclass(frozen=True)
+class MatrixUnit:
+    """The matrix primitive a kernel multiplies with: C[m, n] += A[m, k] B[k, n], A and B of
+    type ``a``, C of ``acc``, through ``api``: "subgroup_matrix" (WGSL's
+    chromium_experimental_subgroup_matrix) or "ptx_mma" (inline PTX mma.sync)."""
+
+    api: str
+    m: int
+    n: int
+    k: int
+    a: str = "f16"
+    acc: str = "f32"
+
+    def text(self) -> str:
+        return f"{self.api} {self.a} {self.m}x{self.n}x{self.k}->{self.acc}"
 
 
 def _mib(n: int) -> str:
@@ -96,6 +117,9 @@ class KernelInfo:
     # OpenCL sub-group kernel with its shuffles emulated in local memory): a forced kernel
     # whose params contain these runs on devices without those features. Slower; for tests.
     emulation: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    # A matrix-unit kernel's primitive (None: scalar FMAs). Its param "mma" picks the build;
+    # the session flag matrix_units decides whether it is chosen (attnreg/rules.py).
+    matrix: MatrixUnit | None = None
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -104,6 +128,11 @@ class KernelInfo:
         unknown = self.supports - ALL_FEATURES
         if unknown:
             raise ValueError(f"KernelInfo {self.id}: unknown contract features {sorted(unknown)}")
+
+    def emulated(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` select this kernel's emulated build (see ``emulation``)."""
+        return bool(self.emulation) and all(
+            name in params and params[name] == value for name, value in self.emulation.items())
 
     def head_size_ok(self, h: int) -> bool:
         lo, hi, step = self.head_sizes
@@ -151,9 +180,7 @@ class KernelInfo:
         if self.device_types is not None and caps.device_type not in self.device_types:
             why.append(f"device type {caps.device_type} not in {sorted(self.device_types)}")
         lacking = sorted(self.features - caps.features)
-        emulated = bool(self.emulation) and all(
-            name in p and p[name] == value for name, value in self.emulation.items())
-        if lacking and not emulated:
+        if lacking and not self.emulated(p):
             why.append(f"device lacks feature(s) {', '.join(lacking)}")
         limit = caps.limit("workgroup_storage")
         need = self.storage_need(spec, p)

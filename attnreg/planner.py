@@ -130,6 +130,11 @@ class DevicePlanner:
                 reasons.append(self.exclude[(self.caps.id, k.id)])
             if not forced_here:
                 reasons += self._selection_reasons(k, ctx)
+            elif k.flag is not None and k.matrix is not None and not k.emulated(ctx.params) \
+                    and not self.flags.get(k.flag):
+                # the hardware build needs what the flag opens on the device (Dawn's
+                # experimental features), forced or not
+                reasons.append(f"its matrix units need flag {k.flag}=1 on this device")
             if reasons:
                 rejected[tag(k.id)] = reasons
             elif chosen is None:
@@ -147,8 +152,9 @@ class DevicePlanner:
         if k.vendor is not None and k.vendor != self.caps.vendor:
             why.append(f"tuned for {k.vendor} devices; this device's vendor is {self.caps.vendor}"
                        " (force the kernel to run it anyway)")
-        if k.flag is not None and not self.flags.get(k.flag):
+        if k.flag is not None and not self.flags.get(k.flag) and not k.emulated(ctx.params):
             why.append(f"opt-in: needs flag {k.flag}=1")
+        why += rules.matrix_reasons(k, ctx.params, ctx.user, self.flags)
         for name, value in k.params.items():
             if name in ctx.params and ctx.params[name] != value:
                 src = "the caller" if name in ctx.user else "the rules"

@@ -166,9 +166,43 @@ VENDOR_RULES: tuple[Rule, ...] = (
     Rule("cpu_small_tiles", "CPU adapters (lavapipe, PoCL): small query tiles keep a workgroup's "
          "working set in cache; many workgroups feed every core", "params",
          lambda c: c.caps.device_type == "cpu" and _tunable(c, "q_tile")
-         and _family(c, "prefill"),
+         and _family(c, "prefill") and c.kernel is not None and c.kernel.matrix is None,
          lambda c: {"q_tile": 4}),
 )
+
+
+# -- matrix units --------------------------------------------------------------------------
+def _matrix(ctx: Ctx) -> bool:
+    return ctx.kernel is not None and ctx.kernel.matrix is not None and "mma" not in ctx.user
+
+
+MATRIX_RULES: tuple[Rule, ...] = (
+    Rule("matrix_units_emulate", "flag matrix_units=emulate: matrix-unit variants are built "
+         "with the software polyfill of their primitive (same tiles, masking, softmax), so "
+         "they run, slowly, on devices without matrix units", "params",
+         lambda c: _matrix(c) and c.flags.get("matrix_units") == "emulate",
+         lambda c: {"mma": "emulate"}),
+    Rule("matrix_units_on", "flag matrix_units=on: matrix-unit variants run wherever the "
+         "device has their primitive", "params",
+         lambda c: _matrix(c) and c.flags.get("matrix_units") == "on",
+         lambda c: {"mma": "hardware"}),
+)
+
+
+def matrix_reasons(kernel: KernelInfo, params: Mapping[str, Any], user: frozenset[str],
+                   flags: Mapping[str, Any]) -> list[str]:
+    """Why automatic selection passes over a matrix-unit kernel (empty: it may be chosen).
+    Under 'auto' a backend rule must have set ``mma`` (where it measured the matrix variant
+    faster); the caller may also set it."""
+    if kernel.matrix is None:
+        return []
+    mode = flags.get("matrix_units", "auto")
+    if mode == "off" and "mma" not in user:
+        return ["matrix_units=off: matrix-unit variants are not used"]
+    if "mma" not in params:
+        return ["matrix_units=auto: no rule measured this matrix-unit variant faster for this "
+                "spec on this device (flag matrix_units=on runs it where the device can)"]
+    return []
 
 
 def _tuned(ctx: Ctx) -> dict[str, Any]:
@@ -199,7 +233,8 @@ TUNING_RULES: tuple[Rule, ...] = (
          lambda c: c.kernel is not None and bool(c.flags.get("use_tuning_cache")), _tuned),
 )
 
-BUILTIN_RULES: tuple[Rule, ...] = _CORE_RULES + ROUTE_REFINE_RULES + VENDOR_RULES + TUNING_RULES
+BUILTIN_RULES: tuple[Rule, ...] = (_CORE_RULES + ROUTE_REFINE_RULES + MATRIX_RULES + VENDOR_RULES
+                                   + TUNING_RULES)
 
 
 def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) -> list[str]:

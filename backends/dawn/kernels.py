@@ -4,6 +4,8 @@ it binds every family and layout the webgpu backend does."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.kernel import KernelInfo
 
@@ -11,5 +13,9 @@ from .probe import NAME
 
 
 def declare() -> list[KernelInfo]:
-    return wkernels.rehomed(NAME, "in-process Dawn: WGSL compiled by Tint",
-                            wkernels.declare() + wkernels.declare_block_skip())
+    host = "in-process Dawn: WGSL compiled by Tint"
+    # Dawn's subgroup matrices are experimental: the hardware builds run on the device that
+    # flag experimental_features opens (the emulated builds need nothing).
+    matrix = [dataclasses.replace(k, flag="experimental_features")
+              for k in wkernels.rehomed(NAME, host, wkernels.declare_matrix())]
+    return wkernels.rehomed(NAME, host, wkernels.declare() + wkernels.declare_block_skip()) + matrix

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from attnreg.caps import DeviceCaps
-from attnreg.kernel import KernelInfo
+from attnreg.kernel import KernelInfo, MatrixUnit
 from attnreg.spec import AttentionSpec
 
 from .probe import NAME
@@ -146,10 +146,73 @@ def reduce_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     return REDUCE_THREADS * 4 + 1024 * 4 + nsg * (spec.head_size // 4) * 16 + nsg * 4
 
 
+# -- prefill on matrix units (shaders/flash_prefill_mma.wgsl) ---------------------------------
+# Dawn's subgroup matrices as the H100 has them: 16x16x16 f16 products in f32, 32-lane
+# subgroups. q_tile: query rows per workgroup (16 per subgroup); kv_tile: keys per staged tile.
+SUBGROUP_MATRIX = MatrixUnit("subgroup_matrix", 16, 16, 16, "f16", "f32")
+MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 32, "kv_tile": 32, "mma": "hardware"}
+MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64), "kv_tile": (16, 32, 64)}
+MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))
+MMA_SUBGROUP = 32
+
+
+def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    d = MMA_DEFAULTS
+    br, bc = _p(params, d, "q_tile"), _p(params, d, "kv_tile")
+    noc = spec.head_size // 16
+    return {"BR": br, "BC": bc, "NSG": br // 16, "NOC": noc, "NKC": bc // 16,
+            "QST": spec.head_size, "KST": spec.head_size, "VST": spec.head_size, "SST": bc,
+            "PST": bc, "HALF": bc // 2, "VW": max(1, -(-(-(-noc // 2) * 16) // 32))}
+
+
+def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = mma_prefill_consts(spec, params)
+    return (c["BR"] * c["QST"] * 2 + c["BC"] * (c["KST"] + c["VST"]) * 2
+            + c["BR"] * c["SST"] * 4 + c["BR"] * c["PST"] * 2 + c["NSG"] * 256 * 4
+            + c["BR"] * 12 + 8)
+
+
+def _mma_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+    d = MMA_DEFAULTS
+    why = [f"{n}={_p(params, d, n)} must be 16, 32 or 64" for n in ("q_tile", "kv_tile")
+           if _p(params, d, n) not in (16, 32, 64)]
+    if params.get("mma", d["mma"]) == "hardware" and "subgroup-matrix" in caps.features:
+        cfgs = caps.extra.get("subgroup_matrix_configs") or []
+        m = SUBGROUP_MATRIX
+        if not any((c.get("m"), c.get("n"), c.get("k")) == (m.m, m.n, m.k)
+                   and c.get("component_type") == m.a and c.get("result_component_type") == m.acc
+                   for c in cfgs):
+            why.append(f"the device's subgroup-matrix configs lack {m.text()}")
+        if (caps.subgroup_min_size, caps.subgroup_max_size) != (MMA_SUBGROUP, MMA_SUBGROUP):
+            why.append(f"subgroups of {caps.subgroup_min_size}..{caps.subgroup_max_size} lanes; "
+                       f"the kernel's tiles assume exactly {MMA_SUBGROUP}")
+    return why or _thread_check(lambda s, p: 32 * _p(p, d, "q_tile") // 16)(spec, caps, params)
+
+
+def _mma_prefill(dtype: str) -> KernelInfo:
+    return KernelInfo(
+        id=f"{NAME}.prefill.{DTYPES[dtype]}.mma", backend=NAME, family="prefill",
+        dtypes=frozenset({dtype}), head_sizes=(16, 256, 16),
+        features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
+        defaults=MMA_DEFAULTS, choices=MMA_CHOICES, emulation={"mma": "emulate"},
+        matrix=SUBGROUP_MATRIX, workgroup_storage=mma_prefill_storage, extra_checks=_mma_checks,
+        doc="flash prefill on matrix units: S = QK^T and O += PV as 16x16x16 subgroup-matrix "
+            "products (f16 in, f32 accumulators), the online softmax (lazy max) in scalar code "
+            "between them; q_tile rows (16 per subgroup) x kv_tile keys per tile")
+
+
+def declare_matrix() -> list[KernelInfo]:
+    """The matrix-unit variants (flag matrix_units): f16 only, since the matrix units
+    multiply f16 (an f32 spec would lose its tolerance)."""
+    return [_mma_prefill("float16")]
+
+
 def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
                  subgroup_width: int = 1, bias_shape: tuple[int, ...] | None = None,
                  op: str = "attention") -> dict[str, int]:
     """The compile-time constants of one stage (what its WGSL prefix defines)."""
+    if family == "prefill" and "mma" in params:
+        return mma_prefill_consts(spec, params)
     if family == "prefill":
         return prefill_consts(spec, params, subgroup_width)
     if family in ("decode_partial", "decode_qk"):
@@ -339,7 +402,7 @@ def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any]
     if limit is None or kernel.storage_need(spec, p) <= limit:
         return {}
     changed: dict[str, int] = {}
-    for name, floor in SHRINK.get(kernel.family, ()):
+    for name, floor in MMA_SHRINK if kernel.matrix is not None else SHRINK.get(kernel.family, ()):
         while kernel.storage_need(spec, p) > limit and int(p.get(name, 0)) > floor:
             # Halve to the first value that saves storage (a value clamped by the spec, such
             # as group_tile above the GQA group, saves nothing until it drops below it); a

@@ -30,7 +30,7 @@ def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> No
 
 @attnreg.hookimpl
 def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.declare() + kernels.declare_block_skip():
+    for k in kernels.declare() + kernels.declare_block_skip() + kernels.declare_matrix():
         register(k)
 
 

@@ -227,9 +227,20 @@ def memory_helpers(aux: frozenset[str]) -> str:
             + (_BLOCKS if "block_list" in aux else _NO_BLOCKS))
 
 
+# The matrix-unit prefill (params "mma"): the primitive on subgroup matrices or in software.
+MMA_FILES = {"hardware": ("attn_common", "mma_hw", "flash_prefill_mma"),
+             "emulate": ("attn_common", "mma_emu", "flash_prefill_mma")}
+SUBGROUP_MATRIX_DIRECTIVE = "enable chromium_experimental_subgroup_matrix;\n"
+
+
+def files(stage: Stage) -> tuple[str, ...]:
+    mma = stage.params.get("mma")
+    return MMA_FILES[str(mma)] if mma is not None else FILES[stage.family]
+
+
 def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
            subgroups: bool = False, aux: frozenset[str] = frozenset(),
-           dialect: str = NAGA) -> str:
+           dialect: str = NAGA, names: tuple[str, ...] | None = None) -> str:
     """The full WGSL module of one compiled variant."""
     ge = 8 if spec.dtype == "float16" else 4
     h = spec.head_size
@@ -240,7 +251,10 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
     text = "\n".join(head) + "\n" + declarations(family, aux)
     if family != "reduce":
         text += memory_helpers(aux)
-    text += "\n".join(load(name) for name in FILES[family])
+    names = names or FILES[family]
+    text += "\n".join(load(name) for name in names)
+    if "mma_hw" in names:
+        text = SUBGROUP_MATRIX_DIRECTIVE + text
     return for_dialect(text, dialect)
 
 
@@ -311,7 +325,7 @@ def _build(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, n_splits: int
     c = consts(stage, spec, caps, op=op, bias_shape=bias_shape)
     aux = stage_aux(stage, spec)
     wgsl = source(stage.family, spec, c, subgroups=stage.params.get("reduction") == "subgroup",
-                  aux=aux, dialect=dialect)
+                  aux=aux, dialect=dialect, names=files(stage))
     n = workgroups(stage, spec, c, n_splits)
     limit = caps.limit("workgroups_per_dim") or 65535
     return Program(stage.kernel, stage.family, wgsl, bindings(stage.family, aux),

@@ -1,0 +1,259 @@
+// flash_prefill_mma: flash prefill whose two products run on matrix units, through the
+// mm_* primitive (mma_hw.wgsl: subgroup matrices; mma_emu.wgsl: the same contract in
+// software). One workgroup owns BR = 16 * NSG query rows of one head; subgroup g (32 lanes)
+// owns rows 16g..16g+15. Per tile of BC keys staged in workgroup memory:
+//   S = Q K^T on the matrix units (f32) -> s_s;
+//   softmax in scalar code: lanes (row, half) each take half of the row's BC scores and
+//   apply scale, softcap, bias, ALiBi and the masks (attn_common.wgsl's logit), then write
+//   P = exp(x - m) as f16 to p_s;
+//   O += P V on the matrix units; O stays in the subgroup's result tiles (NOC of them).
+// The running max is lazy (as FlashAttention-4): a row keeps its reference max m until a
+// tile's max exceeds it by more than TAU, so P <= e^TAU stays well inside f16 and O needs
+// rescaling (through workgroup memory: the tiles are opaque) only on those rare tiles.
+// Non-finite values (CONTRACT): keys no row of the workgroup sees are never loaded (zeros);
+// a non-finite v is staged as 0 (so 0 * NaN never reaches rows that do not see it) and a
+// slow path marks, per lane, the output columns of its row that see it, written as NaN.
+// Prefix constants: BR, BC, NSG, NOC (HD/16), NKC (BC/16), QST, KST, VST, SST, PST, HALF
+// (BC/2), VW (words of a lane's column mask).
+
+const WG: u32 = 32u * NSG;
+// ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
+const TAU: f32 = 8.0;
+
+var<workgroup> q_s: array<f16, BR * QST>;
+var<workgroup> k_s: array<f16, BC * KST>;
+var<workgroup> v_s: array<f16, BC * VST>;
+var<workgroup> s_s: array<f32, BR * SST>;
+var<workgroup> p_s: array<f16, BR * PST>;
+var<workgroup> o_x: array<f32, NSG * 256u>;
+var<workgroup> red_s: array<f32, BR * 2u>;
+var<workgroup> alpha_s: array<f32, BR>;
+var<workgroup> flag_a: atomic<u32>;
+var<workgroup> flag_u: u32;
+
+// Which lanes of a vec4 of halves are not finite (bit tests: see attn_common.wgsl's NaN note).
+fn bad4(x: vec4<f16>) -> vec4<bool> {
+  let e = bitcast<vec4<u32>>(vec4<f32>(x)) & vec4<u32>(0x7f800000u);
+  return e == vec4<u32>(0x7f800000u);
+}
+
+fn is_bad_f16(x: f16) -> bool {
+  return (bitcast<u32>(f32(x)) & 0x7f800000u) == 0x7f800000u;
+}
+
+// Element d of key j's row of v (kv layout), for the non-finite slow path.
+fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
+  let g = v[kv_granule(b, kvh, j) + d / GE];
+  return g_part(g, (d % GE) / 4u)[d % 4u];
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  mm_set_lane(lid);
+  // Grids past 65535 workgroups are folded into y/z; unfold to one linear id.
+  let n_rt = cdiv(P.seq_len, BR);
+  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+  if (lin >= n_rt * P.num_heads * P.batch) {
+    return;
+  }
+  // Row tiles run last-first: under causal masking the late tiles have the most keys.
+  let rt = n_rt - 1u - lin % n_rt;
+  let h = (lin / n_rt) % P.num_heads;
+  let b = lin / (n_rt * P.num_heads);
+  let kvh = h / P.group_size;
+  let len = valid_len(b);
+  let sg = lid / 32u;                  // the subgroup: rows 16 sg .. 16 sg + 15
+  let rr = sg * 16u + lid % 16u;       // this lane's row in the workgroup (softmax, output)
+  let hf = (lid % 32u) / 16u;          // which half of the row's scores / column tiles
+  let i0 = rt * BR;
+  let i = i0 + rr;
+  let pos = row_pos(len, i);
+  let span = key_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
+  let lo = u32(span.x);
+  let hi = u32(span.y);
+
+  // Q tile (raw: the scale is applied to the f32 scores), rows past seq_len zero.
+  for (var idx = lid; idx < BR * HG; idx += WG) {
+    let r = idx / HG;
+    let g = idx % HG;
+    var gv = GV();
+    if (i0 + r < P.seq_len) {
+      gv = q[q_granule(b, h, i0 + r) + g];
+    }
+    for (var e = 0u; e < GE; e++) {
+      q_s[r * QST + g * GE + e] = g_part(gv, e / 4u)[e % 4u];
+    }
+  }
+
+  var o: array<MAcc, NOC>;
+  for (var c = 0u; c < NOC; c++) {
+    o[c] = mm_zero();
+  }
+  var m = MASKED;
+  var l = 0.0;                         // this lane's half of the row sum
+  var vbad: array<u32, VW>;            // output columns of this lane poisoned by a v
+  for (var w = 0u; w < VW; w++) {
+    vbad[w] = 0u;
+  }
+
+  let u_first = lo / BC;
+  let n_units = select(0u, cdiv(hi, BC) - u_first, hi > lo);
+  for (var it = 0u; it < n_units; it++) {
+    let j0 = (u_first + it) * BC;
+    workgroupBarrier();                // the previous tile's readers are done
+    // Stage K and V: keys some row sees; a non-finite v half is staged as 0 and flagged.
+    for (var idx = lid; idx < BC * HG; idx += WG) {
+      let jj = idx / HG;
+      let g = idx % HG;
+      var kg = GV();
+      var vg = GV();
+      if (j0 + jj >= lo && j0 + jj < hi) {
+        let at = kv_granule(b, kvh, j0 + jj) + g;
+        kg = k[at];
+        vg = v[at];
+      }
+      var bad = false;
+      for (var c = 0u; c < GE; c += 4u) {
+        let kh = g_part(kg, c / 4u);
+        let vraw = g_part(vg, c / 4u);
+        let vb = bad4(vraw);
+        bad = bad || any(vb);
+        let vh = select(vraw, vec4<T>(0.0), vb);
+        for (var e = 0u; e < 4u; e++) {
+          k_s[jj * KST + g * GE + c + e] = kh[e];
+          v_s[jj * VST + g * GE + c + e] = vh[e];
+        }
+      }
+      if (bad) {
+        atomicOr(&flag_a, 2u);
+      }
+    }
+    workgroupBarrier();
+
+    // S = Q K^T for the subgroup's 16 rows and the tile's keys.
+    for (var kc = 0u; kc < NKC; kc++) {
+      var acc = mm_zero();
+      for (var dc = 0u; dc < NOC; dc++) {
+        acc = mm_qk(acc, sg * 16u * QST + dc * 16u, kc * 16u * KST + dc * 16u);
+      }
+      mm_store_s(acc, sg * 16u * SST + kc * 16u);
+    }
+    workgroupBarrier();
+
+    // Logits of this lane's half of the row, and their max.
+    var x: array<f32, HALF>;
+    var best = MASKED;
+    for (var e = 0u; e < HALF; e++) {
+      let jl = hf * HALF + e;
+      let j = j0 + jl;
+      var xv = MASKED;
+      if (i < P.seq_len && j < hi && key_visible(i32(j), pos, len)) {
+        xv = logit(s_s[rr * SST + jl] * P.scale, b, h, i, j, pos);
+      }
+      x[e] = xv;
+      best = max(best, xv);
+    }
+    red_s[rr * 2u + hf] = best;
+    workgroupBarrier();
+    let m_tile = max(red_s[rr * 2u], red_s[rr * 2u + 1u]);
+    // Lazy max: move the reference only when the tile's max exceeds it by more than TAU
+    // (or on the row's first visible logit, when O is still all zero and needs no scaling).
+    var alpha = 1.0;
+    if (m_tile > m + TAU || (m <= MASKED && m_tile > MASKED)) {
+      if (m > MASKED) {
+        alpha = exp(m - m_tile);
+        atomicOr(&flag_a, 1u);
+      }
+      m = m_tile;
+    }
+    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
+    let m_use = select(m, 0.0, m <= MASKED);
+    var psum = 0.0;
+    for (var e = 0u; e < HALF; e++) {
+      let p = weight_of(x[e], m_use);
+      psum += p;
+      p_s[rr * PST + hf * HALF + e] = f16(p);
+    }
+    l = l * alpha + psum;
+    if (hf == 0u) {
+      alpha_s[rr] = alpha;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+      flag_u = atomicExchange(&flag_a, 0u);
+    }
+    let flags = workgroupUniformLoad(&flag_u);
+
+    if ((flags & 1u) != 0u) {
+      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
+      for (var c = 0u; c < NOC; c++) {
+        mm_store_x(o[c], sg * 256u);
+        workgroupBarrier();
+        for (var e = lid % 32u; e < 256u; e += 32u) {
+          o_x[sg * 256u + e] *= alpha_s[sg * 16u + e / 16u];
+        }
+        workgroupBarrier();
+        o[c] = mm_load_x(sg * 256u);
+        workgroupBarrier();
+      }
+    }
+    if ((flags & 2u) != 0u && i < P.seq_len) {
+      // A non-finite v in this tile: mark the columns of this lane's row that see it.
+      for (var jl = 0u; jl < BC; jl++) {
+        let j = j0 + jl;
+        if (j >= lo && j < hi && key_visible(i32(j), pos, len)) {
+          for (var c = hf; c < NOC; c += 2u) {
+            for (var d = 0u; d < 16u; d++) {
+              if (is_bad_f16(v_elem(b, kvh, j, c * 16u + d))) {
+                let bit = (c / 2u) * 16u + d;
+                vbad[bit / 32u] |= 1u << (bit % 32u);
+              }
+            }
+          }
+        }
+      }
+    }
+
+    // O += P V.
+    for (var c = 0u; c < NOC; c++) {
+      var acc = o[c];
+      for (var kc = 0u; kc < NKC; kc++) {
+        acc = mm_pv(acc, sg * 16u * PST + kc * 16u, kc * 16u * VST + c * 16u);
+      }
+      o[c] = acc;
+    }
+  }
+
+  // The row sum over both halves, the row's factor and lse.
+  workgroupBarrier();
+  red_s[rr * 2u + hf] = l;
+  workgroupBarrier();
+  let fin = finish_row(m, red_s[rr * 2u] + red_s[rr * 2u + 1u], sink_logit(h));
+  if (hf == 0u) {
+    alpha_s[rr] = fin.x;
+    if (P.return_lse != 0u && i < P.seq_len) {
+      lse[(b * P.num_heads + h) * P.seq_len + i] = fin.y;
+    }
+  }
+  // Out, tile by tile through o_x: column tile c is written by the lanes of half c % 2.
+  let base = (b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u;
+  for (var c = 0u; c < NOC; c++) {
+    mm_store_x(o[c], sg * 256u);
+    workgroupBarrier();
+    if (c % 2u == hf && i < P.seq_len) {
+      for (var u = 0u; u < 4u; u++) {
+        var acc = vec4<f32>(0.0);
+        for (var e = 0u; e < 4u; e++) {
+          acc[e] = o_x[sg * 256u + (lid % 16u) * 16u + u * 4u + e] * alpha_s[rr];
+          let bit = (c / 2u) * 16u + u * 4u + e;
+          if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
+            acc[e] = nan_f32();
+          }
+        }
+        out[base + c * 4u + u] = vec4<T>(finite_or_nan4(acc));
+      }
+    }
+    workgroupBarrier();
+  }
+}

@@ -1,0 +1,65 @@
+// The matrix primitive of flash_prefill_mma in software (flag matrix_units=emulate): the
+// contract of mma_hw.wgsl (16x16x16, f16 operands read from workgroup memory, f32
+// accumulation) on any device. A "subgroup" is 32 consecutive invocations; lane l of it owns
+// the 8 result elements (row l/16 + 2t, column l%16), t = 0..7, which live in its MAcc. The
+// operands are read from workgroup memory at the call, as the hardware loads them there.
+
+alias MAcc = array<f32, 8>;
+
+var<private> mm_lane: u32;
+
+fn mm_set_lane(lid: u32) {
+  mm_lane = lid % 32u;
+}
+
+fn mm_zero() -> MAcc {
+  return MAcc();
+}
+
+fn mm_qk(acc: MAcc, qo: u32, ko: u32) -> MAcc {
+  var c = acc;
+  let col = mm_lane % 16u;
+  for (var t = 0u; t < 8u; t++) {
+    let row = mm_lane / 16u + 2u * t;
+    var s = 0.0;
+    for (var d = 0u; d < 16u; d++) {
+      s += f32(q_s[qo + row * QST + d]) * f32(k_s[ko + col * KST + d]);
+    }
+    c[t] += s;
+  }
+  return c;
+}
+
+fn mm_pv(acc: MAcc, po: u32, vo: u32) -> MAcc {
+  var c = acc;
+  let col = mm_lane % 16u;
+  for (var t = 0u; t < 8u; t++) {
+    let row = mm_lane / 16u + 2u * t;
+    var s = 0.0;
+    for (var d = 0u; d < 16u; d++) {
+      s += f32(p_s[po + row * PST + d]) * f32(v_s[vo + d * VST + col]);
+    }
+    c[t] += s;
+  }
+  return c;
+}
+
+fn mm_store_s(acc: MAcc, so: u32) {
+  for (var t = 0u; t < 8u; t++) {
+    s_s[so + (mm_lane / 16u + 2u * t) * SST + mm_lane % 16u] = acc[t];
+  }
+}
+
+fn mm_store_x(acc: MAcc, xo: u32) {
+  for (var t = 0u; t < 8u; t++) {
+    o_x[xo + (mm_lane / 16u + 2u * t) * 16u + mm_lane % 16u] = acc[t];
+  }
+}
+
+fn mm_load_x(xo: u32) -> MAcc {
+  var c = MAcc();
+  for (var t = 0u; t < 8u; t++) {
+    c[t] = o_x[xo + (mm_lane / 16u + 2u * t) * 16u + mm_lane % 16u];
+  }
+  return c;
+}
