@@ -117,6 +117,9 @@ class KernelInfo:
     # OpenCL sub-group kernel with its shuffles emulated in local memory): a forced kernel
     # whose params contain these runs on devices without those features. Slower; for tests.
     emulation: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    # The device features the emulation stands in for (empty: all of ``features``); a
+    # matrix kernel's emulation replaces its matrix primitive, not shader-f16.
+    emulates: frozenset[str] = frozenset()
     # A matrix-unit kernel's primitive (None: scalar FMAs). Its param "mma" picks the build;
     # the session flag matrix_units decides whether it is chosen (attnreg/rules.py).
     matrix: MatrixUnit | None = None
@@ -180,7 +183,9 @@ class KernelInfo:
         if self.device_types is not None and caps.device_type not in self.device_types:
             why.append(f"device type {caps.device_type} not in {sorted(self.device_types)}")
         lacking = sorted(self.features - caps.features)
-        if lacking and not self.emulated(p):
+        if lacking and self.emulated(p):
+            lacking = sorted(set(lacking) - (self.emulates or set(lacking)))
+        if lacking:
             why.append(f"device lacks feature(s) {', '.join(lacking)}")
         limit = caps.limit("workgroup_storage")
         need = self.storage_need(spec, p)

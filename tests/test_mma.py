@@ -114,3 +114,21 @@ def test_fit_keeps_the_hardware_key_tile() -> None:
                                 head_size=256, dtype="float16")
     k = next(k for k in wkernels.declare_matrix())
     assert wkernels.fit_tiles(k, big, {}, 49152) == {"q_tile": 16}
+
+
+def test_export_for_the_subgroup_matrix_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """export-wgsl --backend-caps browser-subgroup-matrix: the matrix prefill's hardware
+    build, a module that requests the feature, and a README that says how to get it."""
+    from attnreg.backends.browser import export
+
+    spec = attnreg.AttentionSpec(batch=1, seq_len=128, num_heads=8, kv_num_heads=2,
+                                 head_size=64, dtype="float16", causal=True)
+    res = export.export(spec, str(tmp_path), "browser-subgroup-matrix")
+    assert res.plan.kernels == ("browser.prefill.f16.mma",)
+    js = (tmp_path / "attention.js").read_text()
+    assert '"chromium-experimental-subgroup-matrix"' in js and "SUBGROUP_MIN_SIZE = 32;" in js
+    assert "enable chromium_experimental_subgroup_matrix;" in (tmp_path / "0_prefill.wgsl").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    assert "--enable-unsafe-webgpu" in readme and "allow_unsafe_apis" in readme
+    plain = export.export(spec, str(tmp_path / "plain"), "browser-profile")
+    assert all(".mma" not in k for k in plain.plan.kernels)

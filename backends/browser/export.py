@@ -21,6 +21,7 @@ import numpy as np
 
 from attnreg import registry
 from attnreg.backends import common
+from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import program
 from attnreg.caps import DeviceCaps
 from attnreg.errors import NoKernelError, SpecError
@@ -33,7 +34,7 @@ from . import kernels
 from .host import BrowserError, BrowserHost
 from .probe import NAME
 
-CAPS_CHOICES = ("browser-profile", "browser", "webgpu")
+CAPS_CHOICES = ("browser-profile", "browser-subgroup-matrix", "browser", "webgpu")
 # What every WebGPU implementation grants without asking (the spec's default limits): a
 # plan for these caps runs in any browser with WebGPU (and shader-f16 for a float16 spec).
 PROFILE = DeviceCaps(
@@ -43,11 +44,37 @@ PROFILE = DeviceCaps(
             "storage_binding": 134217728, "buffer_size": 268435456, "workgroups_per_dim": 65535})
 
 
+# A browser that exposes Dawn's subgroup matrices with the shape the matrix prefill uses
+# (f16 16x16x16 -> f32 on 32-lane subgroups, as NVIDIA's Vulkan driver gives them) and
+# 32 KiB of workgroup storage (most adapters; the module requests it). Exports for it plan
+# with matrix_units=on.
+SUBGROUP_MATRIX_PROFILE = PROFILE.model_copy(update={
+    "id": f"{NAME}:subgroup-matrix", "name": "a WebGPU browser exposing subgroup matrices",
+    "features": frozenset({"shader-f16", "subgroups", "subgroup-matrix"}),
+    "subgroup_min_size": 32, "subgroup_max_size": 32,
+    "limits": {**PROFILE.limits, "workgroup_storage": 32768},
+    "extra": {"subgroup_matrix_configs": [
+        {"component_type": "f16", "result_component_type": "f32", "m": 16, "n": 16, "k": 16,
+         "min_subgroup_size": 32, "max_subgroup_size": 32}]}})
+SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
+SUBGROUP_MATRIX_NOTE = (
+    "It uses Dawn's experimental subgroup matrices (feature `chromium-experimental-subgroup-"
+    "matrix`, WGSL `enable chromium_experimental_subgroup_matrix;`). No browser exposes them "
+    "by default today: Chromium lists the feature only with unsafe WebGPU APIs allowed (start "
+    "it with `--enable-unsafe-webgpu`, or chrome://flags/#enable-unsafe-webgpu, which sets "
+    "Dawn's `allow_unsafe_apis` toggle) and only on adapters whose driver has matrix units "
+    "(Vulkan's cooperative matrices, Metal's simdgroup matrices) with the f16 16x16x16 -> f32 "
+    "shape on 32-lane subgroups. `requestDevice()` names what is missing; export for "
+    "`browser-profile` for a module that runs anywhere.")
+
+
 def caps_for(name: str) -> DeviceCaps:
     """``browser-profile``, the probed ``browser`` or ``webgpu`` adapter, or a stored
     WebGPU profile (``attnreg profiles``)."""
     if name == "browser-profile":
         return PROFILE
+    if name == "browser-subgroup-matrix":
+        return SUBGROUP_MATRIX_PROFILE
     if name in ("browser", "webgpu"):
         devs = registry.get().devices(name)
         ok = [d for d in devs if d.available]
@@ -73,6 +100,8 @@ class Exported:
 def _threads(consts: Mapping[str, int]) -> int:
     if "WG" in consts:
         return int(consts["WG"])
+    if "NSG" in consts:                                   # matrix prefill: 32-lane subgroups
+        return wkernels.MMA_SUBGROUP * int(consts["NSG"])
     return int(consts["BR"]) // int(consts["TR"]) * int(consts["NCG"])    # prefill
 
 
@@ -80,7 +109,7 @@ def requirements(plan: Plan, progs: list[program.Program]) -> dict[str, Any]:
     """Features, limits and the subgroup width the exported stages need."""
     spec, reg = plan.spec, registry.get()
     storage = threads = binding = grid = nbuf = 0
-    sg = 1
+    sg, matrix = 1, False
     for st, prog in zip(program.launch_stages(plan), progs):
         k = reg.kernel(st.kernel)
         p = {**k.defaults, **st.params, **k.params}
@@ -89,9 +118,12 @@ def requirements(plan: Plan, progs: list[program.Program]) -> dict[str, Any]:
         binding = max([binding, *binding_bytes(st.family, spec, p).values()])
         grid = max(grid, *prog.grid)
         nbuf = max(nbuf, sum(b.access != "uniform" for b in prog.bindings))
-        if prog.uses_subgroups:
+        if program.SUBGROUP_MATRIX_DIRECTIVE in prog.wgsl:
+            sg, matrix = max(sg, wkernels.MMA_SUBGROUP), True
+        elif prog.uses_subgroups:
             sg = max(sg, int(prog.consts.get("SGW", 4)))
     feats = (["shader-f16"] if spec.dtype == "float16" else []) + (["subgroups"] if sg > 1 else [])
+    feats += [SUBGROUP_MATRIX_FEATURE] if matrix else []
     return {"features": feats, "subgroup_min_size": sg, "limits": {
         "maxComputeWorkgroupStorageSize": storage, "maxComputeInvocationsPerWorkgroup": threads,
         "maxComputeWorkgroupSizeX": threads, "maxStorageBufferBindingSize": binding,
@@ -169,6 +201,7 @@ def readme_text(plan: Plan, progs: list[program.Program], files: list[str]) -> s
     bits = " (f16 as Uint16Array bits)" if spec.dtype == "float16" else ""
     wgsl_files = ", ".join(f"`{f}`" for f in files if f.endswith(".wgsl"))
     needs = "".join(f", feature `{f}`" for f in req["features"])
+    note = f"\n{SUBGROUP_MATRIX_NOTE}\n" if SUBGROUP_MATRIX_FEATURE in req["features"] else ""
     return f"""# attnreg attention for `{spec.short()}`
 
 Generated by `attnreg export-wgsl`. Plan: `{' -> '.join(plan.kernels)}` (route {plan.route})
@@ -178,7 +211,7 @@ The WGSL in `attention.js` (also in {wgsl_files}, for reading) is specialised fo
 this spec: shapes, layouts, masks and tile sizes are compiled in. It needs WebGPU{needs},
 and the limits in `REQUIRED_LIMITS`: `requestDevice()` asks for them and says what an
 adapter lacks.
-
+{note}
 ## Use from a web app
 
 ```js
@@ -209,6 +242,8 @@ def export(spec: AttentionSpec, out_dir: str, caps: str | DeviceCaps = "browser-
            flags: Mapping[str, Any] | None = None) -> Exported:
     """Plan ``spec`` for ``caps`` and write the exported files into ``out_dir``."""
     c = caps_for(caps) if isinstance(caps, str) else caps
+    if c.id == SUBGROUP_MATRIX_PROFILE.id:
+        flags = {"matrix_units": "on", **(flags or {})}
     reg = registry.get()
     # Host-cast variants widen float16 in Python; an exported module runs native kernels.
     skip = {(c.id, k.id): "host-cast variant (widens float16 on the host): not exportable"

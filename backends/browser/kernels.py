@@ -81,6 +81,10 @@ def cast_variant(k: KernelInfo) -> KernelInfo:
 
 def declare() -> list[KernelInfo]:
     """The re-homed WebGPU variants, then the host-cast ones."""
-    native = wkernels.rehomed(NAME, "in Chromium: WGSL compiled by Tint, run by Dawn",
-                              wkernels.declare(), FAMILIES, KV_LAYOUTS)
-    return native + [cast_variant(k) for k in native if k.dtypes == frozenset({"float32"})]
+    host = "in Chromium: WGSL compiled by Tint, run by Dawn"
+    native = wkernels.rehomed(NAME, host, wkernels.declare(), FAMILIES, KV_LAYOUTS)
+    # The matrix variants run where the browser exposes subgroup matrices (an exported
+    # module for the browser-subgroup-matrix profile); no host-cast twins (f16 products).
+    matrix = wkernels.rehomed(NAME, host, wkernels.declare_matrix(), FAMILIES, KV_LAYOUTS)
+    return native + [cast_variant(k) for k in native if k.dtypes == frozenset({"float32"})] \
+        + matrix

@@ -152,7 +152,8 @@ def reduce_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
 SUBGROUP_MATRIX = MatrixUnit("subgroup_matrix", 16, 16, 16, "f16", "f32")
 MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 32, "kv_tile": 32, "mma": "hardware"}
 MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64), "kv_tile": (16, 32, 64)}
-MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))
+# q_tile first: the hardware build needs kv_tile >= 32 (see _mma_checks).
+MMA_SHRINK = (("q_tile", 16), ("kv_tile", 16))
 MMA_SUBGROUP = 32
 
 
@@ -177,15 +178,27 @@ def _mma_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]
     why = [f"{n}={_p(params, d, n)} must be 16, 32 or 64" for n in ("q_tile", "kv_tile")
            if _p(params, d, n) not in (16, 32, 64)]
     if params.get("mma", d["mma"]) == "hardware" and "subgroup-matrix" in caps.features:
-        cfgs = caps.extra.get("subgroup_matrix_configs") or []
+        # The config's own subgroup sizes count (the adapter's range, 4..128 on the H100, is
+        # wider): the tiles take lanes 32g..32g+31 of the workgroup as subgroup g.
         m = SUBGROUP_MATRIX
-        if not any((c.get("m"), c.get("n"), c.get("k")) == (m.m, m.n, m.k)
-                   and c.get("component_type") == m.a and c.get("result_component_type") == m.acc
-                   for c in cfgs):
+        fits = [c for c in caps.extra.get("subgroup_matrix_configs") or []
+                if (c.get("m"), c.get("n"), c.get("k")) == (m.m, m.n, m.k)
+                and c.get("component_type") == m.a and c.get("result_component_type") == m.acc]
+        if not fits:
             why.append(f"the device's subgroup-matrix configs lack {m.text()}")
-        if (caps.subgroup_min_size, caps.subgroup_max_size) != (MMA_SUBGROUP, MMA_SUBGROUP):
-            why.append(f"subgroups of {caps.subgroup_min_size}..{caps.subgroup_max_size} lanes; "
-                       f"the kernel's tiles assume exactly {MMA_SUBGROUP}")
+        elif not any(c.get("min_subgroup_size") == c.get("max_subgroup_size") == MMA_SUBGROUP
+                     for c in fits):
+            why.append(f"{m.text()} runs on subgroups of other than exactly {MMA_SUBGROUP} "
+                       "lanes, which the kernel's tiles assume")
+        # Measured on the H100 (Dawn 0.32 / Tint, NVIDIA's Vulkan driver): a chain of one
+        # product per tile (head_size 16: one column tile; kv_tile 16: one key tile) gave
+        # wrong results in every case tried, while the emulated build of the same kernel
+        # is right; every shape with at least two of each passed the conformance cells.
+        if spec.head_size < 32 or _p(params, d, "kv_tile") < 32:
+            why.append(f"head_size {spec.head_size} / kv_tile {_p(params, d, 'kv_tile')}: the "
+                       "hardware build needs head_size >= 32 and kv_tile >= 32 (one product "
+                       "per tile gave wrong results on the H100's driver; matrix_units=emulate "
+                       "runs this kernel's logic at any size)")
     return why or _thread_check(lambda s, p: 32 * _p(p, d, "q_tile") // 16)(spec, caps, params)
 
 
@@ -195,6 +208,7 @@ def _mma_prefill(dtype: str) -> KernelInfo:
         dtypes=frozenset({dtype}), head_sizes=(16, 256, 16),
         features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
         defaults=MMA_DEFAULTS, choices=MMA_CHOICES, emulation={"mma": "emulate"},
+        emulates=frozenset({"subgroup-matrix"}),
         matrix=SUBGROUP_MATRIX, workgroup_storage=mma_prefill_storage, extra_checks=_mma_checks,
         doc="flash prefill on matrix units: S = QK^T and O += PV as 16x16x16 subgroup-matrix "
             "products (f16 in, f32 accumulators), the online softmax (lazy max) in scalar code "
