@@ -47,10 +47,9 @@ fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
   return g_part(g, (d % GE) / 4u)[d % 4u];
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-  mm_set_lane(lid);
+// The kernel, entered through the primitive file's main (it knows how the device numbers
+// subgroups: sg is the subgroup, lane its invocation; lid the workgroup-linear invocation).
+fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   // Grids past 65535 workgroups are folded into y/z; unfold to one linear id.
   let n_rt = cdiv(P.seq_len, BR);
   let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
@@ -63,9 +62,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let b = lin / (n_rt * P.num_heads);
   let kvh = h / P.group_size;
   let len = valid_len(b);
-  let sg = lid / 32u;                  // the subgroup: rows 16 sg .. 16 sg + 15
-  let rr = sg * 16u + lid % 16u;       // this lane's row in the workgroup (softmax, output)
-  let hf = (lid % 32u) / 16u;          // which half of the row's scores / column tiles
+  let rr = sg * 16u + lane % 16u;      // this lane's row in the workgroup (softmax, output)
+  let hf = lane / 16u;                 // which half of the row's scores / column tiles
   let i0 = rt * BR;
   let i = i0 + rr;
   let pos = row_pos(len, i);
@@ -190,7 +188,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       for (var c = 0u; c < NOC; c++) {
         mm_store_x(o[c], sg * 256u);
         workgroupBarrier();
-        for (var e = lid % 32u; e < 256u; e += 32u) {
+        for (var e = lane; e < 256u; e += 32u) {
           o_x[sg * 256u + e] *= alpha_s[sg * 16u + e / 16u];
         }
         workgroupBarrier();
@@ -215,8 +213,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
     }
 
-    // O += P V.
-    for (var c = 0u; c < NOC; c++) {
+    // O += P V. The bound is read at run time (it equals NOC): with NOC and NKC both 2 the
+    // unrolled loop gave wrong products on the H100 (Dawn/Tint + NVIDIA's Vulkan driver).
+    for (var c = 0u; c < min(NOC, P.seq_len + NOC); c++) {
       var acc = o[c];
       for (var kc = 0u; kc < NKC; kc++) {
         acc = mm_pv(acc, sg * 16u * PST + kc * 16u, kc * 16u * VST + c * 16u);
@@ -245,7 +244,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       for (var u = 0u; u < 4u; u++) {
         var acc = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
-          acc[e] = o_x[sg * 256u + (lid % 16u) * 16u + u * 4u + e] * alpha_s[rr];
+          acc[e] = o_x[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
           let bit = (c / 2u) * 16u + u * 4u + e;
           if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
             acc[e] = nan_f32();

@@ -8,8 +8,11 @@ alias MAcc = array<f32, 8>;
 
 var<private> mm_lane: u32;
 
-fn mm_set_lane(lid: u32) {
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
   mm_lane = lid % 32u;
+  kernel_body(wid, nwg, lid, lid / 32u, lid % 32u);
 }
 
 fn mm_zero() -> MAcc {

@@ -6,7 +6,13 @@
 
 alias MAcc = subgroup_matrix_result<f32, 16, 16>;
 
-fn mm_set_lane(lid: u32) {
+// Subgroup matrix offsets must be uniform in WGSL's analysis, which accepts values derived
+// from subgroup_id (not from local_invocation_index): the subgroup comes from the builtin.
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sid: u32,
+        @builtin(subgroup_invocation_id) sl: u32) {
+  kernel_body(wid, nwg, lid, sid, sl);
 }
 
 fn mm_zero() -> MAcc {
@@ -15,28 +21,28 @@ fn mm_zero() -> MAcc {
 
 // acc + Q[qo.., 16 x 16, rows QST apart] x K^T, K rows (keys) KST apart in k_s from ko.
 fn mm_qk(acc: MAcc, qo: u32, ko: u32) -> MAcc {
-  let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&q_s, qo, false, QST);
-  let bm = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&k_s, ko, true, KST);
+  let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&q_s, qo, QST);
+  let bm = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&k_s, ko, KST);
   return subgroupMatrixMultiplyAccumulate(a, bm, acc);
 }
 
 // acc + P[po.., 16 x 16, rows PST apart] x V[vo.., 16 keys x 16 columns, rows VST apart].
 fn mm_pv(acc: MAcc, po: u32, vo: u32) -> MAcc {
-  let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&p_s, po, false, PST);
-  let bm = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&v_s, vo, false, VST);
+  let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&p_s, po, PST);
+  let bm = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, row_major>(&v_s, vo, VST);
   return subgroupMatrixMultiplyAccumulate(a, bm, acc);
 }
 
 // The tile, row-major with rows SST apart, into s_s from so.
 fn mm_store_s(acc: MAcc, so: u32) {
-  subgroupMatrixStore(&s_s, so, acc, false, SST);
+  subgroupMatrixStore<row_major>(&s_s, so, acc, SST);
 }
 
 // The tile into / from the subgroup's 16 x 16 scratch o_x[xo..xo+256), rows 16 apart.
 fn mm_store_x(acc: MAcc, xo: u32) {
-  subgroupMatrixStore(&o_x, xo, acc, false, 16u);
+  subgroupMatrixStore<row_major>(&o_x, xo, acc, 16u);
 }
 
 fn mm_load_x(xo: u32) -> MAcc {
-  return subgroupMatrixLoad<MAcc>(&o_x, xo, false, 16u);
+  return subgroupMatrixLoad<MAcc, row_major>(&o_x, xo, 16u);
 }
