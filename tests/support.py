@@ -172,8 +172,7 @@ class CellRunner:
     def run(self, case: cmod.Case) -> conf.Result:
         s = self.sessions.get(case.device)
         if s is None:
-            s = self.sessions[case.device] = attnreg.Session(backend=case.backend,
-                                                             device=case.device)
+            s = self.sessions[case.device] = conf.session_for(case)
         r = conf.run_case(case, s)
         self.results.append(r)
         return r

@@ -9,6 +9,7 @@ costs well under a second on lavapipe.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 
 import numpy as np
@@ -171,7 +172,7 @@ def test_ort_multi_token(case):
     dict(dtype="float32", batch=2, seq_len=2, past_len=40, seqlens_k=True, kv_capacity=64),
     dict(dtype="float32", seq_len=8, past_len=0, causal=False, bias=True),
 ])
-@pytest.mark.parametrize("gqa", ["auto", "repeat"])
+@pytest.mark.parametrize("gqa", ["auto", "enable", "repeat"])
 def test_torch_matches_reference(case, gqa):
     why = peers.torch_status()
     if why:
@@ -184,3 +185,64 @@ def test_torch_matches_reference(case, gqa):
     assert not problem, problem
     tm = peer.timings(iters=2, warmup=1)
     assert len(tm["wall_s"]) == 2 and "gpu_s" not in tm
+
+
+def _torch_or_skip() -> None:
+    why = peers.torch_status()
+    if why:
+        pytest.skip(why)
+
+
+TRIED = r"(\d+\.\d us|error: .+|wrong: .+)"
+
+
+def test_torch_auto_picks_a_named_correct_backend():
+    _torch_or_skip()
+    spec = _spec(dtype="float32")
+    t = make_tensors(spec, seed=6, poison=False)
+    peer = peers.TorchSDPA(spec, "cpu", select_iters=2)
+    out = peer.run(t)
+    _err, problem = compare(spec, out, expected(spec, t))
+    assert not problem, problem
+    assert peer.backend in peers.torch_sdpa.BACKENDS
+    assert peer.label.startswith(f"torch-sdpa[{peer.backend}")
+    assert peer.describe()["label"] == peer.label
+    # every backend was tried with both GQA strategies, each with a reason or a time
+    assert set(peer.tried) == {b + g for b in peers.torch_sdpa.BACKENDS for g in ("", ",gqa=repeat")}
+    for key, why in peer.tried.items():
+        assert re.fullmatch(TRIED, why), (key, why)
+    kept = peer.label[len("torch-sdpa["):-1]
+    assert peer.tried[kept].endswith(" us")
+    # the kept one is the fastest of those that ran correctly
+    times = {k: float(v[:-3]) for k, v in peer.tried.items() if v.endswith(" us")}
+    assert times[kept] == min(times.values())
+    assert peer.tried["cudnn"].startswith("error: ")       # no cuDNN on the CPU: a reason, no crash
+
+
+def test_torch_pinned_backend():
+    _torch_or_skip()
+    spec = _spec(dtype="float32", num_heads=2)             # MHA: no GQA strategy to choose
+    t = make_tensors(spec, seed=7, poison=False)
+    peer = peers.TorchSDPA(spec, "cpu", backend="math", select_iters=2)
+    out = peer.run(t)
+    _err, problem = compare(spec, out, expected(spec, t))
+    assert not problem, problem
+    assert peer.label == "torch-sdpa[math]" and list(peer.tried) == ["math"]
+    tm = peer.timings(iters=2, warmup=1)
+    assert len(tm["wall_s"]) == 2
+    with pytest.raises(ValueError, match="backend="):
+        peers.TorchSDPA(spec, "cpu", backend="fastest")
+
+
+def test_torch_unavailable_or_wrong_everywhere_is_a_reason():
+    _torch_or_skip()
+    spec = _spec(dtype="float32")
+    t = make_tensors(spec, seed=8, poison=False)
+    with pytest.raises(RuntimeError, match=r"unavailable.*cudnn: error: "):
+        peers.TorchSDPA(spec, "cpu", backend="cudnn").run(t)
+    # NaN in the cache past a batch's length leaks into SDPA's output (a known torch defect):
+    # every backend that runs is wrong, and the reasons say so.
+    spec = _spec(dtype="float32", batch=2, seqlens_k=True, kv_capacity=160, past_len=100)
+    with pytest.raises(RuntimeError, match="wrong: ") as info:
+        peers.TorchSDPA(spec, "cpu", select_iters=2).run(make_tensors(spec, seed=8, poison=True))
+    assert "math" in str(info.value)

@@ -277,6 +277,7 @@ def peer_rows(suite: str, case: Case, iters: int, warmup: int,
         gpu, wall = res.get("gpu_us"), float(res["wall_us"])
         basis = gpu if gpu is not None else wall
         dev = str(res.get("describe", {}).get("device", "")) or name
+        kern = str(res.get("label") or kern)        # the torch peer names the SDPA backend it kept
         out.append(Row(suite, case.name, name, dev[:24], kern, gpu, wall,
                        nbytes / (basis * 1e-6) / 1e9, flops / (basis * 1e-6) / 1e12,
                        res.get("max_err"), {"correct": res.get("correct"),

@@ -151,6 +151,14 @@ def _execute(case: Case, s: Session, k: KernelInfo, tol: tuple[float, float]) ->
     return err, problem
 
 
+def session_for(case: Case) -> Session:
+    """The Session a device's cells run in: with the flags its matrix kernels' hardware
+    builds need to open the device (Dawn's experimental_features), so those cells run."""
+    flags = {k.flag: True for k in regmod.get().kernels(case.backend)
+             if k.matrix is not None and k.flag}
+    return Session(backend=case.backend, device=case.device, flags=flags or None)
+
+
 def run_matrix(all_cases: Sequence[Case], progress: Callable[[Sequence[Case]], Iterable[Case]]
                | None = None) -> list[Result]:
     """Run cases, one Session per device (so compiled kernels are reused)."""
@@ -160,7 +168,7 @@ def run_matrix(all_cases: Sequence[Case], progress: Callable[[Sequence[Case]], I
         for case in (progress(all_cases) if progress else all_cases):
             s = sessions.get(case.device)
             if s is None:
-                s = sessions[case.device] = Session(backend=case.backend, device=case.device)
+                s = sessions[case.device] = session_for(case)
             results.append(run_case(case, s))
     finally:
         for s in sessions.values():

@@ -12,7 +12,9 @@ Two optional peers, each computing the same contract math (CONTRACT.md) for an
   ``run_with_iobinding`` plus the smallest read-back that waits for the GPU (ORT's own
   ``synchronize_outputs`` returns before the GPU work ends on this EP).
 * :class:`TorchSDPA` -- ``torch.nn.functional.scaled_dot_product_attention`` on CUDA when
-  available, else CPU; GPU time from CUDA events.
+  available, else CPU; tries each SDPA backend (cuDNN, flash, efficient, math) with both GQA
+  strategies and keeps the fastest correct one, named in its label; GPU time from CUDA
+  events around back-to-back calls.
 
 Nothing here is imported at module import time beyond numpy and the standard library:
 ``onnxruntime``, ``onnx`` and ``torch`` are imported inside functions, and each peer says

@@ -89,9 +89,10 @@ def bench_peers(cases: list[tuple[str, AttentionSpec]], *, iters: int = 100, war
             t0 = time.perf_counter()
             try:
                 peer = make()
-                out = peer.run(tensors)
                 if want is None:
                     want = expected(spec, tensors)
+                # the torch peer checks each SDPA backend against the same reference
+                out = peer.run(tensors, want) if isinstance(peer, TorchSDPA) else peer.run(tensors)
                 err, problem = compare(spec, out, want)
                 res: dict[str, Any] = {"max_err": err, "correct": not problem, "problem": problem}
                 if not name.startswith("probe"):
@@ -99,6 +100,8 @@ def bench_peers(cases: list[tuple[str, AttentionSpec]], *, iters: int = 100, war
                     res.update({f"{k[:-2]}_us": median_us(v) for k, v in tm.items()})
                     res["iters"] = iters
                 res["describe"] = peer.describe()
+                if "label" in res["describe"]:      # which kernel the peer kept, e.g. torch-sdpa[cudnn]
+                    res["label"] = res["describe"]["label"]
                 peer.close()
             except Exception as exc:
                 res = {"error": f"{type(exc).__name__}: {exc}"}
@@ -125,13 +128,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         return "ok" if d.get("correct") else f"WRONG ({d.get('max_err', float('nan')):.1e})"
 
     head = ("case", "ORT GPU us", "ORT wall us", "ORT submit us", "ORT loop us", "ORT vs ref",
-            "torch GPU us", "torch wall us", "torch vs ref", "torch(repeat) GPU us")
+            "torch GPU us", "torch wall us", "torch vs ref", "torch kernel", "torch(repeat) GPU us")
     lines = [head]
     for r in rows:
         o, t, tr = r.get("ort", {}), r.get("torch", {}), r.get("torch_repeat", {})
         lines.append((r["case"], us(o, "gpu_us"), us(o, "wall_us"), us(o, "submit_us"),
                       us(o, "loop_us"), ok(o), us(t, "gpu_us"), us(t, "wall_us"), ok(t),
-                      us(tr, "gpu_us")))
+                      t.get("label", "-"), us(tr, "gpu_us")))
     widths = [max(len(str(x[i])) for x in lines) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
 

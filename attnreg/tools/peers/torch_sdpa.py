@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import statistics
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,6 +13,12 @@ import numpy as np
 
 from ...spec import AttentionSpec
 from .status import torch_status
+
+# attnreg's short names for the members of torch.nn.attention.SDPBackend, in the order tried.
+BACKENDS: Mapping[str, str] = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION",
+                               "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+# GQA strategies: torch's own enable_gqa=True, or K/V heads expanded once, outside the timed call.
+GQA_STRATEGIES = ("enable", "repeat")
 
 
 def torch_supports(spec: AttentionSpec) -> str | None:
@@ -25,49 +34,107 @@ def torch_supports(spec: AttentionSpec) -> str | None:
     return None
 
 
-def _has_enable_gqa(torch: Any) -> bool:
-    import inspect
+# How torch's CUDA warnings name each kernel ("cuDNN attention kernel not used because:").
+_WARNING_NAMES = {"cudnn": "cudnn", "flash": "flash", "efficient": "memory efficient", "math": "math"}
 
-    try:
-        return "enable_gqa" in inspect.signature(torch.nn.functional.scaled_dot_product_attention).parameters
-    except (TypeError, ValueError):   # a builtin without a signature: ask by version
-        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-        return (major, minor) >= (2, 5)
+
+def _why_failed(backend: str, exc: BaseException, caught: list[warnings.WarningMessage]) -> str:
+    """A short reason why ``backend`` failed. On CUDA torch raises only a generic "No viable
+    backend" and explains in warnings, one header per kernel ("<kernel> ... not used because:")
+    followed by its reasons, other kernels' included; keep the reasons under this backend's."""
+    groups: dict[str, list[str]] = {}
+    head = ""
+    for w in caught:
+        msg = str(w.message).split(" (Triggered internally")[0].strip()
+        if msg.endswith("not used because:"):
+            head = msg.lower()
+        elif msg:
+            groups.setdefault(head, []).append(msg)
+    said = next((m for h, m in groups.items() if h.startswith(_WARNING_NAMES[backend])), [])
+    if not said:   # the exception's first sentence: what follows it is a generic hint
+        said = [(str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0]]
+    return "; ".join(dict.fromkeys(said))[:240]
+
+
+# Calls per GPU-time sample (see _time).
+BATCH = 10
 
 
 class TorchSDPA:
     """torch.nn.functional.scaled_dot_product_attention on the spec's tensors.
 
-    ``device``: "cuda", "cpu" or None (CUDA when available). ``gqa``: "auto" uses
-    ``enable_gqa=True`` where torch has it, "repeat" expands K/V heads with
-    repeat_interleave once, outside the timed call. Masks: none for decode, whisper-style
-    non-causal and fresh prefill (``is_causal=True`` is right when S == L); a boolean
-    bottom-right mask otherwise (past keys, seqlens_k, local_window), built once.
+    ``device``: "cuda", "cpu" or None (CUDA when available). ``backend``: one of
+    :data:`BACKENDS` ("cudnn", "flash", "efficient", "math") pins that SDPA kernel through
+    ``torch.nn.attention.sdpa_kernel``; "auto" tries each. ``gqa`` (only when num_heads >
+    kv_num_heads): "enable" passes ``enable_gqa=True``, "repeat" expands K/V heads with
+    repeat_interleave once, outside the timed call; "auto" tries both.
+
+    On the first :meth:`load` every (backend, gqa) candidate runs once and is checked
+    against the float64 reference at the contract tolerance; the correct ones are timed
+    (``select_iters`` calls each, GPU time on CUDA, wall on CPU) and the fastest is kept.
+    ``tried`` maps each candidate to "12.3 us", "error: ..." or "wrong: ..."; ``label``
+    names the one kept, e.g. "torch-sdpa[cudnn]" or "torch-sdpa[flash,gqa=repeat]". When
+    none works the peer raises RuntimeError("... unavailable ...") with the reasons.
+
+    Masks: none for decode, whisper-style non-causal and fresh prefill (``is_causal=True``
+    is right when S == L); a boolean bottom-right mask otherwise (past keys, seqlens_k,
+    local_window), built once.
     """
 
     name = "torch-sdpa"
 
-    def __init__(self, spec: AttentionSpec, device: str | None = None, *, gqa: str = "auto") -> None:
+    def __init__(self, spec: AttentionSpec, device: str | None = None, *, gqa: str = "auto",
+                 backend: str = "auto", select_iters: int = 20) -> None:
         why = torch_supports(spec)
         if why:
             raise ValueError(f"{self.name} cannot run {spec.short()}: {why}")
+        if gqa not in ("auto", *GQA_STRATEGIES):
+            raise ValueError(f"gqa={gqa!r}: expected 'auto' or one of {GQA_STRATEGIES}")
+        if backend not in ("auto", *BACKENDS):
+            raise ValueError(f"backend={backend!r}: expected 'auto' or one of {tuple(BACKENDS)}")
         status = torch_status()
         if status:
             raise RuntimeError(f"{self.name} unavailable: {status}")
-        if gqa not in ("auto", "repeat"):
-            raise ValueError(f"gqa={gqa!r}: expected 'auto' or 'repeat'")
         import torch
 
-        self.torch = torch
+        self.torch: Any = torch
         self.spec = spec
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.version = torch.__version__
-        self.enable_gqa = gqa == "auto" and spec.group_size > 1 and _has_enable_gqa(torch)
+        self.select_iters = select_iters
+        self.backends = tuple(BACKENDS) if backend == "auto" else (backend,)
+        # "" is the one strategy of a spec without grouped heads: nothing to choose.
+        self.strategies = ("",) if spec.group_size == 1 else (
+            GQA_STRATEGIES if gqa == "auto" else (gqa,))
+        self.tried: dict[str, str] = {}
+        self.backend: str | None = None          # the kept candidate, once selected
+        self.gqa: str | None = None
         self._args: tuple[Any, ...] = ()
         self._kwargs: dict[str, Any] = {}
 
-    def load(self, tensors: Mapping[str, Any]) -> None:
-        """Move the tensors to the device in [B, N, S|L, H] and build the mask (not timed)."""
+    @property
+    def enable_gqa(self) -> bool:
+        return self.gqa == "enable"
+
+    @property
+    def label(self) -> str:
+        return self.name if self.backend is None else f"{self.name}[{self._key(self.backend, self.gqa)}]"
+
+    @staticmethod
+    def _key(backend: str, gqa: str | None) -> str:
+        return backend + (",gqa=repeat" if gqa == "repeat" else "")
+
+    def _kernel(self, backend: str) -> contextlib.AbstractContextManager[Any]:
+        """The context that restricts SDPA to ``backend`` (entered outside timed loops)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(getattr(SDPBackend, BACKENDS[backend]))
+
+    def load(self, tensors: Mapping[str, Any],
+             want: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Move the tensors to the device in [B, N, S|L, H] and build the mask (not timed).
+        The first load also picks the backend; ``want`` is the float64 reference
+        (testing.expected) for these tensors when the caller already has it."""
         from ...tensors import check_tensors, valid_lengths
 
         torch, spec = self.torch, self.spec
@@ -84,14 +151,9 @@ class TorchSDPA:
             return torch.from_numpy(np.ascontiguousarray(x)).to(dev)
 
         tq, tk, tv = put(q), put(k), put(v)
-        if spec.group_size > 1 and not self.enable_gqa:
-            tk = tk.repeat_interleave(spec.group_size, dim=1).contiguous()
-            tv = tv.repeat_interleave(spec.group_size, dim=1).contiguous()
         S = spec.seq_len
         uniform = bool((lengths == L).all())
         kwargs: dict[str, Any] = {"scale": float(spec.effective_scale)}
-        if self.enable_gqa:
-            kwargs["enable_gqa"] = True
         mask = None
         need_mask = (not uniform or spec.local_window > 0 or spec.bias
                      or (spec.causal and S > 1 and S != L))
@@ -115,34 +177,92 @@ class TorchSDPA:
             kwargs["attn_mask"] = mask
         elif spec.causal and S > 1:
             kwargs["is_causal"] = True                               # S == L: top-left == bottom-right
-        self._args = (tq, tk, tv)
-        self._kwargs = kwargs
+
+        def for_strategy(gqa: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            if gqa == "repeat":
+                g = spec.group_size
+                return (tq, tk.repeat_interleave(g, dim=1).contiguous(),
+                        tv.repeat_interleave(g, dim=1).contiguous()), kwargs
+            return (tq, tk, tv), ({**kwargs, "enable_gqa": True} if gqa == "enable" else kwargs)
+
+        if self.backend is None:
+            from ..testing import expected
+
+            self._select(for_strategy, want if want is not None else expected(spec, t))
+        else:
+            self._args, self._kwargs = for_strategy(self.gqa)
+
+    def _select(self, for_strategy: Callable[[str | None], tuple[tuple[Any, ...], dict[str, Any]]],
+                want: tuple[np.ndarray, np.ndarray]) -> None:
+        """Run each candidate once, keep the correct ones, time them, keep the fastest."""
+        from ..testing import compare
+
+        self.tried = {}
+        timed: dict[tuple[str, str], tuple[float, tuple[Any, ...], dict[str, Any]]] = {}
+        basis = "gpu_s" if self.device.startswith("cuda") else "wall_s"
+        for gqa in self.strategies:
+            self._args, self._kwargs = for_strategy(gqa)
+            for backend in self.backends:
+                key = self._key(backend, gqa)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    try:
+                        out = self._output(backend)
+                    except Exception as exc:   # unavailable here, or refuses these inputs
+                        self.tried[key] = "error: " + _why_failed(backend, exc, caught)
+                        continue
+                _err, problem = compare(self.spec, out, want)
+                if problem:
+                    self.tried[key] = f"wrong: {problem}"
+                    continue
+                us = statistics.median(self._time(backend, self.select_iters, 3)[basis]) * 1e6
+                self.tried[key] = f"{us:.1f} us"
+                timed[backend, gqa] = (us, self._args, self._kwargs)
+        self._args, self._kwargs = (), {}
+        if not timed:
+            reasons = "; ".join(f"{k}: {v}" for k, v in self.tried.items())
+            raise RuntimeError(f"{self.name} unavailable for {self.spec.short()} on {self.device}: "
+                               f"no backend ran correctly ({reasons})")
+        (self.backend, self.gqa), (_, self._args, self._kwargs) = min(
+            timed.items(), key=lambda kv: kv[1][0])
 
     def _call(self) -> Any:
         return self.torch.nn.functional.scaled_dot_product_attention(*self._args, **self._kwargs)
 
-    def run(self, tensors: Mapping[str, Any]) -> np.ndarray:
-        """The output for ``tensors`` (numpy, spec dtype, spec q layout)."""
-        self.load(tensors)
-        with self.torch.no_grad():
+    def _output(self, backend: str) -> np.ndarray:
+        """One call on ``backend``, as numpy in the spec's dtype and q layout."""
+        with self.torch.no_grad(), self._kernel(backend):
             out = self._call()                                       # [B, Nq, S, H]
         o = out.detach().to("cpu").numpy()
         spec = self.spec
         o = o if spec.q_layout == "BNSH" else o.transpose(0, 2, 1, 3)
         return np.ascontiguousarray(o.astype(spec.dtype, copy=False))
 
+    def run(self, tensors: Mapping[str, Any],
+            want: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The output for ``tensors`` (numpy, spec dtype, spec q layout) from the kept
+        backend; ``want`` as in :meth:`load`."""
+        self.load(tensors, want)
+        assert self.backend is not None
+        return self._output(self.backend)
+
     def timings(self, iters: int = 50, warmup: int = 5) -> dict[str, list[float]]:
-        """Per-call seconds: wall_s (call + synchronize), and gpu_s from CUDA events on CUDA."""
-        torch = self.torch
+        """Per-call seconds of the kept backend: wall_s (call + synchronize), and gpu_s from
+        CUDA events around BATCH back-to-back calls on CUDA."""
         if not self._args:
             from ..testing import make_tensors
 
             self.load(make_tensors(self.spec, seed=0, poison=False))
+        assert self.backend is not None
+        return self._time(self.backend, iters, warmup)
+
+    def _time(self, backend: str, iters: int, warmup: int) -> dict[str, list[float]]:
+        torch = self.torch
         cuda = self.device.startswith("cuda")
         sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
         wall: list[float] = []
         gpu: list[float] = []
-        with torch.no_grad():
+        with torch.no_grad(), self._kernel(backend):    # entered once: not part of a call's cost
             for _ in range(warmup):
                 self._call()
             sync()
@@ -151,12 +271,18 @@ class TorchSDPA:
                     e0 = torch.cuda.Event(enable_timing=True)
                     e1 = torch.cuda.Event(enable_timing=True)
                     t0 = time.perf_counter()
-                    e0.record()
                     self._call()
+                    sync()
+                    wall.append(time.perf_counter() - t0)
+                    # GPU time of BATCH calls back to back between two events, as attnreg's
+                    # runtimes time theirs: one call between events also timed the GPU
+                    # idling while the CPU launched it (56 us for every decode candidate).
+                    e0.record()
+                    for _ in range(BATCH):
+                        self._call()
                     e1.record()
                     e1.synchronize()
-                    wall.append(time.perf_counter() - t0)
-                    gpu.append(e0.elapsed_time(e1) * 1e-3)
+                    gpu.append(e0.elapsed_time(e1) * 1e-3 / BATCH)
                 else:
                     t0 = time.perf_counter()
                     self._call()
@@ -169,7 +295,8 @@ class TorchSDPA:
     def describe(self) -> dict[str, Any]:
         name = self.torch.cuda.get_device_name() if self.device.startswith("cuda") else "cpu"
         return {"peer": self.name, "version": self.version, "device": self.device,
-                "device_name": name, "enable_gqa": self.enable_gqa,
+                "device_name": name, "label": self.label, "backend": self.backend,
+                "enable_gqa": self.enable_gqa, "tried": dict(self.tried),
                 "mask": "attn_mask" in self._kwargs, "is_causal": bool(self._kwargs.get("is_causal"))}
 
     def close(self) -> None:
