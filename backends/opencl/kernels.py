@@ -12,8 +12,10 @@ from typing import Any
 
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
-from attnreg.kernel import KernelInfo
+from attnreg.kernel import MMA_BUILDS, KernelInfo, MatrixUnit
 from attnreg.spec import AttentionSpec
+
+from . import mma_probe
 
 BACKEND = "opencl"
 DTYPES = {"float32": "f32", "float16": "f16"}
@@ -54,6 +56,7 @@ class Geometry:
     pf: int = 1               # sg decode: chunks in flight ahead of the one computed
     cvt_ptx: bool = False     # f16 -> f32 through PTX cvt.f32.f16 (NVIDIA only)
     nv_fence: bool = False    # decode_fused: PTX membar.gl next to the OpenCL fences (NVIDIA)
+    mma: int = 0              # matrix-unit prefill: MMA_IMPLS (0: scalar kernels)
 
     @property
     def rows(self) -> int:
@@ -63,6 +66,8 @@ class Geometry:
         """Bytes of local memory this geometry declares (V staging optional)."""
         if self.family == "reduce":
             return 0
+        if self.mma:
+            return mma_storage(head_size, self.rows, self.tk, self.mma == MMA_IMPLS["emulate"])
         flag = 1 if self.family == "decode_fused" else 0       # the "last work-group" word
         emu = self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
         if self.family in DECODES and self.sg:
@@ -90,7 +95,8 @@ class Geometry:
                 "DL": self.dl, "SG": self.sg, "SG_IMPL": self.sg_impl,
                 "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp),
                 "SG_REQD": int(self.sg_reqd), "RP": self.rp, "PF": self.pf,
-                "CVT_PTX": int(self.cvt_ptx), "NV_FENCE": int(self.nv_fence)}
+                "CVT_PTX": int(self.cvt_ptx), "NV_FENCE": int(self.nv_fence),
+                **({"MMA": self.mma} if self.mma else {})}
 
 
 def _pow2_floor(n: int) -> int:
@@ -151,6 +157,8 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     """Block sizes for one launch. ``caps`` None gives the device-independent minimum
     (no V staging), which is what the kernel declares as its workgroup storage."""
     h4 = spec.head_size // 4
+    if variant == "mma":
+        return mma_geometry(spec, params, caps)
     if family == "reduce":
         return Geometry("reduce", wg=h4 * max(1, 256 // h4),
                         fast_exp=bool(params.get("fast_exp", False)))
@@ -219,6 +227,101 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     return g
 
 
+# -- prefill on tensor cores (kernels_cl/flash_prefill_mma.cl) -------------------------------
+# mma.sync m16n8k16 (f16 in, f32 accumulators) through inline PTX, 32-lane warps, one warp per
+# 16 query rows. q_tile: rows per work-group (16 per warp); kv_tile: keys per staged tile.
+PTX_MMA = MatrixUnit("ptx_mma", 16, 8, 16, "f16", "f32")
+# The builds of param "mma" as -D MMA: the PTX primitive, or its plain-C emulation.
+MMA_IMPLS = {"hardware": 1, "emulate": 2}
+assert set(MMA_IMPLS) == set(MMA_BUILDS)
+# prefetch: 1 loads the next K/V tile into registers while the current one is computed, 0
+# loads each tile just before staging it (fewer registers); fast_exp: native_exp weights.
+MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 64, "kv_tile": 32, "prefetch": 1,
+                                   "fast_exp": False, "mma": "hardware"}
+MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64, 128),
+                                              "kv_tile": (16, 32, 64), "prefetch": (0, 1),
+                                              "fast_exp": (False, True)}
+MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit local memory
+_MMA_WARP_WORDS = 192                              # mma_sync.cl's exchange per emulated warp
+
+
+def mma_pitch(halves: int) -> int:
+    """Row pitch in 32-bit words of a local tile whose rows hold ``halves`` f16 values (a
+    multiple of 16): 8 or 24 modulo 32 words, so the 64-bit fragment reads of the 4 rows a
+    half-warp touches fall on distinct banks."""
+    words = halves // 2
+    return words + (8 if words % 32 in (0, 16) else 0)
+
+
+def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool) -> int:
+    """Bytes of local memory of flash_prefill_mma.cl: Q and K tiles, V transposed, the v
+    flag; the emulation adds its fragment exchange and the shuffle scratch."""
+    qw, vw = mma_pitch(head_size), mma_pitch(kv_tile)
+    words = rows * qw + kv_tile * qw + head_size * vw + 1
+    if emulate:
+        wg = 2 * rows
+        words += wg // 32 * _MMA_WARP_WORDS + wg
+    return words * _F32
+
+
+def mma_geometry(spec: AttentionSpec, params: Mapping[str, Any],
+                 caps: DeviceCaps | None = None) -> Geometry:
+    """The tensor-core prefill's geometry: q_tile rows (GC heads of the GQA group x MQ rows,
+    whole warps per head), kv_tile keys, the build the param "mma" names."""
+    d = MMA_DEFAULTS
+    br = _int_param(params, "q_tile", d["q_tile"], lo=16, hi=128)
+    bc = _int_param(params, "kv_tile", d["kv_tile"], lo=16, hi=64)
+    build = params.get("mma", d["mma"])
+    if build not in MMA_IMPLS:
+        raise SpecError("params['mma']", build, f"one of {sorted(MMA_IMPLS)}")
+    emulate = build == "emulate"
+    nw = br // 16
+    gc = min(_pow2_floor(spec.group_size), nw)
+    hw_cvt = not emulate and spec.dtype == "float16" and _nv_knob(params, "cvt", caps, True)
+    return Geometry("prefill", wg=32 * nw, gc=gc, mq=br // gc, tk=bc, kl=min(8, bc),
+                    dl=min(_pow2_ceil(spec.head_size // 4), 32 * nw), sg=32,
+                    sg_impl=SG_IMPLS["emu" if emulate else "nv"], cvt_ptx=hw_cvt,
+                    pf=_int_param(params, "prefetch", d["prefetch"], lo=0, hi=1),
+                    fast_exp=bool(params.get("fast_exp", d["fast_exp"])), mma=MMA_IMPLS[build])
+
+
+def _mma_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+    why = [f"{n}={params.get(n, MMA_DEFAULTS[n])} must be one of {MMA_CHOICES[n]}"
+           for n in ("q_tile", "kv_tile") if params.get(n, MMA_DEFAULTS[n]) not in MMA_CHOICES[n]]
+    if why:
+        return why
+    return _checks("prefill", "mma")(spec, caps, params)
+
+
+def mma_fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
+                  limit: int | None, fixed: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Halve the tensor-core prefill's tiles in MMA_SHRINK order (not those in ``fixed``)
+    until its local memory fits ``limit``; the params to set (empty: it fits already, or
+    nothing can shrink)."""
+    p = {**kernel.defaults, **params, **kernel.params}
+    changed: dict[str, int] = {}
+    if limit is None:
+        return changed
+    for name, floor in MMA_SHRINK:
+        while name not in fixed and kernel.storage_need(spec, p) > limit \
+                and int(p[name]) > floor:
+            p[name] = changed[name] = int(p[name]) // 2
+    return changed
+
+
+def _mma_prefill() -> KernelInfo:
+    return KernelInfo(
+        id=f"{BACKEND}.prefill.f16.mma", backend=BACKEND, family="prefill",
+        dtypes=frozenset({"float16"}), head_sizes=(16, 256, 16), kv_layouts=PAGED_OK,
+        features=frozenset({mma_probe.FEATURE}), priority=20, defaults=MMA_DEFAULTS,
+        choices=MMA_CHOICES, emulation={"mma": "emulate"}, matrix=PTX_MMA,
+        workgroup_storage=_storage("prefill", "mma"), extra_checks=_mma_checks,
+        doc="flash prefill on tensor cores: S = QK^T and O += PV as m16n8k16 mma.sync products "
+            "(inline PTX; f16 in, f32 accumulators) with S, P and O in registers, the online "
+            "softmax (lazy max) between them; q_tile rows (16 per warp) x kv_tile keys per "
+            "tile; f16 only")
+
+
 def _storage(family: str, variant: str) -> Callable[[AttentionSpec, Mapping[str, Any]], int]:
     def need(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
         try:
@@ -264,7 +367,8 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
 
 
 def declare() -> list[KernelInfo]:
-    """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping), decode_partial
+    """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping; f16 on tensor
+    cores, mma), decode_partial
     (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
     decode_qk (m1/m2/m4) + decode_pv, and reduce."""
     out: list[KernelInfo] = []
@@ -328,11 +432,14 @@ def declare() -> list[KernelInfo]:
             id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce",
             dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), kv_layouts=PAGED_OK,
             extra_checks=_checks("reduce", ""), doc="merge split-KV partial states and the sink"))
+    out.append(_mma_prefill())
     return out
 
 
 def variant_of(k: KernelInfo) -> str:
-    """'sg', 'wgmem' (prefill) or '' (tiled decode families, reduce)."""
+    """'mma' (tensor cores), 'sg', 'wgmem' (prefill) or '' (tiled decode families, reduce)."""
+    if k.matrix is not None:
+        return "mma"
     if ".sg" in k.id:
         return "sg"
     return "wgmem" if k.family == "prefill" else ""

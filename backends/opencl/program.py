@@ -35,6 +35,12 @@ FILES = {
     "decode_pv": ("common.cl", "flash_core.cl", "decode_pv.cl"),
     "reduce": ("common.cl", "reduce.cl"),
 }
+# (family, variant) -> source files of a variant with a program of its own; the family's
+# kernel signature and entry point stay. The tensor-core prefill: -D MMA picks its primitive.
+VARIANT_FILES = {
+    ("prefill", "mma"): ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl",
+                         "flash_prefill_mma.cl"),
+}
 ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
          **{f: f for f in ("decode_partial", "decode_fused", "decode_qk", "decode_pv")}}
 BASE_OPTIONS = ("-cl-std=CL1.2",)
@@ -67,8 +73,18 @@ def signature(family: str) -> str:
 
 def load_source(family: str) -> str:
     """The complete OpenCL C text of one family (tests may monkeypatch this)."""
-    return (common.opencl_struct() + signature(family)
-            + "".join(read_file(f) for f in FILES[family]))
+    return _assemble(family, FILES[family])
+
+
+def source(family: str, variant: str) -> str:
+    """The OpenCL C text a kernel variant builds: its own files (VARIANT_FILES) or its
+    family's."""
+    files = VARIANT_FILES.get((family, variant))
+    return load_source(family) if files is None else _assemble(family, files)
+
+
+def _assemble(family: str, files: tuple[str, ...]) -> str:
+    return common.opencl_struct() + signature(family) + "".join(read_file(f) for f in files)
 
 
 def options(defines: dict[str, int], extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -103,10 +119,14 @@ def stage_params(plan: Plan, stage: Stage, split: Mapping[str, int],
 
 def defines(spec: AttentionSpec, g: kernels.Geometry, bias_f16: bool,
             params: Mapping[str, Any]) -> dict[str, int]:
-    return {"IS_F16": int(spec.dtype == "float16"), "HD": spec.head_size,
-            "BIAS_F16": int(bias_f16),
-            "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,
-            "BLOCK_SKIP": int(bool(params.get("block_skip"))), **g.defines()}
+    out = {"IS_F16": int(spec.dtype == "float16"), "HD": spec.head_size,
+           "BIAS_F16": int(bias_f16),
+           "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,
+           "BLOCK_SKIP": int(bool(params.get("block_skip"))), **g.defines()}
+    if g.mma:
+        # local tile pitches in words (kernels.mma_pitch; mma_storage counts the same)
+        out.update(QW=kernels.mma_pitch(spec.head_size), VW=kernels.mma_pitch(g.tk))
+    return out
 
 
 def global_size(family: str, spec: AttentionSpec, g: kernels.Geometry,

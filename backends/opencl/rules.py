@@ -109,4 +109,33 @@ NVIDIA_F32_SPLITS = Rule(
     "the H100 (split 256 vs 128)", "params", _f32_wider,
     lambda c: {"split_size": 2 * int(c.params["split_size"])})
 
-RULES = (BLOCK_SKIP, UNFUSED_ON_CPU, NVIDIA_TWO_LAUNCH, NVIDIA_FAST_EXP, NVIDIA_F32_SPLITS)
+
+def _mma_fit(c: Ctx) -> dict[str, int]:
+    assert c.kernel is not None
+    return kernels.mma_fit_tiles(c.kernel, c.spec, c.params, c.caps.limit("workgroup_storage"),
+                                 c.user)
+
+
+MMA_TILES_FIT = Rule(
+    "opencl_mma_tiles_fit_storage",
+    "OpenCL tensor-core prefill: kv_tile, then q_tile, halved until the Q, K and transposed V "
+    "tiles fit the device's local memory (NVIDIA: 48 KiB, so head size 256 runs q_tile 32 x "
+    "kv_tile 16)", "params",
+    lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    and c.kernel.matrix is not None and bool(_mma_fit(c)), _mma_fit)
+
+# matrix_units=auto: where the tensor-core prefill measured faster than every scalar prefill.
+MMA_PREFILL_NVIDIA = Rule(
+    "opencl_mma_prefill_nvidia",
+    "NVIDIA with PTX mma.sync (probed): the tensor-core flash prefill measured 6.5x-9.8x "
+    "faster than the sub-group prefill on the H100 (causal f16 GQA 32/8 H=128, GPU time: "
+    "S=512 69.6 vs 449.7 us, S=2048 515 vs 5072 us; also 3.1x / 4.6x faster than the best "
+    "WGSL prefill there, ci/results/h100_mma_bench.txt)", "params",
+    lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    and c.kernel.matrix is not None and c.kernel.family == "prefill"
+    and c.flags.get("matrix_units", "auto") == "auto" and c.caps.vendor == "nvidia"
+    and "mma" not in c.user and c.kernel.features <= c.caps.features,
+    lambda c: {"mma": "hardware"})
+
+RULES = (BLOCK_SKIP, UNFUSED_ON_CPU, NVIDIA_TWO_LAUNCH, NVIDIA_FAST_EXP, NVIDIA_F32_SPLITS,
+         MMA_TILES_FIT, MMA_PREFILL_NVIDIA)

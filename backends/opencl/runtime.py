@@ -106,7 +106,8 @@ class OpenCLRuntime:
 
     # -- programs ----------------------------------------------------------------------
     def _program(self, kernel_id: str, family: str, defines: dict[str, int]) -> cl.Program:
-        return device.build(self.ctx, self.device, kernel_id, program.load_source(family),
+        return device.build(self.ctx, self.device, kernel_id,
+                            program.source(family, _variant(kernel_id)[1]),
                             program.options(defines))
 
     def _new_kernel(self, kernel_id: str, family: str, g: kernels.Geometry,

@@ -1,0 +1,303 @@
+// flash_prefill on matrix units: S = Q K^T and O += P V as m16n8k16 products (mma_sync.cl:
+// tensor cores through PTX, or the same contract in plain OpenCL C). f16 specs only.
+// A work-group of NW warps owns R_ROWS = 16 NW rows (GC query heads of one GQA group x MQ
+// query rows, as flash_core.cl's Rows); warp w owns rows 16w..16w+15, lane (g, t) rows
+// 16w+g and 16w+g+8. Per tile of TK keys staged in local memory (f16 bits):
+//   S = Q K^T stays in registers (the accumulator fragments), scaled in f32 after the
+//   product; logits through flash_core.cl's finish_score_r (masks, softcap, bias, ALiBi,
+//   the NaN rules), the row max over the 4 lanes of a row by sub-group xor shuffles;
+//   P = exp(x - m) rounded to f16 becomes the A fragments of O += P V directly (the
+//   accumulator layout of two 8-key blocks is the A layout of one 16-key chunk).
+// The running max is lazy (as FlashAttention-4): a row keeps its reference max m until a
+// tile's max exceeds it by more than TAU, so P <= e^TAU stays well inside f16 and O and l are
+// rescaled only on those tiles.
+// Non-finite values (CONTRACT): keys no row of the work-group sees are never loaded
+// (zeros); a non-finite v is staged as 0 (0 * NaN never reaches a row that does not see it)
+// and flags its tile, whose slow path marks, per lane, the output columns of its rows that
+// see it (re-read from global memory); they are written as NaN.
+// Within each 16-wide chunk of the head dimension, lane t's k indices 2t, 2t+1, 2t+8, 2t+9
+// are the dims 4t..4t+3 (A and B agree, so the dot product is unchanged), and V's keys are
+// staged in the same order: every fragment is one 64-bit local read. Row pitches QW and VW
+// (in words, from backends/opencl/kernels.py) keep those reads free of bank conflicts.
+
+#define NW (WG / 32)
+#define NKB (TK / 8)            // 8-key blocks of S per tile
+#define NKC (TK / 16)           // 16-key chunks of P V per tile
+#define NDC (HD / 16)           // 16-dim chunks of Q K^T
+#define NDB (HD / 8)            // 8-dim blocks of O
+#define HD8 (HD / 8)            // uint4 granules (8 halves) per row
+#define NLK ((TK * HD8 + WG - 1) / WG)       // K granules per work-item and tile
+#define NLV ((TK / 2 * HD8 + WG - 1) / WG)   // V granule pairs (keys 2p, 2p+1) per work-item
+// ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
+#define TAU 8.0f
+
+#if MMA == 1
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL              // the emulation's barriers stay in loops (PoCL compiles faster)
+#endif
+
+// 16 bytes of f16 bits (rows start 32-byte aligned: HD is a multiple of 16).
+#define LD16(p, off) (*(const __global uint4*)((p) + (off)))
+
+// Tile position of key jj: within each 16 keys, 2t+e -> 4t+e and 8+2t+e -> 4t+2+e (keys 2p
+// and 2p+1 stay neighbours: one word of the transposed V holds both).
+inline int v_slot(int jj) {
+  const int c = jj & 15;
+  return (jj - c) + 4 * ((c & 7) >> 1) + 2 * (c >> 3) + (c & 1);
+}
+
+inline bool half_bad(uint h) { return (h & 0x7c00u) == 0x7c00u; }
+
+// A pair of f16 with each non-finite half zeroed (staged V never carries NaN or inf).
+inline uint finite_halves(uint w) {
+  uint keep = 0xffffffffu;
+  if ((w & 0x7c00u) == 0x7c00u) keep &= 0xffff0000u;
+  if ((w & 0x7c000000u) == 0x7c000000u) keep &= 0x0000ffffu;
+  return w & keep;
+}
+
+// The tile [T0, T1) into registers (zeros past T1; nothing beyond is read): K granules
+// row-major, V granules of neighbouring keys in pairs, key pairs fastest (so neighbouring
+// work-items store neighbouring words of the transposed tile).
+#define MMA_FETCH(T0, T1)                                                   \
+  UNROLL                                                                    \
+  for (int n = 0; n < NLK; ++n) {                                           \
+    const int idx_ = lid + n * WG, jk_ = idx_ / HD8;                        \
+    pk[n] = (uint4)(0u);                                                    \
+    if (idx_ < TK * HD8 && (T0) + jk_ < (T1))                               \
+      pk[n] = LD16(kb, KOFF((T0) + jk_) + 8 * (idx_ % HD8));                \
+  }                                                                         \
+  UNROLL                                                                    \
+  for (int n = 0; n < NLV; ++n) {                                           \
+    const int idx_ = lid + n * WG, j_ = (T0) + 2 * (idx_ % (TK / 2));       \
+    const int c_ = 8 * (idx_ / (TK / 2));                                   \
+    pv[2 * n] = (uint4)(0u);                                                \
+    pv[2 * n + 1] = (uint4)(0u);                                            \
+    if (idx_ < TK / 2 * HD8 && j_ < (T1)) {                                 \
+      pv[2 * n] = LD16(vb, KOFF(j_) + c_);                                  \
+      if (j_ + 1 < (T1)) pv[2 * n + 1] = LD16(vb, KOFF(j_ + 1) + c_);       \
+    }                                                                       \
+  }
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void flash_prefill(KERNEL_ARGS) {
+  __local uint Qs[R_ROWS * QW] __attribute__((aligned(16)));
+  __local uint Ks[TK * QW] __attribute__((aligned(16)));
+  __local uint Vt[HD * VW] __attribute__((aligned(16)));
+  __local int vflag;
+  SG_SCRATCH_DECL
+  MMA_SCRATCH_DECL
+
+  // Rows and keys: row tiles last-first (under causal masking the late ones have the most
+  // keys), keys [kr.x, kr.y) that any row of the work-group may see.
+  Rows w;
+  int split;
+  w = decompose(P, seqlens, (int)get_num_groups(0) - 1 - (int)get_group_id(0), 1, &split);
+  const int2 kr = key_range(P, w.L, w.i0, min(w.i0 + MQ, (int)P->seq_len) - 1, 0,
+                            (int)P->capacity);
+  const Tiles ts = dense_tiles(kr);
+  const int2 ckeys = common_keys(P, &w);
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
+  const __global int* btab = BTAB(P, block_table, w.b);
+  const __global elem_t* kb = k + kv_base;
+  const __global elem_t* vb = v + kv_base;
+  const int lid = get_local_id(0), lane = lid & 31, g = lane >> 2, t = lane & 3;
+  const int r0 = 16 * (lid >> 5) + g;            // this lane's rows: r0 and r0 + 8
+  // Logits are the scaled product where nothing but the scale applies (a uniform choice).
+  const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
+
+  // Q tile (raw f16 bits; the scale is applied to the f32 scores), invalid rows zero.
+  for (int idx = lid; idx < R_ROWS * HD8; idx += WG) {
+    const int r = idx / HD8, c = idx % HD8;
+    uint4 x = (uint4)(0u);
+    if (row_ok(P, &w, r))
+      x = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + r / MQ) * P->q_sh
+                  + (size_t)(w.i0 + r % MQ) * P->q_ss + 8 * c);
+    vstore4(x, 0, Qs + r * QW + 4 * c);
+  }
+  if (lid == 0) vflag = 0;
+  barrier(CLK_LOCAL_MEM_FENCE);
+
+  float o[NDB][4];
+  UNROLL
+  for (int db = 0; db < NDB; ++db) {
+    UNROLL
+    for (int e = 0; e < 4; ++e) o[db][e] = 0.0f;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  ulong vbad[2] = {0, 0};              // bit 2 db + e: column 8 db + 2t + e sees a bad v
+
+  uint4 pk[NLK], pv[2 * NLV];
+  int2 tr = tile_keys(&ts, blk_ids, 0);
+#if PF
+  MMA_FETCH(tr.x, tr.y)
+#endif
+  for (int it = 0; it < ts.count; ++it) {
+    const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
+#if !PF
+    MMA_FETCH(t0, t1)           // fetched here: registers live only until the stores below
+#endif
+    // Stage the fetched tile: K as is, V transposed (dims x keys, keys in v_slot order) with
+    // non-finite halves zeroed and the tile flagged.
+    UNROLL
+    for (int n = 0; n < NLK; ++n) {
+      const int idx = lid + n * WG;
+      if (idx < TK * HD8) vstore4(pk[n], 0, Ks + idx / HD8 * QW + 4 * (idx % HD8));
+    }
+    UNROLL
+    for (int n = 0; n < NLV; ++n) {
+      const int idx = lid + n * WG;
+      if (idx < TK / 2 * HD8) {
+        const int word = v_slot(2 * (idx % (TK / 2))) / 2, d0 = 8 * (idx / (TK / 2));
+        const uint wa[4] = {pv[2 * n].x, pv[2 * n].y, pv[2 * n].z, pv[2 * n].w};
+        const uint wb[4] = {pv[2 * n + 1].x, pv[2 * n + 1].y, pv[2 * n + 1].z, pv[2 * n + 1].w};
+        bool bad = false;
+        UNROLL
+        for (int e = 0; e < 4; ++e) {     // dims d0 + 2e (low halves), d0 + 2e + 1 (high)
+          const uint a = finite_halves(wa[e]), b = finite_halves(wb[e]);
+          bad = bad || a != wa[e] || b != wb[e];
+          Vt[(d0 + 2 * e) * VW + word] = (a & 0xffffu) | (b << 16);
+          Vt[(d0 + 2 * e + 1) * VW + word] = (a >> 16) | (b & 0xffff0000u);
+        }
+        if (bad) vflag = it + 1;
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    tr = tile_keys(&ts, blk_ids, it + 1);
+#if PF
+    MMA_FETCH(tr.x, tr.y)       // the next tile's loads fly while this one is computed
+#endif
+
+    // S = Q K^T for this warp's 16 rows and the tile's keys.
+    float s[NKB][4];
+    UNROLL
+    for (int nb = 0; nb < NKB; ++nb) {
+      UNROLL
+      for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+    }
+    UNROLL
+    for (int dc = 0; dc < NDC; ++dc) {
+      const uint2 lo = *(__local const uint2*)(Qs + r0 * QW + 8 * dc + 2 * t);
+      const uint2 hi = *(__local const uint2*)(Qs + (r0 + 8) * QW + 8 * dc + 2 * t);
+      const uint4 a = (uint4)(lo.x, hi.x, lo.y, hi.y);
+      UNROLL
+      for (int nb = 0; nb < NKB; ++nb) {
+        const uint2 b = *(__local const uint2*)(Ks + (8 * nb + g) * QW + 8 * dc + 2 * t);
+        MMA_SYNC(s[nb], a, b);
+      }
+    }
+
+    // Logits and the tile's max per row (over the row's 4 lanes).
+    const bool fast = plain && tn == TK && all_see(ckeys, t0, t1);
+    float mt[2] = {-INFINITY, -INFINITY};
+    UNROLL
+    for (int nb = 0; nb < NKB; ++nb) {
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float d = s[nb][e] * P->scale;
+        const float x = fast ? (isfinite(d) ? d : NAN)
+                             : finish_score_r(P, &w, bias, r0 + 8 * (e >> 1),
+                                              t0 + 8 * nb + 2 * t + (e & 1), t1, kr.y, true, d);
+        s[nb][e] = x;
+        mt[e >> 1] = fmax(mt[e >> 1], x);
+      }
+    }
+    UNROLL
+    for (int hr = 0; hr < 2; ++hr) {
+      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 1));
+      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 2));
+    }
+    // Lazy max: move the reference only when the tile's max exceeds it by more than TAU
+    // (from -inf, the first visible logit: O and l are still 0 and alpha is 0).
+    UNROLL
+    for (int hr = 0; hr < 2; ++hr) {
+      if (mt[hr] > m[hr] + TAU) {
+        const float alpha = EXP(m[hr] - mt[hr]);
+        l[hr] *= alpha;
+        UNROLL
+        for (int db = 0; db < NDB; ++db) {
+          o[db][2 * hr] *= alpha;
+          o[db][2 * hr + 1] *= alpha;
+        }
+        m[hr] = mt[hr];
+      }
+    }
+    const float mu[2] = {SAFE_MAX(m[0]), SAFE_MAX(m[1])};
+    UNROLL
+    for (int nb = 0; nb < NKB; ++nb) {
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float p = WEIGHT(s[nb][e], mu[e >> 1]);
+        s[nb][e] = p;
+        l[e >> 1] += p;
+      }
+    }
+
+    // O += P V: P (f16) straight from the S fragments.
+    UNROLL
+    for (int kc = 0; kc < NKC; ++kc) {
+      const uint4 a = (uint4)(mma_pack_h2(s[2 * kc][0], s[2 * kc][1]),
+                              mma_pack_h2(s[2 * kc][2], s[2 * kc][3]),
+                              mma_pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              mma_pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3]));
+      UNROLL
+      for (int db = 0; db < NDB; ++db) {
+        const uint2 b = *(__local const uint2*)(Vt + (8 * db + g) * VW + 8 * kc + 2 * t);
+        MMA_SYNC(o[db], a, b);
+      }
+    }
+
+    // A non-finite v in this tile: mark the columns of this lane's rows that see it.
+    if (vflag == it + 1) {
+      const __global ushort* v16 = (const __global ushort*)vb;
+      UNROLL
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = r0 + 8 * hr;
+        if (!row_ok(P, &w, r)) continue;
+        for (int jj = 0; jj < tn; ++jj) {
+          if (!key_seen(P, &w, r, t0 + jj)) continue;
+          const size_t off = KOFF(t0 + jj) + 2 * t;
+          for (int db = 0; db < NDB; ++db)
+            for (int e = 0; e < 2; ++e)
+              if (half_bad(v16[off + 8 * db + e])) vbad[hr] |= 1UL << (2 * db + e);
+        }
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);      // this tile's readers are done
+  }
+
+  // Row sums over the row's 4 lanes; then sink, normalisation, out and lse.
+  UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += SG_XOR(l[hr], 1);
+    l[hr] += SG_XOR(l[hr], 2);
+  }
+  UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = r0 + 8 * hr;
+    if (!row_ok(P, &w, r)) continue;
+    const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
+    float mm = m[hr] + alibi_offset(P, &w, r, kr.y), ll = l[hr], f = 1.0f;
+    if (P->has_sink) {
+      // The sink joins the denominator only: rescale to the max of (m, sink).
+      const float sk = sink[h], m2 = fmax(mm, sk), mv = SAFE_MAX(m2);
+      f = EXP(mm - mv);
+      ll = ll * f + EXP(sk - mv);
+      mm = m2;
+    }
+    const float inv = inv_sum(ll) * f;
+    const size_t base = (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
+                        + 2 * t;
+    UNROLL
+    for (int db = 0; db < NDB; ++db) {
+      float2 y = (float2)(finite_or_nan(o[db][2 * hr] * inv),
+                          finite_or_nan(o[db][2 * hr + 1] * inv));
+      if ((vbad[hr] >> (2 * db)) & 1UL) y.x = NAN;
+      if ((vbad[hr] >> (2 * db + 1)) & 1UL) y.y = NAN;
+      vstore_half2_rte(y, 0, out + base + 8 * db);
+    }
+    if (P->return_lse && t == 0)
+      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = lse_of(mm, ll);
+  }
+}
