@@ -1,7 +1,7 @@
 // flash_prefill on matrix units: S = Q K^T and O += P V as m16n8k16 products (mma_sync.cl:
 // tensor cores through PTX, or the same contract in plain OpenCL C). f16 specs only.
-// A work-group of NW warps owns R_ROWS = 16 NW rows (GC query heads of one GQA group x MQ
-// query rows, as flash_core.cl's Rows); warp w owns rows 16w..16w+15, lane (g, t) rows
+// A work-group of WG / 32 warps owns R_ROWS = 16 rows per warp (GC query heads of one GQA
+// group x MQ query rows, as flash_core.cl's Rows); warp w owns rows 16w..16w+15, lane (g, t) rows
 // 16w+g and 16w+g+8. Per tile of TK keys staged in local memory (f16 bits):
 //   S = Q K^T stays in registers (the accumulator fragments), scaled in f32 after the
 //   product; logits through flash_core.cl's finish_score_r (masks, softcap, bias, ALiBi,
@@ -20,7 +20,6 @@
 // staged in the same order: every fragment is one 64-bit local read. Row pitches QW and VW
 // (in words, from backends/opencl/kernels.py) keep those reads free of bank conflicts.
 
-#define NW (WG / 32)
 #define NKB (TK / 8)            // 8-key blocks of S per tile
 #define NKC (TK / 16)           // 16-key chunks of P V per tile
 #define NDC (HD / 16)           // 16-dim chunks of Q K^T

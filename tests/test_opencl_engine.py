@@ -12,6 +12,7 @@ import attnreg
 from attnreg import reference as ref
 from attnreg.backends.opencl import device as odevice
 from attnreg.backends.opencl import kernels as okernels
+from attnreg.backends.opencl import mma_probe
 from attnreg.backends.opencl import probe as oprobe
 from attnreg.backends.opencl import program as oprogram
 from attnreg.kernel import TOLERANCE
@@ -143,7 +144,9 @@ def test_bad_params_name_the_parameter(dev):
 
 # -- routing ---------------------------------------------------------------------------
 def test_routes_follow_subgroups(dev):
-    nv = dev.model_copy(update={"features": dev.features | {"subgroups", oprobe.NV_SHUFFLE},
+    # without the tensor-core feature (the probe adds it on sm_80+: then the mma prefill wins)
+    nv = dev.model_copy(update={"features": (dev.features | {"subgroups", oprobe.NV_SHUFFLE})
+                                - {mma_probe.FEATURE},
                                 "device_type": "gpu", "vendor": "nvidia"})
     plain = dev.model_copy(update={"features": dev.features - {"subgroups"}})
     spec = _spec(seq_len=512, past_len=0, dtype="float16", head_size=128)

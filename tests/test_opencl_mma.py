@@ -220,22 +220,21 @@ def test_non_finite_v_poisons_only_the_columns_of_rows_that_see_it(dev, build):
 
 # Shapes the generated cells leave to this file: paged caches (page sizes 1, 5, 16, 32),
 # every head size the kernel takes, GQA groups packing several heads into one work-group,
-# each tile choice and the prefetch / fast_exp knobs, with the features mixed in.
+# each tile choice and both prefetch settings, with the features mixed in.
 COVER = [
     (dict(head_size=128, num_heads=8, kv_num_heads=2, kv_layout="paged", page_size=16,
           seqlens_k=True, bias=True, return_lse=True), dict(q_tile=64, kv_tile=32)),
     (dict(head_size=96, num_heads=7, kv_num_heads=1, kv_layout="paged", page_size=5,
-          seqlens_k=True, local_window=20, head_sink=True), dict(q_tile=32, kv_tile=64,
-                                                                 prefetch=0)),
+          seqlens_k=True, local_window=20, head_sink=True), dict(q_tile=32, kv_tile=64)),
     (dict(head_size=80, num_heads=4, kv_num_heads=4, kv_layout="paged", page_size=1,
-          seqlens_k=True, alibi_max_bias=8.0, return_lse=True), dict(q_tile=128, kv_tile=16)),
+          seqlens_k=True, alibi_max_bias=8.0, return_lse=True), dict(q_tile=128, kv_tile=16,
+                                                                    prefetch=1)),
     (dict(head_size=256, num_heads=4, kv_num_heads=1, kv_layout="paged", page_size=32,
           seqlens_k=True, softcap=5.0, q_layout="BNSH"), dict(q_tile=32, kv_tile=16)),
     (dict(head_size=16, num_heads=8, kv_num_heads=1, kv_layout="BNSH", bias=True,
-          head_sink=True, return_lse=True), dict(q_tile=16, kv_tile=64, fast_exp=True)),
+          head_sink=True, return_lse=True), dict(q_tile=16, kv_tile=64, prefetch=1)),
     (dict(head_size=48, num_heads=14, kv_num_heads=2, q_layout="BNSH", local_window=7,
-          alibi_max_bias=4.0, softcap=5.0), dict(q_tile=128, kv_tile=32, prefetch=0,
-                                                 fast_exp=True)),
+          alibi_max_bias=4.0, softcap=5.0), dict(q_tile=128, kv_tile=32, prefetch=1)),
 ]
 
 

@@ -127,10 +127,10 @@ MMA_TILES_FIT = Rule(
 # matrix_units=auto: where the tensor-core prefill measured faster than every scalar prefill.
 MMA_PREFILL_NVIDIA = Rule(
     "opencl_mma_prefill_nvidia",
-    "NVIDIA with PTX mma.sync (probed): the tensor-core flash prefill measured 6.5x-9.8x "
+    "NVIDIA with PTX mma.sync (probed): the tensor-core flash prefill measured 6.8x-11.3x "
     "faster than the sub-group prefill on the H100 (causal f16 GQA 32/8 H=128, GPU time: "
-    "S=512 69.6 vs 449.7 us, S=2048 515 vs 5072 us; also 3.1x / 4.6x faster than the best "
-    "WGSL prefill there, ci/results/h100_mma_bench.txt)", "params",
+    "S=512 66.5 vs 454.8 us, S=2048 458.9 vs 5172 us; H=64 / 256 at S=2048 7.9x / 9.8x; "
+    "also 3.2x / 5.2x faster than the best WGSL prefill there)", "params",
     lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
     and c.kernel.matrix is not None and c.kernel.family == "prefill"
     and c.flags.get("matrix_units", "auto") == "auto" and c.caps.vendor == "nvidia"
