@@ -12,6 +12,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from attnreg.kernel import KernelInfo
 from attnreg.spec import AttentionSpec
 
 # (name, struct code) -- 'I' u32, 'i' i32, 'f' f32. Append only; kernels index by name.
@@ -103,3 +104,28 @@ def opencl_struct(name: str = "Params") -> str:
     ty = {"I": "uint", "i": "int", "f": "float"}
     body = "\n".join(f"  {ty[c]} {n};" for n, c in FIELDS)
     return f"typedef struct {{\n{body}\n}} {name};\n"
+
+
+def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
+              limit: int | None, order: tuple[tuple[str, int], ...],
+              fixed: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Halve the kernel's tiles, in ``order`` (param, floor) and never those in ``fixed``,
+    until its workgroup (local) storage fits ``limit``; the params to set (empty when it
+    already fits or nothing can shrink)."""
+    p = {**kernel.defaults, **params, **kernel.params}
+    if limit is None or kernel.storage_need(spec, p) <= limit:
+        return {}
+    changed: dict[str, int] = {}
+    for name, floor in order:
+        while name not in fixed and kernel.storage_need(spec, p) > limit \
+                and int(p.get(name, 0)) > floor:
+            # Halve to the first value that saves storage (a value clamped by the spec, such
+            # as group_tile above the GQA group, saves nothing until it drops below it); a
+            # tile that holds no storage here (kv_tile when K/V are not staged) stays.
+            need, cand = kernel.storage_need(spec, p), int(p[name]) // 2
+            while cand > floor and kernel.storage_need(spec, {**p, name: cand}) >= need:
+                cand //= 2
+            if kernel.storage_need(spec, {**p, name: cand}) >= need:
+                break
+            p[name] = changed[name] = cand
+    return changed

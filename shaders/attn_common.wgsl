@@ -120,6 +120,41 @@ struct DecodeWg {
   khi: u32,
 }
 
+// One workgroup of a flash prefill (flash_prefill, flash_prefill_mma): row tile rt of br
+// query rows (of n_rt), query head h, its kv head kvh, batch b; keys [span.x, span.y) are
+// the ones its rows can see. ok is false past the end of the grid. Row tiles run last-first:
+// under causal masking the late tiles have the most keys.
+struct PrefillWg {
+  ok: bool,
+  rt: u32,
+  n_rt: u32,
+  h: u32,
+  kvh: u32,
+  b: u32,
+  len: u32,
+  i0: u32,
+  span: vec2<i32>,
+}
+
+fn prefill_wg(wid: vec3<u32>, nwg: vec3<u32>, br: u32) -> PrefillWg {
+  var w = PrefillWg();
+  w.n_rt = cdiv(P.seq_len, br);
+  // Grids past 65535 workgroups are folded into y/z; unfold to one linear id.
+  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+  if (lin >= w.n_rt * P.num_heads * P.batch) {
+    return w;
+  }
+  w.ok = true;
+  w.rt = w.n_rt - 1u - lin % w.n_rt;
+  w.h = (lin / w.n_rt) % P.num_heads;
+  w.b = lin / (w.n_rt * P.num_heads);
+  w.kvh = w.h / P.group_size;
+  w.len = valid_len(w.b);
+  w.i0 = w.rt * br;
+  w.span = key_span(w.len, w.i0, min(w.i0 + br, P.seq_len) - 1u);
+  return w;
+}
+
 // The tile sizes come in as arguments: every family including this file compiles this
 // function, and flash_prefill's prefix defines no M or GT.
 fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {

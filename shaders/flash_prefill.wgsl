@@ -122,22 +122,20 @@ fn unit_of(it: u32, u_first: u32, l_first: u32) -> vec2<u32> {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-  // Grids past 65535 workgroups are folded into y/z; unfold to one linear id.
-  let n_rt = cdiv(P.seq_len, BR);
-  let lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-  if (lin >= n_rt * P.num_heads * P.batch) {
+  let w = prefill_wg(wid, nwg, BR);
+  if (!w.ok) {
     return;
   }
-  // Row tiles run last-first: under causal masking the late tiles have the most keys.
-  let rt = n_rt - 1u - lin % n_rt;
-  let h = (lin / n_rt) % P.num_heads;
-  let b = lin / (n_rt * P.num_heads);
-  let kvh = h / P.group_size;
-  let len = valid_len(b);
+  let rt = w.rt;
+  let n_rt = w.n_rt;
+  let h = w.h;
+  let b = w.b;
+  let kvh = w.kvh;
+  let len = w.len;
   let ty = lid / NCG;
   let tx = lid % NCG;
-  let i0 = rt * BR;
-  let span = key_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
+  let i0 = w.i0;
+  let span = w.span;
   let seen_all = common_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
   var rk: array<vec2<i32>, TR>;            // the keys each of the lane's rows sees
   for (var a = 0u; a < TR; a++) {

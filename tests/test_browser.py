@@ -26,6 +26,7 @@ from attnreg import reference as ref
 from attnreg.backends.browser import chromium, kernels, probe, wire
 from attnreg.backends.browser.host import BrowserError, BrowserHost
 from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
 from tests.support import (
     check_close,
@@ -95,7 +96,7 @@ def test_kernels_are_the_webgpu_variants_rehomed() -> None:
     assert want <= mine
     assert "browser.prefill.f32.sg" in mine and "browser.decode_partial.f32.m4" in mine
     # the matrix variants (declare_matrix) are re-homed too, with no host-cast twins
-    matrix = {kernels.browser_id(k.id) for k in wkernels.declare_matrix()}
+    matrix = {kernels.browser_id(k.id) for k in wmma.declare_matrix()}
     assert matrix <= mine
     cast = mine - want - matrix
     assert cast == {f"browser.{k.split('.', 1)[1].replace('.f32', '.f16.cast32')}"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
 from attnreg.tools import testing
 from tests.support import require_devices
@@ -112,8 +112,8 @@ def test_fit_keeps_the_hardware_key_tile() -> None:
     """Tiles shrink q_tile first: the hardware build needs kv_tile >= 32."""
     big = attnreg.AttentionSpec(batch=1, seq_len=64, num_heads=2, kv_num_heads=1,
                                 head_size=256, dtype="float16")
-    k = next(k for k in wkernels.declare_matrix())
-    assert wkernels.fit_tiles(k, big, {}, 49152) == {"q_tile": 16}
+    k = next(k for k in wmma.declare_matrix())
+    assert wmma.fit_tiles(k, big, {}, 49152) == {"q_tile": 16}
 
 
 def test_export_for_the_subgroup_matrix_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]

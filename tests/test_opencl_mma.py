@@ -17,6 +17,7 @@ import pytest
 import attnreg
 from attnreg.backends.opencl import device as odevice
 from attnreg.backends.opencl import kernels as okernels
+from attnreg.backends.opencl import mma as omma
 from attnreg.backends.opencl import mma_probe, program
 from attnreg.spec import AttentionSpec
 from tests.support import check_close, make_tensors, missing, require_devices
@@ -83,7 +84,7 @@ def _program(dev: attnreg.DeviceCaps, build: str) -> tuple[Any, Any, Any]:
 
     ctx, _ = odevice.context(dev)
     hw = build == "hardware"
-    opts = ["-cl-std=CL1.2", "-DWG=64", f"-DMMA={okernels.MMA_IMPLS[build]}",
+    opts = ["-cl-std=CL1.2", "-DWG=64", f"-DMMA={omma.MMA_IMPLS[build]}",
             f"-DCVT_PTX={int(hw)}"]
     prog = cl.Program(ctx, program.read_file("mma_sync.cl") + CHECK_SOURCE).build(options=opts)
     return cl, ctx, prog
@@ -273,7 +274,7 @@ def test_declared_local_memory_is_what_the_build_uses(pocl):
             cl.kernel_work_group_info.LOCAL_MEM_SIZE, cdev))
         declared.append(k.storage_need(spec, params))
     if not any(used):          # PoCL's "cpu" driver (the GPU machine's) reports 0
-        pytest.skip(f"{pocl.name} does not report the local memory a kernel uses")
+        missing(f"{pocl.name} does not report the local memory a kernel uses")
     assert used == declared
 
 
@@ -281,7 +282,7 @@ def test_declared_local_memory_is_what_the_build_uses(pocl):
 def test_declared_as_a_matrix_unit_kernel():
     k = attnreg.registry.get().kernel(KERNEL)
     assert k.dtypes == {"float16"} and k.family == "prefill"
-    assert k.matrix == okernels.PTX_MMA and k.matrix.text() == "ptx_mma f16 16x8x16->f32"
+    assert k.matrix == omma.PTX_MMA and k.matrix.text() == "ptx_mma f16 16x8x16->f32"
     assert mma_probe.FEATURE in k.features and k.emulation == {"mma": "emulate"}
     assert k.defaults["mma"] == "hardware"
     assert all(k.head_size_ok(h) for h in (16, 32, 80, 128, 256))

@@ -21,7 +21,7 @@ import numpy as np
 
 from attnreg import registry
 from attnreg.backends import common
-from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
 from attnreg.caps import DeviceCaps
 from attnreg.errors import NoKernelError, SpecError
@@ -100,8 +100,6 @@ class Exported:
 def _threads(consts: Mapping[str, int]) -> int:
     if "WG" in consts:
         return int(consts["WG"])
-    if "NSG" in consts:                                   # matrix prefill: 32-lane subgroups
-        return wkernels.MMA_SUBGROUP * int(consts["NSG"])
     return int(consts["BR"]) // int(consts["TR"]) * int(consts["NCG"])    # prefill
 
 
@@ -119,7 +117,7 @@ def requirements(plan: Plan, progs: list[program.Program]) -> dict[str, Any]:
         grid = max(grid, *prog.grid)
         nbuf = max(nbuf, sum(b.access != "uniform" for b in prog.bindings))
         if program.SUBGROUP_MATRIX_DIRECTIVE in prog.wgsl:
-            sg, matrix = max(sg, wkernels.MMA_SUBGROUP), True
+            sg, matrix = max(sg, wmma.MMA_SUBGROUP), True
         elif prog.uses_subgroups:
             sg = max(sg, int(prog.consts.get("SGW", 4)))
     feats = (["shader-f16"] if spec.dtype == "float16" else []) + (["subgroups"] if sg > 1 else [])

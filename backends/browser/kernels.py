@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import mma as wmma
 from attnreg.caps import DeviceCaps
 from attnreg.kernel import KernelInfo, binding_bytes
 from attnreg.spec import AttentionSpec
@@ -85,6 +86,6 @@ def declare() -> list[KernelInfo]:
     native = wkernels.rehomed(NAME, host, wkernels.declare(), FAMILIES, KV_LAYOUTS)
     # The matrix variants run where the browser exposes subgroup matrices (an exported
     # module for the browser-subgroup-matrix profile); no host-cast twins (f16 products).
-    matrix = wkernels.rehomed(NAME, host, wkernels.declare_matrix(), FAMILIES, KV_LAYOUTS)
+    matrix = wkernels.rehomed(NAME, host, wmma.declare_matrix(), FAMILIES, KV_LAYOUTS)
     return native + [cast_variant(k) for k in native if k.dtypes == frozenset({"float32"})] \
         + matrix

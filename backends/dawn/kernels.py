@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from attnreg.backends.webgpu import kernels as wkernels
+from attnreg.backends.webgpu import mma as wmma
 from attnreg.kernel import KernelInfo
 
 from .probe import NAME
@@ -17,5 +18,5 @@ def declare() -> list[KernelInfo]:
     # Dawn's subgroup matrices are experimental: the hardware builds run on the device that
     # flag experimental_features opens (the emulated builds need nothing).
     matrix = [dataclasses.replace(k, flag="experimental_features")
-              for k in wkernels.rehomed(NAME, host, wkernels.declare_matrix())]
+              for k in wkernels.rehomed(NAME, host, wmma.declare_matrix())]
     return wkernels.rehomed(NAME, host, wkernels.declare() + wkernels.declare_block_skip()) + matrix

@@ -4,6 +4,7 @@ Modules, one concern each (the same names as every GPU backend):
   plugin    the attnreg hookimpls (backend, kernels, rules)
   probe     platforms and devices -> DeviceCaps (extensions, sub-groups, NVIDIA inline PTX)
   kernels   the kernel variants as data, and the block geometry each compiles with
+  mma       the tensor-core prefill's primitive, builds, tile defaults and local memory
   rules     this backend's routing rules (block skipping, the unfused and two-launch routes)
   program   a family's source (signature from backends/ports.py), build options, grid and
             arguments

@@ -12,10 +12,11 @@ from typing import Any
 
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
-from attnreg.kernel import MMA_BUILDS, KernelInfo, MatrixUnit
+from attnreg.kernel import KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import mma_probe
+from .mma import MMA_CHOICES, MMA_DEFAULTS, MMA_IMPLS, PTX_MMA, mma_storage
 
 BACKEND = "opencl"
 DTYPES = {"float32": "f32", "float16": "f16"}
@@ -227,45 +228,7 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     return g
 
 
-# -- prefill on tensor cores (kernels_cl/flash_prefill_mma.cl) -------------------------------
-# mma.sync m16n8k16 (f16 in, f32 accumulators) through inline PTX, 32-lane warps, one warp per
-# 16 query rows. q_tile: rows per work-group (16 per warp); kv_tile: keys per staged tile.
-PTX_MMA = MatrixUnit("ptx_mma", 16, 8, 16, "f16", "f32")
-# The builds of param "mma" as -D MMA: the PTX primitive, or its plain-C emulation.
-MMA_IMPLS = {"hardware": 1, "emulate": 2}
-assert set(MMA_IMPLS) == set(MMA_BUILDS)
-# prefetch: 1 loads the next K/V tile into registers while the current one is computed, 0
-# loads each tile just before staging it. 0 by default: it frees ~80 registers at kv_tile 32
-# (166 vs 243, ptxas) and measured faster where it matters most (H200, causal f16 GQA 32/8
-# H=128 S=2048: 447 vs 480 us; H=256: 1319 vs 1490 us, no spills), 5% slower at S=512 (67 vs
-# 63 us). native_exp weights (FAST_EXP) measured 1-4% slower there, so it is no knob here.
-MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 64, "kv_tile": 32, "prefetch": 0,
-                                   "mma": "hardware"}
-MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64, 128),
-                                              "kv_tile": (16, 32, 64), "prefetch": (0, 1)}
-MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit local memory
-_MMA_WARP_WORDS = 192                              # mma_sync.cl's exchange per emulated warp
-
-
-def mma_pitch(halves: int) -> int:
-    """Row pitch in 32-bit words of a local tile whose rows hold ``halves`` f16 values (a
-    multiple of 16): 8 or 24 modulo 32 words, so the 64-bit fragment reads of the 4 rows a
-    half-warp touches fall on distinct banks."""
-    words = halves // 2
-    return words + (8 if words % 32 in (0, 16) else 0)
-
-
-def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool) -> int:
-    """Bytes of local memory of flash_prefill_mma.cl: Q and K tiles, V transposed, the v
-    flag; the emulation adds its fragment exchange and the shuffle scratch."""
-    qw, vw = mma_pitch(head_size), mma_pitch(kv_tile)
-    words = rows * qw + kv_tile * qw + head_size * vw + 1
-    if emulate:
-        wg = 2 * rows
-        words += wg // 32 * _MMA_WARP_WORDS + wg
-    return words * _F32
-
-
+# -- prefill on tensor cores (kernels_cl/flash_prefill_mma.cl; its tiles in mma.py) ---------
 def mma_geometry(spec: AttentionSpec, params: Mapping[str, Any],
                  caps: DeviceCaps | None = None) -> Geometry:
     """The tensor-core prefill's geometry: q_tile rows (GC heads of the GQA group x MQ rows,
@@ -293,22 +256,6 @@ def _mma_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]
     if why:
         return why
     return _checks("prefill", "mma")(spec, caps, params)
-
-
-def mma_fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
-                  limit: int | None, fixed: frozenset[str] = frozenset()) -> dict[str, int]:
-    """Halve the tensor-core prefill's tiles in MMA_SHRINK order (not those in ``fixed``)
-    until its local memory fits ``limit``; the params to set (empty: it fits already, or
-    nothing can shrink)."""
-    p = {**kernel.defaults, **params, **kernel.params}
-    changed: dict[str, int] = {}
-    if limit is None:
-        return changed
-    for name, floor in MMA_SHRINK:
-        while name not in fixed and kernel.storage_need(spec, p) > limit \
-                and int(p[name]) > floor:
-            p[name] = changed[name] = int(p[name]) // 2
-    return changed
 
 
 def _mma_prefill() -> KernelInfo:

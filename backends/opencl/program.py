@@ -23,7 +23,7 @@ from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import kernels
+from . import kernels, mma
 
 # family -> source files, in include order (the Params struct and the signature in front)
 _DECODE = ("common.cl", "flash_core.cl", "subgroups.cl", "decode_core.cl")
@@ -124,8 +124,8 @@ def defines(spec: AttentionSpec, g: kernels.Geometry, bias_f16: bool,
            "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,
            "BLOCK_SKIP": int(bool(params.get("block_skip"))), **g.defines()}
     if g.mma:
-        # local tile pitches in words (kernels.mma_pitch; mma_storage counts the same)
-        out.update(QW=kernels.mma_pitch(spec.head_size), VW=kernels.mma_pitch(g.tk))
+        # local tile pitches in words (mma.mma_pitch; mma.mma_storage counts the same)
+        out.update(QW=mma.mma_pitch(spec.head_size), VW=mma.mma_pitch(g.tk))
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from attnreg.plan import SplitGeometry
 from attnreg.rules import Ctx, Rule
 
-from . import kernels
+from . import kernels, mma
 
 # Query rows from which block skipping pays in "auto" mode.
 SKIP_MIN_ROWS = 16
@@ -112,8 +112,7 @@ NVIDIA_F32_SPLITS = Rule(
 
 def _mma_fit(c: Ctx) -> dict[str, int]:
     assert c.kernel is not None
-    return kernels.mma_fit_tiles(c.kernel, c.spec, c.params, c.caps.limit("workgroup_storage"),
-                                 c.user)
+    return mma.fit_tiles(c.kernel, c.spec, c.params, c.caps.limit("workgroup_storage"), c.user)
 
 
 MMA_TILES_FIT = Rule(

@@ -8,7 +8,7 @@ import attnreg
 from attnreg.caps import DeviceCaps
 from attnreg.rules import Rule
 
-from . import kernels, probe, rules
+from . import kernels, mma, probe, rules
 from .runtime import WebGpuRuntime
 
 
@@ -30,7 +30,7 @@ def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> No
 
 @attnreg.hookimpl
 def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.declare() + kernels.declare_block_skip() + kernels.declare_matrix():
+    for k in kernels.declare() + kernels.declare_block_skip() + mma.declare_matrix():
         register(k)
 
 

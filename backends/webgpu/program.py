@@ -27,7 +27,7 @@ from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import kernels
+from . import kernels, mma
 
 ENTRY = "main"
 NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium, wgpudawn)
@@ -199,6 +199,8 @@ def subgroup_width(stage: Stage, caps: DeviceCaps) -> int:
 def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "attention",
            bias_shape: tuple[int, ...] | None = None) -> dict[str, int]:
     """The stage's compile-time constants (what its prefix defines)."""
+    if "mma" in stage.params:
+        return mma.mma_prefill_consts(spec, stage.params)
     return kernels.stage_consts(stage.family, spec, stage.params,
                                 subgroup_width=subgroup_width(stage, caps),
                                 bias_shape=bias_shape, op=op)

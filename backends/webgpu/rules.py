@@ -9,7 +9,7 @@ from typing import Any
 
 from attnreg.rules import Ctx, Rule
 
-from . import kernels, probe
+from . import kernels, mma, probe
 
 
 def _ours(ctx: Ctx, backend: str = probe.NAME) -> bool:
@@ -23,7 +23,8 @@ def _params(ctx: Ctx) -> dict[str, Any]:
 
 def _fit(ctx: Ctx) -> dict[str, int]:
     assert ctx.kernel is not None
-    return kernels.fit_tiles(ctx.kernel, ctx.spec, ctx.params, ctx.caps.limit("workgroup_storage"))
+    fit = mma.fit_tiles if ctx.kernel.matrix is not None else kernels.fit_tiles
+    return fit(ctx.kernel, ctx.spec, ctx.params, ctx.caps.limit("workgroup_storage"))
 
 
 def fit_tiles(backend: str) -> Rule:
