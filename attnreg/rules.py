@@ -67,6 +67,9 @@ def _m_tile(ctx: Ctx) -> dict[str, Any]:
     assert ctx.kernel is not None
     want = int(ctx.flags.get("m_tile") or 0)
     m = want or (4 if ctx.spec.seq_len >= 4 else 2 if ctx.spec.seq_len >= 2 else 1)
+    if not want and ctx.kernel.matrix is not None:
+        # a matrix unit's M dimension is 16 rows: up to 16 query rows share one K/V read
+        m = min(16, 1 << max(0, ctx.spec.seq_len - 1).bit_length())
     limit = ctx.caps.limit("workgroup_storage")
     while m > 1 and limit is not None and \
             ctx.kernel.storage_need(ctx.spec, {**ctx.params, "m_tile": m}) > limit:
@@ -131,7 +134,8 @@ _CORE_RULES: tuple[Rule, ...] = (
          lambda c: not has_subgroups(c.caps), lambda c: {"route": "split_kv"}),
     Rule("prefill_default", "enough query rows to fill the device: one-pass flash prefill",
          "route", lambda c: True, lambda c: {"route": "prefill"}),
-    Rule("m_tile_by_seq_len", "m_tile 4/2/1 by seq_len (rows sharing one K/V read), halved "
+    Rule("m_tile_by_seq_len", "m_tile 4/2/1 by seq_len (rows sharing one K/V read; matrix "
+         "kernels up to 16, the rows of their M dimension), halved "
          "until the workgroup storage fits", "params",
          lambda c: _family(c, "decode_partial", "decode_qk", "decode_fused") and _tunable(c, "m_tile"),
          _m_tile),

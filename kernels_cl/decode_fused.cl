@@ -1,72 +1,6 @@
 // decode_fused: split-KV decode in one launch. Every work-group computes its split's
-// partial state (decode_core.cl) into a scratch buffer; an atomic ticket per row tile
-// (batch, kv head, head chunk, query-row tile) tells the last of the tile's n_splits
-// work-groups to finish, and that one merges all splits and the sink into out/lse with
-// the reduce's rule: M = max(lse_t, sink), w_t = exp(lse_t - M),
-// out = sum_t w_t o_t / (sum_t w_t + exp(sink - M)), lse = M + log(denominator).
-// Ordering: each work-item fences its partial-state stores before the work-group barrier
-// and the ticket (release); the last work-group fences again (acquire) and reads the
-// partials through volatile pointers (never a stale cached line). It resets its ticket to
-// 0, so the scratch and tickets are ready for the next launch without a host fill.
-
-#if NV_FENCE
-// NVIDIA: membar.gl orders global memory device-wide (beside OpenCL's own fence).
-#define GLOBAL_FENCE()                          \
-  do {                                          \
-    mem_fence(CLK_GLOBAL_MEM_FENCE);            \
-    asm volatile("membar.gl;" ::: "memory");    \
-  } while (0)
-#else
-#define GLOBAL_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
-#endif
-
-#define MB 8                   // splits whose loads are issued together in the merge
-
-inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
-                           const volatile __global float* o_parts,
-                           const volatile __global float* lse_parts,
-                           __global elem_t* out, __global float* lse) {
-  const int ns = (int)P->n_splits;
-  for (int idx = get_local_id(0); idx < R_ROWS * HD4; idx += WG) {
-    const int r = idx / HD4, g = idx % HD4;
-    if (!row_ok(P, w, r)) continue;
-    const int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
-    const size_t row = part_row(P, w, r, 0);
-    // One online pass. A split of lse -inf has weight 0 (SAFE_MAX keeps -inf - -inf out)
-    // and adds nothing, whatever its o holds (as in the reduce); every other split's o is
-    // multiplied by its weight, so a NaN in it reaches out, and a NaN lse makes den NaN.
-    float mx = -INFINITY, den = 0.0f;
-    float4 num = (float4)(0.0f);
-    for (int t0 = 0; t0 < ns; t0 += MB) {
-      float lt[MB];
-      float4 ot[MB];
-      for (int u = 0; u < MB; ++u) {            // clamped indices: loads issue together
-        const int t = min(t0 + u, ns - 1);
-        lt[u] = t0 + u < ns ? lse_parts[row + t] : -INFINITY;
-        ot[u] = *(const volatile __global float4*)(o_parts + (row + t) * HD + 4 * g);
-      }
-      for (int u = 0; u < MB; ++u) {
-        const float m2 = fmax(mx, lt[u]), mu = SAFE_MAX(m2);
-        const float f = EXP(mx - mu), wt = EXP(lt[u] - mu);
-        den = den * f + wt;
-        num = num * f + (lt[u] == -INFINITY ? (float4)(0.0f) : wt * ot[u]);
-        mx = m2;
-      }
-    }
-    if (P->has_sink) {
-      const float sk = sink[h];
-      const float m2 = fmax(mx, sk), mu = SAFE_MAX(m2);
-      const float f = EXP(mx - mu);
-      den = den * f + EXP(sk - mu);
-      num *= f;
-      mx = m2;
-    }
-    ST4(finite_or_nan4(num * inv_sum(den)), out,
-        (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g);
-    if (P->return_lse && g == 0)
-      lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = lse_of(SAFE_MAX(mx), den);
-  }
-}
+// partial state (decode_core.cl); decode_merge.cl's ticket lets the last work-group of a row
+// tile merge all splits and the sink into out/lse.
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_fused(KERNEL_ARGS) {
@@ -74,21 +8,5 @@ void decode_fused(KERNEL_ARGS) {
   __local int last;
   Rows w;
   decode_tile(DECODE_ARG_NAMES, o_parts, lse_parts, &w, DECODE_LOCAL_NAMES);
-  GLOBAL_FENCE();                                          // release this item's stores
-  barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-  if (get_local_id(0) == 0) {
-    // Row tile of this work-group: decompose()'s order with the split index taken out.
-    const int ns = (int)P->n_splits;
-    const int inner = ((int)P->seq_len + MQ - 1) / MQ * (((int)P->group_size + GC - 1) / GC);
-    const int gid = get_group_id(0);
-    const int tile = gid / (inner * ns) * inner + gid % inner;
-    const uint ticket = atomic_inc(&tickets[tile]);
-    last = ticket == (uint)(ns - 1);
-    if (last) atomic_xchg(&tickets[tile], 0u);            // every split has arrived
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (last) {
-    GLOBAL_FENCE();                                        // acquire the other splits'
-    merge_row_tile(P, &w, sink, o_parts, lse_parts, out, lse);
-  }
+  fused_finish(P, &w, sink, o_parts, lse_parts, out, lse, tickets, &last);
 }

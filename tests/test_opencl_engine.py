@@ -104,9 +104,12 @@ def test_kernel_table():
         assert {f"opencl.prefill.{dt}.wgmem", f"opencl.prefill.{dt}.sg", f"opencl.reduce.{dt}",
                 *(f"opencl.decode_partial.{dt}.m{m}" for m in (1, 2, 4))} <= ids
     for k in attnreg.kernels("opencl"):
-        assert all(k.head_size_ok(h) for h in (32, 64, 80, 96, 128, 256)), k.id
+        # the tensor-core decode loads 32-dim runs of K and 64-dim halves of V per lane
+        sizes = (64, 128, 192, 256) if k.matrix and k.family != "prefill" else \
+            (32, 64, 80, 96, 128, 256)
+        assert all(k.head_size_ok(h) for h in sizes), k.id
         assert k.tolerance == TOLERANCE
-        if k.family == "decode_partial":
+        if k.family == "decode_partial" and not k.matrix:
             assert k.params["m_tile"] in (1, 2, 4) and "kv_tile" in k.defaults
         if k.id.endswith(".sg"):
             assert "subgroups" in k.features

@@ -16,7 +16,8 @@ from attnreg.kernel import KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import mma_probe
-from .mma import MMA_CHOICES, MMA_DEFAULTS, MMA_IMPLS, PTX_MMA, mma_storage
+from .mma import (DECODE_CHOICES, DECODE_DEFAULTS, MMA_CHOICES, MMA_DEFAULTS, MMA_IMPLS, PTX_MMA,
+                  mma_decode_storage, mma_storage)
 
 BACKEND = "opencl"
 DTYPES = {"float32": "f32", "float16": "f16"}
@@ -57,7 +58,7 @@ class Geometry:
     pf: int = 1               # sg decode: chunks in flight ahead of the one computed
     cvt_ptx: bool = False     # f16 -> f32 through PTX cvt.f32.f16 (NVIDIA only)
     nv_fence: bool = False    # decode_fused: PTX membar.gl next to the OpenCL fences (NVIDIA)
-    mma: int = 0              # matrix-unit prefill: MMA_IMPLS (0: scalar kernels)
+    mma: int = 0              # matrix-unit kernels: MMA_IMPLS (0: scalar kernels)
 
     @property
     def rows(self) -> int:
@@ -68,7 +69,10 @@ class Geometry:
         if self.family == "reduce":
             return 0
         if self.mma:
-            return mma_storage(head_size, self.rows, self.tk, self.mma == MMA_IMPLS["emulate"])
+            emulate = self.mma == MMA_IMPLS["emulate"]
+            if self.family == "prefill":
+                return mma_storage(head_size, self.rows, self.tk, emulate)
+            return mma_decode_storage(head_size, self.rows, self.wg, emulate, self.family)
         flag = 1 if self.family == "decode_fused" else 0       # the "last work-group" word
         emu = self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
         if self.family in DECODES and self.sg:
@@ -159,7 +163,8 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     (no V staging), which is what the kernel declares as its workgroup storage."""
     h4 = spec.head_size // 4
     if variant == "mma":
-        return mma_geometry(spec, params, caps)
+        return (mma_geometry(spec, params, caps) if family == "prefill" else
+                mma_decode_geometry(spec, params, caps, family))
     if family == "reduce":
         return Geometry("reduce", wg=h4 * max(1, 256 // h4),
                         fast_exp=bool(params.get("fast_exp", False)))
@@ -228,7 +233,10 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     return g
 
 
-# -- prefill on tensor cores (kernels_cl/flash_prefill_mma.cl; its tiles in mma.py) ---------
+# -- tensor cores: prefill (kernels_cl/flash_prefill_mma.cl), decode (decode_mma.cl) ----------
+MMA_DECODES = ("decode_partial", "decode_fused")
+
+
 def mma_geometry(spec: AttentionSpec, params: Mapping[str, Any],
                  caps: DeviceCaps | None = None) -> Geometry:
     """The tensor-core prefill's geometry: q_tile rows (GC heads of the GQA group x MQ rows,
@@ -250,12 +258,57 @@ def mma_geometry(spec: AttentionSpec, params: Mapping[str, Any],
                     mma=MMA_IMPLS[build])
 
 
+def mma_decode_geometry(spec: AttentionSpec, params: Mapping[str, Any],
+                        caps: DeviceCaps | None = None, family: str = "decode_partial"
+                        ) -> Geometry:
+    """The tensor-core decode's geometry (kernels_cl/decode_mma.cl): m_tile query rows x as
+    many of the group's heads as fill 16 rows, wg / 32 warps streaming kv_tile-key chunks."""
+    d = DECODE_DEFAULTS
+    wg = _int_param(params, "wg", d["wg"], lo=32, hi=256)
+    tk = _int_param(params, "kv_tile", d["kv_tile"], lo=16, hi=32)
+    mq = _int_param(params, "m_tile", d["m_tile"], lo=1, hi=16)
+    build = params.get("mma", d["mma"])
+    if build not in MMA_IMPLS:
+        raise SpecError("params['mma']", build, f"one of {sorted(MMA_IMPLS)}")
+    emulate = build == "emulate"
+    gc = min(spec.group_size, 16 // mq)
+    hw_cvt = not emulate and spec.dtype == "float16" and _nv_knob(params, "cvt", caps, True)
+    return Geometry(family, wg=wg, gc=gc, mq=mq, tk=tk, kl=min(8, tk), dl=32, sg=32,
+                    sg_impl=SG_IMPLS["emu" if emulate else "nv"], cvt_ptx=hw_cvt,
+                    pf=_int_param(params, "prefetch", d["prefetch"], lo=0, hi=1),
+                    mma=MMA_IMPLS[build],
+                    nv_fence=family == "decode_fused" and _nv_knob(params, "fence", caps, True))
+
+
 def _mma_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     why = [f"{n}={params.get(n, MMA_DEFAULTS[n])} must be one of {MMA_CHOICES[n]}"
            for n in ("q_tile", "kv_tile") if params.get(n, MMA_DEFAULTS[n]) not in MMA_CHOICES[n]]
-    if why:
-        return why
-    return _checks("prefill", "mma")(spec, caps, params)
+    return why or _checks("prefill", "mma")(spec, caps, params)
+
+
+def _decode_checks(family: str) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]],
+                                            list[str]]:
+    def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+        why = [f"{n}={params[n]} must be one of {DECODE_CHOICES[n]}"
+               for n in ("kv_tile", "wg", "m_tile") if n in params
+               and params[n] not in DECODE_CHOICES[n]]
+        return why or _checks(family, "mma")(spec, caps, params)
+    return check
+
+
+def _mma_decode(family: str) -> KernelInfo:
+    what = ("partial states for the reduce" if family == "decode_partial" else
+            "in one launch (the last work-group of a row tile merges the splits and the sink)")
+    return KernelInfo(
+        id=f"{BACKEND}.{family}.f16.mma", backend=BACKEND, family=family,
+        dtypes=frozenset({"float16"}), head_sizes=(64, 256, 64), kv_layouts=PAGED_OK,
+        features=frozenset({mma_probe.FEATURE}), priority=20, defaults=DECODE_DEFAULTS,
+        choices=DECODE_CHOICES, emulation={"mma": "emulate"}, matrix=PTX_MMA,
+        workgroup_storage=_storage(family, "mma"), extra_checks=_decode_checks(family),
+        doc=f"split-KV decode on tensor cores, {what}: a KV head's query heads x m_tile rows "
+            "fill one 16-row M tile; every warp streams its own kv_tile-key chunks from global "
+            "memory straight into mma fragments (no local memory or barrier in the key loop); "
+            "f16, head sizes 64/128/192/256")
 
 
 def _mma_prefill() -> KernelInfo:
@@ -316,10 +369,10 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
 
 
 def declare() -> list[KernelInfo]:
-    """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping; f16 on tensor
-    cores, mma), decode_partial
+    """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping), decode_partial
     (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
-    decode_qk (m1/m2/m4) + decode_pv, and reduce."""
+    decode_qk (m1/m2/m4) + decode_pv, reduce; and f16 prefill, decode_partial and
+    decode_fused on tensor cores (mma)."""
     out: list[KernelInfo] = []
     for dtype, tag in DTYPES.items():
         for variant, feats, prio, doc in (
@@ -382,6 +435,7 @@ def declare() -> list[KernelInfo]:
             dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), kv_layouts=PAGED_OK,
             extra_checks=_checks("reduce", ""), doc="merge split-KV partial states and the sink"))
     out.append(_mma_prefill())
+    out.extend(_mma_decode(f) for f in MMA_DECODES)
     return out
 
 

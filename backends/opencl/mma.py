@@ -27,7 +27,18 @@ MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 64, "kv_tile": 32, "prefetch": 0,
                                    "mma": "hardware"}
 MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64, 128),
                                               "kv_tile": (16, 32, 64), "prefetch": (0, 1)}
-MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit local memory
+MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))
+# The decode kernels (kernels_cl/decode_mma.cl): at most 16 rows (one M tile), wg / 32 warps
+# each streaming its own chunks of kv_tile keys. prefetch 1 keeps the next chunk's loads in
+# flight but takes 255 registers with spills at head size 128 (ptxas; 190 without): measured
+# on the H100 (GQA 32/8 H=128 f16, decode_fused, 4 warps): L=8192 23.2 vs 25.2 us, L=32768
+# 62.2 vs 69.4 us; kv_tile 32 and 8 warps were slower everywhere.
+DECODE_DEFAULTS: Mapping[str, Any] = {"m_tile": 1, "kv_tile": 16, "wg": 128, "prefetch": 0,
+                                      "mma": "hardware"}
+DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {
+    "m_tile": (1, 2, 4, 8, 16), "kv_tile": (16, 32), "wg": (32, 64, 128, 256),
+    "prefetch": (0, 1)}
+DECODE_SHRINK = (("wg", 32),)                  # fewer warps, less to merge in local memory     # halved in this order to fit local memory
 _MMA_WARP_WORDS = 192                              # mma_sync.cl's exchange per emulated warp
 
 
@@ -50,8 +61,18 @@ def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool) -> int:
     return words * _F32
 
 
+def mma_decode_storage(head_size: int, rows: int, wg: int, emulate: bool, family: str) -> int:
+    """Bytes of local memory of decode_mma.cl: every warp's (m, l, o) per row for the final
+    merge, the fused kernel's flag; the emulation's exchange and shuffle scratch."""
+    words = (wg // 32) * rows * (2 + head_size) + (family == "decode_fused")
+    if emulate:
+        words += wg // 32 * _MMA_WARP_WORDS + wg
+    return words * _F32
+
+
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
               limit: int | None, fixed: frozenset[str] = frozenset()) -> dict[str, int]:
     """The tiles halved in MMA_SHRINK order (not those in ``fixed``) until the local memory
     fits ``limit``."""
-    return common.fit_tiles(kernel, spec, params, limit, MMA_SHRINK, fixed)
+    order = MMA_SHRINK if kernel.family == "prefill" else DECODE_SHRINK
+    return common.fit_tiles(kernel, spec, params, limit, order, fixed)

@@ -30,17 +30,21 @@ _DECODE = ("common.cl", "flash_core.cl", "subgroups.cl", "decode_core.cl")
 FILES = {
     "prefill": ("common.cl", "flash_core.cl", "subgroups.cl", "flash_prefill.cl"),
     "decode_partial": (*_DECODE, "decode_partial.cl"),
-    "decode_fused": (*_DECODE, "decode_fused.cl"),
+    "decode_fused": (*_DECODE, "decode_merge.cl", "decode_fused.cl"),
     "decode_qk": ("common.cl", "flash_core.cl", "decode_qk.cl"),
     "decode_pv": ("common.cl", "flash_core.cl", "decode_pv.cl"),
     "reduce": ("common.cl", "reduce.cl"),
 }
 # (family, variant) -> source files of a variant with a program of its own; the family's
-# kernel signature and entry point stay. The tensor-core prefill: -D MMA picks its primitive.
+# kernel signature and entry point stay. The tensor-core kernels: -D MMA picks the primitive;
+# decode_mma.cl is both decode kernels (-D MMA_OUT, below).
+_MMA = ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl")
 VARIANT_FILES = {
-    ("prefill", "mma"): ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl",
-                         "flash_prefill_mma.cl"),
+    ("prefill", "mma"): (*_MMA, "flash_prefill_mma.cl"),
+    ("decode_partial", "mma"): (*_MMA, "decode_mma.cl"),
+    ("decode_fused", "mma"): (*_MMA, "decode_merge.cl", "decode_mma.cl"),
 }
+MMA_OUT = {"decode_partial": 1, "decode_fused": 2}
 ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
          **{f: f for f in ("decode_partial", "decode_fused", "decode_qk", "decode_pv")}}
 BASE_OPTIONS = ("-cl-std=CL1.2",)
@@ -123,9 +127,11 @@ def defines(spec: AttentionSpec, g: kernels.Geometry, bias_f16: bool,
            "BIAS_F16": int(bias_f16),
            "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,
            "BLOCK_SKIP": int(bool(params.get("block_skip"))), **g.defines()}
-    if g.mma:
+    if g.mma and g.family == "prefill":
         # local tile pitches in words (mma.mma_pitch; mma.mma_storage counts the same)
         out.update(QW=mma.mma_pitch(spec.head_size), VW=mma.mma_pitch(g.tk))
+    elif g.mma:
+        out["MMA_OUT"] = MMA_OUT[g.family]
     return out
 
 

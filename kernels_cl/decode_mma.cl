@@ -1,0 +1,332 @@
+// Split-KV decode on matrix units, streaming: the kernels decode_partial (MMA_OUT 1: partial
+// states for the reduce) and decode_fused (MMA_OUT 2: then decode_merge.cl's ticket merge).
+// A work-group owns one KV split of one row tile: R_ROWS = GC query heads of a GQA group x
+// MQ query rows (at most 16, the M dimension of mma_sync.cl's m16n8k16: the group's heads
+// fill it). Each of its NW warps holds all those rows and streams its own chunks of TK keys
+// (chunks wid, wid + NW, ...) straight from global memory into registers: no local memory
+// and no barrier in the key loop, the next chunk's loads in flight while one is computed
+// (PF). The warps' states merge through local memory once, at the end.
+// Fragments come straight from the loads, by choosing which dims and keys each fragment
+// index stands for (a product is unchanged when A's columns and B's rows are permuted alike):
+//   S = Q K^T: dims 32c + 8t .. 32c + 8t + 7 are lane t's k indices of chunks 2c and 2c+1
+//     (k 2t, 2t+1, 2t+8, 2t+9 = dims 4h + 0..3 of that run), so a lane's B fragments are one
+//     16-byte load of key 8 nb + g; Q's A fragments use the same order (loaded once).
+//   O += P V: P's A fragments are S's accumulators (keys 16 kc + 2t, +1, +8, +9 of lane t);
+//     lane g's output dims are g NDB .. g NDB + NDB - 1 (block db is dim g NDB + db), so a
+//     lane loads its 4 keys' dims as whole 16-byte runs and pairs them key-wise in registers.
+// Non-finite values (CONTRACT): a chunk every row sees multiplies its values unmasked (a NaN
+// v reaches every row, all of which see it). A chunk on an edge (the causal diagonal, the
+// window) zeroes non-finite halves of v, and when a warp found one, the lanes re-read the
+// chunk and set to NaN the output columns of their rows that see such a key (NaN stays NaN
+// through every later rescale and product).
+
+#if HD % 32
+#error "decode_mma.cl loads 32-dim runs: head size a multiple of 32"
+#endif
+#define NW (WG / 32)
+#define NKB (TK / 8)            // 8-key blocks of S per chunk
+#define NKC (TK / 16)           // 16-key chunks of P V per chunk
+#define NDR (HD / 32)           // 32-dim runs of Q K^T (two 16-dim k chunks each)
+#define NDB (HD / 8)            // 8-dim blocks of O (and dims per lane in P V)
+#define NVW (NDB / 2)           // words of one key's dims per lane in P V
+#define TAU 8.0f                // the lazy max of flash_prefill_mma.cl
+
+#if MMA == 1
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
+
+#define LD16(p, off) (*(const __global uint4*)((p) + (off)))
+
+inline uint finite_halves(uint w) {
+  uint keep = 0xffffffffu;
+  if ((w & 0x7c00u) == 0x7c00u) keep &= 0xffff0000u;
+  if ((w & 0x7c000000u) == 0x7c000000u) keep &= 0x0000ffffu;
+  return w & keep;
+}
+
+inline bool half_bad(uint h) { return (h & 0x7c00u) == 0x7c00u; }
+
+// Chunk CI's K runs (key 8 nb + g, dims 32 c + 8 t ..) and V runs (key of P V index kk of
+// lane t, dims g NDB ..) into registers; zeros past the chunk's keys (nothing beyond read).
+#define FETCH_CHUNK(CI, AK, AV)                                                 \
+  {                                                                             \
+    const int j0_ = kr.x + (CI) * TK;                                           \
+    UNROLL                                                                      \
+    for (int nb = 0; nb < NKB; ++nb) {                                          \
+      const int j_ = j0_ + 8 * nb + g;                                          \
+      UNROLL                                                                    \
+      for (int c = 0; c < NDR; ++c) {                                           \
+        AK[nb][c] = (uint4)(0u);                                                \
+        if ((CI) < nchunks && j_ < kr.y) AK[nb][c] = LD16(kb, KOFF(j_) + 32 * c + 8 * t); \
+      }                                                                         \
+    }                                                                           \
+    UNROLL                                                                      \
+    for (int kc = 0; kc < NKC; ++kc) {                                          \
+      UNROLL                                                                    \
+      for (int kk = 0; kk < 4; ++kk) {                                          \
+        const int j_ = j0_ + 16 * kc + 2 * t + (kk & 1) + 8 * (kk >> 1);       \
+        UNROLL                                                                  \
+        for (int u = 0; u < NVW / 4; ++u) {                                     \
+          AV[kc][kk][u] = (uint4)(0u);                                          \
+          if ((CI) < nchunks && j_ < kr.y)                                      \
+            AV[kc][kk][u] = LD16(vb, KOFF(j_) + g * NDB + 8 * u);               \
+        }                                                                       \
+      }                                                                         \
+    }                                                                           \
+  }
+
+#define COPY_CHUNK(DK, DV, SK, SV)                                              \
+  UNROLL                                                                        \
+  for (int nb = 0; nb < NKB; ++nb) {                                            \
+    UNROLL                                                                      \
+    for (int c = 0; c < NDR; ++c) DK[nb][c] = SK[nb][c];                        \
+  }                                                                             \
+  UNROLL                                                                        \
+  for (int kc = 0; kc < NKC; ++kc) {                                            \
+    UNROLL                                                                      \
+    for (int kk = 0; kk < 4; ++kk) {                                            \
+      UNROLL                                                                    \
+      for (int u = 0; u < NVW / 4; ++u) DV[kc][kk][u] = SV[kc][kk][u];          \
+    }                                                                           \
+  }
+
+inline uint vword(uint4 x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
+
+#if MMA_OUT == 1
+#define MMA_ENTRY decode_partial
+#else
+#define MMA_ENTRY decode_fused
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void MMA_ENTRY(KERNEL_ARGS) {
+  __local float red_m[NW * R_ROWS], red_l[NW * R_ROWS];
+  __local float red_o[NW * R_ROWS * HD];
+#if MMA_OUT == 2
+  __local int last;
+#endif
+  SG_SCRATCH_DECL
+  MMA_SCRATCH_DECL
+
+  Rows w;
+  int split;
+  w = decompose(P, seqlens, (int)get_group_id(0), (int)P->n_splits, &split);
+  const int2 kr = split_keys(P, &w, split);
+  const int2 ckeys = common_keys(P, &w);
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
+  const __global int* btab = BTAB(P, block_table, w.b);
+  const __global elem_t* kb = k + kv_base;
+  const __global elem_t* vb = v + kv_base;
+  const int lid = get_local_id(0), lane = lid & 31, wid = lid >> 5, g = lane >> 2, t = lane & 3;
+  const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
+
+  // Q's A fragments (raw f16 bits; the scale applies to the f32 scores), rows g and g + 8.
+  uint4 qa[2 * NDR];
+  UNROLL
+  for (int c = 0; c < NDR; ++c) {
+    uint4 lo = (uint4)(0u), hi = (uint4)(0u);
+    if (row_ok(P, &w, g))
+      lo = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + g / MQ) * P->q_sh
+                   + (size_t)(w.i0 + g % MQ) * P->q_ss + 32 * c + 8 * t);
+    if (row_ok(P, &w, g + 8))
+      hi = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + (g + 8) / MQ) * P->q_sh
+                   + (size_t)(w.i0 + (g + 8) % MQ) * P->q_ss + 32 * c + 8 * t);
+    qa[2 * c] = (uint4)(lo.x, hi.x, lo.y, hi.y);
+    qa[2 * c + 1] = (uint4)(lo.z, hi.z, lo.w, hi.w);
+  }
+
+  float o[NDB][4];
+  UNROLL
+  for (int db = 0; db < NDB; ++db) {
+    UNROLL
+    for (int e = 0; e < 4; ++e) o[db][e] = 0.0f;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  const int nchunks = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
+  uint4 ak[NKB][NDR], av[NKC][4][NVW / 4];
+#if PF
+  FETCH_CHUNK(wid, ak, av)
+#endif
+  // Every warp runs the same number of rounds (a round past the end is all masked).
+  for (int base = 0; base < nchunks; base += NW) {
+    const int ci = base + wid;
+    const int t0 = kr.x + ci * TK, t1 = min(t0 + TK, kr.y);
+    uint4 ck[NKB][NDR], cv[NKC][4][NVW / 4];
+#if PF
+    COPY_CHUNK(ck, cv, ak, av)
+    FETCH_CHUNK(ci + NW, ak, av)
+#else
+    FETCH_CHUNK(ci, ck, cv)
+#endif
+
+    // S = Q K^T for the 16 rows and the chunk's keys.
+    float s[NKB][4];
+    UNROLL
+    for (int nb = 0; nb < NKB; ++nb) {
+      UNROLL
+      for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+      UNROLL
+      for (int c = 0; c < NDR; ++c) {
+        MMA_SYNC(s[nb], qa[2 * c], (uint2)(ck[nb][c].x, ck[nb][c].y));
+        MMA_SYNC(s[nb], qa[2 * c + 1], (uint2)(ck[nb][c].z, ck[nb][c].w));
+      }
+    }
+
+    // Logits and the chunk's max per row (over the row's 4 lanes).
+    const bool full = ci < nchunks && all_see(ckeys, t0, t1);
+    const bool fast = plain && full && t1 - t0 == TK;
+    float mt[2] = {-INFINITY, -INFINITY};
+    UNROLL
+    for (int nb = 0; nb < NKB; ++nb) {
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float d = s[nb][e] * P->scale;
+        const float x = fast ? (isfinite(d) ? d : NAN)
+                             : finish_score_r(P, &w, bias, g + 8 * (e >> 1),
+                                              t0 + 8 * nb + 2 * t + (e & 1), t1, kr.y, true, d);
+        s[nb][e] = x;
+        mt[e >> 1] = fmax(mt[e >> 1], x);
+      }
+    }
+    UNROLL
+    for (int hr = 0; hr < 2; ++hr) {
+      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 1));
+      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 2));
+      if (mt[hr] > m[hr] + TAU) {        // lazy max (see flash_prefill_mma.cl)
+        const float alpha = EXP(m[hr] - mt[hr]);
+        l[hr] *= alpha;
+        UNROLL
+        for (int db = 0; db < NDB; ++db) {
+          o[db][2 * hr] *= alpha;
+          o[db][2 * hr + 1] *= alpha;
+        }
+        m[hr] = mt[hr];
+      }
+    }
+    const float mu[2] = {SAFE_MAX(m[0]), SAFE_MAX(m[1])};
+    UNROLL
+    for (int nb = 0; nb < NKB; ++nb) {
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float p = WEIGHT(s[nb][e], mu[e >> 1]);
+        s[nb][e] = p;
+        l[e >> 1] += p;
+      }
+    }
+
+    // An edge chunk: its values lose their non-finite halves (a row that does not see a key
+    // must not meet its NaN through 0 * NaN); the warp learns whether it had any.
+    float badf = 0.0f;
+    if (!full) {
+      UNROLL
+      for (int kc = 0; kc < NKC; ++kc) {
+        UNROLL
+        for (int kk = 0; kk < 4; ++kk) {
+          UNROLL
+          for (int u = 0; u < NVW / 4; ++u) {
+            const uint4 x = cv[kc][kk][u];
+            const uint4 y = (uint4)(finite_halves(x.x), finite_halves(x.y),
+                                    finite_halves(x.z), finite_halves(x.w));
+            if (any(x != y)) badf = 1.0f;
+            cv[kc][kk][u] = y;
+          }
+        }
+      }
+    }
+
+    // O += P V: P (f16) from the S fragments, V's key pairs packed from the loaded runs.
+    UNROLL
+    for (int kc = 0; kc < NKC; ++kc) {
+      const uint4 a = (uint4)(mma_pack_h2(s[2 * kc][0], s[2 * kc][1]),
+                              mma_pack_h2(s[2 * kc][2], s[2 * kc][3]),
+                              mma_pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              mma_pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3]));
+      UNROLL
+      for (int i = 0; i < NVW; ++i) {     // dims g NDB + 2i (low halves) and + 2i + 1 (high)
+        const uint k0 = vword(cv[kc][0][i / 4], i % 4), k1 = vword(cv[kc][1][i / 4], i % 4);
+        const uint k8 = vword(cv[kc][2][i / 4], i % 4), k9 = vword(cv[kc][3][i / 4], i % 4);
+        MMA_SYNC(o[2 * i], a, (uint2)((k0 & 0xffffu) | (k1 << 16), (k8 & 0xffffu) | (k9 << 16)));
+        MMA_SYNC(o[2 * i + 1], a, (uint2)((k0 >> 16) | (k1 & 0xffff0000u),
+                                          (k8 >> 16) | (k9 & 0xffff0000u)));
+      }
+    }
+
+    // Whether any lane of the warp zeroed a value: on an edge chunk (a warp-uniform branch
+    // for the hardware's shuffles); the emulation's shuffles are work-group barriers, so
+    // there every warp shuffles in every round (inside a uniform branch PoCL lost the result).
+#if MMA == 1
+    if (!full) {
+#else
+    {
+#endif
+      badf = fmax(badf, SG_XOR(badf, 1));
+      badf = fmax(badf, SG_XOR(badf, 2));
+      badf = fmax(badf, SG_XOR(badf, 4));
+      badf = fmax(badf, SG_XOR(badf, 8));
+      badf = fmax(badf, SG_XOR(badf, 16));
+      if (badf > 0.0f) {
+        // the columns of this lane's rows that see a bad v become NaN (and stay NaN)
+        const __global ushort* v16 = (const __global ushort*)vb;
+        UNROLL
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = g + 8 * hr;
+          const int2 seen = row_keys(P, &w, r);
+          const int j0 = max(t0, seen.x), j1 = min(t1, seen.y);
+          UNROLL
+          for (int db = 0; db < NDB; ++db) {
+            UNROLL
+            for (int e = 0; e < 2; ++e) {
+              bool bad = false;
+              for (int j = j0; j < j1; ++j)
+                bad = bad || half_bad(v16[KOFF(j) + (2 * t + e) * NDB + db]);
+              if (bad && row_ok(P, &w, r)) o[db][2 * hr + e] = NAN;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Row sums over the row's 4 lanes; the warps' states into local memory, merged per row.
+  UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += SG_XOR(l[hr], 1);
+    l[hr] += SG_XOR(l[hr], 2);
+    const int r = g + 8 * hr;
+    if (r < R_ROWS) {
+      if (t == 0) {
+        red_m[wid * R_ROWS + r] = m[hr];
+        red_l[wid * R_ROWS + r] = l[hr];
+      }
+      UNROLL
+      for (int db = 0; db < NDB; ++db) {
+        UNROLL
+        for (int e = 0; e < 2; ++e)
+          red_o[(wid * R_ROWS + r) * HD + (2 * t + e) * NDB + db] = o[db][2 * hr + e];
+      }
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int idx = lid; idx < R_ROWS * HD; idx += WG) {
+    const int r = idx / HD, d = idx % HD;
+    if (!row_ok(P, &w, r)) continue;
+    float mm = -INFINITY;
+    for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * R_ROWS + r]);
+    const float mv = SAFE_MAX(mm);
+    float ll = 0.0f, oo = 0.0f;
+    for (int ww = 0; ww < NW; ++ww) {
+      const float f = EXP(red_m[ww * R_ROWS + r] - mv);
+      ll += red_l[ww * R_ROWS + r] * f;
+      oo += red_o[(ww * R_ROWS + r) * HD + d] * f;
+    }
+    const size_t row = part_row(P, &w, r, split);
+    o_parts[row * HD + d] = finite_or_nan(oo * inv_sum(ll));
+    if (d == 0) lse_parts[row] = lse_of(mm + alibi_offset(P, &w, r, kr.y), ll);
+  }
+#if MMA_OUT == 2
+  fused_finish(P, &w, sink, o_parts, lse_parts, out, lse, tickets, &last);
+#endif
+}

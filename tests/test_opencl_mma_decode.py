@@ -1,0 +1,186 @@
+"""The OpenCL tensor-core split-KV decode (opencl.decode_partial.f16.mma,
+opencl.decode_fused.f16.mma: kernels_cl/decode_mma.cl).
+
+Against the float64 reference: every contract feature over several splits, paged caches,
+each head size the kernel takes, GQA groups that fill the 16-row M tile or need head chunks,
+the lazy max, and non-finite values on the causal edge of a multi-row tile (the path that
+zeroes them and marks the columns of the rows that see them). PoCL runs the emulated build; a
+device where the probe found mma.sync (the H100) runs the hardware build too. Then the
+declared local memory against the build's, and how the rules select and size it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import attnreg
+from attnreg.backends.opencl import device as odevice
+from attnreg.backends.opencl import kernels as okernels
+from attnreg.backends.opencl import mma_probe, program
+from attnreg.spec import AttentionSpec
+from tests.support import check_close, make_tensors, missing, require_devices
+from tests.test_opencl_mma import BUILDS, IDS, TAU, _growing
+
+PARTIAL, FUSED = "opencl.decode_partial.f16.mma", "opencl.decode_fused.f16.mma"
+ROUTE = {PARTIAL: "split_kv", FUSED: "split_kv_fused"}
+
+
+@pytest.fixture(scope="module")
+def pocl() -> attnreg.DeviceCaps:
+    for d in require_devices("opencl"):
+        if d.vendor == "pocl":
+            return d
+    missing("no PoCL device")
+
+
+def _run(dev: attnreg.DeviceCaps, build: str, kernel: str, spec: AttentionSpec,
+         t: dict[str, np.ndarray], split_size: int = 64, **params: Any) -> tuple[Any, Any]:
+    flags = {"route": ROUTE[kernel], "split_size": split_size}
+    with attnreg.Session(backend="opencl", device=dev.id, flags=flags) as s:
+        return s.run_with_plan(spec, t, kernel=kernel, params={"mma": build, **params})
+
+
+# (spec fields, params): every feature of the contract over several splits of 64 keys.
+COVER = [
+    (dict(head_size=64, num_heads=8, kv_num_heads=2, seq_len=1, kv_layout="paged",
+          page_size=16, seqlens_k=True, bias=True, return_lse=True), {}),
+    (dict(head_size=128, num_heads=7, kv_num_heads=1, seq_len=3, local_window=40,
+          head_sink=True, q_layout="BNSH", kv_layout="BNSH"), dict(m_tile=2)),
+    (dict(head_size=256, num_heads=4, kv_num_heads=4, seq_len=1, alibi_max_bias=8.0,
+          softcap=5.0, return_lse=True), dict(wg=64)),
+    (dict(head_size=192, num_heads=8, kv_num_heads=2, seq_len=5, kv_layout="paged",
+          page_size=5, seqlens_k=True, head_sink=True, return_lse=True),
+     dict(m_tile=8, kv_tile=32, prefetch=1)),
+    (dict(head_size=64, num_heads=32, kv_num_heads=1, seq_len=1, bias=True, softcap=3.0),
+     dict(wg=32)),
+]
+
+
+@pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
+@pytest.mark.parametrize("kernel", [PARTIAL, FUSED], ids=["partial", "fused"])
+@pytest.mark.parametrize(("fields", "params"), COVER,
+                         ids=[f"h{f['head_size']}-g{f['num_heads'] // f['kv_num_heads']}"
+                              f"-s{f['seq_len']}" for f, _ in COVER])
+def test_contract_over_splits_layouts_and_head_sizes(dev, build, kernel, fields, params):
+    f: dict[str, Any] = dict(batch=2, past_len=200, dtype="float16", causal=True, **fields)
+    f["past_len"] -= f["seq_len"]
+    if f.get("seqlens_k"):
+        f["kv_capacity"] = 260
+    if f.get("kv_layout") == "paged":
+        f["num_pages"] = 2 * -(-260 // f["page_size"]) + 3
+    spec = AttentionSpec(**f)
+    t = make_tensors(spec, seed=len(fields), mask_frac=0.1 if spec.bias else 0.0,
+                     lengths=(260, 77) if spec.seqlens_k else None)
+    got, plan = _run(dev, build, kernel, spec, t, **params)
+    assert plan.stages[0].kernel == kernel and plan.stages[0].params["n_splits"] > 2
+    assert {k: plan.stages[0].params[k] for k in params} == params
+    check_close(spec, got, t, what=f"{kernel} {build} {params}")
+
+
+@pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
+@pytest.mark.parametrize("shape", ["up", "saw"])
+def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, shape):
+    spec = AttentionSpec(batch=1, seq_len=1, past_len=255, num_heads=2, kv_num_heads=1,
+                         head_size=64, dtype="float16", causal=True, return_lse=True,
+                         q_layout="BSNH", kv_layout="BSNH")
+    t = _growing(spec, 11, shape)
+    logits = (t["q"][0, :, 0].astype(np.float64) @ t["k"][0, :, 0].astype(np.float64).T) \
+        * spec.effective_scale
+    assert np.ptp(logits[-1]) > 4 * TAU
+    # one split of 256 keys, one warp: 16 chunks of 16 keys in a row
+    got, plan = _run(dev, build, FUSED, spec, t, split_size=256, wg=32)
+    check_close(spec, got, t, what=f"{plan.kernel} {shape}")
+
+
+@pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
+@pytest.mark.parametrize("kernel", [PARTIAL, FUSED], ids=["partial", "fused"])
+def test_non_finite_v_on_the_causal_edge_reaches_only_rows_that_see_it(dev, build, kernel):
+    spec = AttentionSpec(batch=2, seq_len=4, past_len=96, num_heads=4, kv_num_heads=2,
+                         head_size=64, dtype="float16", causal=True, return_lse=True,
+                         q_layout="BSNH", kv_layout="BSNH")
+    t = make_tensors(spec, seed=4)
+    t["v"][0, 98, 1, 3] = np.nan           # rows i >= 2 of kv head 1 see it
+    t["v"][0, 98, 1, 40] = np.inf
+    t["v"][1, 99, 0, 63] = -np.inf         # the last row only
+    t["v"][1, 5, 0, 8] = np.nan            # every row
+    got, plan = _run(dev, build, kernel, spec, t, m_tile=4)
+    out = got[0]
+    assert np.isnan(out[0, 2:, 2:4, 3]).all() and not np.isnan(out[0, :2, 2:4, 3]).any()
+    assert np.isnan(out[1, -1, 0:2, 63]).all() and not np.isnan(out[1, :-1, 0:2, 63]).any()
+    assert np.isnan(out[1, :, 0:2, 8]).all()
+    check_close(spec, got, t, what=plan.stages[0].kernel)
+
+
+def test_declared_local_memory_is_what_the_build_uses(pocl):
+    import pyopencl as cl
+
+    ctx, cdev = odevice.context(pocl)
+    used, declared = [], []
+    for family in ("decode_partial", "decode_fused"):
+        k = attnreg.registry.get().kernel(f"opencl.{family}.f16.mma")
+        for h, m, wg in ((64, 1, 128), (256, 4, 64), (128, 16, 256)):
+            spec = AttentionSpec(seq_len=4, past_len=70, num_heads=8, kv_num_heads=2,
+                                 head_size=h, dtype="float16")
+            params = {"mma": "emulate", "m_tile": m, "wg": wg, "n_splits": 2}
+            g = okernels.geometry(family, "mma", spec, params)
+            opts = program.options(program.defines(spec, g, False, params))
+            prog = cl.Program(ctx, program.source(family, "mma")).build(options=list(opts))
+            used.append(cl.Kernel(prog, program.ENTRY[family]).get_work_group_info(
+                cl.kernel_work_group_info.LOCAL_MEM_SIZE, cdev))
+            declared.append(k.storage_need(spec, params))
+    if not any(used):          # PoCL's "cpu" driver (the GPU machine's) reports 0
+        missing(f"{pocl.name} does not report the local memory a kernel uses")
+    assert used == declared
+
+
+# -- declaration and selection ----------------------------------------------------------
+def test_declared_as_matrix_unit_decodes():
+    for kid in (PARTIAL, FUSED):
+        k = attnreg.registry.get().kernel(kid)
+        assert k.matrix is not None and k.matrix.text() == "ptx_mma f16 16x8x16->f32"
+        assert mma_probe.FEATURE in k.features and k.emulation == {"mma": "emulate"}
+        assert all(k.head_size_ok(h) for h in (64, 128, 192, 256))
+        assert not any(k.head_size_ok(h) for h in (32, 80, 96, 320))
+
+
+DECODE = AttentionSpec(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8,
+                       head_size=128, dtype="float16", causal=True)
+
+
+def _nvidia_like(pocl: attnreg.DeviceCaps) -> attnreg.DeviceCaps:
+    """PoCL's caps dressed as the H100's OpenCL: vendor, the probed mma.sync, 132 units."""
+    return pocl.model_copy(update={
+        "vendor": "nvidia", "device_type": "gpu", "compute_units": 132,
+        "features": pocl.features | {mma_probe.FEATURE, okernels.NV_SHUFFLE},
+        "limits": {**pocl.limits, "workgroup_storage": 48 * 1024}})
+
+
+def test_auto_picks_it_on_nvidia_with_splits_for_two_groups_per_unit(pocl):
+    nv = _nvidia_like(pocl)
+    got = {}
+    for L, want in ((8192, 256), (32768, 1008)):
+        spec = DECODE.model_copy(update={"past_len": L - 1})
+        plan = attnreg.explain(spec, caps=nv)
+        st = plan.stages[0]
+        assert st.kernel == FUSED and st.params["mma"] == "hardware"
+        assert any(f.startswith("opencl_mma_decode_nvidia") for f in plan.rules)
+        got[L] = st.params["split_size"]
+        assert got[L] == want
+    assert attnreg.explain(DECODE, caps=nv, flags={"matrix_units": "off"}).kernel != FUSED
+
+
+def test_matrix_units_emulate_runs_it_and_auto_passes_it_over_on_pocl(pocl):
+    spec = DECODE.model_copy(update={"past_len": 300, "num_heads": 8, "kv_num_heads": 2,
+                                     "head_size": 64})
+    t = make_tensors(spec, seed=3)
+    with attnreg.Session(backend="opencl", device=pocl.id,
+                         flags={"matrix_units": "emulate", "route": "split_kv"}) as s:
+        got, plan = s.run_with_plan(spec, t)
+    assert plan.stages[0].kernel == PARTIAL and plan.stages[0].params["mma"] == "emulate"
+    check_close(spec, got, t, what=PARTIAL)
+    auto = attnreg.explain(spec, caps=pocl, flags={"route": "split_kv"})
+    assert auto.stages[0].kernel != PARTIAL
+    assert any("matrix_units=auto" in r for r in auto.rejected[PARTIAL])
