@@ -16,8 +16,16 @@ from attnreg.kernel import KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import mma_probe
-from .mma import (DECODE_CHOICES, DECODE_DEFAULTS, MMA_CHOICES, MMA_DEFAULTS, MMA_IMPLS, PTX_MMA,
-                  mma_decode_storage, mma_storage)
+from .mma import (
+    DECODE_CHOICES,
+    DECODE_DEFAULTS,
+    MMA_CHOICES,
+    MMA_DEFAULTS,
+    MMA_IMPLS,
+    PTX_MMA,
+    mma_decode_storage,
+    mma_storage,
+)
 
 BACKEND = "opencl"
 DTYPES = {"float32": "f32", "float16": "f16"}

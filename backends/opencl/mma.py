@@ -27,7 +27,7 @@ MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 64, "kv_tile": 32, "prefetch": 0,
                                    "mma": "hardware"}
 MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64, 128),
                                               "kv_tile": (16, 32, 64), "prefetch": (0, 1)}
-MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))
+MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit local memory
 # The decode kernels (kernels_cl/decode_mma.cl): at most 16 rows (one M tile), wg / 32 warps
 # each streaming its own chunks of kv_tile keys. prefetch 1 keeps the next chunk's loads in
 # flight but takes 255 registers with spills at head size 128 (ptxas; 190 without): measured
@@ -38,7 +38,7 @@ DECODE_DEFAULTS: Mapping[str, Any] = {"m_tile": 1, "kv_tile": 16, "wg": 128, "pr
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {
     "m_tile": (1, 2, 4, 8, 16), "kv_tile": (16, 32), "wg": (32, 64, 128, 256),
     "prefetch": (0, 1)}
-DECODE_SHRINK = (("wg", 32),)                  # fewer warps, less to merge in local memory     # halved in this order to fit local memory
+DECODE_SHRINK = (("wg", 32),)                      # fewer warps, less to merge in local memory
 _MMA_WARP_WORDS = 192                              # mma_sync.cl's exchange per emulated warp
 
 
