@@ -29,25 +29,6 @@
 #define NDR (HD / 32)           // 32-dim runs of Q K^T (two 16-dim k chunks each)
 #define NDB (HD / 8)            // 8-dim blocks of O (and dims per lane in P V)
 #define NVW (NDB / 2)           // words of one key's dims per lane in P V
-#define TAU 8.0f                // the lazy max of flash_prefill_mma.cl
-
-#if MMA == 1
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL
-#endif
-
-#define LD16(p, off) (*(const __global uint4*)((p) + (off)))
-
-inline uint finite_halves(uint w) {
-  uint keep = 0xffffffffu;
-  if ((w & 0x7c00u) == 0x7c00u) keep &= 0xffff0000u;
-  if ((w & 0x7c000000u) == 0x7c000000u) keep &= 0x0000ffffu;
-  return w & keep;
-}
-
-inline bool half_bad(uint h) { return (h & 0x7c00u) == 0x7c00u; }
-
 // Chunk CI's K runs (key 8 nb + g, dims 32 c + 8 t ..) and V runs (key of P V index kk of
 // lane t, dims g NDB ..) into registers; zeros past the chunk's keys (nothing beyond read).
 #define FETCH_CHUNK(CI, AK, AV)                                                 \
@@ -191,31 +172,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
         mt[e >> 1] = fmax(mt[e >> 1], x);
       }
     }
-    UNROLL
-    for (int hr = 0; hr < 2; ++hr) {
-      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 1));
-      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 2));
-      if (mt[hr] > m[hr] + TAU) {        // lazy max (see flash_prefill_mma.cl)
-        const float alpha = EXP(m[hr] - mt[hr]);
-        l[hr] *= alpha;
-        UNROLL
-        for (int db = 0; db < NDB; ++db) {
-          o[db][2 * hr] *= alpha;
-          o[db][2 * hr + 1] *= alpha;
-        }
-        m[hr] = mt[hr];
-      }
-    }
-    const float mu[2] = {SAFE_MAX(m[0]), SAFE_MAX(m[1])};
-    UNROLL
-    for (int nb = 0; nb < NKB; ++nb) {
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float p = WEIGHT(s[nb][e], mu[e >> 1]);
-        s[nb][e] = p;
-        l[e >> 1] += p;
-      }
-    }
+    MMA_SOFTMAX_TILE(s, mt, m, l, o)
 
     // An edge chunk: its values lose their non-finite halves (a row that does not see a key
     // must not meet its NaN through 0 * NaN); the warp learns whether it had any.
@@ -240,10 +197,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
     // O += P V: P (f16) from the S fragments, V's key pairs packed from the loaded runs.
     UNROLL
     for (int kc = 0; kc < NKC; ++kc) {
-      const uint4 a = (uint4)(mma_pack_h2(s[2 * kc][0], s[2 * kc][1]),
-                              mma_pack_h2(s[2 * kc][2], s[2 * kc][3]),
-                              mma_pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                              mma_pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3]));
+      const uint4 a = MMA_P_FRAGMENT(s, kc);
       UNROLL
       for (int i = 0; i < NVW; ++i) {     // dims g NDB + 2i (low halves) and + 2i + 1 (high)
         const uint k0 = vword(cv[kc][0][i / 4], i % 4), k1 = vword(cv[kc][1][i / 4], i % 4);

@@ -18,7 +18,7 @@
 // Within each 16-wide chunk of the head dimension, lane t's k indices 2t, 2t+1, 2t+8, 2t+9
 // are the dims 4t..4t+3 (A and B agree, so the dot product is unchanged), and V's keys are
 // staged in the same order: every fragment is one 64-bit local read. Row pitches QW and VW
-// (in words, from backends/opencl/kernels.py) keep those reads free of bank conflicts.
+// (in words, from backends/opencl/mma.py) keep those reads free of bank conflicts.
 
 #define NKB (TK / 8)            // 8-key blocks of S per tile
 #define NKC (TK / 16)           // 16-key chunks of P V per tile
@@ -27,33 +27,11 @@
 #define HD8 (HD / 8)            // uint4 granules (8 halves) per row
 #define NLK ((TK * HD8 + WG - 1) / WG)       // K granules per work-item and tile
 #define NLV ((TK / 2 * HD8 + WG - 1) / WG)   // V granule pairs (keys 2p, 2p+1) per work-item
-// ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
-#define TAU 8.0f
-
-#if MMA == 1
-#define UNROLL _Pragma("unroll")
-#else
-#define UNROLL              // the emulation's barriers stay in loops (PoCL compiles faster)
-#endif
-
-// 16 bytes of f16 bits (rows start 32-byte aligned: HD is a multiple of 16).
-#define LD16(p, off) (*(const __global uint4*)((p) + (off)))
-
 // Tile position of key jj: within each 16 keys, 2t+e -> 4t+e and 8+2t+e -> 4t+2+e (keys 2p
 // and 2p+1 stay neighbours: one word of the transposed V holds both).
 inline int v_slot(int jj) {
   const int c = jj & 15;
   return (jj - c) + 4 * ((c & 7) >> 1) + 2 * (c >> 3) + (c & 1);
-}
-
-inline bool half_bad(uint h) { return (h & 0x7c00u) == 0x7c00u; }
-
-// A pair of f16 with each non-finite half zeroed (staged V never carries NaN or inf).
-inline uint finite_halves(uint w) {
-  uint keep = 0xffffffffu;
-  if ((w & 0x7c00u) == 0x7c00u) keep &= 0xffff0000u;
-  if ((w & 0x7c000000u) == 0x7c000000u) keep &= 0x0000ffffu;
-  return w & keep;
 }
 
 // The tile [T0, T1) into registers (zeros past T1; nothing beyond is read): K granules
@@ -202,44 +180,12 @@ void flash_prefill(KERNEL_ARGS) {
         mt[e >> 1] = fmax(mt[e >> 1], x);
       }
     }
-    UNROLL
-    for (int hr = 0; hr < 2; ++hr) {
-      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 1));
-      mt[hr] = fmax(mt[hr], SG_XOR(mt[hr], 2));
-    }
-    // Lazy max: move the reference only when the tile's max exceeds it by more than TAU
-    // (from -inf, the first visible logit: O and l are still 0 and alpha is 0).
-    UNROLL
-    for (int hr = 0; hr < 2; ++hr) {
-      if (mt[hr] > m[hr] + TAU) {
-        const float alpha = EXP(m[hr] - mt[hr]);
-        l[hr] *= alpha;
-        UNROLL
-        for (int db = 0; db < NDB; ++db) {
-          o[db][2 * hr] *= alpha;
-          o[db][2 * hr + 1] *= alpha;
-        }
-        m[hr] = mt[hr];
-      }
-    }
-    const float mu[2] = {SAFE_MAX(m[0]), SAFE_MAX(m[1])};
-    UNROLL
-    for (int nb = 0; nb < NKB; ++nb) {
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float p = WEIGHT(s[nb][e], mu[e >> 1]);
-        s[nb][e] = p;
-        l[e >> 1] += p;
-      }
-    }
+    MMA_SOFTMAX_TILE(s, mt, m, l, o)
 
     // O += P V: P (f16) straight from the S fragments.
     UNROLL
     for (int kc = 0; kc < NKC; ++kc) {
-      const uint4 a = (uint4)(mma_pack_h2(s[2 * kc][0], s[2 * kc][1]),
-                              mma_pack_h2(s[2 * kc][2], s[2 * kc][3]),
-                              mma_pack_h2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                              mma_pack_h2(s[2 * kc + 1][2], s[2 * kc + 1][3]));
+      const uint4 a = MMA_P_FRAGMENT(s, kc);
       UNROLL
       for (int db = 0; db < NDB; ++db) {
         const uint2 b = *(__local const uint2*)(Vt + (8 * db + g) * VW + 8 * kc + 2 * t);

@@ -16,9 +16,9 @@ import pytest
 
 import attnreg
 from attnreg.backends.opencl import device as odevice
-from attnreg.backends.opencl import kernels as okernels
 from attnreg.backends.opencl import mma as omma
 from attnreg.backends.opencl import mma_probe, program
+from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
 from tests.support import check_close, make_tensors, missing, require_devices
 
@@ -257,25 +257,33 @@ def test_contract_on_paged_caches_head_sizes_and_tiles(dev, build, fields, param
     check_close(spec, got, t, what=f"{plan.kernel} {params}")
 
 
-def test_declared_local_memory_is_what_the_build_uses(pocl):
+def check_declared_local_memory(dev: attnreg.DeviceCaps, kernel_id: str,
+                                cases: list[tuple[AttentionSpec, dict[str, Any]]]) -> None:
+    """Build the emulated program of ``kernel_id`` for each (spec, params) on ``dev``: the
+    local memory the build uses is what the kernel declares."""
     import pyopencl as cl
 
-    k = attnreg.registry.get().kernel(KERNEL)
-    ctx, cdev = odevice.context(pocl)
+    k = attnreg.registry.get().kernel(kernel_id)
+    ctx, cdev = odevice.context(dev)
     used, declared = [], []
-    for h, q, kv in ((64, 64, 32), (256, 32, 16), (80, 128, 64)):
-        spec = AttentionSpec(seq_len=33, past_len=70, num_heads=4, kv_num_heads=2,
-                             head_size=h, dtype="float16")
-        params = {"mma": "emulate", "q_tile": q, "kv_tile": kv}
-        g = okernels.mma_geometry(spec, params)
+    for spec, params in cases:
+        params = {"mma": "emulate", **params}
+        g = otiling.geometry(k.family, "mma", spec, params)
         opts = program.options(program.defines(spec, g, False, params))
-        prog = cl.Program(ctx, program.source("prefill", "mma")).build(options=list(opts))
-        used.append(cl.Kernel(prog, program.ENTRY["prefill"]).get_work_group_info(
+        prog = cl.Program(ctx, program.source(k.family, "mma")).build(options=list(opts))
+        used.append(cl.Kernel(prog, program.ENTRY[k.family]).get_work_group_info(
             cl.kernel_work_group_info.LOCAL_MEM_SIZE, cdev))
         declared.append(k.storage_need(spec, params))
     if not any(used):          # PoCL's "cpu" driver (the GPU machine's) reports 0
-        missing(f"{pocl.name} does not report the local memory a kernel uses")
+        missing(f"{dev.name} does not report the local memory a kernel uses")
     assert used == declared
+
+
+def test_declared_local_memory_is_what_the_build_uses(pocl):
+    check_declared_local_memory(pocl, KERNEL, [
+        (AttentionSpec(seq_len=33, past_len=70, num_heads=4, kv_num_heads=2, head_size=h,
+                       dtype="float16"), {"q_tile": q, "kv_tile": kv})
+        for h, q, kv in ((64, 64, 32), (256, 32, 16), (80, 128, 64))])
 
 
 # -- declaration and selection ----------------------------------------------------------

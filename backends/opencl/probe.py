@@ -8,7 +8,8 @@ from typing import Any, Literal
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
 
 from . import mma_probe
-from .kernels import BACKEND, NV_SHUFFLE
+from .kernels import BACKEND
+from .tiling import NV_SHUFFLE
 
 # Extensions that decide variants; every extension is listed as a feature anyway.
 SUBGROUP_EXTENSIONS = ("cl_khr_subgroups", "cl_intel_subgroups")

@@ -23,7 +23,7 @@ from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import kernels, mma
+from . import mma, tiling
 
 # family -> source files, in include order (the Params struct and the signature in front)
 _DECODE = ("common.cl", "flash_core.cl", "subgroups.cl", "decode_core.cl")
@@ -38,7 +38,7 @@ FILES = {
 # (family, variant) -> source files of a variant with a program of its own; the family's
 # kernel signature and entry point stay. The tensor-core kernels: -D MMA picks the primitive;
 # decode_mma.cl is both decode kernels (-D MMA_OUT, below).
-_MMA = ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl")
+_MMA = ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl", "mma_tile.cl")
 VARIANT_FILES = {
     ("prefill", "mma"): (*_MMA, "flash_prefill_mma.cl"),
     ("decode_partial", "mma"): (*_MMA, "decode_mma.cl"),
@@ -121,7 +121,7 @@ def stage_params(plan: Plan, stage: Stage, split: Mapping[str, int],
     return params
 
 
-def defines(spec: AttentionSpec, g: kernels.Geometry, bias_f16: bool,
+def defines(spec: AttentionSpec, g: tiling.Geometry, bias_f16: bool,
             params: Mapping[str, Any]) -> dict[str, int]:
     out = {"IS_F16": int(spec.dtype == "float16"), "HD": spec.head_size,
            "BIAS_F16": int(bias_f16),
@@ -135,7 +135,7 @@ def defines(spec: AttentionSpec, g: kernels.Geometry, bias_f16: bool,
     return out
 
 
-def global_size(family: str, spec: AttentionSpec, g: kernels.Geometry,
+def global_size(family: str, spec: AttentionSpec, g: tiling.Geometry,
                 params: Mapping[str, Any]) -> int:
     if family == "reduce":
         return spec.batch * spec.num_heads * spec.seq_len * g.wg
@@ -144,7 +144,7 @@ def global_size(family: str, spec: AttentionSpec, g: kernels.Geometry,
     return g.n_groups(spec, int(params["n_splits"])) * g.wg
 
 
-def tiles(spec: AttentionSpec, g: kernels.Geometry, params: Mapping[str, Any]) -> int:
+def tiles(spec: AttentionSpec, g: tiling.Geometry, params: Mapping[str, Any]) -> int:
     """decode_fused's row tiles (one ticket each)."""
     return g.n_groups(spec, int(params["n_splits"])) // int(params["n_splits"])
 
@@ -173,7 +173,7 @@ def scratch_sizes(plan: Plan, split: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def heavy_first(spec: AttentionSpec, g: kernels.Geometry, bl: blocks.BlockList) -> np.ndarray:
+def heavy_first(spec: AttentionSpec, g: tiling.Geometry, bl: blocks.BlockList) -> np.ndarray:
     """Prefill work-group order for block skipping: most listed blocks (within the causal
     bound) first, so the longest work-groups start early and the tail stays short."""
     n = g.n_groups(spec)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from attnreg.plan import SplitGeometry
 from attnreg.rules import Ctx, Rule
 
-from . import kernels, mma
+from . import kernels, mma, tiling
 
 # Query rows from which block skipping pays in "auto" mode.
 SKIP_MIN_ROWS = 16
@@ -71,7 +71,7 @@ NVIDIA_TWO_LAUNCH = Rule(
     "H=64: 78.3 vs 81.9 us at 32768): the last work-group's merge of 64 splits x 8 rows is "
     "latency-bound and outlasts the reduce launch there; elsewhere the one launch wins "
     "(e.g. GQA 32/8 H=128 f16 L=8192: 26.6 vs 28.3 us)", "route_refine",
-    lambda c: _decode_row(c) and kernels.nv_platform(c.caps)
+    lambda c: _decode_row(c) and tiling.nv_platform(c.caps)
     and c.params.get("route") == "split_kv_fused" and c.spec.total_len >= 8192
     and (c.spec.group_size >= 8 or c.spec.head_size <= 64),
     lambda c: {"route": "split_kv"})
@@ -80,7 +80,7 @@ NVIDIA_TWO_LAUNCH = Rule(
 def _nv_fused(c: Ctx) -> bool:
     return (c.kernel is not None and c.kernel.backend == kernels.BACKEND
             and c.kernel.family == "decode_fused" and c.kernel.matrix is None
-            and kernels.nv_platform(c.caps))
+            and tiling.nv_platform(c.caps))
 
 
 NVIDIA_FAST_EXP = Rule(
@@ -131,7 +131,7 @@ def _mma_decode(c: Ctx) -> bool:
 
 def _mma_decode_splits(c: Ctx) -> dict[str, int]:
     assert c.kernel is not None
-    g = kernels.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
+    g = tiling.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
                                     c.kernel.family)
     want = max(1, -(-2 * (c.caps.compute_units or 8) // g.n_groups(c.spec)))
     size = -(-c.spec.capacity // want)

@@ -1,0 +1,68 @@
+// What both tensor-core kernels (flash_prefill_mma.cl, decode_mma.cl) share, after
+// mma_sync.cl: a lane (g, t) of a warp holds rows g and g + 8 of a 16-row tile, scores of
+// 8-key blocks as s[NKB][4] (mma_sync.cl's C layout), O as o[NDB][4], and per row its
+// reference max m[2] and partial sum l[2] (over its 4 lanes).
+
+// ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
+#define TAU 8.0f
+
+#if MMA == 1
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL              // the emulation's barriers stay in loops (PoCL compiles faster)
+#endif
+
+// 16 bytes of f16 bits (callers keep the offsets 16-byte aligned).
+#define LD16(p, off) (*(const __global uint4*)((p) + (off)))
+
+inline bool half_bad(uint h) { return (h & 0x7c00u) == 0x7c00u; }
+
+// A pair of f16 with each non-finite half zeroed.
+inline uint finite_halves(uint w) {
+  uint keep = 0xffffffffu;
+  if ((w & 0x7c00u) == 0x7c00u) keep &= 0xffff0000u;
+  if ((w & 0x7c000000u) == 0x7c000000u) keep &= 0x0000ffffu;
+  return w & keep;
+}
+
+// One tile's online softmax, logits s in, weights out; MT is the tile's max per row of this
+// lane (its own keys). The lazy max (as FlashAttention-4): the row max over its 4 lanes moves
+// the reference m only when it exceeds it by more than TAU, rescaling l and O then (from
+// -inf, the first visible logit: O and l are still 0 and alpha is 0); P = exp(x - m), so
+// P <= e^TAU stays well inside f16.
+#define MMA_SOFTMAX_TILE(S, MT, M, L, O)                                  \
+  UNROLL                                                                  \
+  for (int hr_ = 0; hr_ < 2; ++hr_) {                                     \
+    MT[hr_] = fmax(MT[hr_], SG_XOR(MT[hr_], 1));                          \
+    MT[hr_] = fmax(MT[hr_], SG_XOR(MT[hr_], 2));                          \
+    if (MT[hr_] > M[hr_] + TAU) {                                         \
+      const float alpha_ = EXP(M[hr_] - MT[hr_]);                         \
+      L[hr_] *= alpha_;                                                   \
+      UNROLL                                                              \
+      for (int db_ = 0; db_ < NDB; ++db_) {                               \
+        O[db_][2 * hr_] *= alpha_;                                        \
+        O[db_][2 * hr_ + 1] *= alpha_;                                    \
+      }                                                                   \
+      M[hr_] = MT[hr_];                                                   \
+    }                                                                     \
+  }                                                                       \
+  {                                                                       \
+    const float mu_[2] = {SAFE_MAX(M[0]), SAFE_MAX(M[1])};                \
+    UNROLL                                                                \
+    for (int nb_ = 0; nb_ < NKB; ++nb_) {                                 \
+      UNROLL                                                              \
+      for (int e_ = 0; e_ < 4; ++e_) {                                    \
+        const float p_ = WEIGHT(S[nb_][e_], mu_[e_ >> 1]);                \
+        S[nb_][e_] = p_;                                                  \
+        L[e_ >> 1] += p_;                                                 \
+      }                                                                   \
+    }                                                                     \
+  }
+
+// P's A fragment (f16) for the 16 keys of chunk KC: the C layout of the 8-key blocks 2 KC and
+// 2 KC + 1 is the A layout of one 16-key chunk.
+#define MMA_P_FRAGMENT(S, KC)                                             \
+  (uint4)(mma_pack_h2(S[2 * (KC)][0], S[2 * (KC)][1]),                    \
+          mma_pack_h2(S[2 * (KC)][2], S[2 * (KC)][3]),                    \
+          mma_pack_h2(S[2 * (KC) + 1][0], S[2 * (KC) + 1][1]),            \
+          mma_pack_h2(S[2 * (KC) + 1][2], S[2 * (KC) + 1][3]))
