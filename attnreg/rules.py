@@ -71,8 +71,11 @@ def _m_tile(ctx: Ctx) -> dict[str, Any]:
         # a matrix unit's M dimension is 16 rows: up to 16 query rows share one K/V read
         m = min(16, 1 << max(0, ctx.spec.seq_len - 1).bit_length())
     limit = ctx.caps.limit("workgroup_storage")
-    while m > 1 and limit is not None and \
-            ctx.kernel.storage_need(ctx.spec, {**ctx.params, "m_tile": m}) > limit:
+    def need(m: int) -> int:
+        assert ctx.kernel is not None
+        return ctx.kernel.storage_need(ctx.spec, {**ctx.params, "m_tile": m})
+    # halved only while that saves storage (a matrix kernel's tiles do not grow with m_tile)
+    while m > 1 and limit is not None and need(m) > limit and need(m // 2) < need(m):
         m //= 2
     return {"m_tile": m}
 

@@ -16,9 +16,6 @@
 // Prefix constants: BR, BC, NSG, WG (32 NSG), NOC (HD/16), NKC (BC/16), QST, KST, VST, SST, PST, HALF
 // (BC/2), VW (words of a lane's column mask).
 
-// ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
-const TAU: f32 = 8.0;
-
 var<workgroup> q_s: array<f16, BR * QST>;
 var<workgroup> k_s: array<f16, BC * KST>;
 var<workgroup> v_s: array<f16, BC * VST>;
@@ -29,22 +26,6 @@ var<workgroup> red_s: array<f32, BR * 2u>;
 var<workgroup> alpha_s: array<f32, BR>;
 var<workgroup> flag_a: atomic<u32>;
 var<workgroup> flag_u: u32;
-
-// Which lanes of a vec4 of halves are not finite (bit tests: see attn_common.wgsl's NaN note).
-fn bad4(x: vec4<f16>) -> vec4<bool> {
-  let e = bitcast<vec4<u32>>(vec4<f32>(x)) & vec4<u32>(0x7f800000u);
-  return e == vec4<u32>(0x7f800000u);
-}
-
-fn is_bad_f16(x: f16) -> bool {
-  return bad4(vec4<f16>(x)).x;
-}
-
-// Element d of key j's row of v (kv layout), for the non-finite slow path.
-fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
-  let g = v[kv_granule(b, kvh, j) + d / GE];
-  return g_part(g, (d % GE) / 4u)[d % 4u];
-}
 
 // The kernel, entered through the primitive file's main (it knows how the device numbers
 // subgroups: sg is the subgroup, lane its invocation; lid the workgroup-linear invocation).
@@ -97,27 +78,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // Stage K and V: keys some row sees; a non-finite v half is staged as 0 and flagged.
     for (var idx = lid; idx < BC * HG; idx += WG) {
       let jj = idx / HG;
-      let g = idx % HG;
-      var kg = GV();
-      var vg = GV();
-      if (j0 + jj >= lo && j0 + jj < hi) {
-        let at = kv_granule(b, kvh, j0 + jj) + g;
-        kg = k[at];
-        vg = v[at];
-      }
-      var bad = false;
-      for (var c = 0u; c < GE; c += 4u) {
-        let kh = g_part(kg, c / 4u);
-        let vraw = g_part(vg, c / 4u);
-        let vb = bad4(vraw);
-        bad = bad || any(vb);
-        let vh = select(vraw, vec4<T>(0.0), vb);
-        for (var e = 0u; e < 4u; e++) {
-          k_s[jj * KST + g * GE + c + e] = kh[e];
-          v_s[jj * VST + g * GE + c + e] = vh[e];
-        }
-      }
-      if (bad) {
+      if (stage_granule(b, kvh, j0 + jj, jj, idx % HG, j0 + jj >= lo && j0 + jj < hi)) {
         atomicOr(&flag_a, 2u);
       }
     }
@@ -149,16 +110,12 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     red_s[rr * 2u + hf] = best;
     workgroupBarrier();
     let m_tile = max(red_s[rr * 2u], red_s[rr * 2u + 1u]);
-    // Lazy max: move the reference only when the tile's max exceeds it by more than TAU
-    // (or on the row's first visible logit, when O is still all zero and needs no scaling).
-    var alpha = 1.0;
-    if (m_tile > m + TAU || (m <= MASKED && m_tile > MASKED)) {
-      if (m > MASKED) {
-        alpha = exp(m - m_tile);
-        atomicOr(&flag_a, 1u);
-      }
-      m = m_tile;
+    let lm = lazy_max(m, m_tile);
+    let alpha = lm.y;
+    if (lm.x != m && m > MASKED) {
+      atomicOr(&flag_a, 1u);
     }
+    m = lm.x;
     // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
     let m_use = select(m, 0.0, m <= MASKED);
     var psum = 0.0;

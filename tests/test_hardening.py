@@ -191,7 +191,11 @@ def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps
             thread.start()
             deadline = time.monotonic() + 5.0
             try:
-                while time.monotonic() < deadline and cache.lengths.max() < cache.capacity - 1:
+                # Past the deadline only while too few steps completed (a loaded machine), up
+                # to 15 s more; each interrupt widens the storm's interval, so steps get through.
+                while (time.monotonic() < deadline or steps < 3) \
+                        and time.monotonic() < deadline + 15.0 \
+                        and cache.lengths.max() < cache.capacity - 1:
                     before = cache.lengths.copy()
                     kn = rng.standard_normal((2, 1, 2, 16)).astype(np.float32)
                     vn = rng.standard_normal((2, 1, 2, 16)).astype(np.float32)
@@ -206,6 +210,7 @@ def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps
                     except KeyboardInterrupt:
                         armed[0] = False
                         interrupts += 1
+                        interval[:] = [1.25 * interval[0], 1.25 * interval[1]]
                     # An append happened whole (the interrupt came after it) or not at all.
                     if not np.array_equal(cache.lengths, before):
                         assert np.array_equal(cache.lengths, before + 1)

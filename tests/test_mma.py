@@ -1,7 +1,8 @@
 """Matrix-unit kernels on CI devices: the flag matrix_units, the emulated builds of the WGSL
-flash prefill on subgroup matrices (webgpu/lavapipe, dawn/lavapipe), and the paths random
-inputs rarely take (the lazy max's rescale, a non-finite v). The hardware builds run on the
-H100 (ci/results/h100_mma.md); CI has no matrix units (ci/required_matrix.json says so)."""
+flash prefill and split-KV decode on subgroup matrices (webgpu/lavapipe, dawn/lavapipe), and
+the paths random inputs rarely take (the lazy max's rescale, a non-finite v). The hardware
+builds run on the H100 (ci/results/h100_conformance_mma_dawn.md, h100_mma_wgsl.txt); CI has
+no matrix units (ci/required_matrix.json says so)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,94 @@ def test_export_for_the_subgroup_matrix_profile(tmp_path) -> None:  # type: igno
     assert "--enable-unsafe-webgpu" in readme and "allow_unsafe_apis" in readme
     plain = export.export(spec, str(tmp_path / "plain"), "browser-profile")
     assert all(".mma" not in k for k in plain.plan.kernels)
+
+
+# -- the split-KV decode partials on subgroup matrices (shaders/decode_mma.wgsl) -------------
+DECODE = attnreg.AttentionSpec(batch=2, seq_len=3, past_len=150, num_heads=8, kv_num_heads=2,
+                               head_size=32, dtype="float16", causal=True, return_lse=True)
+
+
+@pytest.mark.parametrize("backend", ["webgpu", "dawn"])
+def test_decode_flag_selects_the_build(backend: str) -> None:
+    require_devices(backend)
+    mma = f"{backend}.decode_partial.f16.mma"
+    emu = attnreg.Session(backend=backend, flags={"matrix_units": "emulate"}).plan(DECODE)
+    assert _kernel(emu) == (mma, "emulate")
+    # the query heads x rows fill the M tile: 4 heads x 4 rows
+    assert emu.stages[0].params["m_tile"] == 4
+    auto = attnreg.Session(backend=backend).plan(DECODE)
+    assert auto.stages[0].kernel != mma
+    assert "matrix_units=auto: no rule measured" in "\n".join(auto.rejected[mma])
+
+
+@pytest.mark.parametrize("backend", ["webgpu", "dawn"])
+@pytest.mark.parametrize("case", ["rescale", "nonfinite_v", "window_softcap_alibi"])
+def test_decode_against_reference(backend: str, case: str) -> None:
+    """Several splits (partial states and the reduced output), rows of an M tile at different
+    positions, the lazy max's rescale and a non-finite v some rows see and others do not."""
+    require_devices(backend)
+    spec = DECODE.replace(head_size=48, kv_layout="BSNH")
+    if case == "window_softcap_alibi":
+        spec = spec.replace(local_window=40, softcap=20.0, alibi_max_bias=8.0, seqlens_k=True)
+    t = _growing_logits(spec, 5) if case == "rescale" else testing.make_tensors(spec, 6)
+    if case == "nonfinite_v":
+        t["v"] = t["v"].copy()
+        t["v"][0, 151, 1, 7] = np.inf      # only the last row (position 152) sees key 151
+        t["v"][1, 90, 0, 30] = np.nan      # every row sees key 90
+    s = attnreg.Session(backend=backend, flags={"matrix_units": "emulate", "split_size": 64})
+    got, plan = s.run_with_plan(spec, t)
+    assert _kernel(plan) == (f"{backend}.decode_partial.f16.mma", "emulate")
+    assert plan.stages[0].params["n_splits"] == 3
+    _, problem = testing.compare(spec, got, testing.expected(spec, t))
+    assert not problem, problem
+    parts = s.partial_states(spec, t, split_size=64)
+    want = attnreg.reference.partial_states(spec, t, 64)
+    _, problem = testing.compare_partials(spec, parts, want, testing.TOLERANCE[spec.dtype])
+    assert not problem, problem
+
+
+def test_decode_subgroups_divide_the_tiles() -> None:
+    """wg is the most lanes: the kernel takes the most subgroups that divide the head's and
+    the key tile's 16-wide tiles (QK and PV deal those out evenly)."""
+    for h, bc, wg, nsg in ((128, 64, 128, 4), (32, 64, 128, 2), (48, 64, 128, 1),
+                           (128, 32, 128, 2), (64, 16, 64, 1)):
+        c = wmma.mma_decode_consts(DECODE.replace(head_size=h), {"kv_tile": bc, "wg": wg})
+        assert (c["NSG"], c["WG"]) == (nsg, 32 * nsg), (h, bc, wg, c)
+        assert c["NOC"] % c["NSG"] == 0 and c["NKC"] % c["NSG"] == 0
+        assert c["KPL"] * c["PARTS"] == bc
+
+
+def test_decode_hardware_build_needs_64_key_tiles() -> None:
+    """kv_tile 32 gave wrong products on the H100's driver: the hardware build refuses it."""
+    from attnreg.backends.browser import export
+
+    caps = export.SUBGROUP_MATRIX_PROFILE.model_copy(
+        update={"backend": "webgpu",
+                "limits": {**export.SUBGROUP_MATRIX_PROFILE.limits, "workgroup_storage": 65536}})
+    k = next(k for k in wmma.declare_matrix() if k.family == "decode_partial")
+    spec = DECODE.replace(head_size=128)
+    assert not k.not_supported_reasons(spec, caps, {"mma": "hardware"})
+    why = k.not_supported_reasons(spec, caps, {"mma": "hardware", "kv_tile": 32})
+    assert any("kv_tile >= 64" in w for w in why), why
+    assert not k.not_supported_reasons(spec, caps, {"mma": "emulate", "kv_tile": 32})
+
+
+@pytest.mark.parametrize("name,fits", [("nvidia-h100", True), ("apple-m4-max", False),
+                                       ("apple-m1-pro", False), ("intel-meteor-lake", False)])
+def test_profiles_carry_their_subgroup_matrix_shapes(name: str, fits: bool) -> None:
+    """The stored profiles hold the shapes Dawn reports (Apple 8x8x8, none on Xe-LPG); on a
+    Dawn adapter with the feature, the matrix kernels run only where 16x16x16 f16->f32 on
+    32-lane subgroups is among them, and say which shape is missing elsewhere."""
+    from attnreg.profiles import profile
+
+    caps = profile(name)
+    assert "subgroup_matrix_configs" in caps.extra
+    # the profiles are wgpu-native's view (no subgroup matrices): as a Dawn adapter with them
+    dawn_like = caps.model_copy(update={"features": caps.features | {"subgroup-matrix"},
+                                        "backend": "webgpu"})
+    for k in wmma.declare_matrix():
+        why = k.not_supported_reasons(DECODE.replace(head_size=64), dawn_like,
+                                      {"mma": "hardware"})
+        missing = [w for w in why if "subgroup-matrix configs lack subgroup_matrix f16 16x16x16"
+                   in w]
+        assert (not missing) == fits, (k.id, why)

@@ -1,9 +1,10 @@
-"""The WebGPU matrix-unit kernel variants (flag matrix_units), as data: the flash prefill on
-subgroup matrices (shaders/flash_prefill_mma.wgsl), its tiles, storage and checks."""
+"""The WebGPU matrix-unit kernel variants (flag matrix_units), as data: the flash prefill
+(shaders/flash_prefill_mma.wgsl) and the split-KV decode partials (shaders/decode_mma.wgsl)
+on subgroup matrices, their tiles, storage and checks."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from attnreg.backends import common
@@ -43,10 +44,71 @@ def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
             + c["BR"] * 12 + 8)
 
 
-def _mma_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+# The decode partials: m_tile query rows x the group's heads fill the 16 rows of one M tile;
+# subgroups share each staged tile of kv_tile keys (QK deals out key tiles, PV output column
+# tiles): wg is the most lanes a workgroup takes, the kernel the most 32-lane subgroups
+# within it that divide both counts (head_size 32 and kv_tile 64: 2 subgroups).
+# H100 (Dawn, GQA 32/8 H=128 f16, GPU time): 4 subgroups beat 2 everywhere (L=8192 with
+# 256-key splits 104 vs 184 us); kv_tile 32 gave wrong products there (HW_MIN_KV_TILE).
+DECODE_DEFAULTS: Mapping[str, Any] = {"m_tile": 1, "kv_tile": 64, "wg": 128, "mma": "hardware"}
+DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {
+    "m_tile": (1, 2, 4, 8, 16), "kv_tile": (16, 32, 64), "wg": (32, 64, 128)}
+DECODE_SHRINK = (("kv_tile", 16), ("wg", 32))
+# Hardware builds: the smallest key tile that gave right products on the H100 (below).
+HW_MIN_KV_TILE = {"prefill": 32, "decode_partial": 64}
+
+
+def mma_decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    d = DECODE_DEFAULTS
+    m, bc, wg = _p(params, d, "m_tile"), _p(params, d, "kv_tile"), _p(params, d, "wg")
+    noc, nkc = spec.head_size // 16, bc // 16
+    nsg = max(1, wg // MMA_SUBGROUP)
+    while nsg > 1 and (noc % nsg or nkc % nsg):
+        nsg //= 2
+    tps = max(1, noc // nsg)
+    return {"M": m, "GT": max(1, min(spec.group_size, 16 // max(1, m))), "BC": bc,
+            "NSG": nsg, "WG": nsg * MMA_SUBGROUP, "NOC": noc, "NKC": nkc, "TPS": tps,
+            "PARTS": 2 * nsg, "KPL": max(1, bc // (2 * nsg)),
+            "QST": spec.head_size, "KST": spec.head_size, "VST": spec.head_size,
+            "SST": bc, "PST": bc, "VW": max(1, -(-tps * 8 // 32))}
+
+
+def mma_decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = mma_decode_consts(spec, params)
+    h = spec.head_size
+    return (16 * h * 2 + 2 * c["BC"] * h * 2 + 16 * c["BC"] * (4 + 2) + c["NSG"] * 256 * 4
+            + 16 * c["PARTS"] * 4 + 16 * 4 + 8)
+
+
+def consts(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    """The compile-time constants of a matrix variant's module."""
+    if family == "prefill":
+        return mma_prefill_consts(spec, params)
+    return mma_decode_consts(spec, params)
+
+
+def _decode_tiles(spec: AttentionSpec, params: Mapping[str, Any]) -> list[str]:
+    d = DECODE_DEFAULTS
+    return [f"{n}={_p(params, d, n)} must be one of {DECODE_CHOICES[n]}"
+            for n in ("m_tile", "kv_tile", "wg") if _p(params, d, n) not in DECODE_CHOICES[n]]
+
+
+def _prefill_tiles(spec: AttentionSpec, params: Mapping[str, Any]) -> list[str]:
     d = MMA_DEFAULTS
-    why = [f"{n}={_p(params, d, n)} must be 16, 32 or 64" for n in ("q_tile", "kv_tile")
-           if _p(params, d, n) not in (16, 32, 64)]
+    return [f"{n}={_p(params, d, n)} must be 16, 32 or 64" for n in ("q_tile", "kv_tile")
+            if _p(params, d, n) not in (16, 32, 64)]
+
+
+def _mma_checks(family: str
+                ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
+    return lambda spec, caps, params: _checks(family, spec, caps, params)
+
+
+def _checks(family: str, spec: AttentionSpec, caps: DeviceCaps,
+            params: Mapping[str, Any]) -> list[str]:
+    prefill = family == "prefill"
+    d = MMA_DEFAULTS if prefill else DECODE_DEFAULTS
+    why = _prefill_tiles(spec, params) if prefill else _decode_tiles(spec, params)
     if params.get("mma", d["mma"]) == "hardware" and "subgroup-matrix" in caps.features:
         # The config's own subgroup sizes count (the adapter's range, 4..128 on the H100, is
         # wider): the tiles take lanes 32g..32g+31 of the workgroup as subgroup g.
@@ -62,14 +124,16 @@ def _mma_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]
                        "lanes, which the kernel's tiles assume")
         # Measured on the H100 (Dawn 0.32 / Tint, NVIDIA's Vulkan driver): a chain of one
         # product per tile (head_size 16: one column tile; kv_tile 16: one key tile) gave
-        # wrong results in every case tried, while the emulated build of the same kernel
-        # is right; every shape with at least two of each passed the conformance cells.
-        if spec.head_size < 32 or _p(params, d, "kv_tile") < 32:
+        # wrong results in every case tried, and so did the decode at kv_tile 32 (2 key
+        # tiles, 1 or 2 subgroups), while the emulated builds of the same kernels are right;
+        # every shape at or above these sizes passed the conformance cells there.
+        need = HW_MIN_KV_TILE[family]
+        if spec.head_size < 32 or _p(params, d, "kv_tile") < need:
             why.append(f"head_size {spec.head_size} / kv_tile {_p(params, d, 'kv_tile')}: the "
-                       "hardware build needs head_size >= 32 and kv_tile >= 32 (one product "
-                       "per tile gave wrong results on the H100's driver; matrix_units=emulate "
-                       "runs this kernel's logic at any size)")
-    return why or _thread_check(lambda s, p: mma_prefill_consts(s, p)["WG"])(spec, caps, params)
+                       f"hardware build needs head_size >= 32 and kv_tile >= {need} (shorter "
+                       "product chains gave wrong results on the H100's driver; "
+                       "matrix_units=emulate runs this kernel's logic at any size)")
+    return why or _thread_check(lambda s, p: consts(family, s, p)["WG"])(spec, caps, params)
 
 
 def _mma_prefill(dtype: str) -> KernelInfo:
@@ -79,19 +143,36 @@ def _mma_prefill(dtype: str) -> KernelInfo:
         features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
         defaults=MMA_DEFAULTS, choices=MMA_CHOICES, emulation={"mma": "emulate"},
         emulates=frozenset({"subgroup-matrix"}),
-        matrix=SUBGROUP_MATRIX, workgroup_storage=mma_prefill_storage, extra_checks=_mma_checks,
+        matrix=SUBGROUP_MATRIX, workgroup_storage=mma_prefill_storage,
+        extra_checks=_mma_checks("prefill"),
         doc="flash prefill on matrix units: S = QK^T and O += PV as 16x16x16 subgroup-matrix "
             "products (f16 in, f32 accumulators), the online softmax (lazy max) in scalar code "
             "between them; q_tile rows (16 per subgroup) x kv_tile keys per tile")
 
 
+def _mma_decode(dtype: str) -> KernelInfo:
+    return KernelInfo(
+        id=f"{NAME}.decode_partial.{DTYPES[dtype]}.mma", backend=NAME, family="decode_partial",
+        dtypes=frozenset({dtype}), head_sizes=(16, 256, 16),
+        features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
+        defaults=DECODE_DEFAULTS, choices=DECODE_CHOICES, emulation={"mma": "emulate"},
+        emulates=frozenset({"subgroup-matrix"}), matrix=SUBGROUP_MATRIX,
+        workgroup_storage=mma_decode_storage, extra_checks=_mma_checks("decode_partial"),
+        doc="split-KV decode partials on matrix units: a KV head's query heads x m_tile rows "
+            "fill the 16 rows of one M tile; S = QK^T and O += PV as 16x16x16 subgroup-matrix "
+            "products over kv_tile-key tiles staged in workgroup memory (up to wg / 32 subgroups "
+            "share a tile: QK by key tiles, PV by output column tiles), the lazy-max online "
+            "softmax between them")
+
+
 def declare_matrix() -> list[KernelInfo]:
     """The matrix-unit variants (flag matrix_units): f16 only, since the matrix units
     multiply f16 (an f32 spec would lose its tolerance)."""
-    return [_mma_prefill("float16")]
+    return [_mma_prefill("float16"), _mma_decode("float16")]
 
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
               limit: int | None) -> dict[str, int]:
-    """The matrix prefill's tiles halved in MMA_SHRINK order until its storage fits."""
-    return common.fit_tiles(kernel, spec, params, limit, MMA_SHRINK)
+    """A matrix variant's tiles halved in its shrink order until its storage fits."""
+    order = MMA_SHRINK if kernel.family == "prefill" else DECODE_SHRINK
+    return common.fit_tiles(kernel, spec, params, limit, order)

@@ -200,7 +200,7 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
            bias_shape: tuple[int, ...] | None = None) -> dict[str, int]:
     """The stage's compile-time constants (what its prefix defines)."""
     if "mma" in stage.params:
-        return mma.mma_prefill_consts(spec, stage.params)
+        return mma.consts(stage.family, spec, stage.params)
     return kernels.stage_consts(stage.family, spec, stage.params,
                                 subgroup_width=subgroup_width(stage, caps),
                                 bias_shape=bias_shape, op=op)
@@ -229,15 +229,17 @@ def memory_helpers(aux: frozenset[str]) -> str:
             + (_BLOCKS if "block_list" in aux else _NO_BLOCKS))
 
 
-# The matrix-unit prefill (params "mma"): the primitive on subgroup matrices or in software.
-MMA_FILES = {"hardware": ("attn_common", "mma_hw", "flash_prefill_mma"),
-             "emulate": ("attn_common", "mma_emu", "flash_prefill_mma")}
+# The matrix-unit variants (params "mma"): the primitive on subgroup matrices or in software.
+MMA_PRIMITIVE = {"hardware": "mma_hw", "emulate": "mma_emu"}
+MMA_KERNEL = {"prefill": "flash_prefill_mma", "decode_partial": "decode_mma"}
 SUBGROUP_MATRIX_DIRECTIVE = "enable chromium_experimental_subgroup_matrix;\n"
 
 
 def files(stage: Stage) -> tuple[str, ...]:
     mma = stage.params.get("mma")
-    return MMA_FILES[str(mma)] if mma is not None else FILES[stage.family]
+    if mma is None:
+        return FILES[stage.family]
+    return ("attn_common", "mma_common", MMA_PRIMITIVE[str(mma)], MMA_KERNEL[stage.family])
 
 
 def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,

@@ -1,0 +1,224 @@
+// decode_mma: split-KV decode partials whose two products run on matrix units, through the
+// mm_* primitive (mma_hw.wgsl: subgroup matrices; mma_emu.wgsl: the same contract in
+// software). One workgroup = one (batch, kv head, split, tile of M query rows, chunk of GT
+// query heads): its R = GT * M <= 16 query vectors are the 16 rows of one M tile (row
+// r: head hc*GT + r/M of the group, query row i0 + r%M; rows past R are zero). Per tile of
+// BC keys of the split, staged in workgroup memory by every lane:
+//   S = Q K^T: subgroup g takes key tiles g, g+NSG, .. (NOC products each) -> s_s;
+//   softmax in scalar code: lane (row lid%16, part lid/16) takes KPL of the row's scores,
+//   applies the logit (attn_common.wgsl) and masks, writes P = exp(x - m) as f16 to p_s;
+//   O += P V: subgroup g owns output column tiles g, g+NSG, .. (TPS of them) in registers.
+// The running max is lazy (mma_common.wgsl), as in flash_prefill_mma. Non-finite v: staged
+// as 0 and flagged; a slow path marks, per lane, the output columns of its row that see it.
+// Writes the contract's partial state of the split: o_t normalised over the split's visible
+// keys and lse_t (0 and -inf for a split with no visible key).
+// Prefix constants: M, GT, BC, NSG, WG (32 NSG), NOC (HD/16), NKC (BC/16), TPS (NOC/NSG),
+// PARTS (WG/16), KPL (BC/PARTS), QST, KST, VST, SST, PST, VW (words of a lane's column mask).
+
+const R: u32 = GT * M;
+
+var<workgroup> q_s: array<f16, 16u * QST>;
+var<workgroup> k_s: array<f16, BC * KST>;
+var<workgroup> v_s: array<f16, BC * VST>;
+var<workgroup> s_s: array<f32, 16u * SST>;
+var<workgroup> p_s: array<f16, 16u * PST>;
+var<workgroup> o_x: array<f32, NSG * 256u>;
+var<workgroup> red_s: array<f32, 16u * PARTS>;
+var<workgroup> alpha_s: array<f32, 16u>;
+var<workgroup> flag_a: atomic<u32>;
+var<workgroup> flag_u: u32;
+
+// (query head of the group, query row) of M-tile row r; x past the group or y past seq_len
+// for rows no query fills.
+fn tile_row(hc: u32, i0: u32, r: u32) -> vec2<u32> {
+  if (r >= R) {
+    return vec2<u32>(P.group_size, P.seq_len);
+  }
+  return vec2<u32>(hc * GT + r / M, i0 + r % M);
+}
+
+fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
+  let d = decode_wg(wid, nwg, M, GT);
+  if (!d.ok) {
+    return;
+  }
+  let rr = lid % 16u;                  // this lane's row (softmax, output)
+  let part = lid / 16u;                // which KPL scores of the row
+  let hf = lane / 16u;                 // which 8 columns of its subgroup's tiles it writes
+  let ri = tile_row(d.hc, d.i0, rr);
+  let live = ri.x < P.group_size && ri.y < P.seq_len;
+  let h = d.kvh * P.group_size + ri.x;
+  let i = ri.y;
+  let pos = row_pos(d.len, i);
+  let lo = d.klo;
+  let hi = d.khi;
+
+  // Q tile (raw: the scale is applied to the f32 scores), absent rows zero.
+  for (var idx = lid; idx < 16u * HG; idx += WG) {
+    let r = idx / HG;
+    let g = idx % HG;
+    let qr = tile_row(d.hc, d.i0, r);
+    var gv = GV();
+    if (qr.x < P.group_size && qr.y < P.seq_len) {
+      gv = q[q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g];
+    }
+    for (var e = 0u; e < GE; e++) {
+      q_s[r * QST + g * GE + e] = g_part(gv, e / 4u)[e % 4u];
+    }
+  }
+
+  var o: array<MAcc, TPS>;
+  for (var t = 0u; t < TPS; t++) {
+    o[t] = mm_zero();
+  }
+  var m = MASKED;
+  var l = 0.0;                         // this lane's part of the row sum
+  var vbad: array<u32, VW>;            // output columns of this lane poisoned by a v
+  for (var w = 0u; w < VW; w++) {
+    vbad[w] = 0u;
+  }
+
+  let n_tiles = select(0u, cdiv(hi - lo, BC), hi > lo);
+  for (var it = 0u; it < n_tiles; it++) {
+    let j0 = lo + it * BC;
+    workgroupBarrier();                // the previous tile's readers are done
+    for (var idx = lid; idx < BC * HG; idx += WG) {
+      let jj = idx / HG;
+      if (stage_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi)) {
+        atomicOr(&flag_a, 2u);
+      }
+    }
+    workgroupBarrier();
+
+    // S = Q K^T: this subgroup's key tiles.
+    for (var u = 0u; u < NKC / NSG; u++) {
+      let kc = sg + u * NSG;
+      var acc = mm_zero();
+      for (var dc = 0u; dc < NOC; dc++) {
+        acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);
+      }
+      mm_store_s(acc, kc * 16u);
+    }
+    workgroupBarrier();
+
+    // Logits of this lane's part of the row, and their max.
+    var x: array<f32, KPL>;
+    var best = MASKED;
+    for (var e = 0u; e < KPL; e++) {
+      let jl = part * KPL + e;
+      let j = j0 + jl;
+      var xv = MASKED;
+      if (live && j < hi && key_visible(i32(j), pos, d.len)) {
+        xv = logit(s_s[rr * SST + jl] * P.scale, d.b, h, i, j, pos);
+      }
+      x[e] = xv;
+      best = max(best, xv);
+    }
+    red_s[rr * PARTS + part] = best;
+    workgroupBarrier();
+    var m_tile = MASKED;
+    for (var p = 0u; p < PARTS; p++) {
+      m_tile = max(m_tile, red_s[rr * PARTS + p]);
+    }
+    let lm = lazy_max(m, m_tile);
+    let alpha = lm.y;
+    if (lm.x != m && m > MASKED) {
+      atomicOr(&flag_a, 1u);
+    }
+    m = lm.x;
+    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
+    let m_use = select(m, 0.0, m <= MASKED);
+    var psum = 0.0;
+    for (var e = 0u; e < KPL; e++) {
+      let p = weight_of(x[e], m_use);
+      psum += p;
+      p_s[rr * PST + part * KPL + e] = f16(p);
+    }
+    l = l * alpha + psum;
+    if (part == 0u) {
+      alpha_s[rr] = alpha;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+      flag_u = atomicExchange(&flag_a, 0u);
+    }
+    let flags = workgroupUniformLoad(&flag_u);
+
+    if ((flags & 1u) != 0u) {
+      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
+      for (var t = 0u; t < TPS; t++) {
+        mm_store_x(o[t], sg * 256u);
+        workgroupBarrier();
+        for (var e = lane; e < 256u; e += 32u) {
+          o_x[sg * 256u + e] *= alpha_s[e / 16u];
+        }
+        workgroupBarrier();
+        o[t] = mm_load_x(sg * 256u);
+        workgroupBarrier();
+      }
+    }
+    if ((flags & 2u) != 0u && live) {
+      // A non-finite v in this tile: mark the columns this lane writes that its row sees.
+      for (var jl = 0u; jl < BC; jl++) {
+        let j = j0 + jl;
+        if (j < hi && key_visible(i32(j), pos, d.len)) {
+          for (var t = 0u; t < TPS; t++) {
+            for (var c = 0u; c < 8u; c++) {
+              if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * NSG) * 16u + hf * 8u + c))) {
+                let bit = t * 8u + c;
+                vbad[bit / 32u] |= 1u << (bit % 32u);
+              }
+            }
+          }
+        }
+      }
+    }
+
+    // O += P V on this subgroup's column tiles. The bound is read at run time (it equals
+    // TPS), as in flash_prefill_mma: fully unrolled short chains gave wrong products on the
+    // H100 (Dawn/Tint + NVIDIA's Vulkan driver).
+    for (var t = 0u; t < min(TPS, P.seq_len + TPS); t++) {
+      var acc = o[t];
+      for (var kc = 0u; kc < NKC; kc++) {
+        acc = mm_pv(acc, kc * 16u, kc * 16u * VST + (sg + t * NSG) * 16u);
+      }
+      o[t] = acc;
+    }
+  }
+
+  // The row sum over the parts, the row's factor and lse (no sink: the reduce adds it).
+  workgroupBarrier();
+  red_s[rr * PARTS + part] = l;
+  workgroupBarrier();
+  var lsum = 0.0;
+  for (var p = 0u; p < PARTS; p++) {
+    lsum += red_s[rr * PARTS + p];
+  }
+  let fin = finish_row(m, lsum, MASKED);
+  let row = ((d.b * P.num_heads + h) * P.seq_len + i) * P.n_splits + d.t;
+  if (part == 0u) {
+    alpha_s[rr] = fin.x;
+    if (live) {
+      lse_parts[row] = fin.y;
+    }
+  }
+  // o_t, tile by tile through o_x: lane (row, hf) writes 8 columns of each of its tiles.
+  for (var t = 0u; t < TPS; t++) {
+    mm_store_x(o[t], sg * 256u);
+    workgroupBarrier();
+    if (live) {
+      for (var u = 0u; u < 2u; u++) {
+        var acc = vec4<f32>(0.0);
+        for (var e = 0u; e < 4u; e++) {
+          acc[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
+          let bit = t * 8u + u * 4u + e;
+          if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
+            acc[e] = nan_f32();
+          }
+        }
+        o_parts[row * HV + (sg + t * NSG) * 4u + hf * 2u + u] = finite_or_nan4(acc);
+      }
+    }
+    workgroupBarrier();
+  }
+}
