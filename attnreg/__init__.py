@@ -31,6 +31,7 @@ from .hookspecs import Backend, Command, Runtime, hookimpl
 from .kernel import KernelInfo, MatrixUnit
 from .plan import Plan, Stage
 from .profiles import profile, profiles
+from .quant import dequantize_kv, quantize_kv
 from .rules import Rule
 from .session import Session
 from .spec import AttentionSpec
@@ -57,6 +58,7 @@ __all__ = [
     "SpecError",
     "Stage",
     "default_session",
+    "dequantize_kv",
     "devices",
     "explain",
     "hookimpl",
@@ -65,6 +67,7 @@ __all__ = [
     "partial_states",
     "profile",
     "profiles",
+    "quantize_kv",
     "reduce_states",
     "register_plugin",
     "run",

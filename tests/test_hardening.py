@@ -174,7 +174,9 @@ def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps
     previous = signal.signal(signal.SIGINT, handler)
     try:
         with _session(dev) as s:
-            cache = s.kv_cache(batch=2, kv_num_heads=2, head_size=16, capacity=64,
+            # room for many steps: a fast backend (reference) must meet several interrupts
+            # before the cache fills (at 64 it once filled before the first one landed)
+            cache = s.kv_cache(batch=2, kv_num_heads=2, head_size=16, capacity=512,
                                dtype="float32")
             k_host, v_host = _host_cache(cache)
             like = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=31, num_heads=4,

@@ -136,39 +136,39 @@ def _checks(family: str, spec: AttentionSpec, caps: DeviceCaps,
     return why or _thread_check(lambda s, p: consts(family, s, p)["WG"])(spec, caps, params)
 
 
-def _mma_prefill(dtype: str) -> KernelInfo:
-    return KernelInfo(
-        id=f"{NAME}.prefill.{DTYPES[dtype]}.mma", backend=NAME, family="prefill",
-        dtypes=frozenset({dtype}), head_sizes=(16, 256, 16),
-        features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
-        defaults=MMA_DEFAULTS, choices=MMA_CHOICES, emulation={"mma": "emulate"},
-        emulates=frozenset({"subgroup-matrix"}),
-        matrix=SUBGROUP_MATRIX, workgroup_storage=mma_prefill_storage,
-        extra_checks=_mma_checks("prefill"),
-        doc="flash prefill on matrix units: S = QK^T and O += PV as 16x16x16 subgroup-matrix "
-            "products (f16 in, f32 accumulators), the online softmax (lazy max) in scalar code "
-            "between them; q_tile rows (16 per subgroup) x kv_tile keys per tile")
+# family -> (defaults, choices, storage, doc) of its matrix variant
+_FAMILIES: Mapping[str, tuple[Mapping[str, Any], Mapping[str, tuple[Any, ...]],
+                              Callable[[AttentionSpec, Mapping[str, Any]], int], str]] = {
+    "prefill": (
+        MMA_DEFAULTS, MMA_CHOICES, mma_prefill_storage,
+        "flash prefill on matrix units: S = QK^T and O += PV as 16x16x16 subgroup-matrix "
+        "products (f16 in, f32 accumulators), the online softmax (lazy max) in scalar code "
+        "between them; q_tile rows (16 per subgroup) x kv_tile keys per tile"),
+    "decode_partial": (
+        DECODE_DEFAULTS, DECODE_CHOICES, mma_decode_storage,
+        "split-KV decode partials on matrix units: a KV head's query heads x m_tile rows "
+        "fill the 16 rows of one M tile; S = QK^T and O += PV as 16x16x16 subgroup-matrix "
+        "products over kv_tile-key tiles staged in workgroup memory (up to wg / 32 subgroups "
+        "share a tile: QK by key tiles, PV by output column tiles), the lazy-max online "
+        "softmax between them"),
+}
 
 
-def _mma_decode(dtype: str) -> KernelInfo:
+def _mma_kernel(family: str, dtype: str) -> KernelInfo:
+    defaults, choices, storage, doc = _FAMILIES[family]
     return KernelInfo(
-        id=f"{NAME}.decode_partial.{DTYPES[dtype]}.mma", backend=NAME, family="decode_partial",
+        id=f"{NAME}.{family}.{DTYPES[dtype]}.mma", backend=NAME, family=family,
         dtypes=frozenset({dtype}), head_sizes=(16, 256, 16),
         features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
-        defaults=DECODE_DEFAULTS, choices=DECODE_CHOICES, emulation={"mma": "emulate"},
+        defaults=defaults, choices=choices, emulation={"mma": "emulate"},
         emulates=frozenset({"subgroup-matrix"}), matrix=SUBGROUP_MATRIX,
-        workgroup_storage=mma_decode_storage, extra_checks=_mma_checks("decode_partial"),
-        doc="split-KV decode partials on matrix units: a KV head's query heads x m_tile rows "
-            "fill the 16 rows of one M tile; S = QK^T and O += PV as 16x16x16 subgroup-matrix "
-            "products over kv_tile-key tiles staged in workgroup memory (up to wg / 32 subgroups "
-            "share a tile: QK by key tiles, PV by output column tiles), the lazy-max online "
-            "softmax between them")
+        workgroup_storage=storage, extra_checks=_mma_checks(family), doc=doc)
 
 
 def declare_matrix() -> list[KernelInfo]:
     """The matrix-unit variants (flag matrix_units): f16 only, since the matrix units
     multiply f16 (an f32 spec would lose its tolerance)."""
-    return [_mma_prefill("float16"), _mma_decode("float16")]
+    return [_mma_kernel(f, "float16") for f in _FAMILIES]
 
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],

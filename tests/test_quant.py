@@ -1,0 +1,113 @@
+"""attnreg.quantize_kv / dequantize_kv: the contract's reference quantizer of int8 and int4
+K/V (CONTRACT "Storage dtypes and quantized K/V"), checked element by element against the
+contract's words (the int4 nibble layout is decoded here by a plain loop, independently)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnreg
+
+
+def test_int8_per_vector_scale_and_error_bound() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 3, 64)).astype(np.float32) * 3
+    x[1, 2, 0] = 0.0                                   # an all-zero vector: scale 0, codes 0
+    codes, scale = attnreg.quantize_kv(x, "int8")
+    assert codes.dtype == np.int8 and codes.shape == x.shape
+    assert scale.dtype == np.float32 and scale.shape == x.shape[:-1]
+    np.testing.assert_allclose(scale, np.abs(x).max(axis=-1) / 127, rtol=1e-6)
+    assert scale[1, 2, 0] == 0 and not codes[1, 2, 0].any()
+    assert codes.min() >= -127 and codes.max() <= 127
+    # the element of largest magnitude maps to +-127
+    top = np.abs(x).argmax(axis=-1)[..., None]
+    live = scale > 0
+    assert (np.abs(np.take_along_axis(codes, top, -1)[..., 0])[live] == 127).all()
+    back = attnreg.dequantize_kv(codes, scale, "int8")
+    assert (np.abs(back - x) <= scale[..., None] / 2 * (1 + 1e-5)).all()
+
+
+def test_int8_rounds_half_to_even() -> None:
+    x = np.array([[127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5]], np.float32)   # scale exactly 1
+    codes, scale = attnreg.quantize_kv(x, "int8")
+    assert scale[0] == 1.0
+    assert codes[0].tolist() == [127, 2, 4, -2, 0, 0, 2]
+
+
+def _int4_by_the_words(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Dequantize one [H/2] row by a loop over the contract's byte/nibble description."""
+    h = codes.shape[-1] * 2
+    out = np.zeros(h, np.float64)
+    for j in range(h // 32):
+        for i in range(16):
+            byte = int(codes[16 * j + i])
+            out[32 * j + i] = ((byte & 0xF) - 8) * float(scales[j])
+            out[32 * j + i + 16] = ((byte >> 4) - 8) * float(scales[j])
+    return out
+
+
+def test_int4_block_layout_and_signed_scale() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    x[0, 5] = -9.0                   # block 0's largest magnitude, negative: scale > 0
+    x[1, 40] = 7.0                   # block 1's, positive: scale < 0
+    x[2, 64:96] = 0.0                # an all-zero block: scale 0, every value 0
+    codes, scales = attnreg.quantize_kv(x, "int4")
+    assert codes.dtype == np.uint8 and codes.shape == (3, 48)
+    assert scales.dtype == np.float16 and scales.shape == (3, 3)
+    assert scales[0, 0] == np.float16(-9.0 / -8) and scales[1, 1] == np.float16(7.0 / -8)
+    assert scales[2, 2] == 0
+    back = attnreg.dequantize_kv(codes, scales, "int4")
+    for r in range(3):
+        np.testing.assert_array_equal(back[r], _int4_by_the_words(codes[r], scales[r]))
+    # the extreme element is exact; the others are within one step (the clamp at 15 can
+    # cost a whole step on the side opposite the extreme, as in q4_0)
+    assert back[0, 5] == np.float32(np.float16(9 / 8)) * -8 and back[1, 40] == pytest.approx(7.0, abs=1e-2)
+    step = np.abs(np.repeat(scales.astype(np.float32), 32, axis=-1))
+    assert (np.abs(back - x) <= step * (1 + 1e-3)).all()
+    assert not back[2, 64:].any()
+
+
+def test_int4_rounds_half_to_even_and_clamps() -> None:
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = -8.0                   # scale = 1: codes are round(x) + 8
+    x[0, 1:5] = [2.5, -2.5, 3.5, 8.0]
+    codes, scales = attnreg.quantize_kv(x, "int4")
+    assert scales[0, 0] == 1.0
+    nib = [int(codes[0, i] & 0xF) for i in range(5)]
+    assert nib == [0, 10, 6, 12, 15]          # 8 + 8 = 16 clamps to 15
+
+
+@pytest.mark.parametrize("case,field", [
+    ("nan", "x"), ("inf", "x"), ("int", "x"), ("list", "x"), ("h48", "x"), ("kind", "kv_dtype")])
+def test_bad_inputs_name_the_field(case: str, field: str) -> None:
+    x = np.ones((2, 64), np.float32)
+    kv = "int4"
+    if case == "nan":
+        x[1, 3] = np.nan
+    elif case == "inf":
+        x[0, 0] = -np.inf
+    elif case == "int":
+        x = np.ones((2, 64), np.int32)  # type: ignore[assignment]
+    elif case == "list":
+        x = [[1.0] * 64]  # type: ignore[assignment]
+    elif case == "h48":
+        x = np.ones((2, 48), np.float32)
+    else:
+        kv = "int2"
+    with pytest.raises(attnreg.SpecError) as err:
+        attnreg.quantize_kv(x, kv)
+    assert err.value.field == field
+    if case == "nan":
+        assert "x[1, 3]" in str(err.value)
+
+
+def test_dequantize_checks_its_inputs() -> None:
+    codes, scales = attnreg.quantize_kv(np.ones((4, 64), np.float32), "int4")
+    with pytest.raises(attnreg.SpecError, match="scales"):
+        attnreg.dequantize_kv(codes, scales.astype(np.float32), "int4")
+    with pytest.raises(attnreg.SpecError, match="codes"):
+        attnreg.dequantize_kv(codes.astype(np.int8), scales, "int4")
+    with pytest.raises(attnreg.SpecError, match="scales"):
+        attnreg.dequantize_kv(codes, scales[:, :1], "int4")
