@@ -102,6 +102,7 @@ class KernelInfo:
     supports: frozenset[str] = ALL_FEATURES                     # contract features implemented
     q_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
     kv_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
+    kv_dtypes: frozenset[str] = frozenset()                     # quantized K/V it reads
     params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     defaults: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     choices: Mapping[str, tuple[Any, ...]] = field(default_factory=lambda: _EMPTY)  # tunable values
@@ -168,6 +169,11 @@ class KernelInfo:
             why.append(f"device unavailable: {caps.reason}")
         if spec.dtype not in self.dtypes:
             why.append(f"dtype {spec.dtype} not in {sorted(self.dtypes)}")
+        if spec.kv_dtype is not None and self.family != "reduce" \
+                and spec.kv_dtype not in self.kv_dtypes:
+            why.append(f"kv_dtype {spec.kv_dtype}: reads " + (
+                f"only {sorted(self.kv_dtypes)} quantized K/V" if self.kv_dtypes
+                else "no quantized K/V (k and v in dtype only)"))
         if not self.head_size_ok(spec.head_size):
             lo, hi, step = self.head_sizes
             why.append(f"head_size {spec.head_size} outside {lo}..{hi} step {step}")

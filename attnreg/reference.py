@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .plan import SplitGeometry
+from .quant import dequantize_kv
 from .spec import AttentionSpec
 from .tensors import valid_lengths
 
@@ -77,8 +78,13 @@ class _Problem:
         # zeroed too and remembered, so that the matmuls stay finite and only the rows that
         # see them are poisoned (never through a weight of 0: 0 * NaN = NaN).
         table = tensors.get("block_table")
-        k = np.where(exists[:, None, :, None], kv_canonical(spec, tensors["k"], table), 0.0)
-        v = np.where(exists[:, None, :, None], kv_canonical(spec, tensors["v"], table), 0.0)
+        k_in, v_in = tensors["k"], tensors["v"]
+        if spec.kv_dtype is not None:
+            # the contract's dequantization, on the stored codes (then the same math)
+            k_in = dequantize_kv(k_in, tensors["k_scale"], spec.kv_dtype)
+            v_in = dequantize_kv(v_in, tensors["v_scale"], spec.kv_dtype)
+        k = np.where(exists[:, None, :, None], kv_canonical(spec, k_in, table), 0.0)
+        v = np.where(exists[:, None, :, None], kv_canonical(spec, v_in, table), 0.0)
         q = q_canonical(spec, tensors["q"]).reshape(b, nkv, g, s, h)
         k_fin, v_fin, q_fin = np.isfinite(k), np.isfinite(v), np.isfinite(q)
         self.k = np.where(k_fin, k, 0.0)

@@ -66,6 +66,8 @@ EXPECTED: dict[str, str] = {
     "seqlens_k": "a bool",
     "head_sink": "a bool",
     "return_lse": "a bool",
+    "kv_dtype": "None (k, v stored in dtype) or one of 'int8', 'int4' (quantized K/V with "
+                "k_scale / v_scale tensors; int4 needs head_size % 32 == 0)",
 }
 
 
@@ -101,6 +103,9 @@ class AttentionSpec(BaseModel):
     seqlens_k: bool = False
     head_sink: bool = False
     return_lse: bool = False
+    # Quantized K/V (CONTRACT "Storage dtypes and quantized K/V"): int8 codes with a float32
+    # scale per vector, or int4 q4_0 blocks (uint8 pairs) with a float16 scale per 32.
+    kv_dtype: Literal["int8", "int4"] | None = None
     # Paged KV cache (kv_layout="paged"): k/v are page pools [num_pages, page_size, Nkv, H]
     # and a block_table [B, ceil(C / page_size)] int32 maps each sequence's pages.
     page_size: Int | None = Field(None, ge=1, le=INT_MAX)
@@ -136,6 +141,9 @@ class AttentionSpec(BaseModel):
         if self.total_len > INT_MAX:
             raise SpecError("past_len", self.past_len,
                             f"past_len + seq_len <= 2**31-1 (seq_len={self.seq_len})")
+        if self.kv_dtype == "int4" and self.head_size % 32:
+            raise SpecError("kv_dtype", self.kv_dtype, "None or 'int8' with head_size="
+                            f"{self.head_size}: int4 packs blocks of 32 (head_size % 32 == 0)")
         paged = self.kv_layout == "paged"
         for name in ("page_size", "num_pages"):
             value = getattr(self, name)
@@ -200,6 +208,27 @@ class AttentionSpec(BaseModel):
             assert self.num_pages is not None and self.page_size is not None
             return (self.num_pages, self.page_size, n, h)
         return (b, c, n, h) if self.kv_layout == "BSNH" else (b, n, c, h)
+
+    @property
+    def kv_code_shape(self) -> tuple[int, ...]:
+        """Shape of the k and v tensors as stored: kv_shape, or [.., H/2] bytes for int4."""
+        if self.kv_dtype == "int4":
+            return (*self.kv_shape[:3], self.head_size // 2)
+        return self.kv_shape
+
+    @property
+    def kv_code_dtype(self) -> str:
+        return {"int8": "int8", "int4": "uint8"}.get(self.kv_dtype or "", self.dtype)
+
+    @property
+    def kv_scale_shape(self) -> tuple[int, ...]:
+        """Shape of k_scale / v_scale: one per vector (int8), one per 32 elements (int4)."""
+        lead = self.kv_shape[:3]
+        return lead if self.kv_dtype == "int8" else (*lead, self.head_size // 32)
+
+    @property
+    def kv_scale_dtype(self) -> str:
+        return "float32" if self.kv_dtype == "int8" else "float16"
 
     @property
     def pages_per_seq(self) -> int:

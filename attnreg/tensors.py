@@ -12,7 +12,7 @@ from .spec import AttentionSpec
 
 REQUIRED = ("q", "k", "v")
 OPTIONAL = {"bias": "bias", "seqlens_k": "seqlens_k", "head_sink": "head_sink",
-            "block_table": "kv_layout"}
+            "block_table": "kv_layout", "k_scale": "kv_dtype", "v_scale": "kv_dtype"}
 
 
 def _wants(spec: AttentionSpec, name: str) -> bool:
@@ -31,7 +31,7 @@ def _as_array(name: str, value: Any) -> Any:
     raise SpecError(f"tensors[{name!r}]", value, "a numpy array (or an object with __array__)")
 
 
-_DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "int32")}
+_DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "int32", "int8", "uint8")}
 
 
 def _check_dtype(name: str, arr: Any, allowed: tuple[str, ...]) -> None:
@@ -69,12 +69,15 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
             why = (f"no such tensor; known: {sorted(set(REQUIRED) | set(OPTIONAL))}"
                    if name not in OPTIONAL else
                    "absent because spec.kv_layout is not 'paged'" if name == "block_table" else
+                   "absent because spec.kv_dtype is None" if OPTIONAL[name] == "kv_dtype" else
                    f"absent because spec.{OPTIONAL[name]} is False")
             raise SpecError(f"tensors[{name!r}]", tensors[name], why)
     for name in wanted:
         if name not in tensors:
             raise SpecError(f"tensors[{name!r}]", None, "a tensor, because spec.kv_layout is 'paged'"
                             if name == "block_table" else
+                            f"a tensor, because spec.kv_dtype is {spec.kv_dtype!r}"
+                            if OPTIONAL[name] == "kv_dtype" else
                             f"a tensor, because spec.{OPTIONAL[name]} is True")
 
     arrays = {n: _as_array(n, tensors[n]) for n in wanted}
@@ -84,8 +87,17 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
     _check_dtype("q", arrays["q"], (spec.dtype,))
     _check_shape("q", arrays["q"], spec.q_shape, layout_q)
     for name in ("k", "v"):
-        _check_dtype(name, arrays[name], (spec.dtype,))
-        _check_shape(name, arrays[name], spec.kv_shape, layout_kv)
+        _check_dtype(name, arrays[name], (spec.kv_code_dtype,))
+        _check_shape(name, arrays[name], spec.kv_code_shape, layout_kv
+                     + ("" if spec.kv_dtype != "int4" else "; int4: H/2 bytes of packed codes"))
+    if spec.kv_dtype is not None:
+        for name in ("k_scale", "v_scale"):
+            # NaN/inf scales are allowed: they make the dequantized values non-finite, which
+            # CONTRACT "Non-finite values" then governs like any non-finite k or v.
+            _check_dtype(name, arrays[name], (spec.kv_scale_dtype,))
+            _check_shape(name, arrays[name], spec.kv_scale_shape,
+                         f"kv_dtype={spec.kv_dtype}: " + ("one scale per vector" if
+                         spec.kv_dtype == "int8" else "one scale per 32 elements"))
 
     if spec.bias:
         bias = arrays["bias"]

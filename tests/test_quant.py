@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg.tools import testing
 
 
 def test_int8_per_vector_scale_and_error_bound() -> None:
@@ -111,3 +112,96 @@ def test_dequantize_checks_its_inputs() -> None:
         attnreg.dequantize_kv(codes.astype(np.int8), scales, "int4")
     with pytest.raises(attnreg.SpecError, match="scales"):
         attnreg.dequantize_kv(codes, scales[:, :1], "int4")
+
+
+# -- quantized K/V in the spec, the tensor checks and the reference -------------------------
+Q8 = attnreg.AttentionSpec(batch=2, seq_len=3, past_len=40, num_heads=4, kv_num_heads=2,
+                           head_size=64, dtype="float16", causal=True, return_lse=True,
+                           kv_dtype="int8")
+
+
+def _softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                       lengths: np.ndarray, past: int) -> np.ndarray:
+    """Causal GQA attention by loops over (batch, head, row), q [B,S,Nq,H], k/v [B,C,Nkv,H]."""
+    b_, s_, nq, _ = q.shape
+    g = nq // k.shape[2]
+    out = np.zeros(q.shape)
+    for b in range(b_):
+        for h in range(nq):
+            for i in range(s_):
+                pos = int(lengths[b]) - s_ + i
+                keys = np.arange(pos + 1)
+                x = k[b, keys, h // g] @ q[b, i, h] * scale
+                w = np.exp(x - x.max())
+                out[b, i, h] = (w / w.sum()) @ v[b, keys, h // g]
+    return out
+
+
+def _keys_bsnh(spec: attnreg.AttentionSpec, t: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """k or v dequantized by the contract's formula and laid out [B, C, Nkv, H] by hand."""
+    assert spec.kv_dtype is not None
+    x = attnreg.dequantize_kv(t[name], t[f"{name}_scale"], spec.kv_dtype).astype(np.float64)
+    if spec.kv_layout == "BNSH":
+        return x.transpose(0, 2, 1, 3)
+    if spec.kv_layout == "paged":
+        assert spec.page_size is not None
+        out = np.zeros((spec.batch, spec.capacity, spec.kv_num_heads, spec.head_size))
+        for b in range(spec.batch):
+            for j in range(spec.capacity):
+                page = t["block_table"][b, j // spec.page_size]
+                if page >= 0:
+                    out[b, j] = x[page, j % spec.page_size]
+        return out
+    return x
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
+@pytest.mark.parametrize("layout", ["BSNH", "BNSH", "paged"])
+def test_reference_reads_the_stored_codes(kv_dtype: str, layout: str) -> None:
+    """The reference on quantized K/V equals plain attention over the dequantized values
+    (computed here by loops), and never reads what lies past a sequence's length (its
+    scales are NaN there)."""
+    paged = dict(kv_layout="paged", page_size=8, num_pages=16) if layout == "paged" else \
+        dict(kv_layout=layout)
+    spec = Q8.replace(kv_dtype=kv_dtype, seqlens_k=True, kv_capacity=56, **paged)
+    t = testing.make_tensors(spec, 3, lengths=[43, 30])
+    assert t["k"].dtype == (np.int8 if kv_dtype == "int8" else np.uint8)
+    out, lse = attnreg.run(spec, t, backend="reference")
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    want = _softmax_attention(t["q"].astype(np.float64), _keys_bsnh(spec, t, "k"),
+                              _keys_bsnh(spec, t, "v"), spec.effective_scale,
+                              np.array([43, 30]), spec.past_len)
+    np.testing.assert_allclose(out.astype(np.float64), want, atol=2e-3, rtol=2e-3)
+
+
+def test_tensor_checks_for_quantized_kv() -> None:
+    t = testing.make_tensors(Q8, 0)
+    attnreg.run(Q8, t, backend="reference")
+    for name, bad, field in (
+            ("k", t["k"].astype(np.float16), "tensors['k'].dtype"),
+            ("k_scale", t["k_scale"].astype(np.float16), "tensors['k_scale'].dtype"),
+            ("v_scale", t["v_scale"][..., :1], "tensors['v_scale'].shape")):
+        with pytest.raises(attnreg.SpecError) as err:
+            attnreg.run(Q8, {**t, name: bad}, backend="reference")
+        assert err.value.field == field, (name, err.value)
+    with pytest.raises(attnreg.SpecError, match=r"because spec\.kv_dtype is 'int8'"):
+        attnreg.run(Q8, {n: a for n, a in t.items() if n != "k_scale"}, backend="reference")
+    plain = Q8.replace(kv_dtype=None)
+    with pytest.raises(attnreg.SpecError, match=r"kv_dtype is None"):
+        attnreg.run(plain, {**testing.make_tensors(plain, 0), "k_scale": t["k_scale"]},
+                    backend="reference")
+    with pytest.raises(attnreg.SpecError) as err:
+        attnreg.AttentionSpec(head_size=48, kv_dtype="int4")
+    assert err.value.field == "kv_dtype"
+    with pytest.raises(attnreg.SpecError) as err:
+        attnreg.AttentionSpec(kv_dtype="fp8")
+    assert err.value.field == "kv_dtype"
+
+
+def test_kernels_without_quantized_reads_say_so() -> None:
+    """No GPU kernel reads quantized K/V yet: planning names kv_dtype in each rejection."""
+    plan = attnreg.Session(backend="reference").plan(Q8)
+    assert plan.kernels[0] == "reference.decode_partial"
+    with pytest.raises(attnreg.NoKernelError) as err:
+        attnreg.Session(backend="webgpu").plan(Q8)
+    assert "kv_dtype int8: reads no quantized K/V" in str(err.value)

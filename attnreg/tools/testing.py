@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import reference as ref
 from ..kernel import LSE_ATOL, TOLERANCE
+from ..quant import quantize_kv
 from ..spec import AttentionSpec
 from ..tensors import valid_lengths
 
@@ -20,6 +21,10 @@ def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
                  poison: bool = True) -> dict[str, np.ndarray]:
     """Random inputs for spec. Keys past each batch's valid length are NaN (poison), so a
     kernel that reads them fails. ``mask_frac`` puts -inf into that fraction of the bias."""
+    if spec.kv_dtype is not None:
+        return _quantized(spec, make_tensors(spec.replace(kv_dtype=None), seed, lengths=lengths,
+                                             bias_shape=bias_shape, mask_frac=mask_frac,
+                                             poison=poison))
     rng = np.random.default_rng(seed)
     dt = np.dtype(spec.dtype)
     if spec.kv_layout == "paged":
@@ -80,6 +85,20 @@ def _paged(spec: AttentionSpec, rng: np.random.Generator, *, seed: int, lengths:
             pool_k[page, : hi - lo] = t["k"][b, lo:hi]
             pool_v[page, : hi - lo] = t["v"][b, lo:hi]
     t["k"], t["v"], t["block_table"] = pool_k, pool_v, table
+    return t
+
+
+def _quantized(spec: AttentionSpec, t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The float recipe's k and v quantized (attnreg.quantize_kv); a vector the recipe
+    poisons (past its sequence's length, unused pages) keeps its codes but gets NaN scales,
+    so a kernel that reads it dequantizes NaN."""
+    assert spec.kv_dtype is not None
+    for name in ("k", "v"):
+        x = t[name]
+        bad = np.isnan(x).any(axis=-1)
+        codes, scales = quantize_kv(np.where(np.isnan(x), 0.0, x), spec.kv_dtype)
+        scales[bad] = np.nan
+        t[name], t[f"{name}_scale"] = codes, scales
     return t
 
 

@@ -17,6 +17,7 @@ from attnreg.plan import Plan
 
 NAME = "reference"
 _DTYPES = frozenset({"float32", "float16"})
+KV_DTYPES = frozenset({"int8", "int4"})          # dequantized on the host, then the same math
 # reference.kv_canonical gathers a paged pool through the block table, so every KV layout
 # of the contract runs here, paged included.
 _KV_LAYOUTS = frozenset({"BSNH", "BNSH", "paged"})
@@ -83,9 +84,11 @@ def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> No
 def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
     doc = "float64 numpy, vectorised over batch and heads"
     register(attnreg.KernelInfo(id="reference.prefill", backend=NAME, family="prefill",
-                                dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, priority=-100, doc=doc))
+                                dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, kv_dtypes=KV_DTYPES,
+                                priority=-100, doc=doc))
     register(attnreg.KernelInfo(id="reference.decode_partial", backend=NAME,
                                 family="decode_partial", dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS,
+                                kv_dtypes=KV_DTYPES,
                                 priority=-100, defaults={"kv_tile": 64, "m_tile": 1}, doc=doc))
     register(attnreg.KernelInfo(id="reference.reduce", backend=NAME, family="reduce",
                                 dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, priority=-100, doc=doc))
