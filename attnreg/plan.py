@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .caps import DeviceCaps
+from .quant import kv_storage_text
 from .spec import AttentionSpec
 
 OPS = ("attention", "partial", "reduce")
@@ -108,6 +109,12 @@ class Plan:
         if self.split is not None:
             lines.insert(-1, "split:   " + ", ".join(f"{k}={v}" for k, v in
                                                   sorted(self.split.params.items())))
+        if self.op != "reduce":
+            kv = "kv:      " + kv_storage_text(self.spec)
+            if self.spec.kv_dtype is not None:
+                kv += ("; dequantized on the host (numpy)" if self.backend == "reference"
+                       else "; dequantized in the kernel as K/V are loaded")
+            lines.insert(-1, kv)
         for s in self.stages:
             ps = ", ".join(f"{k}={v}" for k, v in sorted(s.params.items()))
             lines.append(f"  {s.kernel}: {ps or '(no params)'}")

@@ -111,6 +111,11 @@ class DevicePlanner:
         # Every candidate is judged, even after one fits, so explain can say why each
         # other kernel was not the one.
         for k in cands:
+            typed = k.dtype_reasons(self.spec)
+            if typed:
+                # rules size tiles by dtype: a kernel of other dtypes is passed over first
+                rejected[tag(k.id)] = typed
+                continue
             user = dict(self.params) if primary else {}
             if prev and "split_size" in prev[0].params:       # later stages follow the first
                 user.setdefault("split_size", prev[0].params["split_size"])

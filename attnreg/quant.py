@@ -83,3 +83,19 @@ def dequantize_kv(codes: Any, scales: Any, kv_dtype: str) -> np.ndarray:
     b = codes.reshape(*lead, -1, INT4_BLOCK // 2)
     nib = np.concatenate([b & 0xF, b >> 4], axis=-1).astype(np.float32) - 8
     return (nib * scales.astype(np.float32)[..., None]).reshape(*lead, -1)
+
+
+def kv_bytes_per_token(spec: Any) -> int:
+    """Bytes one token adds to the cache: k and v over every kv head, scales included."""
+    h = spec.head_size
+    per = {"int8": h + 4, "int4": h // 2 + 2 * (h // INT4_BLOCK)}.get(spec.kv_dtype or "",
+                                                                      h * spec.itemsize)
+    return 2 * spec.kv_num_heads * per
+
+
+def kv_storage_text(spec: Any) -> str:
+    """What the cache holds, per explain: the storage and its bytes per token."""
+    what = {"int8": "int8 codes + a float32 scale per vector",
+            "int4": "int4 q4_0 blocks + a float16 scale per 32 elements"}.get(
+        spec.kv_dtype or "", spec.dtype)
+    return f"{what}, {kv_bytes_per_token(spec)} B per token (k and v, {spec.kv_num_heads} kv heads)"

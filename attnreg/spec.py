@@ -6,11 +6,14 @@ import math
 import numbers
 from typing import Annotated, Any, Literal
 
+# bfloat16 arrays are ml_dtypes' (the package made for them); importing it registers the
+# dtype name with numpy, so np.dtype("bfloat16") and astype("bfloat16") work everywhere.
+import ml_dtypes  # noqa: F401
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .errors import SpecError
 
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 # Kernels compute with int32 indices and float32 scalars (CONTRACT: "Non-finite values and
 # scalar fields"): integer fields and tensor element counts must fit int32, non-zero float
 # fields float32's normal range. Beyond that a kernel would wrap, overflow or flush to zero.
@@ -48,7 +51,7 @@ EXPECTED: dict[str, str] = {
     "num_heads": "an integer in [1, 2**31-1]",
     "kv_num_heads": "an integer in [1, 2**31-1] that divides num_heads",
     "head_size": "an integer in [1, 2**31-1]",
-    "dtype": "one of 'float32', 'float16'",
+    "dtype": "one of 'float32', 'float16', 'bfloat16' (numpy arrays of ml_dtypes.bfloat16)",
     "q_layout": "one of 'BSNH', 'BNSH'",
     "kv_layout": "one of 'BSNH', 'BNSH', 'paged'",
     "page_size": "None, or with kv_layout='paged' an integer in [1, 2**31-1] (keys per page)",
@@ -90,7 +93,7 @@ class AttentionSpec(BaseModel):
     num_heads: Int = Field(1, ge=1, le=INT_MAX)
     kv_num_heads: Int = Field(1, ge=1, le=INT_MAX)
     head_size: Int = Field(64, ge=1, le=INT_MAX)
-    dtype: Literal["float32", "float16"] = "float32"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     q_layout: Literal["BSNH", "BNSH"] = "BSNH"
     kv_layout: Literal["BSNH", "BNSH", "paged"] = "BNSH"
     causal: bool = True
@@ -194,7 +197,7 @@ class AttentionSpec(BaseModel):
 
     @property
     def itemsize(self) -> int:
-        return 2 if self.dtype == "float16" else 4
+        return 4 if self.dtype == "float32" else 2
 
     @property
     def q_shape(self) -> tuple[int, int, int, int]:

@@ -31,7 +31,8 @@ def _as_array(name: str, value: Any) -> Any:
     raise SpecError(f"tensors[{name!r}]", value, "a numpy array (or an object with __array__)")
 
 
-_DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "int32", "int8", "uint8")}
+_DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "bfloat16", "int32", "int8",
+                                       "uint8")}
 
 
 def _check_dtype(name: str, arr: Any, allowed: tuple[str, ...]) -> None:

@@ -30,7 +30,8 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--past-len", type=int)
     g.add_argument("--heads", metavar="NQ[/NKV]", help="query heads, optionally /kv heads")
     g.add_argument("--head-size", type=int)
-    g.add_argument("--dtype", choices=["float32", "float16"])
+    g.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    g.add_argument("--kv-dtype", choices=["int8", "int4"], help="quantized K/V storage")
     g.add_argument("--q-layout", choices=["BSNH", "BNSH"])
     g.add_argument("--kv-layout", choices=["BSNH", "BNSH"])
     g.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
@@ -68,7 +69,8 @@ def spec_from_args(a: argparse.Namespace) -> AttentionSpec:
             fields["kv_num_heads"] = int(nkv) if nkv else int(nq)
         except ValueError:
             raise SpecError("--heads", a.heads, "NQ or NQ/NKV, e.g. 32/8") from None
-    for opt in ("batch", "seq_len", "past_len", "head_size", "dtype", "q_layout", "kv_layout",
+    for opt in ("batch", "seq_len", "past_len", "head_size", "dtype", "kv_dtype", "q_layout",
+                "kv_layout",
                 "causal", "scale", "softcap", "local_window", "alibi_max_bias", "kv_capacity",
                 "bias", "seqlens_k", "head_sink", "return_lse"):
         v = getattr(a, opt, None)

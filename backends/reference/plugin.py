@@ -16,7 +16,7 @@ from attnreg.hostmem import HostMemory, wall_timings
 from attnreg.plan import Plan
 
 NAME = "reference"
-_DTYPES = frozenset({"float32", "float16"})
+_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 KV_DTYPES = frozenset({"int8", "int4"})          # dequantized on the host, then the same math
 # reference.kv_canonical gathers a paged pool through the block table, so every KV layout
 # of the contract runs here, paged included.

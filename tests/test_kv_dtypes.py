@@ -1,6 +1,8 @@
-"""attnreg.quantize_kv / dequantize_kv: the contract's reference quantizer of int8 and int4
-K/V (CONTRACT "Storage dtypes and quantized K/V"), checked element by element against the
-contract's words (the int4 nibble layout is decoded here by a plain loop, independently)."""
+"""Storage dtypes (CONTRACT "Storage dtypes and quantized K/V"): attnreg.quantize_kv /
+dequantize_kv, the reference quantizer of int8 and int4 K/V, checked element by element
+against the contract's words (the int4 nibble layout is decoded here by a plain loop,
+independently); spec.kv_dtype and dtype="bfloat16" through the tensor checks and the
+reference, against attention computed by loops."""
 
 from __future__ import annotations
 
@@ -205,3 +207,46 @@ def test_kernels_without_quantized_reads_say_so() -> None:
     with pytest.raises(attnreg.NoKernelError) as err:
         attnreg.Session(backend="webgpu").plan(Q8)
     assert "kv_dtype int8: reads no quantized K/V" in str(err.value)
+
+
+# -- bfloat16 ---------------------------------------------------------------------------------
+BF = Q8.replace(dtype="bfloat16", kv_dtype=None)
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_bfloat16_on_the_reference(kv_dtype: str | None) -> None:
+    import ml_dtypes
+
+    spec = BF.replace(kv_dtype=kv_dtype)
+    t = testing.make_tensors(spec, 4)
+    assert t["q"].dtype == np.dtype(ml_dtypes.bfloat16)
+    out, lse = attnreg.run(spec, t, backend="reference")
+    assert out.dtype == np.dtype(ml_dtypes.bfloat16) and lse.dtype == np.float32
+    k = _keys_bsnh(spec, t, "k") if kv_dtype else t["k"].astype(np.float64).transpose(0, 2, 1, 3)
+    v = _keys_bsnh(spec, t, "v") if kv_dtype else t["v"].astype(np.float64).transpose(0, 2, 1, 3)
+    want = _softmax_attention(t["q"].astype(np.float64), k, v, spec.effective_scale,
+                              np.full(2, spec.total_len), spec.past_len)
+    # the contract's bfloat16 tolerance (the output is rounded to bf16: 8 mantissa bits)
+    np.testing.assert_allclose(out.astype(np.float64), want, atol=1.6e-2, rtol=1.6e-2)
+    assert np.abs(out.astype(np.float64) - want).max() > 0      # really rounded to bf16
+
+
+def test_bfloat16_tensor_checks_and_gpu_rejections() -> None:
+    t = testing.make_tensors(BF, 0)
+    with pytest.raises(attnreg.SpecError) as err:
+        attnreg.run(BF, {**t, "q": t["q"].astype(np.float16)}, backend="reference")
+    assert err.value.field == "tensors['q'].dtype" and "bfloat16" in str(err.value)
+    for backend in ("webgpu", "opencl"):
+        with pytest.raises(attnreg.NoKernelError, match=r"dtype bfloat16 not in"):
+            attnreg.Session(backend=backend).plan(BF)
+
+
+def test_explain_shows_kv_bytes_and_the_dequantization_path() -> None:
+    h, nkv = 128, 8
+    spec = attnreg.AttentionSpec(seq_len=1, past_len=2047, num_heads=32, kv_num_heads=nkv,
+                                 head_size=h, dtype="float16")
+    for kv_dtype, per_vector in ((None, 2 * h), ("int8", h + 4), ("int4", h // 2 + 2 * h // 32)):
+        text = attnreg.Session(backend="reference").plan(spec.replace(kv_dtype=kv_dtype)).explain()
+        line = next(ln for ln in text.splitlines() if ln.startswith("kv:"))
+        assert f"{2 * nkv * per_vector} B per token" in line, line
+        assert ("dequantized on the host" in line) == (kv_dtype is not None), line
