@@ -38,3 +38,19 @@ def test_traffic_counts_visible_pairs() -> None:
     assert bench.visible_pairs(spec.replace(causal=False)) == 16
     nbytes, flops = bench.traffic(spec)
     assert flops == 4.0 * 8 * 10 and nbytes > 0
+
+
+def test_kv_quant_quality_orders_the_storages() -> None:
+    """bench/kv_quant_quality.py: on random data int8 stays within 2% RMS of the exact output
+    and int4 within 25%; the error grows float16 < int8 < int4, and outlier channels in K
+    hurt int4 more than random data does."""
+    r = subprocess.run([sys.executable, "-m", "bench.kv_quant_quality", "--length", "512",
+                        "--seeds", "1"], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stdout + r.stderr
+    rel = {(ln.split()[0], ln.split()[1]): float(ln.split()[4]) for ln in r.stdout.splitlines()
+           if ln.split()[:1] in (["random"], ["outliers"])}
+    for data in ("random", "outliers"):
+        assert rel[(data, "float16")] < rel[(data, "int8")] < rel[(data, "int4")], rel
+    assert rel[("random", "int8")] < 2e-2 and rel[("random", "int4")] < 0.25, rel
+    assert rel[("outliers", "int4")] > rel[("random", "int4")], rel
