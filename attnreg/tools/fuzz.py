@@ -40,7 +40,7 @@ NASTY: tuple[Any, ...] = (-1, 0, 2**31, 2**63, 10**12, 1.5, "4", None, True, mat
 FIELDS = ("batch", "seq_len", "past_len", "num_heads", "kv_num_heads", "head_size", "dtype",
           "q_layout", "kv_layout", "causal", "scale", "softcap", "local_window", "alibi_max_bias",
           "kv_capacity", "bias", "seqlens_k", "head_sink", "return_lse", "page_size", "num_pages",
-          "no_such_field")
+          "kv_dtype", "no_such_field")
 
 
 class Finding(Exception):
@@ -53,7 +53,7 @@ def base_fields(rnd: random.Random) -> dict[str, Any]:
     f: dict[str, Any] = dict(batch=rnd.choice((1, 2)), seq_len=rnd.choice((1, 1, 2, 5)),
                              past_len=rnd.choice((0, 3, 17, 40)), num_heads=nkv * rnd.choice((1, 2)),
                              kv_num_heads=nkv, head_size=rnd.choice((16, 32)),
-                             dtype=rnd.choice(("float32", "float16")),
+                             dtype=rnd.choice(("float32", "float16", "float16", "bfloat16")),
                              q_layout=rnd.choice(("BSNH", "BNSH")),
                              kv_layout=rnd.choice(("BSNH", "BNSH", "BNSH", "paged")),
                              causal=rnd.random() < 0.7)
@@ -64,6 +64,8 @@ def base_fields(rnd: random.Random) -> dict[str, Any]:
             f[name] = value
     if rnd.random() < 0.2:
         f["kv_capacity"] = f["past_len"] + f["seq_len"] + rnd.choice((1, 9))
+    if rnd.random() < 0.1:
+        f["kv_dtype"] = rnd.choice(("int8", "int4"))   # int4: head_size 16 is refused
     if f["kv_layout"] == "paged":
         f["page_size"] = rnd.choice((4, 16))
         f["num_pages"] = f["batch"] * -(-(f.get("kv_capacity") or f["past_len"] + f["seq_len"])
