@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SpecError
+from .spec import AttentionSpec
 
 KV_DTYPES = ("int8", "int4")
 INT4_BLOCK = 32
@@ -85,7 +86,7 @@ def dequantize_kv(codes: Any, scales: Any, kv_dtype: str) -> np.ndarray:
     return (nib * scales.astype(np.float32)[..., None]).reshape(*lead, -1)
 
 
-def kv_bytes_per_token(spec: Any) -> int:
+def kv_bytes_per_token(spec: AttentionSpec) -> int:
     """Bytes one token adds to the cache: k and v over every kv head, scales included."""
     h = spec.head_size
     per = {"int8": h + 4, "int4": h // 2 + 2 * (h // INT4_BLOCK)}.get(spec.kv_dtype or "",
@@ -93,7 +94,7 @@ def kv_bytes_per_token(spec: Any) -> int:
     return 2 * spec.kv_num_heads * per
 
 
-def kv_storage_text(spec: Any) -> str:
+def kv_storage_text(spec: AttentionSpec) -> str:
     """What the cache holds, per explain: the storage and its bytes per token."""
     what = {"int8": "int8 codes + a float32 scale per vector",
             "int4": "int4 q4_0 blocks + a float16 scale per 32 elements"}.get(

@@ -159,19 +159,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
     // Logits and the chunk's max per row (over the row's 4 lanes).
     const bool full = ci < nchunks && all_see(ckeys, t0, t1);
     const bool fast = plain && full && t1 - t0 == TK;
-    float mt[2] = {-INFINITY, -INFINITY};
-    UNROLL
-    for (int nb = 0; nb < NKB; ++nb) {
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float d = s[nb][e] * P->scale;
-        const float x = fast ? (isfinite(d) ? d : NAN)
-                             : finish_score_r(P, &w, bias, g + 8 * (e >> 1),
-                                              t0 + 8 * nb + 2 * t + (e & 1), t1, kr.y, true, d);
-        s[nb][e] = x;
-        mt[e >> 1] = fmax(mt[e >> 1], x);
-      }
-    }
+    MMA_LOGITS_TILE(s, mt, fast, g)
     MMA_SOFTMAX_TILE(s, mt, m, l, o)
 
     // An edge chunk: its values lose their non-finite halves (a row that does not see a key

@@ -167,19 +167,7 @@ void flash_prefill(KERNEL_ARGS) {
 
     // Logits and the tile's max per row (over the row's 4 lanes).
     const bool fast = plain && tn == TK && all_see(ckeys, t0, t1);
-    float mt[2] = {-INFINITY, -INFINITY};
-    UNROLL
-    for (int nb = 0; nb < NKB; ++nb) {
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float d = s[nb][e] * P->scale;
-        const float x = fast ? (isfinite(d) ? d : NAN)
-                             : finish_score_r(P, &w, bias, r0 + 8 * (e >> 1),
-                                              t0 + 8 * nb + 2 * t + (e & 1), t1, kr.y, true, d);
-        s[nb][e] = x;
-        mt[e >> 1] = fmax(mt[e >> 1], x);
-      }
-    }
+    MMA_LOGITS_TILE(s, mt, fast, r0)
     MMA_SOFTMAX_TILE(s, mt, m, l, o)
 
     // O += P V: P (f16) straight from the S fragments.

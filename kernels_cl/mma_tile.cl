@@ -25,6 +25,25 @@ inline uint finite_halves(uint w) {
   return w & keep;
 }
 
+// One tile's logits in place of its scores S, and their max per row of this lane into MT
+// (initialised here). FAST: every key of the tile is visible to every row and nothing but the
+// scale applies; otherwise flash_core.cl's finish_score_r applies bias, ALiBi, softcap and
+// the masks, for rows ROW0 and ROW0 + 8. Reads the caller's P, w, bias, t0, t1, t and kr.
+#define MMA_LOGITS_TILE(S, MT, FAST, ROW0)                                \
+  float MT[2] = {-INFINITY, -INFINITY};                                   \
+  UNROLL                                                                  \
+  for (int nb_ = 0; nb_ < NKB; ++nb_) {                                   \
+    UNROLL                                                                \
+    for (int e_ = 0; e_ < 4; ++e_) {                                      \
+      const float d_ = S[nb_][e_] * P->scale;                             \
+      const float x_ = (FAST) ? (isfinite(d_) ? d_ : NAN)                 \
+          : finish_score_r(P, &w, bias, (ROW0) + 8 * (e_ >> 1),           \
+                           t0 + 8 * nb_ + 2 * t + (e_ & 1), t1, kr.y, true, d_); \
+      S[nb_][e_] = x_;                                                    \
+      MT[e_ >> 1] = fmax(MT[e_ >> 1], x_);                                \
+    }                                                                     \
+  }
+
 // One tile's online softmax, logits s in, weights out; MT is the tile's max per row of this
 // lane (its own keys). The lazy max (as FlashAttention-4): the row max over its 4 lanes moves
 // the reference m only when it exceeds it by more than TAU, rescaling l and O then (from
