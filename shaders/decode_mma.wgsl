@@ -90,11 +90,13 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
     workgroupBarrier();
 
-    // S = Q K^T: this subgroup's key tiles.
-    for (var u = 0u; u < NKC / NSG; u++) {
+    // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal
+    // NKC / NSG and NOC): with constant bounds, head_size 32 (NOC 2) gave wrong products on
+    // the H100 (43 of 52 cells failed; all pass with these bounds), like the PV loop below.
+    for (var u = 0u; u < min(NKC / NSG, P.seq_len + NKC / NSG); u++) {
       let kc = sg + u * NSG;
       var acc = mm_zero();
-      for (var dc = 0u; dc < NOC; dc++) {
+      for (var dc = 0u; dc < min(NOC, P.seq_len + NOC); dc++) {
         acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);
       }
       mm_store_s(acc, kc * 16u);
