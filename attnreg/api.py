@@ -14,7 +14,7 @@ from .kernel import KernelInfo
 from .plan import Plan
 from .session import Session
 from .spec import AttentionSpec
-from .states import merge
+from .states import merge, states_layout
 
 _DEFAULT: dict[tuple[Any, Any], Session] = {}
 _LOCK = threading.Lock()
@@ -72,17 +72,22 @@ def reduce_states(spec: AttentionSpec, o_parts: Any, lse_parts: Any, head_sink: 
 
 
 def merge_states(states: Any, backend: str | None = None,
-                 device: str | int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 device: str | int | None = None, *, layout: str | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Merge attention states over disjoint key sets: the split-KV reduce's rule.
 
-    Each state is (o [..., H], lse [...]); all must share shapes and dtypes. States whose lse
-    is -inf contribute nothing. Without ``backend`` this runs in float64 numpy and returns
-    the inputs' dtypes; with one (e.g. "webgpu") it runs that backend's reduce kernel and
-    returns float32.
+    Each state is (o [..., H], lse [...]) with lse of o's shape without H, or what
+    ``run(..., return_lse=True)`` returns in either q_layout (BSNH: o [B, S, Nq, H] with lse
+    [B, Nq, S]); the result comes back in the states' layout. ``layout`` ("rows", "BSNH",
+    "BNSH") says which; where the shapes cannot tell (a BSNH out with S == Nq) rows is
+    assumed, so pass layout="BSNH" for run's BSNH outputs. All states must share shapes and
+    dtypes. States whose lse is -inf contribute nothing. Without ``backend`` this runs in
+    float64 numpy and returns the inputs' dtypes; with one (e.g. "webgpu") it runs that
+    backend's reduce kernel and returns float32.
     """
     if backend is None:
-        return merge(states)
-    return default_session(backend, device).merge_states(states)
+        return merge(states, states_layout(states, layout))
+    return default_session(backend, device).merge_states(states, layout=layout)
 
 
 def register_plugin(plugin: object, name: str | None = None) -> None:

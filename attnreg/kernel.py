@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -62,17 +63,25 @@ def binding_bytes(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -
     """Bytes of each buffer a kernel of this family binds, for storage-binding limits."""
     e = spec.itemsize
     q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
-    kv = spec.batch * spec.capacity * spec.kv_num_heads * spec.head_size * e
+    # K/V as stored (codes of a quantized kv_dtype), a paged cache's whole pool
+    kv_elems = math.prod(spec.kv_shape)
+    kv = kv_elems * {"int8": 2, "int4": 1}.get(spec.kv_dtype or "", 2 * e) // 2
+    scales = math.prod(spec.kv_scale_shape) * (4 if spec.kv_dtype == "int8" else 2) \
+        if spec.kv_dtype else 0
     splits = int(params.get("n_splits", 1))   # the planner sets it with split_size
     parts = spec.batch * spec.num_heads * spec.seq_len * splits * spec.head_size * 4
     sizes: dict[str, int] = {}
     scores = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
     if family in ("prefill", "decode_partial", "decode_qk", "decode_fused"):
         sizes.update(q=q, k=kv)
+        if scales:
+            sizes["k_scale"] = scales
         if spec.bias:
             sizes["bias"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
     if family in ("prefill", "decode_partial", "decode_pv", "decode_fused"):
         sizes["v"] = kv
+        if scales:
+            sizes["v_scale"] = scales
     if family in ("decode_qk", "decode_pv"):
         sizes["scores"] = scores
     if family in ("prefill", "decode_fused"):

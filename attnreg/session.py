@@ -21,7 +21,7 @@ from .interrupts import deferred
 from .plan import Plan
 from .prepared import PreparedRun
 from .spec import AttentionSpec
-from .states import check_partials, merge_as_reduce
+from .states import check_partials, merge_as_reduce, restore_lse, states_layout
 from .tensors import check_tensors
 
 
@@ -355,15 +355,18 @@ class Session:
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]
 
     @serialized
-    def merge_states(self, states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    def merge_states(self, states: Sequence[tuple[Any, Any]], *, layout: str | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """merge_states on this session's device: the states become the splits of one reduce.
 
         Any leading shape works: (o [..., H], lse [...]) is flattened to R rows, and the reduce
-        runs for a spec of batch 1, one head, R query rows.
+        runs for a spec of batch 1, one head, R query rows. run's own (out, lse) merge in
+        either q_layout (see attnreg.merge_states for ``layout``).
         """
-        spec, o_parts, lse_parts, lead = merge_as_reduce(states)
+        how = states_layout(states, layout)
+        spec, o_parts, lse_parts, lead = merge_as_reduce(states, how)
         out, lse = self.reduce_states(spec, o_parts, lse_parts)
-        return out.reshape(*lead, spec.head_size), lse.reshape(lead)
+        return out.reshape(*lead, spec.head_size), restore_lse(lse.reshape(lead), how)
 
 
 def _check_out(spec: AttentionSpec, out: Any) -> None:

@@ -43,7 +43,31 @@ def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
     return out
 
 
-def _check_states(states: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+LAYOUTS = ("rows", "BSNH", "BNSH")
+
+
+def states_layout(states: Any, layout: str | None) -> str:
+    """How the states pair o with lse: "rows" (lse is o's shape without H: any leading
+    shape, BNSH included) or "BSNH" (what run(..., return_lse=True) returns for q_layout
+    BSNH: o [B, S, Nq, H] with lse [B, Nq, S]). None: told by the first pair's shapes; where
+    both readings fit (S == Nq) rows is taken, so run's BSNH output with S == Nq needs
+    layout="BSNH" (the shapes cannot tell them apart)."""
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise SpecError("layout", layout, f"None or one of {LAYOUTS} (BNSH is rows)")
+        return "rows" if layout == "BNSH" else layout
+    try:
+        o, lse = np.shape(states[0][0]), np.shape(states[0][1])
+    except Exception:           # malformed states: _check_states names what is wrong
+        return "rows"
+    bsnh = len(o) == 4 and tuple(lse) == (o[0], o[2], o[1]) != tuple(o[:-1])
+    return "BSNH" if bsnh else "rows"
+
+
+def _check_states(states: Any, layout: str = "rows"
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The o and lse arrays of the states, lse as o's shape without H (a BSNH lse
+    [B, Nq, S] is viewed as [B, S, Nq])."""
     if isinstance(states, (str, bytes)) or not isinstance(states, Sequence) or len(states) < 1:
         raise SpecError("states", states, "a non-empty list of (o, lse) pairs")
     os_: list[np.ndarray] = []
@@ -52,10 +76,16 @@ def _check_states(states: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise SpecError(f"states[{i}]", pair, "an (o, lse) pair")
         o, lse = np.asarray(pair[0]), np.asarray(pair[1])
-        if o.dtype.kind != "f" or o.ndim < 1:
-            raise SpecError(f"states[{i}][0]", pair[0], "a float array [..., H]")
-        if lse.dtype.kind != "f" or lse.shape != o.shape[:-1]:
-            raise SpecError(f"states[{i}][1]", pair[1], f"a float array of shape {o.shape[:-1]}")
+        if o.dtype.kind != "f" or o.ndim < 1 or (layout == "BSNH" and o.ndim != 4):
+            raise SpecError(f"states[{i}][0]", pair[0], "a float array [B, S, Nq, H]"
+                            if layout == "BSNH" else "a float array [..., H]")
+        want = (o.shape[0], o.shape[2], o.shape[1]) if layout == "BSNH" else o.shape[:-1]
+        if lse.dtype.kind != "f" or lse.shape != want:
+            raise SpecError(f"states[{i}][1]", pair[1], f"a float array of shape {want}"
+                            + (" (run's lse [B, Nq, S] beside a BSNH out)"
+                               if layout == "BSNH" else ""))
+        if layout == "BSNH":
+            lse = lse.transpose(0, 2, 1)
         if os_ and (o.shape != os_[0].shape or o.dtype != os_[0].dtype or lse.dtype != lses[0].dtype):
             raise SpecError(f"states[{i}]", pair, f"o {os_[0].shape} {os_[0].dtype} and lse "
                             f"{lses[0].dtype} like states[0]")
@@ -64,11 +94,12 @@ def _check_states(states: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
     return os_, lses
 
 
-def merge_as_reduce(states: Any) -> tuple[AttentionSpec, np.ndarray, np.ndarray, tuple[int, ...]]:
+def merge_as_reduce(states: Any, layout: str = "rows"
+                    ) -> tuple[AttentionSpec, np.ndarray, np.ndarray, tuple[int, ...]]:
     """The states as the splits of one reduce: a spec of batch 1, one head and R query rows
     (R = the product of the states' leading shape), float32 o_parts [1, 1, R, T, H] and
     lse_parts [1, 1, R, T], and that leading shape to restore the result's."""
-    o_list, lse_list = _check_states(states)
+    o_list, lse_list = _check_states(states, layout)
     lead, h = o_list[0].shape[:-1], o_list[0].shape[-1]
     r = int(np.prod(lead)) if lead else 1
     spec = AttentionSpec(batch=1, seq_len=r, past_len=0, num_heads=1, kv_num_heads=1,
@@ -78,8 +109,14 @@ def merge_as_reduce(states: Any) -> tuple[AttentionSpec, np.ndarray, np.ndarray,
     return spec, np.ascontiguousarray(o_parts), np.ascontiguousarray(lse_parts), tuple(lead)
 
 
-def merge(states: Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """The states merged in float64 numpy, returned in the inputs' dtypes."""
-    os_, lses = _check_states(states)
+def merge(states: Sequence[tuple[Any, Any]], layout: str = "rows"
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """The states merged in float64 numpy, returned in the inputs' dtypes and layout."""
+    os_, lses = _check_states(states, layout)
     o64, lse64 = reference.merge(list(zip(os_, lses)))
-    return o64.astype(os_[0].dtype), lse64.astype(lses[0].dtype)
+    return o64.astype(os_[0].dtype), restore_lse(lse64.astype(lses[0].dtype), layout)
+
+
+def restore_lse(lse: np.ndarray, layout: str) -> np.ndarray:
+    """A merged lse back in the states' layout (BSNH: [B, Nq, S] as run returns it)."""
+    return np.ascontiguousarray(lse.transpose(0, 2, 1)) if layout == "BSNH" else lse

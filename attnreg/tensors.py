@@ -24,15 +24,44 @@ def _is_device(value: Any) -> bool:
 
 
 def _as_array(name: str, value: Any) -> Any:
+    """A numpy view of any CPU array: numpy itself, DLPack exporters (torch CPU tensors,
+    jax, cupy-on-host ...) and __array__ objects, without a copy where the source allows."""
     if isinstance(value, np.ndarray) or _is_device(value):
         return value
+    if hasattr(value, "__dlpack__"):
+        try:
+            return np.from_dlpack(value)
+        except (BufferError, TypeError, RuntimeError, ValueError) as exc:
+            arr = _bf16_view(value)          # numpy's DLPack has no bfloat16: view the bits
+            if arr is not None:
+                return arr
+            if not hasattr(value, "__array__"):
+                raise SpecError(f"tensors[{name!r}]", value, "a CPU array numpy can read "
+                                f"through DLPack ({exc})") from None
     if hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
-        return np.asarray(value)
-    raise SpecError(f"tensors[{name!r}]", value, "a numpy array (or an object with __array__)")
+        try:
+            return np.asarray(value)
+        except Exception as exc:                 # e.g. a GPU tensor refusing __array__
+            raise SpecError(f"tensors[{name!r}]", value, f"a CPU array ({exc})") from None
+    raise SpecError(f"tensors[{name!r}]", value,
+                    "a numpy array (or a CPU array with __dlpack__ or __array__)")
 
 
-_DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "bfloat16", "int32", "int8",
-                                       "uint8")}
+def _bf16_view(value: Any) -> np.ndarray | None:
+    """A torch bfloat16 CPU tensor as an ml_dtypes.bfloat16 array over the same memory."""
+    if str(getattr(value, "dtype", "")) != "torch.bfloat16" or not hasattr(value, "view"):
+        return None
+    import torch                     # only reached for a torch tensor, so torch is there
+
+    try:
+        return np.from_dlpack(value.view(torch.int16)).view(_DTYPE_OBJ["bfloat16"])
+    except (BufferError, TypeError, RuntimeError, ValueError):
+        return None
+
+
+_DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "bfloat16", "int32", "int64",
+                                       "int8", "uint8")}
+INT32_MAX = 2**31 - 1
 
 
 def _check_dtype(name: str, arr: Any, allowed: tuple[str, ...]) -> None:
@@ -111,7 +140,7 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
         # NaN/inf are allowed: CONTRACT "Non-finite values" fixes what they do (-inf masks).
     if spec.seqlens_k:
         sk = arrays["seqlens_k"]
-        _check_dtype("seqlens_k", sk, ("int32",))
+        _check_dtype("seqlens_k", sk, ("int32",) if _is_device(sk) else ("int32", "int64"))
         _check_shape("seqlens_k", sk, (spec.batch,), "one valid length per batch entry")
         if _is_device(sk):
             # Range-check device lengths through their host mirror, or one small read.
@@ -122,27 +151,32 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
             raise SpecError(f"tensors['seqlens_k'][{i}]", int(sk[i]),
                             f"an integer with seq_len={spec.seq_len} <= value <= "
                             f"capacity={spec.capacity}")
+        arrays["seqlens_k"] = _narrow(arrays["seqlens_k"])
     if spec.head_sink:
         sink = arrays["head_sink"]
-        _check_dtype("head_sink", sink, ("float32",))
+        _check_dtype("head_sink", sink, tuple(dict.fromkeys(("float32", spec.dtype))))
         _check_shape("head_sink", sink, (spec.num_heads,), "one sink logit per query head")
+        if _is_device(sink) and sink.dtype != _DTYPE_OBJ["float32"]:
+            sink = sink.numpy()              # [Nq] values: widened on the host below
         if _is_device(sink):
             sink = sink.host if sink.host is not None else sink.numpy()
         if not np.isfinite(sink).all():
             i = int(np.argmax(~np.isfinite(sink)))
             raise SpecError(f"tensors['head_sink'][{i}]", float(sink[i]),
-                            "a finite float32 logit (CONTRACT: head_sink values must be finite)")
+                            "a finite logit (CONTRACT: head_sink values must be finite)")
+        if sink.dtype != _DTYPE_OBJ["float32"]:
+            arrays["head_sink"] = sink.astype(np.float32)   # f16/bf16 -> f32 is exact
 
     if spec.kv_layout == "paged":
         _check_block_table(spec, arrays)
     return {n: a if _is_device(a) else np.ascontiguousarray(a) for n, a in arrays.items()}
 
 
-def _check_block_table(spec: AttentionSpec, arrays: Mapping[str, Any]) -> None:
+def _check_block_table(spec: AttentionSpec, arrays: dict[str, Any]) -> None:
     """Pages that hold valid keys must exist; entries past a sequence's length are ignored
     (they may be -1), so a table can be reused while sequences grow."""
     bt = arrays["block_table"]
-    _check_dtype("block_table", bt, ("int32",))
+    _check_dtype("block_table", bt, ("int32",) if _is_device(bt) else ("int32", "int64"))
     _check_shape("block_table", bt, spec.block_table_shape,
                  f"[B, ceil(C / page_size)] = [{spec.batch}, {spec.pages_per_seq}]")
     if _is_device(bt):
@@ -158,6 +192,21 @@ def _check_block_table(spec: AttentionSpec, arrays: Mapping[str, Any]) -> None:
             raise SpecError(f"tensors['block_table'][{b}, {p}]", int(row[p]),
                             f"a page index in [0, num_pages={spec.num_pages}) (page {p} holds "
                             f"keys of batch {b}, whose length is {int(lengths[b])})")
+    if bt.dtype == _DTYPE_OBJ["int64"]:
+        # entries past a sequence's length are ignored, but an int64 one that int32 cannot
+        # hold would change on narrowing: refused rather than wrapped
+        big = (bt < -INT32_MAX - 1) | (bt > INT32_MAX)
+        if big.any():
+            b, p = (int(x) for x in np.argwhere(big)[0])
+            raise SpecError(f"tensors['block_table'][{b}, {p}]", int(bt[b, p]),
+                            "a value int32 can hold (int64 tables are narrowed for the kernels)")
+        arrays["block_table"] = bt.astype(np.int32)
+
+
+def _narrow(arr: Any) -> Any:
+    """An int64 index tensor as the kernels' int32 (its values were range-checked)."""
+    return arr.astype(np.int32) if not _is_device(arr) and arr.dtype == _DTYPE_OBJ["int64"] \
+        else arr
 
 
 def split_device_inputs(tensors: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -22,11 +22,16 @@ WGSL, OPENCL = "wgsl", "opencl"
 ACCESS = ("uniform", "read", "rw")
 # Element kinds, as each language spells them (see program.py of each backend):
 #   params  the parameter block (backends/common.py FIELDS)
-#   kv      q, k, v in the spec's dtype (16-byte granules in WGSL)
+#   kv      q in the spec's dtype (16-byte granules in WGSL)
+#   kvc     k, v as stored: the spec's dtype, or the codes of a quantized kv_dtype (int8
+#           bytes, int4 q4_0 nibble pairs); each language types them per program
+#   scale   k_scale / v_scale of a quantized kv_dtype (float32 per vector for int8, float16
+#           per 32 elements for int4)
 #   bias    float32 in WGSL (a float16 bias is widened on the host), bias_t in OpenCL
 #   out     the attention output in the spec's dtype (vec4 in WGSL)
 #   f32, f32x2, f32x4, i32, u32, ticket   plain arrays (ticket: OpenCL atomics)
-KINDS = ("params", "kv", "bias", "out", "f32", "f32x2", "f32x4", "i32", "u32", "ticket")
+KINDS = ("params", "kv", "kvc", "scale", "bias", "out", "f32", "f32x2", "f32x4", "i32", "u32",
+         "ticket")
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class Port:
     access: str
     kind: str
     var: str = ""
-    when: str = ""                              # "", "paged" or "block_skip"
+    when: str = ""                              # "", "paged", "block_skip" or "quant"
     langs: frozenset[str] = frozenset({WGSL, OPENCL})
 
     def __post_init__(self) -> None:
@@ -57,12 +62,15 @@ PARAMS = Port("params", "uniform", "params", var="P")
 ATTN_IN = (
     PARAMS,
     Port("q", "read", "kv"),
-    Port("k", "read", "kv"),
-    Port("v", "read", "kv"),
+    Port("k", "read", "kvc"),
+    Port("v", "read", "kvc"),
     Port("bias", "read", "bias"),
     Port("seqlens_k", "read", "i32", var="seqlens"),
     Port("head_sink", "read", "f32", var="sink"),
     Port("block_table", "read", "i32", when="paged"),
+    # quantized K/V (spec.kv_dtype): the dequantization scales, read beside the codes
+    Port("k_scale", "read", "scale", when="quant"),
+    Port("v_scale", "read", "scale", when="quant"),
 )
 # Masked-block lists: one packed buffer in WGSL, CSR arrays (and a launch order) in OpenCL.
 BLOCK_LIST = Port("block_list", "read", "u32", when="block_skip", langs=_WG)
@@ -94,15 +102,12 @@ def ports(family: str, lang: str, aux: frozenset[str] | None = None) -> tuple[Po
     out = tuple(p for p in TABLE[family] if lang in p.langs)
     if aux is None:
         return out
-    return tuple(p for p in out if not p.when or _AUX[p.when] in aux)
+    return tuple(p for p in out if not p.when or p.name in aux)
 
 
-# A port's `when` -> the aux input name a variant binds for it.
-_AUX = {"paged": "block_table", "block_skip": "block_list"}
-
-
-def aux_inputs(family: str, *, paged: bool, block_skip: bool) -> frozenset[str]:
+def aux_inputs(family: str, *, paged: bool, block_skip: bool, quant: bool = False
+               ) -> frozenset[str]:
     """The optional inputs a WGSL variant of ``family`` binds."""
-    want = {"paged": paged, "block_skip": block_skip}
-    return frozenset(_AUX[p.when] for p in TABLE[family]
+    want = {"paged": paged, "block_skip": block_skip, "quant": quant}
+    return frozenset(p.name for p in TABLE[family]
                      if p.when and want[p.when] and WGSL in p.langs)

@@ -87,7 +87,10 @@ CASES: list[tuple[str, Callable[[attnreg.Session], Any], str]] = [
      "tensors['k'].shape"),
     ("v-short", _run(v=lambda t: t["v"][:, :, :19]), "tensors['v'].shape"),
     ("q-extra-dim", _run(q=lambda t: t["q"][None]), "tensors['q'].shape"),
-    ("seqlens-int64", _run(seqlens_k=np.array([20, 9], np.int64)), "tensors['seqlens_k'].dtype"),
+    ("seqlens-float", _run(seqlens_k=np.array([20, 9], np.float32)), "tensors['seqlens_k'].dtype"),
+    # int64 lengths are read (CONTRACT [clients]) after a range check, never wrapped to int32
+    ("seqlens-int64-huge", _run(seqlens_k=np.array([20, 2**32 + 9], np.int64)),
+     "tensors['seqlens_k'][1]"),
     ("seqlens-over-capacity", _run(seqlens_k=np.array([21, 9], np.int32)), "tensors['seqlens_k'][0]"),
     ("seqlens-zero", _run(seqlens_k=np.array([20, 0], np.int32)), "tensors['seqlens_k'][1]"),
     ("seqlens-under-seq-len", _run(seqlens_k=np.array([1, 9], np.int32)), "tensors['seqlens_k'][0]"),

@@ -81,3 +81,40 @@ def test_merge_propagates_nan_of_nonempty_states_only(backend: str) -> None:
     fin = ~np.isnan(want_o)
     np.testing.assert_allclose(got_o[fin], want_o[fin], atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(got_lse, want_lse, atol=2e-4)
+
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("q_layout,rows", [("BSNH", 3), ("BNSH", 3), ("BSNH", 4), ("BNSH", 4)])
+def test_run_outputs_merge_as_returned(backend: str | None, q_layout: str, rows: int) -> None:
+    """run(..., return_lse=True) on two disjoint key halves (masked by -inf biases) merges
+    into full attention in either q_layout; with S == Nq the shapes cannot tell the layouts
+    apart, so the caller names it (unnamed, the rows reading is BNSH's)."""
+    spec = attnreg.AttentionSpec(batch=2, seq_len=rows, past_len=57, num_heads=4,
+                                 kv_num_heads=2, head_size=32, q_layout=q_layout,
+                                 return_lse=True, bias=True)
+    t = make_tensors(spec, seed=4, poison=False)
+    c = spec.capacity
+    halves = []
+    for keep in (slice(0, 25), slice(25, c)):
+        bias = np.full((1, 1, rows, c), -np.inf, np.float32)
+        bias[..., keep] = 0.0
+        halves.append(attnreg.run(spec, {**t, "bias": bias}, backend="reference"))
+    full = attnreg.run(spec, {**t, "bias": np.zeros((1, 1, rows, c), np.float32)},
+                       backend="reference")
+    layout = q_layout if rows == spec.num_heads else None
+    o, lse = attnreg.merge_states(halves, backend=backend, layout=layout)
+    assert o.shape == full[0].shape and lse.shape == full[1].shape == (2, 4, rows)
+    np.testing.assert_allclose(o, full[0], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(lse, full[1], atol=2e-4)
+    if rows == spec.num_heads:
+        o2, lse2 = attnreg.merge_states(halves, backend=backend)
+        if q_layout == "BNSH":
+            np.testing.assert_allclose(o2, full[0], atol=2e-5, rtol=1e-4)
+
+
+def test_merge_layout_is_checked() -> None:
+    o = np.zeros((1, 3, 4, 8), np.float32)
+    with pytest.raises(attnreg.SpecError, match="layout"):
+        attnreg.merge_states([(o, np.zeros((1, 4, 3), np.float32))], layout="NHSB")
+    with pytest.raises(attnreg.SpecError, match=r"\(1, 4, 3\)"):
+        attnreg.merge_states([(o, np.zeros((1, 3, 4), np.float32))], layout="BSNH")

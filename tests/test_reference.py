@@ -179,7 +179,7 @@ def test_paged_block_table_is_checked() -> None:
     bad["block_table"][1, 0] = 6
     with pytest.raises(attnreg.SpecError, match=r"block_table'\]\[1, 0\]"):
         check_tensors(spec, bad)
-    bad["block_table"] = t["block_table"].astype(np.int64)
+    bad["block_table"] = t["block_table"].astype(np.float32)
     with pytest.raises(attnreg.SpecError, match=r"block_table'\]\.dtype"):
         check_tensors(spec, bad)
     with pytest.raises(attnreg.SpecError, match="page_size"):

@@ -21,6 +21,7 @@ from .. import api
 from ..caps import DeviceCaps
 from ..errors import NoKernelError, SpecError
 from ..plan import Plan
+from ..quant import kv_bytes_per_token, quantize_kv
 from ..session import Session
 from ..spec import AttentionSpec
 from ..tensors import check_tensors
@@ -33,9 +34,53 @@ class Case:
     note: str = ""
 
 
-def _decode(L: int, dtype: str = "float16") -> AttentionSpec:
+def _decode(L: int, dtype: str = "float16", kv_dtype: str | None = None) -> AttentionSpec:
     return AttentionSpec(batch=1, seq_len=1, past_len=L - 1, num_heads=32, kv_num_heads=8,
-                         head_size=128, dtype=dtype, causal=True)
+                         head_size=128, dtype=dtype, causal=True, kv_dtype=kv_dtype)
+
+
+def _storages(cases: list[Case], long: int) -> list[Case]:
+    """The kv-dtypes suite: every float16 case, then again in bfloat16 (the target: within
+    5%), and the long decode with int8 and int4 K/V (the targets: 1.8x and 3x float16);
+    storage_ratios compares each with its float16 twin, measured in the same run."""
+    f16 = [c for c in cases if c.spec.dtype == "float16"]
+    out = f16 + [Case(_bf16_name(c.name), c.spec.replace(dtype="bfloat16"), c.note) for c in f16]
+    return out + [Case(f"decode-f16-{kv}-L{long}", _decode(long, kv_dtype=kv),
+                       f"GQA 32/8 H=128, {kv} K/V") for kv in ("int8", "int4")]
+
+
+def _bf16_name(name: str) -> str:
+    return name.replace("f16", "bf16") if "f16" in name else name + "-bf16"
+
+
+def twin(name: str) -> str | None:
+    """The float16 case a kv-dtypes case is measured against (None: it is one)."""
+    for kv in ("int8", "int4"):
+        if f"-{kv}-" in name:
+            return name.replace(f"-{kv}-", "-")
+    if name.endswith("-bf16"):
+        return name[:-len("-bf16")]
+    return name.replace("bf16", "f16") if "bf16" in name else None
+
+
+def storage_ratios(rows: Sequence[Row]) -> str:
+    """Per backend and device: each bf16 / int8 / int4 case's speed-up over its float16 twin
+    (x = twin's time / the case's; GPU time where measured)."""
+    from .textui import table
+
+    def basis(r: Row) -> float:
+        return r.gpu_us if r.gpu_us is not None else r.wall_us
+
+    ok = [r for r in rows if r.suite == "kv-dtypes" and not r.kernels.startswith(("FAILED", "n/a"))]
+    by = {(r.backend, r.device, r.case): r for r in ok}
+    out = []
+    for r in ok:
+        base = by.get((r.backend, r.device, twin(r.case) or ""))
+        if base is None:
+            continue
+        out.append([f"{r.backend}/{r.device}", r.case, f"{basis(base):.1f}", f"{basis(r):.1f}",
+                    f"{basis(base) / basis(r):.2f}x", f"{r.max_err:.2g}" if r.max_err else "-"])
+    return table(("device", "case", "f16 twin (us)", "this (us)", "speed-up", "max err"), out)
 
 
 SUITES: dict[str, list[Case]] = {
@@ -60,6 +105,10 @@ QUICK: dict[str, list[Case]] = {
         dtype="float16", causal=True))],
     "long-context": [],
 }
+SUITES["kv-dtypes"] = _storages([c for s in ("decode", "long-context", "whisper", "prefill")
+                                 for c in SUITES[s]], 32768)
+QUICK["kv-dtypes"] = _storages([c for s in ("decode", "whisper", "prefill") for c in QUICK[s]],
+                               512)
 
 
 def visible_pairs(spec: AttentionSpec) -> int:
@@ -78,7 +127,7 @@ def traffic(spec: AttentionSpec) -> tuple[float, float]:
     """(bytes that must move, FLOPs) for one call, no reuse assumed beyond one read of K/V."""
     e = spec.itemsize
     q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
-    kv = 2 * spec.batch * spec.kv_num_heads * spec.total_len * spec.head_size * e
+    kv = spec.batch * spec.total_len * kv_bytes_per_token(spec)    # as stored (codes + scales)
     flops = 4.0 * spec.batch * spec.num_heads * spec.head_size * visible_pairs(spec)
     return float(2 * q + kv), flops
 
@@ -100,8 +149,12 @@ class Row:
 
 def _inputs(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return check_tensors(spec, {n: (rng.standard_normal(s) * 0.5).astype(spec.dtype) for n, s in
-                                (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))})
+    t = {n: (rng.standard_normal(s) * 0.5).astype(spec.dtype) for n, s in
+         (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
+    if spec.kv_dtype is not None:           # the same values, quantized as a cache holds them
+        for n in ("k", "v"):
+            t[n], t[f"{n}_scale"] = quantize_kv(t[n], spec.kv_dtype)
+    return check_tensors(spec, t)
 
 
 def _median_us(xs: Sequence[float]) -> float:
@@ -160,7 +213,8 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
     if peers:
         for suite in suites:
             for case in table.get(suite, []):
-                rows += peer_rows(suite, case, iters, warmup, log)
+                if case.spec.kv_dtype is None:      # the peers read float K/V only
+                    rows += peer_rows(suite, case, iters, warmup, log)
     return rows
 
 

@@ -140,15 +140,44 @@ class _Gen:
                 self.add("mqa", {**d, "num_heads": 7, "kv_num_heads": 1}, params=split)
                 self.add("gqa4", {**d, "num_heads": 8, "kv_num_heads": 2}, params=split)
             self.add("mha", {**d, "num_heads": 2, "kv_num_heads": 2}, params=split)
-            everything = {f: v for f, v in (("bias", True), ("seqlens_k", True),
-                          ("kv_capacity", 90), ("local_window", 30), ("softcap", 5.0),
-                          ("alibi_max_bias", 4.0), ("head_sink", True), ("return_lse", True),
-                          ("causal", True)) if _feature_of(f) in sup}
+            everything = _everything(sup)
             self.add("all", {**d, **everything, "q_layout": "BNSH", "kv_layout": "BSNH"},
                      params=split, lengths=(90, 33) if "seqlens_k" in everything else None,
                      rerun=True)
+            self.quantized_cells(d, split)
             if not self.quick:
                 self.sweeps(d, split)
+
+    def quantized_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
+        """Each quantized K/V storage the kernel reads (KernelInfo.kv_dtypes): its codes and
+        scales with poisoned (NaN-scaled) vectors past every length, paged pools with
+        unused poisoned pages, both layouts, every feature at once, and tails."""
+        sup = self.k.supports
+        s = int(self.base()["seq_len"])
+        for kv in sorted(self.k.kv_dtypes):
+            q = {**d, "kv_dtype": kv}
+            lens = {"seqlens_k": True, "kv_capacity": 96, "causal": True, "past_len": 96 - s} \
+                if {"seqlens_k", "kv_capacity"} <= sup else {}
+            self.add(kv, {**q, **lens}, params=split, lengths=(96, 40) if lens else None)
+            if "paged" in self.k.kv_layouts and lens:
+                self.add(f"{kv}-paged16", {**q, **lens, "kv_layout": "paged", "page_size": 16,
+                                           "num_pages": 2 * 6 + 3}, params=split,
+                         lengths=(96, 40))
+            everything = _everything(sup)
+            self.add(f"{kv}-all", {**q, **everything, "past_len": 90 - s, "q_layout": "BNSH",
+                                   "kv_layout": "BNSH"}, params=split,
+                     lengths=(90, 33) if "seqlens_k" in everything else None)
+            if self.partials_ok():
+                self.add(f"{kv}-partials", {**q, "causal": True}, params=split, check="partial")
+            if not self.quick:
+                self.add(f"{kv}-layouts", {**q, "q_layout": "BSNH", "kv_layout": "BNSH",
+                                           "past_len": 61}, params=split)
+                tile = int(self.k.defaults.get("kv_tile", 64))
+                for total in sorted({tile - 1, tile + 1, 1029}):
+                    rows = min(s, total)
+                    self.add(f"{kv}-L{total}", {**q, "batch": 1, "seq_len": rows,
+                                                "past_len": total - rows, "causal": True},
+                             params=split)
 
     def sweeps(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
         """Head sizes, row counts and key counts around tile edges (the full matrix)."""
@@ -337,6 +366,14 @@ class _Rotation:
 
     def split_factor(self, n: int) -> float:
         return cells.SPLIT_FACTORS[(n // 2 + self.rank) % len(cells.SPLIT_FACTORS)]
+
+
+def _everything(sup: frozenset[str]) -> dict[str, Any]:
+    """Every contract feature the kernel supports, at once (the "all" cells)."""
+    return {f: v for f, v in (("bias", True), ("seqlens_k", True), ("kv_capacity", 90),
+                              ("local_window", 30), ("softcap", 5.0), ("alibi_max_bias", 4.0),
+                              ("head_sink", True), ("return_lse", True), ("causal", True))
+            if _feature_of(f) in sup}
 
 
 def _feature_of(field_name: str) -> str:

@@ -245,6 +245,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     print()
     print("ratios (peer time / attnreg time; > 1 means attnreg is faster):")
     print(bench.ratios(rows))
+    if any(r.suite == "kv-dtypes" for r in rows):
+        print()
+        print("storages (float16 twin's time / this case's; > 1 means faster than float16):")
+        print(bench.storage_ratios(rows))
     if a.json:
         bench.write_json(rows, a.json)
     if a.png:
@@ -315,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="time named suites on every device, side by side")
     b.add_argument("--suite", action="append", choices=["decode", "long-context", "whisper",
-                                                        "prefill", "decode-loop"])
+                                                        "prefill", "decode-loop", "kv-dtypes"])
     b.add_argument("--gpu-only", action="store_true",
                    help="only GPU devices (plus the numpy reference as the baseline)")
     b.add_argument("--backend", help="one backend, or several comma-separated (webgpu,opencl)")
