@@ -63,6 +63,11 @@ typedef float4 raw4_t;
 #define cvt4(x) (x)
 #endif
 
+// K/V as stored and their dequantization scales (quantized kv_dtype): the spec's dtype and
+// no scales unless the host defines otherwise.
+typedef elem_t kv_t;
+typedef float scale_t;
+
 #if BIAS_F16
 typedef half bias_t;
 #define LDB(p, i) vload_half((i), (p))

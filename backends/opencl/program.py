@@ -52,7 +52,7 @@ EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosi
 
 # OpenCL C spelling of each port kind (backends/ports.py); elem_t, bias_t and PARAMS are
 # defined by common.cl, which precedes the first use of the signature.
-_CL_TYPES = {"kv": "elem_t", "bias": "bias_t", "out": "elem_t", "f32": "float",
+_CL_TYPES = {"kv": "elem_t", "kvc": "kv_t", "scale": "scale_t", "bias": "bias_t", "out": "elem_t", "f32": "float",
              "f32x2": "float", "f32x4": "float", "i32": "int", "u32": "uint"}
 
 

@@ -42,7 +42,7 @@ FILES = {
 }
 
 # WGSL spelling of each port kind (backends/ports.py).
-_WGSL_TYPES = {"kv": "array<GV>", "bias": "array<f32>", "out": "array<vec4<T>>",
+_WGSL_TYPES = {"kv": "array<GV>", "kvc": "array<GV>", "scale": "array<f32>", "bias": "array<f32>", "out": "array<vec4<T>>",
                "f32": "array<f32>", "f32x2": "array<vec2<f32>>", "f32x4": "array<vec4<f32>>",
                "i32": "array<i32>", "u32": "array<u32>"}
 _ACCESS = {"read": "read", "rw": "read_write"}
