@@ -51,7 +51,8 @@ def _bf16_view(value: Any) -> np.ndarray | None:
     """A torch bfloat16 CPU tensor as an ml_dtypes.bfloat16 array over the same memory."""
     if str(getattr(value, "dtype", "")) != "torch.bfloat16" or not hasattr(value, "view"):
         return None
-    import torch                     # only reached for a torch tensor, so torch is there
+    # only reached for a torch tensor, so torch is importable
+    import torch
 
     try:
         return np.from_dlpack(value.view(torch.int16)).view(_DTYPE_OBJ["bfloat16"])

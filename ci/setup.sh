@@ -25,9 +25,9 @@ fi
 stamp=.venv/.attnreg-installed
 want=$( (cat pyproject.toml; ls -d */__init__.py */*/__init__.py 2>/dev/null) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] pip install -e .[test,dawn]"
+  echo "[setup] pip install -e .[test,dawn,clients]"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install -q -e ".[test,dawn]"
+  .venv/bin/python -m pip install -q -e ".[test,dawn,clients]"
   echo "$want" > "$stamp"
 fi
 # The Vulkan shim, into ~/.cache/attnreg/vkshim (idempotent: rebuilt only when its source or

@@ -20,10 +20,10 @@ class DLPackOnly:
     def __init__(self, a: np.ndarray) -> None:
         self.a = a
 
-    def __dlpack__(self, **kw):           # noqa: ANN003, ANN204
-        return self.a.__dlpack__(**kw)
+    def __dlpack__(self, **kw: object) -> object:
+        return self.a.__dlpack__(**kw)  # type: ignore[arg-type]
 
-    def __dlpack_device__(self):          # noqa: ANN204
+    def __dlpack_device__(self) -> tuple[int, int]:
         return self.a.__dlpack_device__()
 
 

@@ -1,0 +1,130 @@
+"""Run ONNX attention nodes with attnreg: the standard ``Attention`` op (opset 23/24) and
+com.microsoft ``GroupQueryAttention`` and ``MultiHeadAttention``, as ONNX Runtime computes them.
+
+>>> spec, how = spec_from_node(node, {name: array, ...})       # doctest: +SKIP
+>>> outputs = how.outputs(attnreg.run(spec, how.tensors))     # doctest: +SKIP
+>>> outputs = run_node(node, inputs, backend="webgpu")        # the same, in one call  # doctest: +SKIP
+
+``node`` is an ``onnx.NodeProto`` (onnx is imported only here, lazily; without it every call
+raises SpecError naming the package). ``inputs`` maps the node's input names to arrays, or is
+a sequence of arrays (None for absent ones) in the node's input order. The outputs come back
+in the op's order: output, present_key, present_value (None where the node names no output).
+float32, float16 and bfloat16 inputs are taken (ORT's CPU EP runs float32 and float16 of these
+ops; attnreg's GPU kernels run bfloat16 only on the reference backend so far).
+
+Mapping rules (checked against onnxruntime 1.32's CPU EP in tests/test_integrations_onnx.py):
+
+- Heads. Packed [B, S, N*H] inputs become [B, S, N, H] views (q_layout / kv_layout BSNH, no
+  copy); 4-D ``Attention`` Q [B, N, S, H] is q_layout BNSH and Y comes back in that layout.
+  Packed QKV (GQA: query [B, S, (Nq+2Nkv)*H]; MHA: [B, S, N, 3, H]) and MHA's packed KV
+  [B, T, N, 2, H] are split into views (ORT's CPU EP implements neither MHA packing; the
+  tests compare them with ORT on the unpacked equivalent). MHA's 4-D key/value are BNSH
+  cross-attention K/V, used as they are. ``q_num_heads`` / ``kv_num_heads`` / ``num_heads``
+  give the head counts; V's head size must equal K's (attnreg has no v_head_size yet).
+- KV cache. past_key/past_value are BNSH [B, Nkv, P, H]; present = past followed by the new
+  K/V (a host concatenation, BNSH) and attention reads present. GQA: ``seqlens_k[b]`` is the
+  total length - 1, so attnreg's seqlens_k = value + 1 (L_b); batch entry b's new rows go at
+  L_b - S, after past[:L_b - S]; present has capacity max(total_sequence_length, P) (ORT's
+  shared-buffer mode, where past already has the maximum length, is the same rule) and
+  becomes ``kv_capacity``; present rows at or beyond L_b are 0 (ORT's CPU EP zero-fills them
+  too when past and present are separate buffers). A GQA call is a first prompt when
+  S == total_sequence_length; a first prompt with seqlens_k + 1 < S is right-padded (row i at
+  position i) and is refused until attnreg has ``seqlens_q``.
+- Causal. ORT's frontier is "row i sees j <= i + offset": offset = P (past given), or
+  nonpad_kv_seqlen[b] - S (Attention with an external cache), or 0 (neither: top-left, also
+  when K is longer than Q). attnreg's causal is bottom-right (p_i = L_b - S + i); the two
+  agree when the new K length equals S, and then spec.causal is used; otherwise the frontier
+  becomes a -inf bias. ``is_causal`` (Attention), ``causal`` (GQA, default 1),
+  ``unidirectional`` (MHA: refused unless the new key length equals S, because ORT's mask
+  for cross lengths matches neither alignment). ORT 1.32 departs from ONNX in one case: with
+  past_key, a single query row and several new keys, it attends every key (ONNX: j <= P);
+  that node is refused as ambiguous. Fewer keys than query rows (cross-attention): K/V are
+  padded to S zero keys that the bias masks (attnreg's queries are the last S of >= S keys).
+- ``local_window_size`` = W > 0 (GQA) is attnreg's ``local_window`` = W: ORT 1.32 keys a row
+  at position p to j in (p - W, p], the same as attnreg (measured; older ORT used W + 1 keys).
+- Masks. Attention's bool ``attn_mask`` (True = attend) becomes a 0/-inf bias, a float one
+  (float32 or the inputs' dtype) is added; a last dim shorter than total is padded with -inf
+  (ONNX; ORT's CPU EP refuses such masks). GQA/MHA ``attention_bias`` [B|1, N|1, S, total] is
+  the bias (GQA's columns are absolute positions). ``nonpad_kv_seqlen`` and MHA's 1-D
+  ``key_padding_mask`` (key lengths) become seqlens_k where every length is in [S, C] (and,
+  for MHA, not causal: ORT's MHA keeps the causal offset at P whatever the padding), else a
+  -inf bias; 2-D/3-D ``key_padding_mask`` (0 = padding) is a -inf bias.
+- Scalars. ``scale`` 0 or absent is 1/sqrt(H); ``softcap`` 0 is off (applied before the
+  mask, like ORT); GQA's ``smooth_softmax`` is an all-zero head_sink and its ``head_sink``
+  input is attnreg's head_sink (ORT uses it with or without smooth_softmax); MHA's projection
+  ``bias`` is added to q, k, v on the host.
+- Rotary (GQA ``do_rotary``): applied to q and the new k on the host with cos_cache/sin_cache
+  [max_seq, rotary_dim/2] (rotary_dim <= H; half-split or ``rotary_interleaved``), positions
+  L_b - S + i (0..S-1 on a first prompt) or ``position_ids`` (refused on a first prompt,
+  where ORT reads only its first element), in float32 and rounded to the dtype (float16
+  present_key bit-identical to ORT's on the tests' cases, float32 within a few ulp).
+
+Known differences from ORT (documented, tested): a query row with no visible key is 0 in
+attnreg (CONTRACT). The standard Attention op and GQA give 0 too, but ORT's MHA adds
+``mask_filter_value`` (-10000) for key_padding_mask instead of masking, so a row whose keys
+are all padding gets about the softmax over those padded keys, and an all -inf
+``attention_bias`` row gives NaN; attnreg gives 0 in both cases. Rows with a visible key
+agree (exp(-10000) underflows).
+
+Refused with SpecError (field, value, what is expected): the qk / output_qk /
+qk_matmul_output outputs and a non-zero ``qk_matmul_output_mode`` / ``qk_output`` (attnreg
+never materialises scores); quantized GQA caches (k_scale, v_scale, *_quant_type), the
+``sliding_window_cache`` layout, q/k_norm_weight, ``query_seqlens`` and right-padded first
+prompts (need seqlens_q); MHA's ``past_sequence_length`` shared-buffer mode and
+``cache_indirection``, 1-D [3B+2] key_padding_mask; integer attn_mask types; unknown
+attributes; V head size != K head size; any shape, dtype or value out of range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import AttentionSpec
+from ._onnx_common import Inputs, NodeRun, read_node
+from ._onnx_ops import ATTENTION_IN, GQA_IN, MHA_IN, map_attention, map_gqa, map_mha
+
+__all__ = ["NodeRun", "run_node", "spec_from_node"]
+
+_OPS = {("", "Attention"): (ATTENTION_IN, map_attention),
+        ("ai.onnx", "Attention"): (ATTENTION_IN, map_attention),
+        ("com.microsoft", "GroupQueryAttention"): (GQA_IN, map_gqa),
+        ("com.microsoft", "MultiHeadAttention"): (MHA_IN, map_mha)}
+
+
+def spec_from_node(node: Any, inputs: Mapping[str, Any] | Sequence[Any]
+                   ) -> tuple[AttentionSpec, NodeRun]:
+    """The AttentionSpec of one ONNX attention node and ``how`` to run it.
+
+    ``how.tensors`` is what ``attnreg.run(spec, ...)`` takes (views of the inputs where the
+    layout allows, host-built present K/V, masks turned into a bias); ``how.outputs(out)``
+    gives the node's outputs in the op's order; ``how.rules`` says which mapping rules fired.
+    The spec depends on input values (seqlens_k, lengths, masks), so pass the arrays.
+    """
+    n = read_node(node)
+    key = (n.domain, n.op)
+    if key not in _OPS:
+        raise SpecError("node.op_type", f"{n.domain or 'ai.onnx'}::{n.op}",
+                        "Attention (ai.onnx, opset 23+), com.microsoft::GroupQueryAttention or "
+                        "com.microsoft::MultiHeadAttention")
+    names, mapper = _OPS[key]
+    return mapper(n, Inputs(n, names, inputs))
+
+
+def run_node(node: Any, inputs: Mapping[str, Any] | Sequence[Any], backend: str | None = None,
+             session: Any = None, flags: Mapping[str, Any] | None = None
+             ) -> list[np.ndarray | None]:
+    """Run one ONNX attention node with attnreg: the node's outputs in the op's order.
+
+    ``session`` (an attnreg.Session) is used when given, else ``attnreg.run`` on ``backend``.
+    """
+    spec, how = spec_from_node(node, inputs)
+    if session is not None:
+        out = session.run(spec, how.tensors, flags=flags)
+    else:
+        from ..api import run  # the module-level default sessions
+        out = run(spec, how.tensors, backend=backend, flags=flags)
+    return how.outputs(out)
