@@ -28,6 +28,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] pip install -e .[test,dawn,clients]"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -e ".[test,dawn,clients]"
+  # torch's triton (GPU compiler only) brings its own LLVM, which clashes with lavapipe's in
+  # one process: building a transformers model after a lavapipe launch segfaulted (measured).
+  # CI's torch runs on the CPU, so triton goes.
+  .venv/bin/python -m pip uninstall -q -y triton >/dev/null 2>&1 || true
   echo "$want" > "$stamp"
 fi
 # The Vulkan shim, into ~/.cache/attnreg/vkshim (idempotent: rebuilt only when its source or
