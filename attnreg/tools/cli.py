@@ -266,6 +266,10 @@ def cmd_conformance(a: argparse.Namespace) -> int:
     cells = conf.cases(devs, quick=a.quick)
     if a.kernel:
         cells = [c for c in cells if a.kernel in c.kernel]
+    if a.dtype:
+        cells = [c for c in cells if c.spec.dtype == a.dtype]
+    if a.kv_dtype:
+        cells = [c for c in cells if c.spec.kv_dtype == a.kv_dtype]
     results = conf.run_matrix(cells, progress=lambda cs: progress(cs, "conformance"))
     problems = []
     for r in results:
@@ -274,7 +278,7 @@ def cmd_conformance(a: argparse.Namespace) -> int:
     if a.required:
         req = conf.load_required(a.required)
         problems += [f"MISSING required device {m}" for m in conf.missing_required(req, devs)]
-        if not a.kernel:
+        if not (a.kernel or a.dtype or a.kv_dtype):      # a filtered run covers a part
             allowed = req.get("uncoverable", {})
             for kid, why in conf.uncovered(cells, devs).items():
                 if kid not in allowed:
@@ -339,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quick", action="store_true", help="fewer cells per kernel")
     c.add_argument("--gpu-only", action="store_true", help="only GPU devices")
     c.add_argument("--kernel", help="only kernels whose id contains this text")
+    c.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                   help="only cells computing in this dtype")
+    c.add_argument("--kv-dtype", choices=["int8", "int4"],
+                   help="only cells whose K/V are stored quantized so")
     c.add_argument("--json", metavar="PATH", help="write every cell as JSON")
     c.add_argument("--markdown", metavar="PATH", help="write the kernels x devices table")
     c.add_argument("--required", metavar="FILE", help="fail if a device or kernel named as "
