@@ -1,6 +1,6 @@
 """`python -m attnreg ...` is the `attnreg` command (for environments without the script)."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

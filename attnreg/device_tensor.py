@@ -13,13 +13,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ClosedError, SpecError
+from .hookspecs import QuantizingRuntime
 from .interrupts import deferred
 from .spec import AttentionSpec
+
+KV_DTYPES = ("int8", "int4")
 
 if TYPE_CHECKING:
     from .session import Session
 
-DTYPES = ("float32", "float16", "int32")
+# Storage dtypes of DeviceTensors: the compute dtypes, int32 indices, and the codes of quantized
+# K/V (int8 codes; uint8 pairs of int4 codes). 1-byte tensors are written in whole 32-bit
+# words (WebGPU's writeBuffer granule): see Session._upload.
+DTYPES = ("float32", "float16", "bfloat16", "int32", "int8", "uint8")
 
 
 class DeviceTensor:
@@ -70,10 +76,26 @@ class DeviceTensor:
         return f"DeviceTensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device_id})"
 
 
+
 class KVCache:
-    """A static KV cache on the device: k, v of shape [B, C, Nkv, H] (kv_layout BSNH, the
-    default: appending a token writes one strip per batch entry) or [B, Nkv, C, H] (BNSH:
-    one strip per (batch, head)), and per-batch lengths that become the spec's ``seqlens_k``.
+    """A static KV cache on the device, and per-batch lengths that become the spec's
+    ``seqlens_k``. Layouts (``layout``):
+
+    - ``"BSNH"`` (the default): k, v [B, C, Nkv, H]; appending writes one strip per batch entry.
+    - ``"BNSH"``: k, v [B, Nkv, C, H]; one strip per (batch, head).
+    - ``"paged"`` (vLLM-style): k, v are page pools [num_pages, page_size, Nkv, H] and
+      ``block_table`` [B, ceil(C / page_size)] int32 maps sequence b's page i to a pool page.
+      By default the cache owns the table: pages come from a free list as sequences grow
+      (lowest free page first), ``release(b)`` gives a finished sequence's pages back, and
+      ``num_pages`` defaults to B * ceil(C / page_size) (every sequence can reach C). Or
+      the caller passes ``block_table`` (its engine assigns pages): the cache writes through
+      it, checks that written pages exist and that one append never writes a slot twice,
+      and never changes it.
+
+    ``kv_dtype`` "int8" / "int4" stores quantized K/V (CONTRACT "Storage dtypes and quantized
+    K/V"): k, v hold codes (spec.kv_code_shape / kv_code_dtype) and k_scale, v_scale the
+    scales; ``append`` takes float K/V in ``dtype`` and quantizes it on the device (the
+    runtime's ``quantize_into``) to quantize_kv's codes, give or take one at exact ties.
 
     Its :meth:`spec` fixes ``past_len = C - seq_len`` and ``kv_capacity = C`` so the spec,
     and therefore the plan, stay the same for every step of a decode loop.
@@ -81,30 +103,80 @@ class KVCache:
 
     def __init__(self, session: Session, *, batch: int, kv_num_heads: int, head_size: int,
                  capacity: int, dtype: str = "float16", layout: str = "BSNH",
+                 kv_dtype: str | None = None, page_size: int | None = None,
+                 num_pages: int | None = None, block_table: np.ndarray | None = None,
                  device: str | int | None = None) -> None:
+        paged = layout == "paged"
+        if paged and page_size is None:
+            raise SpecError("page_size", page_size, "an integer >= 1, because layout is 'paged'")
+        if not paged and block_table is not None:
+            raise SpecError("block_table", block_table, "None, because layout is not 'paged'")
+        if paged and num_pages is None and isinstance(page_size, int) and page_size >= 1 \
+                and isinstance(capacity, int):
+            num_pages = batch * -(-capacity // page_size)
+        # The spec validates every field (and int4's head_size % 32) with its own messages.
         probe = AttentionSpec(batch=batch, seq_len=1, past_len=capacity - 1,
                               num_heads=kv_num_heads, kv_num_heads=kv_num_heads,
-                              head_size=head_size, dtype=dtype, kv_layout=layout)
+                              head_size=head_size, dtype=dtype, kv_layout=layout,
+                              kv_capacity=capacity, kv_dtype=kv_dtype, page_size=page_size,
+                              num_pages=num_pages)
         self.session = session
         self.batch, self.kv_num_heads, self.head_size = batch, kv_num_heads, head_size
         self.capacity, self.dtype, self.layout = capacity, dtype, layout
-        self.k = session.empty(probe.kv_shape, dtype, device=device)
-        self.v = session.empty(probe.kv_shape, dtype, device=device)
+        self.kv_dtype, self.page_size, self.num_pages = kv_dtype, page_size, num_pages
+        dev = session.home_device(device)
+        if kv_dtype is not None:
+            _quantizer(session, dev, kv_dtype, dtype, head_size)
+        self.k = session.empty(probe.kv_code_shape, probe.kv_code_dtype, device=dev)
+        self.v = session.empty(probe.kv_code_shape, probe.kv_code_dtype, device=dev)
+        self.k_scale = self.v_scale = None
+        if kv_dtype is not None:
+            self.k_scale = session.empty(probe.kv_scale_shape, probe.kv_scale_dtype, device=dev)
+            self.v_scale = session.empty(probe.kv_scale_shape, probe.kv_scale_dtype, device=dev)
         self.lengths = np.zeros(batch, np.int32)
-        self.seqlens = session.tensor(self.lengths.copy(), device=self.k.device_id)
+        self.seqlens = session.tensor(self.lengths.copy(), device=dev)
+        self.block_table: DeviceTensor | None = None
+        self.owns_pages = paged and block_table is None
+        if paged:
+            table = self._caller_table(block_table, probe) if block_table is not None else \
+                np.zeros(probe.block_table_shape, np.int32)   # unassigned entries: page 0
+            self.block_table = session.tensor(table, device=dev)
+            self.block_table.host = table.copy()     # run() range-checks it, no read-back
+            self.pages_held = np.zeros(batch, np.int64)  # owned: table[b, :pages_held[b]]
+            self.free_pages = list(range(num_pages or 0))
+
+    @staticmethod
+    def _caller_table(table: Any, probe: AttentionSpec) -> np.ndarray:
+        if not isinstance(table, np.ndarray) or table.dtype not in (np.int32, np.int64) \
+                or table.shape != probe.block_table_shape:
+            raise SpecError("block_table", table, f"an int32 array [B, ceil(C / page_size)] = "
+                            f"{list(probe.block_table_shape)}")
+        if (np.abs(table) > 2**31 - 1).any():
+            raise SpecError("block_table", table, "values int32 can hold")
+        return table.astype(np.int32)
 
     def spec(self, num_heads: int, seq_len: int = 1, **fields: Any) -> AttentionSpec:
         """The AttentionSpec for attending over this cache with seq_len new query rows."""
+        paging = {"page_size": self.page_size, "num_pages": self.num_pages} \
+            if self.layout == "paged" else {}
         return AttentionSpec(batch=self.batch, seq_len=seq_len, past_len=self.capacity - seq_len,
                              num_heads=num_heads, kv_num_heads=self.kv_num_heads,
                              head_size=self.head_size, dtype=self.dtype, kv_layout=self.layout,
-                             kv_capacity=self.capacity, seqlens_k=True, **fields)
+                             kv_capacity=self.capacity, seqlens_k=True, kv_dtype=self.kv_dtype,
+                             **paging, **fields)
 
     def tensors(self, q: Any) -> dict[str, Any]:
-        return {"q": q, "k": self.k, "v": self.v, "seqlens_k": self.seqlens}
+        """run()'s tensors: q, k, v, seqlens_k, and k_scale / v_scale, block_table if used."""
+        t = {"q": q, "k": self.k, "v": self.v, "seqlens_k": self.seqlens}
+        if self.kv_dtype is not None:
+            t.update(k_scale=self.k_scale, v_scale=self.v_scale)
+        if self.block_table is not None:
+            t["block_table"] = self.block_table
+        return t
 
     def append(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
-        """Write S new tokens per batch entry, [B, S, Nkv, H], after each entry's length."""
+        """Write S new tokens per batch entry, [B, S, Nkv, H] in the cache's dtype, after each
+        entry's length (quantized on the device for a quantized cache)."""
         for name, x in (("k_new", k_new), ("v_new", v_new)):
             want = (self.batch, None, self.kv_num_heads, self.head_size)
             if not isinstance(x, np.ndarray) or x.ndim != 4 or x.dtype != np.dtype(self.dtype) \
@@ -115,7 +187,7 @@ class KVCache:
             self._append(k_new, v_new)
 
     def _append(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
-        for t in (self.k, self.v, self.seqlens):
+        for t in self._tensors():
             self.session._live(t)
         s = k_new.shape[1]
         if v_new.shape != k_new.shape:
@@ -124,6 +196,17 @@ class KVCache:
             b = int(np.argmax(self.lengths + s > self.capacity))
             raise SpecError("k_new.shape[1]", s, f"at most capacity - length = "
                             f"{self.capacity - int(self.lengths[b])} new tokens for batch {b}")
+        if self.kv_dtype is not None:
+            _check_finite(k_new, v_new, self.kv_dtype)
+        if self.layout == "paged":
+            self._append_paged(k_new, v_new, s)
+        elif self.kv_dtype is not None:
+            self._quantize(self._rows(s, self.lengths), k_new, v_new)
+        else:
+            self._write_strips(k_new, v_new)
+        self._grow(s)
+
+    def _write_strips(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
         h, n, c = self.head_size, self.kv_num_heads, self.capacity
         for b in range(self.batch):
             start = int(self.lengths[b])
@@ -133,6 +216,8 @@ class KVCache:
                 else:                           # one strip per (batch, head)
                     for j in range(n):
                         dst.write(np.ascontiguousarray(src[b, :, j]), ((b * n + j) * c + start) * h)
+
+    def _grow(self, s: int) -> None:
         # The lengths move last, device first: an exception (or an interrupt that was not
         # deferred, from another signal) before this point leaves the old lengths on both
         # sides (the new tokens sit beyond them, unseen); one during the seqlens write is
@@ -145,3 +230,141 @@ class KVCache:
             self.lengths = old
             self.seqlens.write(old)
             raise
+
+    # -- paged -------------------------------------------------------------------------
+    def _append_paged(self, k_new: np.ndarray, v_new: np.ndarray, s: int) -> None:
+        """Assign the pages the new tokens need (owned table), write the tokens through the
+        table, and on any failure give the new pages back and restore the table."""
+        assert self.block_table is not None and self.block_table.host is not None
+        table, held, free = self.block_table.host.copy(), self.pages_held.copy(), \
+            list(self.free_pages)
+        try:
+            if self.owns_pages:
+                self._assign_pages(s)
+            slots = self._slots(s, self.lengths)            # [B, S] pool token slots
+            if self.kv_dtype is not None:
+                n = self.kv_num_heads
+                rows = (slots[..., None] * n + np.arange(n)).reshape(-1).astype(np.int32)
+                self._quantize(rows, k_new, v_new)
+            else:
+                self._write_slots(slots, k_new, v_new)
+        except BaseException:
+            self.pages_held, self.free_pages = held, free
+            if not np.array_equal(self.block_table.host, table):
+                self.block_table.write(table)
+            raise
+
+    def _assign_pages(self, s: int) -> None:
+        assert self.block_table is not None and self.page_size is not None
+        need = -(-(self.lengths.astype(np.int64) + s) // self.page_size)
+        short = int((need - self.pages_held).clip(0).sum())
+        if short > len(self.free_pages):
+            raise SpecError("k_new.shape[1]", s, f"new tokens that fit the free pages: they need "
+                            f"{short} new pages of {self.page_size}, {len(self.free_pages)} are "
+                            f"free of num_pages={self.num_pages} (release() finished sequences)")
+        for b in np.flatnonzero(need > self.pages_held):
+            got = [self.free_pages.pop(0) for _ in range(int(need[b] - self.pages_held[b]))]
+            self.block_table.write(np.array(got, np.int32),
+                                   b * self.block_table.shape[1] + int(self.pages_held[b]))
+            self.pages_held[b] = need[b]
+
+    def _slots(self, s: int, lengths: np.ndarray) -> np.ndarray:
+        """Pool token slot (page * page_size + offset) of each new token, [B, S]; checks the
+        table's pages exist and that no slot is written twice."""
+        assert self.block_table is not None and self.block_table.host is not None
+        ps = int(self.page_size or 1)
+        pos = lengths.astype(np.int64)[:, None] + np.arange(s)
+        pages = np.take_along_axis(self.block_table.host.astype(np.int64), pos // ps, axis=1)
+        bad = (pages < 0) | (pages >= int(self.num_pages or 0))
+        if bad.any():
+            b, i = (int(x) for x in np.argwhere(bad)[0])
+            raise SpecError(f"block_table[{b}, {int(pos[b, i]) // ps}]", int(pages[b, i]),
+                            f"a page in [0, num_pages={self.num_pages}) for the token at "
+                            f"position {int(pos[b, i])} of batch {b}")
+        slots = pages * ps + pos % ps
+        if np.unique(slots).size != slots.size:
+            raise SpecError("block_table", self.block_table.host, "pages that no two batch "
+                            "entries write in one append (a slot would be written twice)")
+        return slots
+
+    def _write_slots(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> None:
+        """Unquantized paged append: one strip per run of consecutive slots (a page)."""
+        per = self.kv_num_heads * self.head_size
+        for b in range(self.batch):
+            cut = np.flatnonzero(np.diff(slots[b]) != 1) + 1
+            for lo, hi in zip([0, *cut], [*cut, slots.shape[1]]):
+                for dst, src in ((self.k, k_new), (self.v, v_new)):
+                    dst.write(np.ascontiguousarray(src[b, lo:hi]), int(slots[b, lo]) * per)
+
+    def release(self, b: int) -> None:
+        """End sequence ``b``: its length becomes 0 and, when the cache owns the block table,
+        its pages go back to the free list (a serving engine's finished request)."""
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= b < self.batch:
+            raise SpecError("b", b, f"a batch index in [0, {self.batch})")
+        with self.session._lock, deferred():
+            for t in self._tensors():
+                self.session._live(t)
+            lengths = self.lengths.copy()
+            lengths[b] = 0
+            self.seqlens.write(lengths)
+            self.lengths = lengths
+            if self.owns_pages and self.block_table is not None:
+                row = self.block_table.host[b, :self.pages_held[b]]  # type: ignore[index]
+                self.free_pages = sorted(self.free_pages + [int(p) for p in row])
+                self.pages_held[b] = 0
+
+    # -- quantized ---------------------------------------------------------------------
+    def _rows(self, s: int, lengths: np.ndarray) -> np.ndarray:
+        """Destination vector (index into k viewed as [vectors, H]) of each new vector
+        [b, s, n], flattened in k_new's order: where the kernel writes codes and scales."""
+        n, c = self.kv_num_heads, self.capacity
+        pos = lengths.astype(np.int64)[:, None, None] + np.arange(s)[None, :, None]
+        bb = np.arange(self.batch)[:, None, None]
+        nn = np.arange(n)[None, None, :]
+        rows = (bb * c + pos) * n + nn if self.layout == "BSNH" else (bb * n + nn) * c + pos
+        return rows.reshape(-1).astype(np.int32)
+
+    def _quantize(self, rows: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> None:
+        """k_new, v_new quantized on the device into k / v and their scales at ``rows``
+        (one runtime call: one upload, one submit), under append's lock."""
+        assert self.kv_dtype is not None and self.k_scale is not None and self.v_scale is not None
+        rt = _quantizer(self.session, self.k.device_id, self.kv_dtype, self.dtype, self.head_size)
+        h = self.head_size
+        rt.quantize_into(self.kv_dtype, rows, [
+            (np.ascontiguousarray(x).reshape(-1, h), c.handle, sc.handle)
+            for x, c, sc in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale))])
+        for t in (self.k, self.v, self.k_scale, self.v_scale):
+            t.version += 1
+
+    def _tensors(self) -> list[DeviceTensor]:
+        return [t for t in (self.k, self.v, self.seqlens, self.k_scale, self.v_scale,
+                            self.block_table) if t is not None]
+
+
+def _check_finite(k_new: np.ndarray, v_new: np.ndarray, kv_dtype: str) -> None:
+    """A quantized cache cannot hold NaN or inf (quantize_kv refuses them too): checked on
+    the host, where the new tokens are anyway, before anything is uploaded."""
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        bad = ~np.isfinite(x.astype(np.float32))
+        if bad.any():
+            at = [int(i) for i in np.argwhere(bad)[0]]
+            raise SpecError(f"{name}{at}", float(x[tuple(at)]), f"a finite value (a {kv_dtype} "
+                            "KV cache cannot hold NaN or inf)")
+
+
+def _quantizer(session: Session, device_id: str, kv_dtype: str, dtype: str,
+               head_size: int) -> QuantizingRuntime:
+    """The device's runtime if it quantizes this storage on the device (the optional
+    Runtime methods quantize_into / quantize_refusal, hookspecs.py); else a SpecError
+    naming kv_dtype."""
+    rt = session._device_runtime(device_id)
+    caps = rt.caps
+    if not isinstance(rt, QuantizingRuntime):
+        raise SpecError("kv_dtype", kv_dtype, f"None on {caps.backend} device {caps.name}: its "
+                        "runtime has no on-device quantizer (quantize_into); the reference, "
+                        "webgpu, dawn and opencl backends have one")
+    why = rt.quantize_refusal(kv_dtype, dtype, head_size)
+    if why:
+        raise SpecError("kv_dtype", kv_dtype, f"a storage {caps.backend} device {caps.name} can "
+                        f"quantize into: {why}")
+    return rt

@@ -104,6 +104,31 @@ class Runtime(Protocol):
 
 
 @runtime_checkable
+class QuantizingRuntime(Protocol):
+    """Optional: a Runtime that quantizes K/V on its device (KVCache appends with kv_dtype
+    "int8" / "int4"). A runtime without these methods gets no quantized KV cache: the
+    Session refuses with a SpecError naming kv_dtype. Codes and scales must equal
+    :func:`attnreg.quantize_kv`'s except at exact rounding ties (one code off at most)."""
+
+    caps: DeviceCaps
+
+    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
+        """None if this runtime can quantize float ``dtype`` vectors of ``head_size`` into
+        ``kv_dtype``; otherwise why not, in words (it becomes the SpecError's message)."""
+        ...
+
+    def quantize_into(self, kv_dtype: str, rows: np.ndarray,
+                      jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
+        """For each job (x, codes, scales): quantize x [R, H] (float32 / float16 / bfloat16,
+        finite: the caller checked) and write vector r's codes at vector ``rows[r]`` of the
+        buffer ``codes`` (viewed as int8 [V, H] or, int4, uint8 [V, H/2]) and its scales at
+        ``rows[r]`` of ``scales`` (float32 [V], or float16 [V, H/32]); ordered with launches
+        and uploads like :meth:`Runtime.upload`. ``rows`` int32 [R]: distinct and in range
+        (the caller checked); the handles come from :meth:`Runtime.alloc`."""
+        ...
+
+
+@runtime_checkable
 class Backend(Protocol):
     """A backend plugin's entry object."""
 

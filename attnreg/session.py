@@ -203,7 +203,8 @@ class Session:
         if cap is not None and nbytes > cap:
             raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {caps.name} "
                             f"({nbytes} bytes asked)")
-        handle = self._device_runtime(dev).alloc(nbytes)
+        # Whole 32-bit words: a 1-byte tensor's last write may be padded to one (_upload).
+        handle = self._device_runtime(dev).alloc(-(-nbytes // 4) * 4)
         return DeviceTensor(self, dev, handle, shape, name)
 
     @serialized
@@ -221,11 +222,17 @@ class Session:
 
     @serialized
     def kv_cache(self, *, batch: int, kv_num_heads: int, head_size: int, capacity: int,
-                 dtype: str = "float16", layout: str = "BSNH",
+                 dtype: str = "float16", layout: str = "BSNH", kv_dtype: str | None = None,
+                 page_size: int | None = None, num_pages: int | None = None,
+                 block_table: np.ndarray | None = None,
                  device: str | int | None = None) -> KVCache:
-        """A static KV cache on the device; see :class:`attnreg.KVCache`."""
+        """A static KV cache on the device: layout BSNH, BNSH or paged (page_size, num_pages,
+        an owned or given block_table), float K/V in ``dtype`` or quantized on append
+        (kv_dtype "int8" / "int4"); see :class:`attnreg.KVCache`."""
         return KVCache(self, batch=batch, kv_num_heads=kv_num_heads, head_size=head_size,
-                       capacity=capacity, dtype=dtype, layout=layout, device=device)
+                       capacity=capacity, dtype=dtype, layout=layout, kv_dtype=kv_dtype,
+                       page_size=page_size, num_pages=num_pages, block_table=block_table,
+                       device=device)
 
     def _live(self, t: DeviceTensor) -> None:
         t.check_live()
@@ -248,7 +255,16 @@ class Session:
         if offset_elems < 0 or end > t.nbytes:
             raise SpecError("array", arr, f"at most {t.nbytes // t.dtype.itemsize - offset_elems}"
                             " elements at that offset")
-        self._device_runtime(t.device_id).upload(t.handle, arr, offset_elems * t.dtype.itemsize)
+        off = offset_elems * t.dtype.itemsize
+        if t.dtype.itemsize == 1 and (off % 4 or (end % 4 and end != t.nbytes)):
+            # WebGPU writes whole 32-bit words; a strip that ends at the tensor's end is
+            # padded into the allocation's last word (Session.empty rounds it up).
+            raise SpecError("offset_elems", offset_elems, f"a {t.dtype.name} write that starts "
+                            f"and ends on 4-byte boundaries (or at the tensor's end): byte "
+                            f"{off}..{end} of {t.nbytes}")
+        if end % 4 and t.dtype.itemsize == 1:
+            arr = np.concatenate([arr.reshape(-1), np.zeros(-end % 4, arr.dtype)])
+        self._device_runtime(t.device_id).upload(t.handle, arr, off)
         if t.host is not None:           # keep the host mirror of small tensors exact
             t.host.reshape(-1)[offset_elems:offset_elems + arr.size] = arr.reshape(-1)
         t.version += 1

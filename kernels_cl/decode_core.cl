@@ -9,10 +9,12 @@
 
 // What decode_tile takes of the kernel arguments (block table and block list may be NULL).
 #define DECODE_ARGS                                                                      \
-  PARAMS P, const __global elem_t* q, const __global elem_t* k, const __global elem_t* v, \
+  PARAMS P, const __global elem_t* q, const __global kv_t* k, const __global kv_t* v,       \
+      const __global scale_t* k_scale, const __global scale_t* v_scale,                   \
       const __global bias_t* bias, const __global int* seqlens, const __global int* block_table, \
       const __global int* blk_off, const __global int* blk_ids, const __global int* blk_zero
-#define DECODE_ARG_NAMES P, q, k, v, bias, seqlens, block_table, blk_off, blk_ids, blk_zero
+#define DECODE_ARG_NAMES \
+  P, q, k, v, k_scale, v_scale, bias, seqlens, block_table, blk_off, blk_ids, blk_zero
 
 #if SG_IMPL == 0
 
@@ -53,8 +55,9 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   load_q(P, &w, q, Qs);
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
-  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), k + kv_base, v + kv_base,
-             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
+  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), KV_AT(k, kv_base),
+             KV_AT(v, kv_base), SC_AT(k_scale, kv_base), SC_AT(v_scale, kv_base), bias, Qs, Ks,
+             Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
 
   const int lid = get_local_id(0);
   const int dl = lid % DL, prl = lid / DL;
@@ -90,12 +93,12 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   for (int c_ = 0; c_ < KC; ++c_)                                         \
     for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
       const int j_ = kr.x + (CI) * KC + c_, g_ = lane + d_ * SG;          \
-      AK[c_][d_] = RAW_ZERO;                                              \
-      AV[c_][d_] = RAW_ZERO;                                              \
+      AK[c_][d_] = KV_RAW_ZERO;                                           \
+      AV[c_][d_] = KV_RAW_ZERO;                                           \
       if ((CI) < nchunks && j_ < kr.y && g_ < HD4) {                      \
-        const size_t off_ = KOFF(j_) + 4 * g_;                            \
-        AK[c_][d_] = LDRAW(kb, off_);                                     \
-        AV[c_][d_] = LDRAW(vb, off_);                                     \
+        const size_t ro_ = KOFF(j_);                                      \
+        AK[c_][d_] = KV_LDRAW(kb, ksb, ro_, 4 * g_);                      \
+        AV[c_][d_] = KV_LDRAW(vb, vsb, ro_, 4 * g_);                      \
       }                                                                   \
     }
 
@@ -131,8 +134,10 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   const int2 kr = split_keys(P, &w, t);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
-  const __global elem_t* kb = k + kv_base;
-  const __global elem_t* vb = v + kv_base;
+  const __global kv_t* kb = KV_AT(k, kv_base);
+  const __global kv_t* vb = KV_AT(v, kv_base);
+  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
+  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
   const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;
   const int2 ckeys = common_keys(P, &w);
 
@@ -157,17 +162,17 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + KC - 1) / KC : 0;
   // Raw chunks in flight: PF = 1 keeps the next chunk loading while this one is computed,
   // PF = 2 the one after it too (twice the bytes in flight per sub-group, more registers).
-  raw4_t ak[KC][DPL4], av[KC][DPL4];
+  kvraw_t ak[KC][DPL4], av[KC][DPL4];
   FETCH_CHUNK(wid, ak, av)
 #if PF == 2
-  raw4_t bk[KC][DPL4], bv[KC][DPL4];
+  kvraw_t bk[KC][DPL4], bv[KC][DPL4];
   FETCH_CHUNK(wid + NW, bk, bv)
 #endif
   // Every sub-group runs the same number of rounds (a round past the end is all masked),
   // so sub-group operations stay uniform even where they are emulated with barriers.
   for (int base = 0; base < nchunks; base += NW) {
     const int ci = base + wid;
-    raw4_t ck[KC][DPL4], cv[KC][DPL4];
+    kvraw_t ck[KC][DPL4], cv[KC][DPL4];
     COPY_CHUNK(ck, cv, ak, av)
 #if PF == 2
     COPY_CHUNK(ak, av, bk, bv)
@@ -180,7 +185,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
     for (int c = 0; c < KC; ++c) {
       for (int r = 0; r < RP; ++r) x[r * KC + c] = 0.0f;
       for (int d = 0; d < DPL4; ++d) {
-        const float4 kc = cvt4(ck[c][d]);
+        const float4 kc = kv_cvt4(ck[c][d]);
         for (int r = 0; r < RP; ++r) x[r * KC + c] += dot(qr[r][d], kc);
       }
     }
@@ -213,14 +218,14 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
       for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);
       if (full) {
         for (int d = 0; d < DPL4; ++d) {
-          const float4 vc = cvt4(cv[cc][d]);
+          const float4 vc = kv_cvt4(cv[cc][d]);
           for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
         }
       } else {
         bool seen[RP];
         for (int rr = 0; rr < RP; ++rr) seen[rr] = key_seen(P, &w, rr, j0 + cc);
         for (int d = 0; d < DPL4; ++d) {
-          const float4 vc = cvt4(cv[cc][d]);
+          const float4 vc = kv_cvt4(cv[cc][d]);
           for (int rr = 0; rr < RP; ++rr)
             if (seen[rr]) acc[rr][d] += pr[rr] * vc;
         }

@@ -40,7 +40,7 @@
       UNROLL                                                                    \
       for (int c = 0; c < NDR; ++c) {                                           \
         AK[nb][c] = (uint4)(0u);                                                \
-        if ((CI) < nchunks && j_ < kr.y) AK[nb][c] = LD16(kb, KOFF(j_) + 32 * c + 8 * t); \
+        if ((CI) < nchunks && j_ < kr.y) AK[nb][c] = KV_LD16(kb, ksb, KOFF(j_), 32 * c + 8 * t); \
       }                                                                         \
     }                                                                           \
     UNROLL                                                                      \
@@ -52,7 +52,7 @@
         for (int u = 0; u < NVW / 4; ++u) {                                     \
           AV[kc][kk][u] = (uint4)(0u);                                          \
           if ((CI) < nchunks && j_ < kr.y)                                      \
-            AV[kc][kk][u] = LD16(vb, KOFF(j_) + g * NDB + 8 * u);               \
+            AV[kc][kk][u] = KV_LD16(vb, vsb, KOFF(j_), g * NDB + 8 * u);        \
         }                                                                       \
       }                                                                         \
     }                                                                           \
@@ -98,8 +98,10 @@ void MMA_ENTRY(KERNEL_ARGS) {
   const int2 ckeys = common_keys(P, &w);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
-  const __global elem_t* kb = k + kv_base;
-  const __global elem_t* vb = v + kv_base;
+  const __global kv_t* kb = KV_AT(k, kv_base);
+  const __global kv_t* vb = KV_AT(v, kv_base);
+  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
+  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
   const int lid = get_local_id(0), lane = lid & 31, wid = lid >> 5, g = lane >> 2, t = lane & 3;
   const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
 
@@ -211,7 +213,6 @@ void MMA_ENTRY(KERNEL_ARGS) {
       badf = fmax(badf, SG_XOR(badf, 16));
       if (badf > 0.0f) {
         // the columns of this lane's rows that see a bad v become NaN (and stay NaN)
-        const __global ushort* v16 = (const __global ushort*)vb;
         UNROLL
         for (int hr = 0; hr < 2; ++hr) {
           const int r = g + 8 * hr;
@@ -223,7 +224,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
             for (int e = 0; e < 2; ++e) {
               bool bad = false;
               for (int j = j0; j < j1; ++j)
-                bad = bad || half_bad(v16[KOFF(j) + (2 * t + e) * NDB + db]);
+                bad = bad || V_BAD(vb, vsb, KOFF(j), (2 * t + e) * NDB + db);
               if (bad && row_ok(P, &w, r)) o[db][2 * hr + e] = NAN;
             }
           }

@@ -21,7 +21,9 @@ void decode_pv(KERNEL_ARGS) {
   const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
   const int2 kr = split_keys(P, &w, t);
   const __global int* btab = BTAB(P, block_table, w.b);
-  const __global elem_t* vb = v + KV_BASE(P, w.b, w.kvh);
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
+  const __global kv_t* vb = KV_AT(v, kv_base);
+  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
   const int lid = get_local_id(0);
   const int dl = lid % DL, kn = lid / DL;
   const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * ns;
@@ -56,7 +58,7 @@ void decode_pv(KERNEL_ARGS) {
         const int j = min(t0 + jj, kr.y - 1);             // clamped; p is 0 past the range
         for (int dv = 0; dv < DV; ++dv) {
           const int g = min(dl + dv * DL, HD4 - 1);
-          const float4 vv = LD4(vb, KOFF(j) + 4 * g);
+          const float4 vv = KV_LD4(vb, vsb, KOFF(j), 4 * g);
           for (int r = 0; r < R_ROWS; ++r) acc[r][dv] += Ps[r * TK + jj] * vv;
         }
       }
@@ -67,7 +69,7 @@ void decode_pv(KERNEL_ARGS) {
         for (int r = 0; r < R_ROWS; ++r) seen[r] = t0 + jj < kr.y && key_seen(P, &w, r, j);
         for (int dv = 0; dv < DV; ++dv) {
           const int g = min(dl + dv * DL, HD4 - 1);
-          const float4 vv = LD4(vb, KOFF(j) + 4 * g);
+          const float4 vv = KV_LD4(vb, vsb, KOFF(j), 4 * g);
           for (int r = 0; r < R_ROWS; ++r)
             if (seen[r]) acc[r][dv] += Ps[r * TK + jj] * vv;
         }

@@ -20,8 +20,11 @@ void decode_qk(KERNEL_ARGS) {
   const int2 kr = split_keys(P, &w, t);
   const Tiles ts = dense_tiles(kr);
   const __global int* btab = BTAB(P, block_table, w.b);
-  const __global elem_t* kb = k + KV_BASE(P, w.b, w.kvh);
-  const __global elem_t* vb = kb;          // FETCH's V half is off (STAGE_V is 0 here)
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
+  const __global kv_t* kb = KV_AT(k, kv_base);
+  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
+  const __global kv_t* vb = kb;            // FETCH's V half is off (STAGE_V is 0 here)
+  const __global scale_t* vsb = ksb;
   const int lid = get_local_id(0);
   const int kl = lid % KL, rl = lid / KL;
   load_q(P, &w, q, Qs);
@@ -32,7 +35,7 @@ void decode_qk(KERNEL_ARGS) {
     m[a] = -INFINITY;
     l[a] = 0.0f;
   }
-  raw4_t pk[NLD], pv[NLD];
+  kvraw_t pk[NLD], pv[NLD];
   int2 tr = tile_keys(&ts, 0, 0);
   FETCH(tr.x, tr.y)
   for (int it = 0; it < ts.count; ++it) {

@@ -42,26 +42,27 @@
 #endif
 
 // Load this work-item's share of the tile of keys [T0, T1) (zeros past T1: nothing beyond
-// the range is read). Needs lid, P, btab, kb, vb, pk, pv in scope.
+// the range is read). Needs lid, P, btab, kb, vb, ksb, vsb, pk, pv in scope.
 #define FETCH(T0, T1)                                                   \
   for (int n = 0; n < NLD; ++n) {                                       \
     const int idx_ = lid + n * WG, jj_ = idx_ / HD4, g_ = idx_ % HD4;   \
-    pk[n] = RAW_ZERO;                                                   \
-    pv[n] = RAW_ZERO;                                                   \
+    pk[n] = KV_RAW_ZERO;                                                \
+    pv[n] = KV_RAW_ZERO;                                                \
     if (idx_ < TK * HD4 && (T0) + jj_ < (T1)) {                         \
-      const size_t off_ = KOFF((T0) + jj_) + 4 * g_;                    \
-      pk[n] = LDRAW(kb, off_);                                          \
-      if (STAGE_V) pv[n] = LDRAW(vb, off_);                             \
+      const size_t ro_ = KOFF((T0) + jj_);                              \
+      pk[n] = KV_LDRAW(kb, ksb, ro_, 4 * g_);                           \
+      if (STAGE_V) pv[n] = KV_LDRAW(vb, vsb, ro_, 4 * g_);              \
     }                                                                   \
   }
 
-// Registers -> local tiles (K with pitch KPITCH, V with pitch HD), converted to f32.
+// Registers -> local tiles (K with pitch KPITCH, V with pitch HD), converted (dequantized)
+// to f32: staging is 4 bytes a value whatever the storage (tiling.py counts it so).
 #define STORE_TILE(KPITCH)                                              \
   for (int n = 0; n < NLD; ++n) {                                       \
     const int idx_ = lid + n * WG, jj_ = idx_ / HD4, g_ = idx_ % HD4;   \
     if (idx_ < TK * HD4) {                                              \
-      vstore4(cvt4(pk[n]), 0, Ks + jj_ * (KPITCH) + 4 * g_);            \
-      if (STAGE_V) vstore4(cvt4(pv[n]), 0, Vs + jj_ * HD + 4 * g_);     \
+      vstore4(kv_cvt4(pk[n]), 0, Ks + jj_ * (KPITCH) + 4 * g_);         \
+      if (STAGE_V) vstore4(kv_cvt4(pv[n]), 0, Vs + jj_ * HD + 4 * g_);  \
     }                                                                   \
   }
 
@@ -244,7 +245,7 @@ inline int2 listed(const __global int* off, const __global int* ids, int row, in
 #if STAGE_V
 #define PV_VALUE(jj, g) vload4(0, Vs + (jj) * HD + 4 * (g))
 #else
-#define PV_VALUE(jj, g) LD4(vb, KOFF(t0 + (jj)) + 4 * (g))
+#define PV_VALUE(jj, g) KV_LD4(vb, vsb, KOFF(t0 + (jj)), 4 * (g))
 #endif
 
 // The flash loop over the tiles of ts: per tile, stage K (and V), scores into Ss,
@@ -253,7 +254,8 @@ inline int2 listed(const __global int* off, const __global int* ids, int row, in
 // work-item holds, for its P.V rows, acc (unnormalised), l (sum of p) and m (max).
 inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* ids,
                        const __global int* zero, const __global int* btab,
-                       const __global elem_t* kb, const __global elem_t* vb,
+                       const __global kv_t* kb, const __global kv_t* vb,
+                       const __global scale_t* ksb, const __global scale_t* vsb,
                        const __global bias_t* bias,
                        __local float* Qs, __local float* Ks, __local float* Vs,
                        __local float* Ss, __local float* Ps, __local float* Mrun,
@@ -269,7 +271,7 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
     for (int dv = 0; dv < DV; ++dv) acc[pm][dv] = (float4)(0.0f);
   }
   if (lid < R_ROWS) Mrun[lid] = -INFINITY;
-  raw4_t pk[NLD], pv[NLD];
+  kvraw_t pk[NLD], pv[NLD];
   int2 tr = tile_keys(&ts, ids, 0);
   FETCH(tr.x, tr.y)
   for (int it = 0; it < ts.count; ++it) {

@@ -79,8 +79,9 @@ void flash_prefill(KERNEL_ARGS) {
   load_q(P, &w, q, Qs);
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
-  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), k + kv_base, v + kv_base,
-             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
+  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), KV_AT(k, kv_base),
+             KV_AT(v, kv_base), SC_AT(k_scale, kv_base), SC_AT(v_scale, kv_base), bias, Qs, Ks,
+             Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
 
   const int lid = get_local_id(0);
   const int dl = lid % DL, prl = lid / DL;
@@ -112,10 +113,8 @@ void flash_prefill(KERNEL_ARGS) {
 // This lane's output dims of the value of tile key jj (0 past the tile's tn keys).
 #if STAGE_V
 #define SG_VALUE(jj, dd) Vs[(jj) * HD + (dd)]
-#elif IS_F16
-#define SG_VALUE(jj, dd) vload_half(KOFF(t0 + (jj)) + (dd), vb)
 #else
-#define SG_VALUE(jj, dd) vb[KOFF(t0 + (jj)) + (dd)]
+#define SG_VALUE(jj, dd) KV_LD1(vb, vsb, KOFF(t0 + (jj)), (dd))
 #endif
 #define SG_VALUES(VV, jj)                                               \
   for (int d_ = 0; d_ < DPL; ++d_) {                                    \
@@ -139,8 +138,10 @@ void flash_prefill(KERNEL_ARGS) {
   const int2 kr = ts.kr;
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
-  const __global elem_t* kb = k + kv_base;
-  const __global elem_t* vb = v + kv_base;
+  const __global kv_t* kb = KV_AT(k, kv_base);
+  const __global kv_t* vb = KV_AT(v, kv_base);
+  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
+  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
   const int lid = get_local_id(0);
   const int lane = SG_LANE, sg = SG_ID;
   load_q(P, &w, q, Qs);
@@ -154,7 +155,7 @@ void flash_prefill(KERNEL_ARGS) {
     m[a] = -INFINITY;
     for (int d = 0; d < DPL; ++d) acc[a][d] = 0.0f;
   }
-  raw4_t pk[NLD], pv[NLD];
+  kvraw_t pk[NLD], pv[NLD];
   int2 tr = tile_keys(&ts, blk_ids, 0);
   FETCH(tr.x, tr.y)
   for (int it = 0; it < ts.count; ++it) {
@@ -244,13 +245,7 @@ void flash_prefill(KERNEL_ARGS) {
     size_t base = (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss;
     for (int d = 0; d < DPL; ++d) {
       int dd = lane + d * SG;
-      if (dd < HD) {
-#if IS_F16
-        vstore_half_rte(finite_or_nan(acc[a][d] * inv), base + dd, out);
-#else
-        out[base + dd] = finite_or_nan(acc[a][d] * inv);
-#endif
-      }
+      if (dd < HD) ST1(finite_or_nan(acc[a][d] * inv), out, base + dd);
     }
     if (P->return_lse && lane == 0)
       lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = lse_of(mm, ll);

@@ -17,6 +17,51 @@
 
 inline bool half_bad(uint h) { return (h & 0x7c00u) == 0x7c00u; }
 
+// K/V runs of 8 values (D a multiple of 8) as f16 fragment bits, and whether the value at D
+// is non-finite as the mma sees it (V_BAD). Quantized storages (common.cl KV_Q) are
+// dequantized in f32 and rounded to f16 (to nearest even) here, since the mma multiplies
+// f16: a value beyond f16's range becomes inf, and V_BAD says so.
+#if KV_Q == 0
+#define KV_LD16(p, s, R, D) LD16(p, (R) + (D))
+#define V_BAD(p, s, R, D) half_bad(((const __global ushort*)(p))[(R) + (D)])
+#else
+inline uint f2h2(float lo, float hi) {
+#if MMA == 1
+  uint r;                          // sm_80+: both halves in one instruction
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  ushort h[2];
+  vstore_half_rte(lo, 0, (__private half*)h);
+  vstore_half_rte(hi, 1, (__private half*)h);
+  return (uint)h[0] | ((uint)h[1] << 16);
+#endif
+}
+inline uint4 f2h8(float4 a, float4 b) {
+  return (uint4)(f2h2(a.x, a.y), f2h2(a.z, a.w), f2h2(b.x, b.y), f2h2(b.z, b.w));
+}
+#define V_BAD(p, s, R, D) (!(fabs(KV_LD1(p, s, R, D)) < 65520.0f))   // NaN too
+#if KV_Q == 1
+// int8: 8 codes are one aligned 8-byte load, the vector's scale one word
+inline uint4 q8_h8(uint2 c, float sc) {
+  return f2h8(convert_float4(as_char4(c.x)) * sc, convert_float4(as_char4(c.y)) * sc);
+}
+#define KV_LD16(p, s, R, D) \
+  q8_h8(*(const __global uint2*)((p) + (R) + (D)), (s)[(R) / HD])
+#else
+// int4: 8 values from a multiple of 8 are one nibble of 8 consecutive (aligned) bytes
+inline uint4 q4_h8(uint2 c, float sc, uint shift) {
+  const uint x = c.x >> shift, y = c.y >> shift;
+  const int4 a = as_int4((uint4)(x, x >> 8, x >> 16, x >> 24) & 0xfu) - 8;
+  const int4 b = as_int4((uint4)(y, y >> 8, y >> 16, y >> 24) & 0xfu) - 8;
+  return f2h8(convert_float4(a) * sc, convert_float4(b) * sc);
+}
+#define KV_LD16(p, s, R, D)                                                        \
+  q4_h8(*(const __global uint2*)((p) + Q4_BYTE(R, D)), vload_half(((R) + (D)) / 32, (s)), \
+        ((D) & 16) ? 4u : 0u)
+#endif
+#endif
+
 // A pair of f16 with each non-finite half zeroed.
 inline uint finite_halves(uint w) {
   uint keep = 0xffffffffu;

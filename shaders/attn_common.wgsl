@@ -1,9 +1,13 @@
 // Inputs and per-key math shared by the attention families (flash_prefill and the decode ones).
-// The generated prefix defines: T (storage dtype), GV/GE/GS (16-byte load granule, its element
-// count and vec4 parts), g_part(), HD/HV/HG (head size in elements, vec4s, granules), the
-// Params struct (backends/common.py, shared with OpenCL) and the family's bindings, declared
-// from backends/ports.py: P, q, k, v, bias (float32: a float16 bias is widened on the host,
-// exactly), seqlens, sink, and the family's outputs.
+// The generated prefix defines: T (compute dtype: f16 for float16, f32 for float32 and
+// bfloat16), GV/GE/GS (the load granule of GE elements as computed, its vec4 parts), g_part(),
+// HD/HV/HG (head size in elements, vec4s, granules), the Params struct (backends/common.py,
+// shared with OpenCL) and the family's bindings, declared from backends/ports.py: P, q, k, v
+// (as stored), bias (float32: a float16 bias is widened on the host, exactly), seqlens, sink,
+// k_scale/v_scale (quantized K/V only), and the family's outputs. Kernels read q, k, v only
+// through load_q/load_k/load_v(granule) and write out only through store_out(vec4 index, x):
+// the prefix's helpers widen bf16, dequantize int8/int4 K/V and round the output
+// (backends/webgpu/wgsl_io.py), so one source serves every storage.
 
 // Logits are clamped to MASKED instead of -inf: finite arithmetic everywhere, so no driver's
 // handling of inf - inf or exp(-inf) can turn a masked row into NaN.

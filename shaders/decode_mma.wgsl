@@ -60,7 +60,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let qr = tile_row(d.hc, d.i0, r);
     var gv = GV();
     if (qr.x < P.group_size && qr.y < P.seq_len) {
-      gv = q[q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g];
+      gv = load_q(q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g);
     }
     for (var e = 0u; e < GE; e++) {
       q_s[r * QST + g * GE + e] = g_part(gv, e / 4u)[e % 4u];

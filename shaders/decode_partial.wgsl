@@ -128,7 +128,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let i = d.i0 + r % M;
     var gv = GV();
     if (gh < P.group_size && i < P.seq_len) {
-      gv = q[q_granule(d.b, d.kvh * P.group_size + gh, i) + g];
+      gv = load_q(q_granule(d.b, d.kvh * P.group_size + gh, i) + g);
     }
     for (var s = 0u; s < GS; s++) {
       q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
@@ -177,8 +177,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       // only this split's keys, never past the valid length
       if (idx < BC * HG && it < n_tiles && jf + jj >= klo && jf + jj < khi) {
         let at = kv_granule(d.b, d.kvh, jf + jj) + idx % HG;
-        kr[u] = k[at];
-        vr[u] = v[at];
+        kr[u] = load_k(at);
+        vr[u] = load_v(at);
       }
     }
     if (PREFETCH == 0u) {

@@ -76,7 +76,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       let idx = lid + u * WG;
       vr[u] = GV();
       if (idx < BC * HG && jf + idx / HG < d.khi) {   // only this split's keys, never past the valid length
-        vr[u] = v[kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG];
+        vr[u] = load_v(kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG);
       }
     }
     if (PREFETCH == 0u) {

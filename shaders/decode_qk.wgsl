@@ -86,7 +86,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let i = d.i0 + r % M;
     var gv = GV();
     if (gh < P.group_size && i < P.seq_len) {
-      gv = q[q_granule(d.b, d.kvh * P.group_size + gh, i) + g];
+      gv = load_q(q_granule(d.b, d.kvh * P.group_size + gh, i) + g);
     }
     for (var s = 0u; s < GS; s++) {
       q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
@@ -115,7 +115,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       let idx = lid + u * WG;
       kr[u] = GV();
       if (idx < BC * HG && jf + idx / HG < d.khi) {   // only this split's keys, never past the valid length
-        kr[u] = k[kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG];
+        kr[u] = load_k(kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG);
       }
     }
     if (PREFETCH == 0u) {

@@ -100,7 +100,7 @@ fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
       if (STAGE == 1u) {
         vv[c] = vec4<f32>(v_s[(st * STEP + jj) * HV + un]);
       } else if (j >= lo && j < hi) {
-        let gv = v[kv_granule(b, kvh, j) + un];
+        let gv = load_v(kv_granule(b, kvh, j) + un);
         for (var s = 0u; s < OW; s++) {
           vv[c * OW + s] = vec4<f32>(g_part(gv, s));
         }
@@ -153,7 +153,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let g = idx % HG;
     var gv = GV();
     if (i0 + r < P.seq_len) {
-      gv = q[q_granule(b, h, i0 + r) + g];
+      gv = load_q(q_granule(b, h, i0 + r) + g);
     }
     for (var s = 0u; s < GS; s++) {
       q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
@@ -213,8 +213,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         // only keys some row sees: never past the valid length, never left of the window
         if (idx < BC * HG && it < n_units && jf + jj >= lo && jf + jj < hi) {
           let at = kv_granule(b, kvh, jf + jj) + idx % HG;
-          kr[u] = k[at];
-          vr[u] = v[at];
+          kr[u] = load_k(at);
+          vr[u] = load_v(at);
         }
       }
       if (PRE == 0u) {
@@ -270,7 +270,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           for (var e = 0u; e < TC; e++) {
             kg[e] = GV();
             if (ok[e]) {
-              kg[e] = k[kb[e] + g];
+              kg[e] = load_k(kb[e] + g);
             }
           }
           for (var s = 0u; s < GS; s++) {
@@ -380,7 +380,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           } else {
             acc = o_s[osi(ty * TR + a, tx, c - OSR)];
           }
-          out[base + un * OW + c % OW] = vec4<T>(finite_or_nan4(acc * fin.x));
+          store_out(base + un * OW + c % OW, finite_or_nan4(acc * fin.x));
         }
       }
       if (P.return_lse != 0u && tx == 0u) {

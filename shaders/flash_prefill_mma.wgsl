@@ -52,7 +52,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let g = idx % HG;
     var gv = GV();
     if (i0 + r < P.seq_len) {
-      gv = q[q_granule(b, h, i0 + r) + g];
+      gv = load_q(q_granule(b, h, i0 + r) + g);
     }
     for (var e = 0u; e < GE; e++) {
       q_s[r * QST + g * GE + e] = g_part(gv, e / 4u)[e % 4u];
@@ -201,7 +201,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
             acc[e] = nan_f32();
           }
         }
-        out[base + c * 4u + u] = vec4<T>(finite_or_nan4(acc));
+        store_out(base + c * 4u + u, finite_or_nan4(acc));
       }
     }
     workgroupBarrier();

@@ -17,7 +17,7 @@ fn is_bad_f16(x: f16) -> bool {
 
 // Element d of key j's row of v (kv layout), for the non-finite slow path.
 fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
-  let g = v[kv_granule(b, kvh, j) + d / GE];
+  let g = load_v(kv_granule(b, kvh, j) + d / GE);
   return g_part(g, (d % GE) / 4u)[d % 4u];
 }
 
@@ -28,8 +28,8 @@ fn stage_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) -> bool 
   var vg = GV();
   if (load) {
     let at = kv_granule(b, kvh, j) + g;
-    kg = k[at];
-    vg = v[at];
+    kg = load_k(at);
+    vg = load_v(at);
   }
   var bad = false;
   for (var c = 0u; c < GE; c += 4u) {

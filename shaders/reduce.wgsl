@@ -148,7 +148,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // an inf in some o_t: NaN (as every writer of out)
     let e = bitcast<vec4<u32>>(res) & vec4<u32>(0x7f800000u);
     res = select(res, vec4<f32>(nan_f32()), e == vec4<u32>(0x7f800000u));
-    out[(b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u + lid] = vec4<T>(res);
+    store_out((b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u + lid, res);
     if (P.return_lse != 0u && lid == 0u) {
       lse[row] = lse_v;
     }

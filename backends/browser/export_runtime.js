@@ -98,6 +98,8 @@ export async function createAttention(device) {
   function dispatch(pass, bufs) {
     const pick = {
       params: own.params, q: bufs.q, k: bufs.k, v: bufs.v, out: bufs.out,
+      k_scale: SPEC.kv_dtype ? bufs.k_scale : own.dummy_r,
+      v_scale: SPEC.kv_dtype ? bufs.v_scale : own.dummy_r,
       bias: SPEC.bias ? bufs.bias : own.dummy_r,
       seqlens_k: SPEC.seqlens_k ? bufs.seqlens_k : own.dummy_r,
       head_sink: SPEC.head_sink ? bufs.head_sink : own.dummy_r,
@@ -116,12 +118,13 @@ export async function createAttention(device) {
   }
 
   /** Upload typed arrays, run, read back: {out, lse?}. out is Float32Array (float32) or
-   *  Uint16Array of f16 bits (float16); lse Float32Array [B, Nq, S]. */
+   *  Uint16Array of f16 / bf16 bits (float16, bfloat16); lse Float32Array [B, Nq, S]. */
   async function run(inputs) {
     const names = ['q', 'k', 'v'];
     if (SPEC.bias) names.push('bias');
     if (SPEC.seqlens_k) names.push('seqlens_k');
     if (SPEC.head_sink) names.push('head_sink');
+    if (SPEC.kv_dtype) names.push('k_scale', 'v_scale');
     const temp = [];
     const bufs = {};
     for (const name of names) {
@@ -159,7 +162,7 @@ export async function createAttention(device) {
       await read[name].mapAsync(GPUMapMode.READ);
       const copy = read[name].getMappedRange().slice(0, bytes);
       read[name].unmap();
-      result[name] = name === 'out' && SPEC.dtype === 'float16' ? new Uint16Array(copy) : new Float32Array(copy);
+      result[name] = name === 'out' && SPEC.dtype !== 'float32' ? new Uint16Array(copy) : new Float32Array(copy);
     }
     temp.forEach((b) => b.destroy());
     return result;

@@ -119,8 +119,12 @@ class BrowserRuntime(HostMemory):
         else:
             scratch("o_parts", parts * h * 4)
             scratch("lse_parts", parts * 4)
-            for name in ("q", "k", "v"):
+            # quantized K/V (int8 / uint8 codes, their scales) go as stored: the kernels
+            # dequantize in their loads, whatever dtype they compute in
+            for name in ("q",) if spec.kv_dtype else ("q", "k", "v"):
                 upload(name, inputs[name].astype(in_dtype, copy=False))
+            for name in ("k", "v", "k_scale", "v_scale") if spec.kv_dtype else ():
+                upload(name, inputs[name])
             if bias is not None:
                 upload("bias", bias)
             if "seqlens_k" in inputs:

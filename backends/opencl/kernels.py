@@ -16,7 +16,11 @@ from .mma import DECODE_CHOICES, DECODE_DEFAULTS, MMA_CHOICES, MMA_DEFAULTS, PTX
 from .tiling import geometry
 
 BACKEND = "opencl"
-DTYPES = {"float32": "f32", "float16": "f16"}
+# q / out dtypes (common.cl: float, half bits, bfloat16 bits; arithmetic in f32 for all)
+DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+# Quantized K/V storages every K/V reader dequantizes in its loads (common.cl KV_Q); the
+# tensor-core kernels read f16 K/V only.
+KV_DTYPES = frozenset({"int8", "int4"})
 HEAD_SIZES = (4, 256, 4)          # float4 vectors over the head dimension
 M_TILES = (1, 2, 4)
 # The sg variants' emulation (KernelInfo.emulation): the same kernel code with its shuffles
@@ -48,7 +52,8 @@ _MMA_DOC = {
 _MMA_DECODE_DOC = ("split-KV decode on tensor cores, {}: a KV head's query heads x m_tile rows "
                    "fill one 16-row M tile; every warp streams its own kv_tile-key chunks from "
                    "global memory straight into mma fragments (no local memory or barrier in "
-                   "the key loop); f16, head sizes 64/128/192/256")
+                   "the key loop; int8 / int4 K/V dequantized into them); f16, head sizes "
+                   "64/128/192/256")
 
 
 def _mma_kernel(family: str) -> KernelInfo:
@@ -61,6 +66,8 @@ def _mma_kernel(family: str) -> KernelInfo:
         id=f"{BACKEND}.{family}.f16.mma", backend=BACKEND, family=family,
         dtypes=frozenset({"float16"}), head_sizes=(16, 256, 16) if prefill else (64, 256, 64),
         kv_layouts=PAGED_OK, features=frozenset({mma_probe.FEATURE}), priority=20,
+        # the decodes dequantize int8 / int4 runs into their f16 fragments (mma_tile.cl)
+        kv_dtypes=frozenset() if prefill else KV_DTYPES,
         defaults=defaults, choices=choices, emulation={"mma": "emulate"}, matrix=PTX_MMA,
         workgroup_storage=_storage(family, "mma"),
         extra_checks=_mma_checks(family, names, defaults, choices),
@@ -106,6 +113,7 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
         params["block_skip"] = block_skip
     return KernelInfo(id=kid, backend=BACKEND, family=family, dtypes=frozenset({dtype}),
                       head_sizes=kw.pop("head_sizes", HEAD_SIZES), kv_layouts=PAGED_OK,
+                      kv_dtypes=KV_DTYPES,
                       params=params, workgroup_storage=_storage(family, variant),
                       extra_checks=_checks(family, variant, bool(block_skip)),
                       emulation=SG_EMULATION if variant == "sg" else {}, **kw)
@@ -114,8 +122,9 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
 def declare() -> list[KernelInfo]:
     """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping), decode_partial
     (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
-    decode_qk (m1/m2/m4) + decode_pv, reduce; and f16 prefill, decode_partial and
-    decode_fused on tensor cores (mma)."""
+    decode_qk (m1/m2/m4) + decode_pv, reduce, each in f32, f16 and bf16 (the K/V readers
+    also over int8 / int4 K/V); and f16 prefill, decode_partial and decode_fused on tensor
+    cores (mma)."""
     out: list[KernelInfo] = []
     for dtype, tag in DTYPES.items():
         for variant, feats, prio, doc in (

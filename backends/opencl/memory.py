@@ -24,6 +24,12 @@ POOL_MAX = 48                 # buffers kept per session (least recently used go
 COPY_BYTES = 256 * 2**20      # copy-bandwidth probe size
 
 
+def raw_bytes(arr: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's bytes as uint8 (a view, no copy): pyopencl copies through the
+    buffer protocol, which ml_dtypes' bfloat16 does not export."""
+    return arr.reshape(-1).view(np.uint8)
+
+
 class DeviceMemory:
     """Buffers of one runtime on one device (all operations go through one in-order queue)."""
 
@@ -52,7 +58,7 @@ class DeviceMemory:
         """Copy a host array into a buffer at a byte offset (ordered with every launch)."""
         arr = np.array(array, copy=True, order="C")     # the caller may reuse its array
         self.counters["host_uploads"] += 1
-        ev = cl.enqueue_copy(self.queue, handle, arr, dst_offset=int(offset_bytes),
+        ev = cl.enqueue_copy(self.queue, handle, raw_bytes(arr), dst_offset=int(offset_bytes),
                              is_blocking=False)
         self._keep(ev, arr)
 
@@ -101,7 +107,7 @@ class DeviceMemory:
         arr = np.array(array, copy=True, order="C") if private else np.ascontiguousarray(array)
         buf = self.pooled(role, arr.nbytes)
         self.counters["host_uploads"] += 1
-        ev = cl.enqueue_copy(self.queue, buf, arr, is_blocking=False)
+        ev = cl.enqueue_copy(self.queue, buf, raw_bytes(arr), is_blocking=False)
         self._keep(ev, arr)
         return buf
 

@@ -4,7 +4,8 @@ arguments of one plan stage, and the scratch each route needs.
 
 Sources are read with importlib.resources from ``attnreg.kernels_cl`` (never from a path
 relative to the checkout). Arguments follow the family's port table; a buffer that a spec
-does not use (no bias, no block table) is bound as NULL.
+does not use (no bias, no block table, no k_scale / v_scale) is bound as NULL. The storage
+types (q/out dtype, K/V codes, scales) are build options, so one source serves them all.
 """
 
 from __future__ import annotations
@@ -49,11 +50,16 @@ ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
          **{f: f for f in ("decode_partial", "decode_fused", "decode_qk", "decode_pv")}}
 BASE_OPTIONS = ("-cl-std=CL1.2",)
 EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosis
+# -D KV_Q per K/V storage (kernels_cl/common.cl): the spec's dtype, int8 codes + float32
+# scales per vector, int4 q4_0 blocks + float16 scales per 32 elements.
+KV_Q = {None: 0, "int8": 1, "int4": 2}
 
-# OpenCL C spelling of each port kind (backends/ports.py); elem_t, bias_t and PARAMS are
-# defined by common.cl, which precedes the first use of the signature.
-_CL_TYPES = {"kv": "elem_t", "kvc": "kv_t", "scale": "scale_t", "bias": "bias_t", "out": "elem_t", "f32": "float",
-             "f32x2": "float", "f32x4": "float", "i32": "int", "u32": "uint"}
+# OpenCL C spelling of each port kind (backends/ports.py); elem_t (q, out), kv_t (k, v as
+# stored), scale_t (k_scale, v_scale), bias_t and PARAMS are defined by common.cl, which
+# precedes the first use of the signature.
+_CL_TYPES = {"kv": "elem_t", "kvc": "kv_t", "scale": "scale_t", "bias": "bias_t",
+             "out": "elem_t", "f32": "float", "f32x2": "float", "f32x4": "float", "i32": "int",
+             "u32": "uint"}
 
 
 @cache
@@ -123,8 +129,10 @@ def stage_params(plan: Plan, stage: Stage, split: Mapping[str, int],
 
 def defines(spec: AttentionSpec, g: tiling.Geometry, bias_f16: bool,
             params: Mapping[str, Any]) -> dict[str, int]:
-    out = {"IS_F16": int(spec.dtype == "float16"), "HD": spec.head_size,
-           "BIAS_F16": int(bias_f16),
+    out = {"IS_F16": int(spec.dtype == "float16"), "IS_BF16": int(spec.dtype == "bfloat16"),
+           "HD": spec.head_size, "BIAS_F16": int(bias_f16),
+           # the reduce reads no K/V: one build serves every storage
+           "KV_Q": 0 if g.family == "reduce" else KV_Q[spec.kv_dtype],
            "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,
            "BLOCK_SKIP": int(bool(params.get("block_skip"))), **g.defines()}
     if g.mma and g.family == "prefill":

@@ -167,9 +167,10 @@ MMA_DECODE_NVIDIA = Rule(
     "the sub-group decode on the H100 (f16, GPU time, one run): GQA 32/8 H=128 L=2048 15.4 vs "
     "17.6 us, L=8192 23.2 vs 27.6 us, L=32768 62.2 vs 69.9 us; whisper cross-attention (S=4, "
     "T=1500, 8 heads H=64) 14.4 vs 17.9 us; 16 requests x 4096-key shared prefix (16/4 heads) "
-    "38.2 vs 87.8 us", "params",
+    "38.2 vs 87.8 us; measured for f16 K/V only, so quantized K/V (dequantized into the f16 "
+    "fragments) keep the sub-group decode until measured (matrix_units=on runs it)", "params",
     lambda c: _mma_decode(c) and c.flags.get("matrix_units", "auto") == "auto"
-    and c.caps.vendor == "nvidia" and "mma" not in c.user
+    and c.caps.vendor == "nvidia" and "mma" not in c.user and c.spec.kv_dtype is None
     and c.kernel is not None and c.kernel.features <= c.caps.features,
     lambda c: {"mma": "hardware"})
 

@@ -28,12 +28,12 @@ from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
 from attnreg.plan import Plan, Stage
 
-from . import device, kernels, program, tiling
-from .memory import DeviceMemory
+from . import device, kernels, program, quantize, tiling
+from .memory import DeviceMemory, raw_bytes
 
 _PREP_MAX = 32                 # prepared launches kept per session
-_INPUTS = ("q", "k", "v", "bias", "seqlens_k", "head_sink", "block_table", "o_parts",
-           "lse_parts")
+_INPUTS = ("q", "k", "v", "k_scale", "v_scale", "bias", "seqlens_k", "head_sink",
+           "block_table", "o_parts", "lse_parts")
 
 
 @dataclass
@@ -103,6 +103,16 @@ class OpenCLRuntime:
     def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
         with self._lock:
             return self.mem.copy_bandwidth(nbytes)
+
+    # -- quantized KV caches (the optional QuantizingRuntime methods; quantize.py) -------
+    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
+        return quantize.refusal(kv_dtype, dtype, head_size)
+
+    def quantize_into(self, kv_dtype: str, rows: np.ndarray,
+                      jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
+        with self._lock:
+            quantize.quantize_into(self.ctx, self.device, self.queue, self.mem, kv_dtype,
+                                   rows, jobs)
 
     # -- programs ----------------------------------------------------------------------
     def _program(self, kernel_id: str, family: str, defines: dict[str, int]) -> cl.Program:
@@ -269,7 +279,7 @@ class OpenCLRuntime:
             res: dict[str, Any] = {}
             for name, (buf, shape, dtype) in prep.outputs.items():
                 res[name] = np.empty(shape, dtype)
-                cl.enqueue_copy(self.queue, res[name], buf, is_blocking=False)
+                cl.enqueue_copy(self.queue, raw_bytes(res[name]), buf, is_blocking=False)
                 self.counters["readbacks"] += 1
             if outputs and "out" in outputs:
                 res["out"] = outputs["out"]

@@ -53,6 +53,22 @@ class ReferenceRuntime(HostMemory):
             res["lse"] = lse.astype(np.float32)
         return res
 
+    # -- quantized KV caches (the optional QuantizingRuntime methods) --------------------
+    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
+        return None                    # quantize_kv takes every float dtype and head size
+
+    def quantize_into(self, kv_dtype: str, rows: np.ndarray,
+                      jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
+        """attnreg.quantize_kv itself, written into the host-memory buffers at ``rows``."""
+        for x, codes, scales in jobs:
+            c, sc = attnreg.quantize_kv(x, kv_dtype)
+            c_all = codes.view(c.dtype)[: codes.size // c.shape[1] * c.shape[1]]
+            c_all.reshape(-1, c.shape[1])[rows] = c
+            per = 1 if sc.ndim == 1 else sc.shape[1]
+            s_all = scales.view(sc.dtype)
+            s_all[: s_all.size // per * per].reshape(-1, per)[rows] = sc.reshape(-1, per)
+            self.counters["quantize_calls"] += 1
+
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3) -> dict[str, list[float]]:
         return wall_timings(lambda: self.launch(plan, inputs), iters, warmup)

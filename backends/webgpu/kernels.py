@@ -14,7 +14,10 @@ from attnreg.spec import AttentionSpec
 
 from .probe import NAME
 
-DTYPES = {"float32": "f32", "float16": "f16"}
+# bfloat16 computes in f32 (WGSL has no bf16): widened exactly on load, rounded on store.
+DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+# Quantized K/V storages every K/V reader dequantizes in its loads (backends/webgpu/wgsl_io.py).
+KV_DTYPES = frozenset({"int8", "int4"})
 # Every multiple of 8 up to 256: f16 loads 8 halves per granule, and O accumulators live
 # in registers (256 / 4 = 64 vec4 columns at most).
 HEAD_SIZES = (8, 256, 8)
@@ -43,6 +46,7 @@ PREFILL_CHOICES: Mapping[str, tuple[Any, ...]] = {
 DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
     "float16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
     "float32": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
+    "bfloat16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
 }
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads": (64, 128)}
 MAX_VECTORS = 16
@@ -69,6 +73,17 @@ def _features(dtype: str, *extra: str) -> frozenset[str]:
     return frozenset(({"shader-f16"} if dtype == "float16" else set()) | set(extra))
 
 
+def _item(spec: AttentionSpec) -> int:
+    """Bytes per staged K/V element: the compute type's (f32 for bfloat16 and for the f32
+    kernels' dequantized K/V, f16 for float16), not the stored one."""
+    return 2 if spec.dtype == "float16" else 4
+
+
+# Where a K/V reader's quantized K/V becomes values (its explain line says so).
+_DEQUANT = ("; int8/int4 K/V (kv_dtype) are dequantized in the K/V loads, in f32, before "
+            "staging (no dequantized copy)")
+
+
 # -- prefill ----------------------------------------------------------------------------
 def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
                    subgroup_width: int = 1) -> dict[str, int]:
@@ -81,7 +96,7 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     step = min(step, bc)
     tr = min(_p(params, d, "rows_per_thread"), br)
     ncg = min(_p(params, d, "row_lanes"), step)
-    gs = 2 if spec.dtype == "float16" else 1          # vec4s per 16-byte load granule
+    gs = 2 if spec.dtype == "float16" else 1          # vec4s per load granule
     ow = 1 if stage else gs                           # vec4s per output unit
     nu = spec.head_size // 4 // ow
     ocu = -(-nu // ncg)
@@ -100,7 +115,7 @@ def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     # cross-lane scratch holds at most NCG/4 values per row.
     sgw = 4 if params.get("reduction") == "subgroup" else 1
     c = prefill_consts(spec, params, sgw)
-    hv, e = spec.head_size // 4, spec.itemsize
+    hv, e = spec.head_size // 4, _item(spec)
     return (c["BR"] * hv * 16 + c["KVS"] * (hv + 1) * 4 * e + c["KVS"] * hv * 4 * e
             + c["BR"] * c["STEP"] * 4 + c["BR"] * max(1, c["NCG"] // c["SGW"]) * 4
             + c["OSZ"] * 16)
@@ -131,7 +146,7 @@ def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
 
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
-    hv, e, r = spec.head_size // 4, spec.itemsize, c["M"] * c["GT"]
+    hv, e, r = spec.head_size // 4, _item(spec), c["M"] * c["GT"]
     hs = max(1, c["WG"] // c["BC"])
     return (r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e
             + c["BC"] * r * 4 * (1 + hs) + 4 * r * 4)
@@ -172,14 +187,14 @@ def pv_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
 
 def qk_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
-    hv, e, r = spec.head_size // 4, spec.itemsize, c["M"] * c["GT"]
+    hv, e, r = spec.head_size // 4, _item(spec), c["M"] * c["GT"]
     hs = max(1, c["WG"] // c["BC"])
     return r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * r * 4 * (1 + hs)
 
 
 def pv_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = pv_consts(spec, params)
-    hv, e, r = spec.head_size // 4, spec.itemsize, c["M"] * c["GT"]
+    hv, e, r = spec.head_size // 4, _item(spec), c["M"] * c["GT"]
     return c["BC"] * hv * 4 * e + c["BC"] * r * 4 + r * 8 + r * hv * 16
 
 
@@ -235,14 +250,15 @@ def _prefill(dtype: str, variant: str, blocks: bool) -> KernelInfo:
         id=f"{NAME}.prefill.{short}.{variant}" + (".blocks" if blocks else ""), backend=NAME,
         family="prefill", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
         features=_features(dtype, *(("subgroups",) if sg else ())), priority=10 if sg else 0,
-        kv_layouts=KV_LAYOUTS,
+        kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
         params={"reduction": "subgroup" if sg else "workgroup", "block_skip": blocks},
         defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES, workgroup_storage=prefill_storage,
         extra_checks=_block_checks(_prefill_checks) if blocks else _prefill_checks,
         doc="flash attention over q_tile query rows per workgroup, online softmax in steps "
             "of max_k_step keys, K/V staged per kv_tile in workgroup memory or read directly "
             "(kv_staging); row maxima via " + ("subgroup shuffles" if sg else "workgroup memory")
-            + ("; visits only the KV blocks the bias's block list keeps" if blocks else ""))
+            + ("; visits only the KV blocks the bias's block list keeps" if blocks else "")
+            + _DEQUANT)
 
 
 def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
@@ -250,14 +266,14 @@ def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
     return KernelInfo(
         id=f"{NAME}.decode_partial.{short}.m{m}" + (".blocks" if blocks else ""), backend=NAME,
         family="decode_partial", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
-        features=_features(dtype), kv_layouts=KV_LAYOUTS,
+        features=_features(dtype), kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
         params={"m_tile": m, "block_skip": blocks}, defaults=DECODE_DEFAULTS[dtype],
         choices=DECODE_CHOICES, workgroup_storage=decode_storage,
         extra_checks=_block_checks(_decode_checks) if blocks else _decode_checks,
         doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the GQA "
             "group's heads per workgroup sharing each K/V tile"
             + ("; visits only the listed KV blocks, dealt out evenly over the splits"
-               if blocks else ""))
+               if blocks else "") + _DEQUANT)
 
 
 def _block_checks(inner: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]
@@ -272,8 +288,9 @@ def _block_checks(inner: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]]
 def declare() -> list[KernelInfo]:
     """The WebGPU kernel variants every WebGPU host can bind: prefill (subgroup /
     workgroup-memory), decode_partial (m_tile 1/2/4), the unfused pair decode_qk (m_tile
-    1/2/4) + decode_pv, and reduce, each in f32 and f16. The K/V readers take contiguous
-    and paged caches (the paged ones bind a block table)."""
+    1/2/4) + decode_pv, and reduce, each in f32, f16 and bf16 (computed in f32). The K/V
+    readers take contiguous and paged caches (the paged ones bind a block table) and K/V
+    stored in the dtype or quantized (int8, int4: they bind the scales too)."""
     out: list[KernelInfo] = []
     for dtype, short in DTYPES.items():
         out += [_prefill(dtype, v, False) for v in ("sg", "wgmem")]
@@ -282,17 +299,20 @@ def declare() -> list[KernelInfo]:
             out.append(KernelInfo(
                 id=f"{NAME}.decode_qk.{short}.m{m}", backend=NAME, family="decode_qk",
                 dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
-                kv_layouts=KV_LAYOUTS, params={"m_tile": m}, defaults=DECODE_DEFAULTS[dtype],
+                kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, params={"m_tile": m},
+                defaults=DECODE_DEFAULTS[dtype],
                 choices=DECODE_CHOICES, workgroup_storage=qk_storage, extra_checks=_decode_checks,
                 doc=f"unfused decode, kernel 1: QK^T per KV split for {m} query row(s) x the "
-                    "GQA group's heads, scores [B,Nq,S,C] f32 and per-split max/sum out"))
+                    "GQA group's heads, scores [B,Nq,S,C] f32 and per-split max/sum out"
+                    + _DEQUANT))
         out.append(KernelInfo(
             id=f"{NAME}.decode_pv.{short}", backend=NAME, family="decode_pv",
             dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
-            kv_layouts=KV_LAYOUTS, defaults=DECODE_DEFAULTS[dtype], choices=DECODE_CHOICES,
-            workgroup_storage=pv_storage, extra_checks=_pv_checks,
+            kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, defaults=DECODE_DEFAULTS[dtype],
+            choices=DECODE_CHOICES, workgroup_storage=pv_storage, extra_checks=_pv_checks,
             doc="unfused decode, kernel 2: normalises decode_qk's scores with the split's "
-                "statistics and multiplies by V into the contract's partial states"))
+                "statistics and multiplies by V into the contract's partial states"
+                + _DEQUANT))
         out.append(KernelInfo(
             id=f"{NAME}.reduce.{short}", backend=NAME, family="reduce",
             # vec4 columns, one workgroup of 256 lanes per row: any multiple of 4 to 1024

@@ -12,7 +12,7 @@ from attnreg.caps import DeviceCaps
 from attnreg.kernel import KernelInfo, MatrixUnit
 from attnreg.spec import AttentionSpec
 
-from .kernels import DTYPES, KV_LAYOUTS, _features, _p, _thread_check
+from .kernels import _DEQUANT, DTYPES, KV_DTYPES, KV_LAYOUTS, _features, _p, _thread_check
 from .probe import NAME
 
 # Dawn's subgroup matrices as the H100 has them: 16x16x16 f16 products in f32, 32-lane
@@ -160,9 +160,9 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
         id=f"{NAME}.{family}.{DTYPES[dtype]}.mma", backend=NAME, family=family,
         dtypes=frozenset({dtype}), head_sizes=(16, 256, 16),
         features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
-        defaults=defaults, choices=choices, emulation={"mma": "emulate"},
+        kv_dtypes=KV_DTYPES, defaults=defaults, choices=choices, emulation={"mma": "emulate"},
         emulates=frozenset({"subgroup-matrix"}), matrix=SUBGROUP_MATRIX,
-        workgroup_storage=storage, extra_checks=_mma_checks(family), doc=doc)
+        workgroup_storage=storage, extra_checks=_mma_checks(family), doc=doc + _DEQUANT)
 
 
 def declare_matrix() -> list[KernelInfo]:

@@ -6,10 +6,11 @@ Pure: nothing here touches a GPU API. wgpu-native (runtime.py), headless Chromiu
 what one compiler needs and another refuses (Tint wants ``enable subgroups;``, naga rejects
 it) is decided here, by ``dialect``, once for every host.
 
-A module is a generated prefix (dtype alias, load granule, the stage's constants, the row
+A module is a generated prefix (compute type, load granule, the stage's constants, the row
 reductions, the parameter block of backends/common.py, the binding declarations of
-backends/ports.py, the paged/block-list memory helpers) followed by the family's files from
-shaders/. Variants differ only in that prefix.
+backends/ports.py typed by the stored dtypes, the load/store helpers of wgsl_io.py, the
+paged/block-list memory helpers) followed by the family's files from shaders/. Variants
+differ only in that prefix.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import kernels, mma
+from . import kernels, mma, wgsl_io
 
 ENTRY = "main"
 NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium, wgpudawn)
@@ -41,10 +42,6 @@ FILES = {
     "decode_pv": ("attn_common", "decode_pv", "decode_lanes"),
 }
 
-# WGSL spelling of each port kind (backends/ports.py).
-_WGSL_TYPES = {"kv": "array<GV>", "kvc": "array<GV>", "scale": "array<f32>", "bias": "array<f32>", "out": "array<vec4<T>>",
-               "f32": "array<f32>", "f32x2": "array<vec2<f32>>", "f32x4": "array<vec4<f32>>",
-               "i32": "array<i32>", "u32": "array<u32>"}
 _ACCESS = {"read": "read", "rw": "read_write"}
 
 # Memory helpers every K/V-reading family calls. kv_elem: element offset of key j of
@@ -79,26 +76,6 @@ fn blk_entry(i: u32) -> u32 {
   return 0u;
 }
 """
-
-# f32 loads 16-byte granules of 4 floats; f16 loads 16-byte granules of 8 halves as a
-# mat2x4<f16> (two vec4 columns), so both dtypes move 16 bytes per load instruction.
-_DTYPE_PRELUDE = {
-    "float32": """alias T = f32;
-alias GV = vec4<f32>;
-const GE: u32 = 4u;
-fn g_part(g: GV, s: u32) -> vec4<T> {
-  return g;
-}
-""",
-    "float16": """enable f16;
-alias T = f16;
-alias GV = mat2x4<f16>;
-const GE: u32 = 8u;
-fn g_part(g: GV, s: u32) -> vec4<T> {
-  return g[s];
-}
-""",
-}
 
 # Row reductions over SGW lanes: subgroup shuffles in subgroup variants; absent otherwise,
 # so a non-subgroup variant never mentions a subgroup builtin (its device may lack them).
@@ -183,9 +160,11 @@ def digest(text: str) -> str:
 
 # -- pieces of a module ----------------------------------------------------------------------
 def stage_aux(stage: Stage, spec: AttentionSpec) -> frozenset[str]:
-    """The optional inputs a stage binds: the paged block table, the masked-block list."""
+    """The optional inputs a stage binds: the paged block table, the masked-block list,
+    the scales of quantized K/V."""
     return ports.aux_inputs(stage.family, paged=spec.kv_layout == "paged",
-                            block_skip=bool(stage.params.get("block_skip")))
+                            block_skip=bool(stage.params.get("block_skip")),
+                            quant=spec.kv_dtype is not None)
 
 
 def subgroup_width(stage: Stage, caps: DeviceCaps) -> int:
@@ -206,15 +185,16 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
                                 bias_shape=bias_shape, op=op)
 
 
-def declarations(family: str, aux: frozenset[str]) -> str:
-    """The binding declarations of a family's variant, from backends/ports.py."""
+def declarations(family: str, aux: frozenset[str], spec: AttentionSpec) -> str:
+    """The binding declarations of a family's variant, from backends/ports.py; element
+    types per the spec's stored dtypes (backends/webgpu/wgsl_io.py)."""
     lines = []
     for i, p in enumerate(ports.ports(family, ports.WGSL, aux)):
         if p.access == "uniform":
             lines.append(f"@group(0) @binding({i}) var<uniform> {p.ident}: Params;")
         else:
             lines.append(f"@group(0) @binding({i}) var<storage, {_ACCESS[p.access]}> "
-                         f"{p.ident}: {_WGSL_TYPES[p.kind]};")
+                         f"{p.ident}: {wgsl_io.binding_type(p.kind, spec)};")
     return "\n".join(lines) + "\n"
 
 
@@ -246,13 +226,14 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
            subgroups: bool = False, aux: frozenset[str] = frozenset(),
            dialect: str = NAGA, names: tuple[str, ...] | None = None) -> str:
     """The full WGSL module of one compiled variant."""
-    ge = 8 if spec.dtype == "float16" else 4
+    ge = wgsl_io.granule(spec)
     h = spec.head_size
-    head = [_DTYPE_PRELUDE[spec.dtype], f"const HD: u32 = {h}u;", f"const HV: u32 = {h // 4}u;",
+    head = [wgsl_io.prelude(spec), f"const HD: u32 = {h}u;", f"const HV: u32 = {h // 4}u;",
             f"const HG: u32 = {h // ge}u;", f"const GS: u32 = {ge // 4}u;"]
     head += [f"const {k}: u32 = {int(v)}u;" for k, v in sorted(stage_consts.items())]
     head += [_LANE_SG if subgroups else _LANE_PLAIN, common.wgsl_struct("Params")]
-    text = "\n".join(head) + "\n" + declarations(family, aux)
+    text = "\n".join(head) + "\n" + declarations(family, aux, spec)
+    text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)))
     if family != "reduce":
         text += memory_helpers(aux)
     names = names or FILES[family]

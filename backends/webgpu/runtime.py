@@ -24,7 +24,7 @@ from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import device, program
+from . import device, program, quantize
 from .memory import DeviceMemory
 
 
@@ -97,6 +97,14 @@ class WebGpuRuntime:
 
     def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
         return self.memory.copy_bandwidth(nbytes, repeats)
+
+    # -- quantized KV caches (the optional QuantizingRuntime methods; quantize.py) -----------
+    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
+        return quantize.refusal(kv_dtype, dtype, head_size)
+
+    def quantize_into(self, kv_dtype: str, rows: np.ndarray,
+                      jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
+        quantize.quantize_into(self.dev, self.memory, kv_dtype, rows, jobs)
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, name: str, value: Any) -> Any:
