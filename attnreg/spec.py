@@ -284,7 +284,9 @@ class AttentionSpec(BaseModel):
         """A compact, readable id such as ``b2-s1-p1023-h32/8-d128-f16-causal-seqlens``."""
         parts = [f"b{self.batch}", f"s{self.seq_len}", f"p{self.past_len}",
                  f"h{self.num_heads}/{self.kv_num_heads}", f"d{self.head_size}",
-                 "f16" if self.dtype == "float16" else "f32"]
+                 {"float16": "f16", "bfloat16": "bf16"}.get(self.dtype, "f32")]
+        if self.kv_dtype is not None:
+            parts.append(f"kv{self.kv_dtype}")
         if self.q_layout != "BSNH" or self.kv_layout != "BNSH":
             parts.append(f"q{self.q_layout}-kv{self.kv_layout}")
         parts += sorted(self.features - {"gqa"})

@@ -19,6 +19,8 @@
 // window) zeroes non-finite halves of v, and when a warp found one, the lanes re-read the
 // chunk and set to NaN the output columns of their rows that see such a key (NaN stays NaN
 // through every later rescale and product).
+// Quantized K/V (KV_Q 1, 2) are fetched raw and made fragments where they are multiplied, in
+// the dims order and with the scales that mma_kvq.cl describes.
 
 #if HD % 32
 #error "decode_mma.cl loads 32-dim runs: head size a multiple of 32"
@@ -75,6 +77,15 @@
 
 inline uint vword(uint4 x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
 
+#if KV_Q == 0
+#define VDIM(l, db) ((l) * NDB + (db))     // the output dim of lane l's block db
+#endif
+#if KV_Q == 1
+#define O_OUT(x) ((x) * vmax)              // P carried v_scale / vmax
+#else
+#define O_OUT(x) (x)
+#endif
+
 #if MMA_OUT == 1
 #define MMA_ENTRY decode_partial
 #else
@@ -107,6 +118,10 @@ void MMA_ENTRY(KERNEL_ARGS) {
 
   // Q's A fragments (raw f16 bits; the scale applies to the f32 scores), rows g and g + 8.
   uint4 qa[2 * NDR];
+#if KV_Q
+  UNROLL
+  for (int ch = 0; ch < 2 * NDR; ++ch) qa[ch] = q_frag_q(P, &w, q, g, t, ch);
+#else
   UNROLL
   for (int c = 0; c < NDR; ++c) {
     uint4 lo = (uint4)(0u), hi = (uint4)(0u);
@@ -119,6 +134,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
     qa[2 * c] = (uint4)(lo.x, hi.x, lo.y, hi.y);
     qa[2 * c + 1] = (uint4)(lo.z, hi.z, lo.w, hi.w);
   }
+#endif
 
   float o[NDB][4];
   UNROLL
@@ -129,20 +145,50 @@ void MMA_ENTRY(KERNEL_ARGS) {
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
+#if KV_Q == 1
+  // The split's largest v_scale (every warp finds it alone): P takes v_scale / vmax.
+  float vmax = 0.0f;
+  for (int j = kr.x + lane; j < kr.y; j += 32) vmax = fmax(vmax, vsb[KOFF(j) / HD]);
+  UNROLL
+  for (int x = 1; x < 32; x <<= 1) vmax = fmax(vmax, SG_XOR(vmax, x));
+  if (!(vmax > 0.0f) || !isfinite(vmax)) vmax = 1.0f;    // all zero, or non-finite scales
+  const float vinv = 1.0f / vmax;
+#endif
+#if KV_Q
+  uint ak[NKB][K_WORDS], av[NKC][4][V_WORDS];
+  ksc_t aks[NKB][NKS];
+  vsc_t avs AVS_DIMS;
+#if PF
+  FETCH_CHUNK_Q(wid, ak, av, aks, avs)
+#endif
+#else
   uint4 ak[NKB][NDR], av[NKC][4][NVW / 4];
 #if PF
   FETCH_CHUNK(wid, ak, av)
+#endif
 #endif
   // Every warp runs the same number of rounds (a round past the end is all masked).
   for (int base = 0; base < nchunks; base += NW) {
     const int ci = base + wid;
     const int t0 = kr.x + ci * TK, t1 = min(t0 + TK, kr.y);
+#if KV_Q
+    uint ck[NKB][K_WORDS], cv[NKC][4][V_WORDS];
+    ksc_t cks[NKB][NKS];
+    vsc_t cvs AVS_DIMS;
+#if PF
+    COPY_CHUNK_Q(ck, cv, cks, cvs, ak, av, aks, avs)
+    FETCH_CHUNK_Q(ci + NW, ak, av, aks, avs)
+#else
+    FETCH_CHUNK_Q(ci, ck, cv, cks, cvs)
+#endif
+#else
     uint4 ck[NKB][NDR], cv[NKC][4][NVW / 4];
 #if PF
     COPY_CHUNK(ck, cv, ak, av)
     FETCH_CHUNK(ci + NW, ak, av)
 #else
     FETCH_CHUNK(ci, ck, cv)
+#endif
 #endif
 
     // S = Q K^T for the 16 rows and the chunk's keys.
@@ -151,11 +197,20 @@ void MMA_ENTRY(KERNEL_ARGS) {
     for (int nb = 0; nb < NKB; ++nb) {
       UNROLL
       for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+#if KV_Q
+      UNROLL
+      for (int ch = 0; ch < 2 * NDR; ++ch) MMA_SYNC(s[nb], qa[ch], K_FRAG(ck[nb], cks[nb], ch));
+#if KV_Q == 1
+      UNROLL
+      for (int e = 0; e < 4; ++e) s[nb][e] *= cks[nb][e & 1];      // the key's scale
+#endif
+#else
       UNROLL
       for (int c = 0; c < NDR; ++c) {
         MMA_SYNC(s[nb], qa[2 * c], (uint2)(ck[nb][c].x, ck[nb][c].y));
         MMA_SYNC(s[nb], qa[2 * c + 1], (uint2)(ck[nb][c].z, ck[nb][c].w));
       }
+#endif
     }
 
     // Logits and the chunk's max per row (over the row's 4 lanes).
@@ -164,6 +219,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
     MMA_LOGITS_TILE(s, mt, fast, g)
     MMA_SOFTMAX_TILE(s, mt, m, l, o)
 
+#if KV_Q == 0
     // An edge chunk: its values lose their non-finite halves (a row that does not see a key
     // must not meet its NaN through 0 * NaN); the warp learns whether it had any.
     float badf = 0.0f;
@@ -198,6 +254,45 @@ void MMA_ENTRY(KERNEL_ARGS) {
       }
     }
 
+#else
+    float badf = 0.0f;
+#if KV_Q == 1
+    // P takes each key's v_scale / vmax (f32, before P is rounded to f16). On an edge chunk
+    // a non-finite scale becomes 0 there (a row that does not see the key must not meet it
+    // through 0 * NaN) and the warp learns of it; elsewhere every row sees the key.
+    UNROLL
+    for (int nb = 0; nb < NKB; ++nb) {
+      UNROLL
+      for (int e = 0; e < 2; ++e) {
+        float f = cvs[nb][e] * vinv;
+        if (!full && !isfinite(f)) {
+          f = 0.0f;
+          badf = 1.0f;
+        }
+        s[nb][e] *= f;
+        s[nb][e + 2] *= f;
+      }
+    }
+#endif
+    // O += P V: V's fragments made from the raw codes of the lane's 4 keys of each chunk.
+    UNROLL
+    for (int kc = 0; kc < NKC; ++kc) {
+      const uint4 a = MMA_P_FRAGMENT(s, kc);
+      UNROLL
+      for (int db = 0; db < NDB; ++db) {
+        uint2 b = V_FRAG(cv[kc], cvs[kc], db);
+#if KV_Q == 2
+        if (!full) {               // int4: code * scale beyond f16's range is inf there
+          const uint2 y = (uint2)(finite_halves(b.x), finite_halves(b.y));
+          if (any(b != y)) badf = 1.0f;
+          b = y;
+        }
+#endif
+        MMA_SYNC(o[db], a, b);
+      }
+    }
+#endif
+
     // Whether any lane of the warp zeroed a value: on an edge chunk (a warp-uniform branch
     // for the hardware's shuffles); the emulation's shuffles are work-group barriers, so
     // there every warp shuffles in every round (inside a uniform branch PoCL lost the result).
@@ -224,7 +319,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
             for (int e = 0; e < 2; ++e) {
               bool bad = false;
               for (int j = j0; j < j1; ++j)
-                bad = bad || V_BAD(vb, vsb, KOFF(j), (2 * t + e) * NDB + db);
+                bad = bad || V_BAD(vb, vsb, KOFF(j), VDIM(2 * t + e, db));
               if (bad && row_ok(P, &w, r)) o[db][2 * hr + e] = NAN;
             }
           }
@@ -248,7 +343,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
       for (int db = 0; db < NDB; ++db) {
         UNROLL
         for (int e = 0; e < 2; ++e)
-          red_o[(wid * R_ROWS + r) * HD + (2 * t + e) * NDB + db] = o[db][2 * hr + e];
+          red_o[(wid * R_ROWS + r) * HD + VDIM(2 * t + e, db)] = O_OUT(o[db][2 * hr + e]);
       }
     }
   }

@@ -1,5 +1,7 @@
 // flash_prefill on matrix units: S = Q K^T and O += P V as m16n8k16 products (mma_sync.cl:
-// tensor cores through PTX, or the same contract in plain OpenCL C). f16 specs only.
+// tensor cores through PTX, or the same contract in plain OpenCL C). f16 specs, and bf16 ones
+// with -D IS_BF16=1 (the fragments hold bf16 bits and the mma multiplies bf16; "f16" below
+// stands for either).
 // A work-group of WG / 32 warps owns R_ROWS = 16 rows per warp (GC query heads of one GQA
 // group x MQ query rows, as flash_core.cl's Rows); warp w owns rows 16w..16w+15, lane (g, t) rows
 // 16w+g and 16w+g+8. Per tile of TK keys staged in local memory (f16 bits):
@@ -27,6 +29,13 @@
 #define HD8 (HD / 8)            // uint4 granules (8 halves) per row
 #define NLK ((TK * HD8 + WG - 1) / WG)       // K granules per work-item and tile
 #define NLV ((TK / 2 * HD8 + WG - 1) / WG)   // V granule pairs (keys 2p, 2p+1) per work-item
+// Two outputs of a row, rounded to the storage type (to nearest even).
+#if IS_BF16
+#define ST2_OUT(y, p, i) \
+  vstore2((ushort2)((ushort)f2bf_bits((y).x), (ushort)f2bf_bits((y).y)), 0, (p) + (i))
+#else
+#define ST2_OUT(y, p, i) vstore_half2_rte((y), 0, (p) + (i))
+#endif
 // Tile position of key jj: within each 16 keys, 2t+e -> 4t+e and 8+2t+e -> 4t+2+e (keys 2p
 // and 2p+1 stay neighbours: one word of the transposed V holds both).
 inline int v_slot(int jj) {
@@ -228,7 +237,7 @@ void flash_prefill(KERNEL_ARGS) {
                           finite_or_nan(o[db][2 * hr + 1] * inv));
       if ((vbad[hr] >> (2 * db)) & 1UL) y.x = NAN;
       if ((vbad[hr] >> (2 * db + 1)) & 1UL) y.y = NAN;
-      vstore_half2_rte(y, 0, out + base + 8 * db);
+      ST2_OUT(y, out, base + 8 * db);
     }
     if (P->return_lse && t == 0)
       lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = lse_of(mm, ll);

@@ -1,5 +1,6 @@
-// The matrix primitive of flash_prefill_mma.cl: D = A B + C, m16n8k16, f16 operands held as
-// pairs of raw f16 bits in uints (no cl_khr_fp16 needed), f32 accumulators. A "warp" is 32
+// The matrix primitive of flash_prefill_mma.cl: D = A B + C, m16n8k16, f16 operands (bf16 with
+// -D IS_BF16=1) held as pairs of raw 16-bit values in uints (no cl_khr_fp16 needed), f32
+// accumulators. A "warp" is 32
 // consecutive work-items; all 32 call MMA_SYNC together, in work-group-uniform control flow.
 // Two builds of one contract (-D MMA):
 //   1  NVIDIA tensor cores through inline PTX mma.sync (backends/opencl/mma_probe.py checks
@@ -17,13 +18,23 @@
 #ifndef CVT_PTX
 #define CVT_PTX 0
 #endif
+#ifndef IS_BF16
+#define IS_BF16 0
+#endif
 
 #if MMA == 1
+
+// bf16 (sm_80+, as f16's m16n8k16): the same fragment layout, two bf16 per register.
+#if IS_BF16
+#define MMA_PTX_OP "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+#define MMA_PTX_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
 
 inline void mma_ptx(float* c, uint4 a, uint2 b) {
   float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
   const uint a0 = a.x, a1 = a.y, a2 = a.z, a3 = a.w, b0 = b.x, b1 = b.y;
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+  asm volatile(MMA_PTX_OP
                "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -39,6 +50,16 @@ inline void mma_ptx(float* c, uint4 a, uint2 b) {
 
 // Words per warp in the exchange: 32 lanes x (4 A + 2 B).
 #define MMA_WARP_WORDS 192
+
+// Element I (the lower 16 bits of word I / 2 for even I) of a fragment array, as f32 (exact).
+#if IS_BF16
+inline float mma_elem(__local const uint* s, int i) {
+  const uint w = s[i >> 1];
+  return as_float((i & 1) ? (w & 0xffff0000u) : (w << 16));
+}
+#else
+#define mma_elem(s, i) vload_half((i), (__local const half*)(s))
+#endif
 
 inline void mma_emu(float* c, uint4 a, uint2 b, __local uint* scr) {
   const int lid = get_local_id(0), lane = lid & 31;
@@ -57,8 +78,7 @@ inline void mma_emu(float* c, uint4 a, uint2 b, __local uint* scr) {
       // B[k][col] in lane 4 col + (k % 8) / 2, register k / 8; the half is k % 2.
       const int wa = (4 * (row & 7) + ((k & 7) >> 1)) * 4 + (k >> 3) * 2 + (row >> 3);
       const int wb = (4 * col + ((k & 7) >> 1)) * 2 + (k >> 3);
-      acc = fma(vload_half(2 * wa + (k & 1), (__local const half*)sa),
-                vload_half(2 * wb + (k & 1), (__local const half*)sb), acc);
+      acc = fma(mma_elem(sa, 2 * wa + (k & 1)), mma_elem(sb, 2 * wb + (k & 1)), acc);
     }
     c[q] = acc;
   }
@@ -68,6 +88,29 @@ inline void mma_emu(float* c, uint4 a, uint2 b, __local uint* scr) {
 
 #endif
 
+#if IS_BF16
+// Two f32 values as a pair of bf16 (round to nearest even; NaN stays NaN): lo in the lower
+// 16 bits.
+#if CVT_PTX
+inline uint mma_pack_h2(float lo, float hi) {
+  uint r;
+  // cvt.rn.bf16x2.f32 d, a, b (sm_80+) puts a in the upper half of d and b in the lower
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#else
+// bf16 is the upper half of an f32: round the lower half away to nearest even (an overflow
+// carries into inf, as it should; a subnormal rounds like any other value); a NaN becomes
+// the quiet NaN (its payload's carry could otherwise make it inf).
+inline uint mma_f2h(float f) {
+  const uint x = as_uint(f);
+  return isnan(f) ? ((x >> 16) | 0x7fc0u) : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
+inline uint mma_pack_h2(float lo, float hi) {
+  return mma_f2h(lo) | (mma_f2h(hi) << 16);
+}
+#endif
+#else
 // Two f32 values as a pair of f16 (round to nearest even): lo in the lower 16 bits.
 #if CVT_PTX
 inline uint mma_pack_h2(float lo, float hi) {
@@ -88,4 +131,5 @@ inline uint mma_f2h(float f) {
 inline uint mma_pack_h2(float lo, float hi) {
   return mma_f2h(lo) | (mma_f2h(hi) << 16);
 }
+#endif
 #endif

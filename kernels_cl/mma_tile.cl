@@ -3,7 +3,7 @@
 // 8-key blocks as s[NKB][4] (mma_sync.cl's C layout), O as o[NDB][4], and per row its
 // reference max m[2] and partial sum l[2] (over its 4 lanes).
 
-// ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
+// ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504 (and bf16's ~3.4e38).
 #define TAU 8.0f
 
 #if MMA == 1
@@ -12,10 +12,21 @@
 #define UNROLL              // the emulation's barriers stay in loops (PoCL compiles faster)
 #endif
 
-// 16 bytes of f16 bits (callers keep the offsets 16-byte aligned).
+// 16 bytes of f16 (bf16) bits (callers keep the offsets 16-byte aligned).
 #define LD16(p, off) (*(const __global uint4*)((p) + (off)))
 
-inline bool half_bad(uint h) { return (h & 0x7c00u) == 0x7c00u; }
+// The exponent bits of the fragments' 16-bit type, all set for inf and NaN: f16, or bf16
+// (IS_BF16, the upper half of an f32).
+#if IS_BF16
+#define HALF_EXP 0x7f80u
+#if KV_Q
+#error "the bf16 tensor-core kernels read bf16 K/V only (quantized K/V: the f16 build)"
+#endif
+#else
+#define HALF_EXP 0x7c00u
+#endif
+
+inline bool half_bad(uint h) { return (h & HALF_EXP) == HALF_EXP; }
 
 // K/V runs of 8 values (D a multiple of 8) as f16 fragment bits, and whether the value at D
 // is non-finite as the mma sees it (V_BAD). Quantized storages (common.cl KV_Q) are
@@ -62,11 +73,11 @@ inline uint4 q4_h8(uint2 c, float sc, uint shift) {
 #endif
 #endif
 
-// A pair of f16 with each non-finite half zeroed.
+// A pair of f16 (bf16) with each non-finite half zeroed.
 inline uint finite_halves(uint w) {
   uint keep = 0xffffffffu;
-  if ((w & 0x7c00u) == 0x7c00u) keep &= 0xffff0000u;
-  if ((w & 0x7c000000u) == 0x7c000000u) keep &= 0x0000ffffu;
+  if ((w & HALF_EXP) == HALF_EXP) keep &= 0xffff0000u;
+  if ((w & (HALF_EXP << 16)) == (HALF_EXP << 16)) keep &= 0x0000ffffu;
   return w & keep;
 }
 
@@ -93,7 +104,7 @@ inline uint finite_halves(uint w) {
 // lane (its own keys). The lazy max (as FlashAttention-4): the row max over its 4 lanes moves
 // the reference m only when it exceeds it by more than TAU, rescaling l and O then (from
 // -inf, the first visible logit: O and l are still 0 and alpha is 0); P = exp(x - m), so
-// P <= e^TAU stays well inside f16.
+// P <= e^TAU stays well inside f16 (and bf16).
 #define MMA_SOFTMAX_TILE(S, MT, M, L, O)                                  \
   UNROLL                                                                  \
   for (int hr_ = 0; hr_ < 2; ++hr_) {                                     \
@@ -123,8 +134,8 @@ inline uint finite_halves(uint w) {
     }                                                                     \
   }
 
-// P's A fragment (f16) for the 16 keys of chunk KC: the C layout of the 8-key blocks 2 KC and
-// 2 KC + 1 is the A layout of one 16-key chunk.
+// P's A fragment (f16, or bf16) for the 16 keys of chunk KC: the C layout of the 8-key blocks
+// 2 KC and 2 KC + 1 is the A layout of one 16-key chunk.
 #define MMA_P_FRAGMENT(S, KC)                                             \
   (uint4)(mma_pack_h2(S[2 * (KC)][0], S[2 * (KC)][1]),                    \
           mma_pack_h2(S[2 * (KC)][2], S[2 * (KC)][3]),                    \

@@ -1,6 +1,8 @@
 // Inputs and per-key math shared by the attention families (flash_prefill and the decode ones).
 // The generated prefix defines: T (compute dtype: f16 for float16, f32 for float32 and
-// bfloat16), GV/GE/GS (the load granule of GE elements as computed, its vec4 parts), g_part(),
+// bfloat16), GV/GE/GS (the load granule of GE elements, its vec4 parts), g_part() (a part as
+// vec4<T>), TS / ts_part() / ts_f32() (a vec4 of a staged K/V tile in workgroup memory: as
+// computed, or bfloat16's bits, widened by ts_f32 where read),
 // HD/HV/HG (head size in elements, vec4s, granules), the Params struct (backends/common.py,
 // shared with OpenCL) and the family's bindings, declared from backends/ports.py: P, q, k, v
 // (as stored), bias (float32: a float16 bias is widened on the host, exactly), seqlens, sink,

@@ -7,7 +7,7 @@ fn tile_values(jj: u32, cl: u32) -> array<vec4<f32>, CPL> {
   var vv: array<vec4<f32>, CPL>;
   for (var u = 0u; u < CPL; u++) {
     let c = cl + PVW * u;
-    vv[u] = select(vec4<f32>(0.0), vec4<f32>(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
+    vv[u] = select(vec4<f32>(0.0), ts_f32(v_s[jj * HV + min(c, HV - 1u)]), c < HV);
   }
   return vv;
 }

@@ -32,8 +32,8 @@ const KS: u32 = HV + 1u;                  // padded K row stride: lanes read dis
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
 
 var<workgroup> q_s: array<vec4<f32>, R * HV>;    // scaled queries; the merged o at the end
-var<workgroup> k_s: array<vec4<T>, BC * KS>;
-var<workgroup> v_s: array<vec4<T>, BC * HV>;
+var<workgroup> k_s: array<TS, BC * KS>;
+var<workgroup> v_s: array<TS, BC * HV>;
 var<workgroup> p_s: array<f32, BC * R>;          // [key][vector]: logits, then exp
 var<workgroup> part_s: array<f32, BC * R * HS>;  // QK partial dots per head slice
 var<workgroup> m_s: array<f32, R>;               // running maximum per vector
@@ -72,8 +72,8 @@ fn stage_kv(idx: u32, kg: GV, vg: GV) {
     let ks = tile_at(idx, KS);
     let vs = tile_at(idx, HV);
     for (var s = 0u; s < GS; s++) {
-      k_s[ks + s] = g_part(kg, s);
-      v_s[vs + s] = g_part(vg, s);
+      k_s[ks + s] = ts_part(kg, s);
+      v_s[vs + s] = ts_part(vg, s);
     }
   }
 }
@@ -205,7 +205,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       for (var cc = 0u; cc < CH; cc++) {
         let c = min(h * CH + cc, HV - 1u);
-        let kc = select(vec4<f32>(0.0), vec4<f32>(k_s[jj * KS + c]), h * CH + cc < HV);
+        let kc = select(vec4<f32>(0.0), ts_f32(k_s[jj * KS + c]), h * CH + cc < HV);
         for (var r = 0u; r < R; r++) {
           sc[r] += dot(q_s[r * HV + c], kc);
         }

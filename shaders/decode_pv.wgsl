@@ -18,7 +18,7 @@ const CPL: u32 = (HV + PVW - 1u) / PVW;   // vec4 columns per PV lane
 const NE: u32 = (BC * R + WG - 1u) / WG;  // (key, vector) elements per lane
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // V granules each lane loads per tile
 
-var<workgroup> v_s: array<vec4<T>, BC * HV>;
+var<workgroup> v_s: array<TS, BC * HV>;
 var<workgroup> p_s: array<f32, BC * R>;          // [key][vector] probabilities
 var<workgroup> st_s: array<vec2<f32>, R>;        // (m, l) of each vector's split
 var<workgroup> acc_s: array<vec4<f32>, R * HV>;  // the streams' sums meet here
@@ -29,7 +29,7 @@ fn stage_v(idx: u32, vg: GV) {
   if (idx < BC * HG) {
     let at = tile_at(idx, HV);
     for (var s = 0u; s < GS; s++) {
-      v_s[at + s] = g_part(vg, s);
+      v_s[at + s] = ts_part(vg, s);
     }
   }
 }

@@ -20,7 +20,7 @@ const KS: u32 = HV + 1u;                  // padded K row stride: lanes read dis
 const NLD: u32 = (BC * HG + WG - 1u) / WG; // K granules each lane loads per tile
 
 var<workgroup> q_s: array<vec4<f32>, R * HV>;    // scaled queries
-var<workgroup> k_s: array<vec4<T>, BC * KS>;
+var<workgroup> k_s: array<TS, BC * KS>;
 var<workgroup> p_s: array<f32, BC * R>;          // [key][vector] logits
 var<workgroup> part_s: array<f32, BC * R * HS>;  // QK partial dots per head slice
 
@@ -60,7 +60,7 @@ fn stage_k(idx: u32, kg: GV) {
   if (idx < BC * HG) {
     let at = tile_at(idx, KS);
     for (var s = 0u; s < GS; s++) {
-      k_s[at + s] = g_part(kg, s);
+      k_s[at + s] = ts_part(kg, s);
     }
   }
 }
@@ -140,7 +140,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       for (var cc = 0u; cc < CH; cc++) {
         let c = min(h * CH + cc, HV - 1u);
-        let kc = select(vec4<f32>(0.0), vec4<f32>(k_s[jj * KS + c]), h * CH + cc < HV);
+        let kc = select(vec4<f32>(0.0), ts_f32(k_s[jj * KS + c]), h * CH + cc < HV);
         for (var r = 0u; r < R; r++) {
           sc[r] += dot(q_s[r * HV + c], kc);
         }

@@ -31,8 +31,8 @@ const PRE: u32 = PREFETCH * STAGE;        // tiles in flight ahead of the comput
 const ORN: u32 = max(OSR, 1u);            // register accumulator vec4s per row
 
 var<workgroup> q_s: array<vec4<f32>, BR * HV>;
-var<workgroup> k_s: array<vec4<T>, KVS * KS>;
-var<workgroup> v_s: array<vec4<T>, KVS * HV>;
+var<workgroup> k_s: array<TS, KVS * KS>;
+var<workgroup> v_s: array<TS, KVS * HV>;
 var<workgroup> p_s: array<f32, BR * STEP>;
 var<workgroup> red_s: array<f32, BR * NG>;
 var<workgroup> o_s: array<vec4<f32>, OSZ>;
@@ -80,8 +80,8 @@ fn stage_kv(idx: u32, kg: GV, vg: GV) {
     let ks = tile_at(idx, KS);
     let vs = tile_at(idx, HV);
     for (var s = 0u; s < GS; s++) {
-      k_s[ks + s] = g_part(kg, s);
-      v_s[vs + s] = g_part(vg, s);
+      k_s[ks + s] = ts_part(kg, s);
+      v_s[vs + s] = ts_part(vg, s);
     }
   }
 }
@@ -98,7 +98,7 @@ fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
     }
     if (un < NU) {
       if (STAGE == 1u) {
-        vv[c] = vec4<f32>(v_s[(st * STEP + jj) * HV + un]);
+        vv[c] = ts_f32(v_s[(st * STEP + jj) * HV + un]);
       } else if (j >= lo && j < hi) {
         let gv = load_v(kv_granule(b, kvh, j) + un);
         for (var s = 0u; s < OW; s++) {
@@ -245,7 +245,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var c = 0u; c < HV; c++) {
           var kc: array<vec4<f32>, TC>;
           for (var e = 0u; e < TC; e++) {
-            kc[e] = vec4<f32>(k_s[(st * STEP + tx + NCG * e) * KS + c]);
+            kc[e] = ts_f32(k_s[(st * STEP + tx + NCG * e) * KS + c]);
           }
           for (var a = 0u; a < TR; a++) {
             let qa = q_s[(ty * TR + a) * HV + c];

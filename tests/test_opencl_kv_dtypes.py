@@ -74,6 +74,11 @@ MMA_FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         seq_len=3, kv_layout="paged", page_size=16, num_pages=12), MMA),
 }
 MMA_COMBOS = [("float16", "int8"), ("float16", "int4")]
+# Every head size the tensor-core decode reads quantized K/V at (kernels_cl/mma_kvq.cl maps a
+# lane's fragment slots to dims per head size), with softcap, ALiBi and a window so that edge
+# chunks and the per-key scales meet the logit path; int4 has no head size 192 there.
+MMA_HEADS = [(h, q) for h in (64, 128, 192, 256) for q in ("int8", "int4")
+             if (h, q) != (192, "int4")]
 CELLS = [(f, d, q) for f in FAMILIES for d, q in COMBOS] + \
     [(f, d, q) for f in EXTRAS for d, q in EXTRA_COMBOS] + \
     [(f, d, q) for f in MMA_FAMILIES for d, q in MMA_COMBOS]
@@ -112,6 +117,17 @@ def test_family_matches_reference(session, family, dtype, kv_dtype):
             and t["k"].shape == spec.kv_code_shape
     got = session.run(spec, t, kernel=kid, params=params)
     check_close(spec, got, t, what=f"{kid} {kv_dtype}")
+
+
+@pytest.mark.parametrize("head_size,kv_dtype", MMA_HEADS,
+                         ids=[f"h{h}-{q}" for h, q in MMA_HEADS])
+def test_mma_decode_reads_quantized_kv_at_every_head_size(session, head_size, kv_dtype):
+    spec = AttentionSpec(batch=2, seq_len=2, past_len=61, num_heads=8, kv_num_heads=2,
+                         head_size=head_size, dtype="float16", kv_dtype=kv_dtype, causal=True,
+                         seqlens_k=True, local_window=40, softcap=20.0, alibi_max_bias=8.0)
+    t = make_tensors(spec, seed=head_size, lengths=[spec.capacity, 37])
+    got = session.run(spec, t, kernel="opencl.decode_partial.f16.mma", params=MMA)
+    check_close(spec, got, t, what=f"mma h{head_size} {kv_dtype}")
 
 
 NAN_CELLS = [("decode_partial.m4", "int8"), ("decode_fused.sg.m4", "int4"),
@@ -156,17 +172,20 @@ def test_head_size_256_reads_v_unstaged(dev):
 
 
 def test_declarations():
-    """Every K/V reader reads int8 and int4 in every dtype (the tensor-core prefill only f16
-    K/V); the tensor-core kernels compute in f16 only."""
+    """Every K/V reader reads int8 and int4 in every dtype (the tensor-core prefill only K/V
+    in its dtype, the bf16 tensor-core decodes too); the tensor-core kernels compute in f16,
+    or in bf16 (their bf16 twins)."""
     ks = attnreg.kernels("opencl")
-    readers = [k for k in ks if k.family != "reduce" and (k.matrix is None
-                                                         or k.family != "prefill")]
+    readers = [k for k in ks if k.family != "reduce" and (
+        k.matrix is None or (k.family != "prefill" and k.dtypes == {"float16"}))]
     assert readers and all(k.kv_dtypes == {"int8", "int4"} for k in readers)
-    assert all(not k.kv_dtypes for k in ks if k.family == "prefill" and k.matrix is not None)
+    assert all(not k.kv_dtypes for k in ks if k.matrix is not None
+               and (k.family == "prefill" or k.dtypes == {"bfloat16"}))
     assert {k.id for k in ks if "bfloat16" in k.dtypes} >= {
         "opencl.prefill.bf16.sg", "opencl.decode_fused.bf16.m4", "opencl.reduce.bf16",
-        "opencl.decode_pv.bf16", "opencl.decode_partial.bf16.m1.bs"}
-    assert all(k.dtypes == {"float16"} for k in ks if k.matrix is not None)
+        "opencl.decode_pv.bf16", "opencl.decode_partial.bf16.m1.bs", "opencl.prefill.bf16.mma",
+        "opencl.decode_partial.bf16.mma", "opencl.decode_fused.bf16.mma"}
+    assert all(k.dtypes in ({"float16"}, {"bfloat16"}) for k in ks if k.matrix is not None)
 
 
 # -- the conversions of common.cl on their own -----------------------------------------

@@ -295,7 +295,7 @@ def test_declared_as_a_matrix_unit_kernel():
     assert k.defaults["mma"] == "hardware"
     assert all(k.head_size_ok(h) for h in (16, 32, 80, 128, 256))
     assert not any(k.head_size_ok(h) for h in (8, 24, 272))
-    others = [o for o in attnreg.kernels("opencl") if o.family == "prefill" and o.id != KERNEL]
+    others = [o for o in attnreg.kernels("opencl") if o.family == "prefill" and o.matrix is None]
     assert all(k.priority > o.priority for o in others)
 
 

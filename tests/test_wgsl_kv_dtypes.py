@@ -133,8 +133,9 @@ def _spec(**kw: Any) -> attnreg.AttentionSpec:
 
 
 def test_binding_types_and_helpers():
-    """Quantized K/V bind as words with their scales; bf16 as word pairs; plain dtypes as
-    before. Helpers exist only for what a program binds."""
+    """Quantized K/V bind as words with their scales; bf16 q / K / V as 16-byte granules of
+    8 values (vec4<u32>, float16's granule), bf16 out as word pairs; plain dtypes as before.
+    Helpers exist only for what a program binds."""
     q8 = program.source("decode_partial", _spec(dtype="float16", kv_dtype="int8"),
                         {"M": 1, "GT": 1, "BC": 16, "WG": 64, "PREFETCH": 1, "BAL": 0},
                         aux=frozenset({"k_scale", "v_scale"}))
@@ -146,22 +147,53 @@ def test_binding_types_and_helpers():
                         wkernels.prefill_consts(_spec(dtype="bfloat16"), {}),
                         aux=frozenset({"k_scale", "v_scale"}))
     assert "var<storage, read> v_scale: array<u32>;" in q4
-    assert "var<storage, read> q: array<vec2<u32>>;" in q4
+    assert "var<storage, read> q: array<vec4<u32>>;" in q4
     assert "var<storage, read_write> out: array<vec2<u32>>;" in q4
     assert "enable f16;" not in q4 and "unpack2x16float(" in q4
+    assert "alias GV = mat2x4<f32>;" in q4 and "alias TS = vec4<f32>;" in q4
+    bf = program.source("decode_partial", _spec(dtype="bfloat16"),
+                        {"M": 1, "GT": 1, "BC": 16, "WG": 64, "PREFETCH": 1, "BAL": 0})
+    for decl in ("var<storage, read> q: array<vec4<u32>>;", "var<storage, read> k: array<vec4<u32>>;",
+                 "alias GV = vec4<u32>;", "const GE: u32 = 8u;", "alias TS = vec2<u32>;",
+                 "var<workgroup> k_s: array<TS, BC * KS>;"):
+        assert decl in bf, decl
     red = program.source("reduce", _spec(dtype="bfloat16"), {"WG": 256})
     assert "fn bf16_pack(" in red and "fn load_q(" not in red
     assert wgsl_io.compute_itemsize(_spec(dtype="bfloat16")) == 4
+    assert wgsl_io.granule(_spec(dtype="bfloat16")) == wgsl_io.granule(_spec(dtype="float16")) == 8
 
 
-def test_staging_sized_in_compute_type():
-    """bf16 tiles are staged as f32: its workgroup storage is the f32 kernel's, not f16's."""
+def test_staging_sized_in_staged_type():
+    """bf16 K/V tiles are staged as bf16 bits: the workgroup storage (and so the fitted
+    tiles and the plans) of float16; with quantized K/V they stage dequantized f32, as the
+    f32 kernels do."""
     for fn in (wkernels.prefill_storage, wkernels.decode_storage, wkernels.qk_storage,
                wkernels.pv_storage):
         f32 = fn(_spec(), {})
-        assert fn(_spec(dtype="bfloat16"), {}) == f32
+        assert fn(_spec(dtype="bfloat16"), {}) == fn(_spec(dtype="float16"), {}) < f32
+        assert fn(_spec(dtype="bfloat16", kv_dtype="int8"), {}) == f32
         assert fn(_spec(dtype="float32", kv_dtype="int4"), {}) == f32
-        assert fn(_spec(dtype="float16"), {}) < f32
+    assert wkernels.prefill_consts(_spec(dtype="bfloat16"), {}) == \
+        wkernels.prefill_consts(_spec(dtype="float16"), {})
+
+
+def test_bf16_plans_match_f16():
+    """On the stored H100 profile the bf16 plans pick float16's kernels' tiles and splits:
+    decode (GQA 32/8, H=128, L 2048..32768), whisper-style m4 decode and causal prefill."""
+    caps = attnreg.profile("nvidia-h100")
+    specs = [dict(seq_len=1, past_len=L - 1, num_heads=32, kv_num_heads=8, head_size=128)
+             for L in (2048, 8192, 32768)]
+    specs += [dict(seq_len=4, past_len=1496, num_heads=20, kv_num_heads=20, head_size=64),
+              dict(seq_len=512, past_len=0, num_heads=32, kv_num_heads=8, head_size=128,
+                   causal=True),
+              dict(seq_len=2048, past_len=0, num_heads=32, kv_num_heads=8, head_size=128,
+                   causal=True)]
+    for fields in specs:
+        f16 = attnreg.explain(attnreg.AttentionSpec(**fields, dtype="float16"), caps=caps)
+        bf16 = attnreg.explain(attnreg.AttentionSpec(**fields, dtype="bfloat16"), caps=caps)
+        assert bf16.route == f16.route and bf16.split == f16.split, fields
+        assert [k.replace(".bf16", ".f16") for k in bf16.kernels] == list(f16.kernels), fields
+        assert [dict(s.params) for s in bf16.stages] == [dict(s.params) for s in f16.stages]
 
 
 def test_device_tensors():

@@ -12,14 +12,14 @@ from attnreg.kernel import KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import mma_probe
-from .mma import DECODE_CHOICES, DECODE_DEFAULTS, MMA_CHOICES, MMA_DEFAULTS, PTX_MMA
+from .mma import DECODE_CHOICES, DECODE_DEFAULTS, MMA_CHOICES, MMA_DEFAULTS, PTX_MMA_BY_DTYPE
 from .tiling import geometry
 
 BACKEND = "opencl"
 # q / out dtypes (common.cl: float, half bits, bfloat16 bits; arithmetic in f32 for all)
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Quantized K/V storages every K/V reader dequantizes in its loads (common.cl KV_Q); the
-# tensor-core kernels read f16 K/V only.
+# tensor-core prefill reads K/V in its dtype only, the bf16 tensor-core decodes too.
 KV_DTYPES = frozenset({"int8", "int4"})
 HEAD_SIZES = (4, 256, 4)          # float4 vectors over the head dimension
 M_TILES = (1, 2, 4)
@@ -36,15 +36,19 @@ def _mma_checks(family: str, names: tuple[str, ...], defaults: Mapping[str, Any]
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
         why = [f"{n}={params.get(n, defaults[n])} must be one of {choices[n]}"
                for n in names if params.get(n, defaults[n]) not in choices[n]]
+        if spec.kv_dtype == "int4" and spec.head_size not in (64, 128, 256):
+            # a lane's q4_0 bytes of a key must lie in one block (kernels_cl/mma_kvq.cl)
+            why.append(f"int4 K/V with head_size {spec.head_size}: the tensor-core decode "
+                       "reads int4 at head sizes 64, 128 and 256")
         return why or _checks(family, "mma")(spec, caps, params)
     return check
 
 
 _MMA_DOC = {
     "prefill": "flash prefill on tensor cores: S = QK^T and O += PV as m16n8k16 mma.sync "
-               "products (inline PTX; f16 in, f32 accumulators) with S, P and O in registers, "
+               "products (inline PTX; {0} in, f32 accumulators) with S, P and O in registers, "
                "the online softmax (lazy max) between them; q_tile rows (16 per warp) x "
-               "kv_tile keys per tile; f16 only",
+               "kv_tile keys per tile; {0} only",
     "decode_partial": "partial states for the reduce",
     "decode_fused": "in one launch (the last work-group of a row tile merges the splits and "
                     "the sink)",
@@ -52,26 +56,34 @@ _MMA_DOC = {
 _MMA_DECODE_DOC = ("split-KV decode on tensor cores, {}: a KV head's query heads x m_tile rows "
                    "fill one 16-row M tile; every warp streams its own kv_tile-key chunks from "
                    "global memory straight into mma fragments (no local memory or barrier in "
-                   "the key loop; int8 / int4 K/V dequantized into them); f16, head sizes "
-                   "64/128/192/256")
+                   "the key loop{}); {}, head sizes 64/128/192/256")
+# What each dtype's tensor-core kernels multiply, and the K/V storages their decodes read.
+_MMA_DTYPE_DOC = {
+    "float16": ("f16", "; int8 / int4 K/V dequantized into them", "f16"),
+    "bfloat16": ("bf16", "", "bf16 (mma.sync .bf16, P rounded to bf16) with bf16 K/V"),
+}
 
 
-def _mma_kernel(family: str) -> KernelInfo:
-    """The tensor-core prefill (flash_prefill_mma.cl) or decode (decode_mma.cl)."""
+def _mma_kernel(family: str, dtype: str) -> KernelInfo:
+    """The tensor-core prefill (flash_prefill_mma.cl) or decode (decode_mma.cl) of one dtype
+    (float16, or its bfloat16 twin: the same source with -D IS_BF16=1)."""
     prefill = family == "prefill"
     defaults, choices = (MMA_DEFAULTS, MMA_CHOICES) if prefill else \
         (DECODE_DEFAULTS, DECODE_CHOICES)
     names = ("q_tile", "kv_tile") if prefill else ("kv_tile", "wg", "m_tile")
+    only, kv_doc, what = _MMA_DTYPE_DOC[dtype]
     return KernelInfo(
-        id=f"{BACKEND}.{family}.f16.mma", backend=BACKEND, family=family,
-        dtypes=frozenset({"float16"}), head_sizes=(16, 256, 16) if prefill else (64, 256, 64),
+        id=f"{BACKEND}.{family}.{DTYPES[dtype]}.mma", backend=BACKEND, family=family,
+        dtypes=frozenset({dtype}), head_sizes=(16, 256, 16) if prefill else (64, 256, 64),
         kv_layouts=PAGED_OK, features=frozenset({mma_probe.FEATURE}), priority=20,
-        # the decodes dequantize int8 / int4 runs into their f16 fragments (mma_tile.cl)
-        kv_dtypes=frozenset() if prefill else KV_DTYPES,
-        defaults=defaults, choices=choices, emulation={"mma": "emulate"}, matrix=PTX_MMA,
-        workgroup_storage=_storage(family, "mma"),
+        # the f16 decodes dequantize int8 / int4 runs into their f16 fragments (mma_tile.cl);
+        # the bf16 twins read bf16 K/V only
+        kv_dtypes=KV_DTYPES if not prefill and dtype == "float16" else frozenset(),
+        defaults=defaults, choices=choices, emulation={"mma": "emulate"},
+        matrix=PTX_MMA_BY_DTYPE[dtype], workgroup_storage=_storage(family, "mma"),
         extra_checks=_mma_checks(family, names, defaults, choices),
-        doc=_MMA_DOC[family] if prefill else _MMA_DECODE_DOC.format(_MMA_DOC[family]))
+        doc=_MMA_DOC[family].format(only) if prefill else
+        _MMA_DECODE_DOC.format(_MMA_DOC[family], kv_doc, what))
 
 
 def _storage(family: str, variant: str) -> Callable[[AttentionSpec, Mapping[str, Any]], int]:
@@ -123,8 +135,8 @@ def declare() -> list[KernelInfo]:
     """Every OpenCL variant: prefill (wgmem, sg; each also block-skipping), decode_partial
     (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
     decode_qk (m1/m2/m4) + decode_pv, reduce, each in f32, f16 and bf16 (the K/V readers
-    also over int8 / int4 K/V); and f16 prefill, decode_partial and decode_fused on tensor
-    cores (mma)."""
+    also over int8 / int4 K/V); and prefill, decode_partial and decode_fused on tensor
+    cores (mma) in f16 and bf16 (the f16 decodes also over int8 / int4 K/V)."""
     out: list[KernelInfo] = []
     for dtype, tag in DTYPES.items():
         for variant, feats, prio, doc in (
@@ -186,7 +198,8 @@ def declare() -> list[KernelInfo]:
             id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce",
             dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), kv_layouts=PAGED_OK,
             extra_checks=_checks("reduce", ""), doc="merge split-KV partial states and the sink"))
-    out.extend(_mma_kernel(f) for f in ("prefill", *MMA_DECODES))
+    out.extend(_mma_kernel(f, dtype) for dtype in PTX_MMA_BY_DTYPE
+               for f in ("prefill", *MMA_DECODES))
     return out
 
 

@@ -15,6 +15,10 @@ _F32 = 4
 # mma.sync m16n8k16 (f16 in, f32 accumulators) through inline PTX, 32-lane warps, one warp per
 # 16 query rows. q_tile: rows per work-group (16 per warp); kv_tile: keys per staged tile.
 PTX_MMA = MatrixUnit("ptx_mma", 16, 8, 16, "f16", "f32")
+# The bf16 twins (-D IS_BF16=1): mma.sync m16n8k16 .bf16 (sm_80+, as .f16), same fragments.
+PTX_MMA_BF16 = MatrixUnit("ptx_mma", 16, 8, 16, "bf16", "f32")
+# The primitive of each dtype the tensor-core kernels compute in (spec.dtype -> MatrixUnit).
+PTX_MMA_BY_DTYPE = {"float16": PTX_MMA, "bfloat16": PTX_MMA_BF16}
 # The builds of param "mma" as -D MMA: the PTX primitive, or its plain-C emulation.
 MMA_IMPLS = {"hardware": 1, "emulate": 2}
 assert set(MMA_IMPLS) == set(MMA_BUILDS)
@@ -36,7 +40,7 @@ MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit
 DECODE_DEFAULTS: Mapping[str, Any] = {"m_tile": 1, "kv_tile": 16, "wg": 128, "prefetch": 0,
                                       "mma": "hardware"}
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {
-    "m_tile": (1, 2, 4, 8, 16), "kv_tile": (16, 32), "wg": (32, 64, 128, 256),
+    "m_tile": (1, 2, 4, 8, 16), "kv_tile": (16, 32, 64), "wg": (32, 64, 128, 256),
     "prefetch": (0, 1)}
 DECODE_SHRINK = (("wg", 32),)                      # fewer warps, less to merge in local memory
 _MMA_WARP_WORDS = 192                              # mma_sync.cl's exchange per emulated warp

@@ -154,7 +154,9 @@ MMA_PREFILL_NVIDIA = Rule(
     "NVIDIA with PTX mma.sync (probed): the tensor-core flash prefill measured 6.8x-11.3x "
     "faster than the sub-group prefill on the H100 (causal f16 GQA 32/8 H=128, GPU time: "
     "S=512 66.5 vs 454.8 us, S=2048 458.9 vs 5172 us; H=64 / 256 at S=2048 7.9x / 9.8x; "
-    "also 3.2x / 5.2x faster than the best WGSL prefill there)", "params",
+    "also 3.2x / 5.2x faster than the best WGSL prefill there); the bf16 twin (mma.sync .bf16, "
+    "same tiles) is chosen alike against a bf16 sub-group prefill measured as slow (S=2048: "
+    "5158 us; bf16 twin: to be measured)", "params",
     lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
     and c.kernel.matrix is not None and c.kernel.family == "prefill"
     and c.flags.get("matrix_units", "auto") == "auto" and c.caps.vendor == "nvidia"
@@ -167,12 +169,30 @@ MMA_DECODE_NVIDIA = Rule(
     "the sub-group decode on the H100 (f16, GPU time, one run): GQA 32/8 H=128 L=2048 15.4 vs "
     "17.6 us, L=8192 23.2 vs 27.6 us, L=32768 62.2 vs 69.9 us; whisper cross-attention (S=4, "
     "T=1500, 8 heads H=64) 14.4 vs 17.9 us; 16 requests x 4096-key shared prefix (16/4 heads) "
-    "38.2 vs 87.8 us; measured for f16 K/V only, so quantized K/V (dequantized into the f16 "
-    "fragments) keep the sub-group decode until measured (matrix_units=on runs it)", "params",
+    "38.2 vs 87.8 us; quantized K/V (codes made f16 fragments by byte permutes, L=32768, "
+    "tiles of opencl_mma_decode_quantized_tiles): int8 57.1 vs 80.3 us, int4 46.8 vs 102.4 "
+    "us; the bf16 twins (mma.sync .bf16, bf16 K/V) are chosen alike (bf16 twin: to be "
+    "measured)", "params",
     lambda c: _mma_decode(c) and c.flags.get("matrix_units", "auto") == "auto"
-    and c.caps.vendor == "nvidia" and "mma" not in c.user and c.spec.kv_dtype is None
+    and c.caps.vendor == "nvidia" and "mma" not in c.user
     and c.kernel is not None and c.kernel.features <= c.caps.features,
     lambda c: {"mma": "hardware"})
 
+# Quantized chunks hold half (int8) or a quarter (int4) of f16's raw registers, so they take
+# longer chunks or the next chunk's prefetch where f16 could not (ptxas: 255 registers in
+# every build; these two spill least).
+_QUANT_TILES = {"int8": {"kv_tile": 32}, "int4": {"prefetch": 1}}
+MMA_DECODE_QUANT_TILES = Rule(
+    "opencl_mma_decode_quantized_tiles",
+    "OpenCL tensor-core decode on quantized K/V: int8 in 32-key chunks, int4 with the next "
+    "chunk prefetched; on the H100 (GQA 32/8 H=128 L=32768, decode_fused, GPU time) int8 "
+    "57.1 us against 61.3 (16-key chunks) and 64.4 (prefetch), int4 46.8 us against 54.4 "
+    "(no prefetch) and 58.5 (32-key chunks); 64-key chunks, 256- or 512-key splits and 2 or 8 "
+    "warps were slower for both", "params",
+    lambda c: _mma_decode(c) and c.spec.kv_dtype in _QUANT_TILES
+    and not set(_QUANT_TILES[c.spec.kv_dtype]) & set(c.user),
+    lambda c: dict(_QUANT_TILES[str(c.spec.kv_dtype)]))
+
 RULES = (BLOCK_SKIP, UNFUSED_ON_CPU, NVIDIA_TWO_LAUNCH, NVIDIA_FAST_EXP, NVIDIA_F32_SPLITS,
-         MMA_TILES_FIT, MMA_DECODE_SPLITS, MMA_PREFILL_NVIDIA, MMA_DECODE_NVIDIA)
+         MMA_TILES_FIT, MMA_DECODE_QUANT_TILES, MMA_DECODE_SPLITS, MMA_PREFILL_NVIDIA,
+         MMA_DECODE_NVIDIA)

@@ -47,7 +47,7 @@ class Geometry:
     sg_reqd: bool = False     # intel_reqd_sub_group_size(sg) on the kernel
     rp: int = 0               # sg decode: rows padded to a power of two (RP x KC = 32)
     pf: int = 1               # sg decode: chunks in flight ahead of the one computed
-    cvt_ptx: bool = False     # f16 -> f32 through PTX cvt.f32.f16 (NVIDIA only)
+    cvt_ptx: bool = False     # f16 -> f32 through PTX cvt.f32.f16, mma P -> f16 / bf16 (NVIDIA)
     nv_fence: bool = False    # decode_fused: PTX membar.gl next to the OpenCL fences (NVIDIA)
     mma: int = 0              # matrix-unit kernels: MMA_IMPLS (0: scalar kernels)
 
@@ -228,13 +228,14 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
 def _mma_build(params: Mapping[str, Any], spec: AttentionSpec, caps: DeviceCaps | None,
                default: str) -> dict[str, Any]:
     """The Geometry fields of the build the param "mma" names: the primitive (MMA_IMPLS), the
-    sub-group mechanism (NVIDIA warps, or the emulation's) and the PTX f16 conversion."""
+    sub-group mechanism (NVIDIA warps, or the emulation's) and the PTX conversions (f16 -> f32
+    and P's f32 -> f16 / bf16 rounding, mma_sync.cl's mma_pack_h2)."""
     build = params.get("mma", default)
     if build not in MMA_IMPLS:
         raise SpecError("params['mma']", build, f"one of {sorted(MMA_IMPLS)}")
     emulate = build == "emulate"
     return {"mma": MMA_IMPLS[build], "sg": 32, "sg_impl": SG_IMPLS["emu" if emulate else "nv"],
-            "cvt_ptx": not emulate and spec.dtype == "float16"
+            "cvt_ptx": not emulate and spec.dtype in ("float16", "bfloat16")
             and _nv_knob(params, "cvt", caps, True)}
 
 
@@ -260,7 +261,7 @@ def mma_decode_geometry(spec: AttentionSpec, params: Mapping[str, Any],
     many of the group's heads as fill 16 rows, wg / 32 warps streaming kv_tile-key chunks."""
     d = DECODE_DEFAULTS
     wg = _int_param(params, "wg", d["wg"], lo=32, hi=256)
-    tk = _int_param(params, "kv_tile", d["kv_tile"], lo=16, hi=32)
+    tk = _int_param(params, "kv_tile", d["kv_tile"], lo=16, hi=64)
     mq = _int_param(params, "m_tile", d["m_tile"], lo=1, hi=16)
     gc = min(spec.group_size, 16 // mq)
     return Geometry(family, wg=wg, gc=gc, mq=mq, tk=tk, kl=min(8, tk), dl=32,

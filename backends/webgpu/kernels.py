@@ -12,13 +12,15 @@ from attnreg.caps import DeviceCaps
 from attnreg.kernel import KernelInfo
 from attnreg.spec import AttentionSpec
 
+from . import wgsl_io
 from .probe import NAME
 
-# bfloat16 computes in f32 (WGSL has no bf16): widened exactly on load, rounded on store.
+# bfloat16 computes in f32 (WGSL has no bf16): loaded and staged as bits in float16's 16-byte
+# granules and tile bytes, widened exactly where used, rounded on store.
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Quantized K/V storages every K/V reader dequantizes in its loads (backends/webgpu/wgsl_io.py).
 KV_DTYPES = frozenset({"int8", "int4"})
-# Every multiple of 8 up to 256: f16 loads 8 halves per granule, and O accumulators live
+# Every multiple of 8 up to 256: f16 and bf16 load 8 values per granule, and O accumulators live
 # in registers (256 / 4 = 64 vec4 columns at most).
 HEAD_SIZES = (8, 256, 8)
 M_TILES = (1, 2, 4)
@@ -74,9 +76,10 @@ def _features(dtype: str, *extra: str) -> frozenset[str]:
 
 
 def _item(spec: AttentionSpec) -> int:
-    """Bytes per staged K/V element: the compute type's (f32 for bfloat16 and for the f32
-    kernels' dequantized K/V, f16 for float16), not the stored one."""
-    return 2 if spec.dtype == "float16" else 4
+    """Bytes per staged K/V element (wgsl_io's TS): f16 for float16, the bits of bf16 for
+    bfloat16 K/V as stored (widened where read), f32 for float32 and for bfloat16's
+    dequantized int8/int4 K/V."""
+    return wgsl_io.staged_itemsize(spec)
 
 
 # Where a K/V reader's quantized K/V becomes values (its explain line says so).
@@ -96,7 +99,7 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     step = min(step, bc)
     tr = min(_p(params, d, "rows_per_thread"), br)
     ncg = min(_p(params, d, "row_lanes"), step)
-    gs = 2 if spec.dtype == "float16" else 1          # vec4s per load granule
+    gs = wgsl_io.granule(spec) // 4                   # vec4s per load granule
     ow = 1 if stage else gs                           # vec4s per output unit
     nu = spec.head_size // 4 // ow
     ocu = -(-nu // ncg)

@@ -1,15 +1,19 @@
 """How a WGSL program touches its tensors in memory: the compute types of its dtype, the
 element type of every binding, and the generated load/store helpers the family sources call
-(``load_q``, ``load_k``, ``load_v``: one 16-byte-or-less granule as the compute granule GV;
-``store_out``: one vec4 of the output).
+(``load_q``, ``load_k``, ``load_v``: one 16-byte granule as the granule type GV;
+``store_out``: one vec4 of the output), and how staged K/V tiles hold their values (TS).
 
 WGSL has no bfloat16 and no 8- or 4-bit types, so the stored formats are read as words and
 converted in the helpers, never by a copy:
 
-- float32 / float16: stored as computed (granules of vec4<f32> / mat2x4<f16>).
-- bfloat16: computed in f32 (T = f32, GV = vec4<f32>); 4 values are a vec2<u32>, widened
-  exactly (a bf16 is the top half of the f32 with the same bits) and the output rounded to
-  nearest-even (NaN stays NaN, inf stays inf).
+- float32 / float16: stored as computed (granules of vec4<f32> / mat2x4<f16>), staged as
+  computed (TS = vec4<T>).
+- bfloat16: computed in f32 (T = f32). A granule is 8 values, 16 bytes, a vec4<u32> of bits
+  (GV), like float16's: loads, the register tile and the staged tiles (TS = vec2<u32>, the
+  bits of 4 values) move bf16 bits, and g_part / ts_f32 widen them exactly (a bf16 is the
+  top half of the f32 with the same bits: a shift or a mask per value) where they are used.
+  The output is rounded to nearest-even (NaN stays NaN, inf stays inf). With quantized K/V
+  (kv_dtype) the granule is 8 dequantized f32 values (mat2x4<f32>), staged as f32.
 - kv_dtype int8 (k, v as array<u32>, 4 codes a word, little-endian; k_scale / v_scale
   array<f32>, one per vector): x = code * scale, in f32, then T.
 - kv_dtype int4 (ggml q4_0: block j of a vector holds elements [32j, 32j+32) in bytes
@@ -19,16 +23,19 @@ converted in the helpers, never by a copy:
 
 A granule g covers elements [g*GE, g*GE + GE) of the flat K/V array (kv_elem's offsets use
 the arrays' natural strides, so element e belongs to vector e / HD of the scale arrays,
-for BSNH, BNSH and paged pools alike). GE is 4 or 8, so a granule's int8 codes are 1-2
-whole words and its int4 codes 1-2 whole words of one half of a q4_0 block.
+for BSNH, BNSH and paged pools alike). GE is 4 (float32) or 8 (float16, bfloat16), so a
+granule's int8 codes are 1-2 whole words and its int4 codes 1-2 whole words of one half of
+a q4_0 block.
 """
 
 from __future__ import annotations
 
 from attnreg.spec import AttentionSpec
 
-# Compute types: T (what staged tiles and the output vec4s hold), the load granule GV, its
-# element count GE, and g_part (vec4 s of a granule as vec4<T>).
+# Compute types: T (what the kernels compute in), the load granule GV, its element count GE,
+# g_part (vec4 s of a granule as vec4<T>) and gv_of (a granule of dequantized values); TS, the
+# staged vec4 that K/V tiles hold in workgroup memory, with ts_part (vec4 s of a granule as
+# staged) and ts_f32 (a staged vec4 read back as vec4<f32>).
 _COMPUTE = {
     "f32": """alias T = f32;
 alias GV = vec4<f32>;
@@ -38,6 +45,13 @@ fn g_part(g: GV, s: u32) -> vec4<T> {
 }
 fn gv_of(a: vec4<f32>, b: vec4<f32>) -> GV {
   return a;
+}
+alias TS = vec4<f32>;
+fn ts_part(g: GV, s: u32) -> TS {
+  return g;
+}
+fn ts_f32(x: TS) -> vec4<f32> {
+  return x;
 }
 """,
     # f16 loads 16-byte granules of 8 halves as a mat2x4<f16> (two vec4 columns), so f32
@@ -52,12 +66,57 @@ fn g_part(g: GV, s: u32) -> vec4<T> {
 fn gv_of(a: vec4<f32>, b: vec4<f32>) -> GV {
   return GV(vec4<f16>(a), vec4<f16>(b));
 }
+alias TS = vec4<f16>;
+fn ts_part(g: GV, s: u32) -> TS {
+  return g[s];
+}
+fn ts_f32(x: TS) -> vec4<f32> {
+  return vec4<f32>(x);
+}
+""",
+    # bf16 K/V as stored: a granule is 16 bytes of 8 bf16 bits (vec4<u32>), the f16
+    # granule's size, held as bits in the register tile and staged as bits (a vec2<u32> per
+    # vec4 of values, f16's 8 bytes): widened to f32 only where a value is used. So loads,
+    # registers and workgroup memory are f16's, and the plans' tiles too.
+    "bf16": """alias T = f32;
+alias GV = vec4<u32>;
+const GE: u32 = 8u;
+fn g_part(g: GV, s: u32) -> vec4<T> {
+  return bf16x4(ts_part(g, s));
+}
+alias TS = vec2<u32>;
+fn ts_part(g: GV, s: u32) -> TS {
+  return select(g.zw, g.xy, s == 0u);
+}
+fn ts_f32(x: TS) -> vec4<f32> {
+  return bf16x4(x);
+}
+""",
+    # bf16 with quantized K/V: the K/V loads dequantize into f32 (not representable as
+    # bf16 bits without rounding), so granules of 8 are f32 pairs and tiles stage f32; q is
+    # widened on load.
+    "bf16q": """alias T = f32;
+alias GV = mat2x4<f32>;
+const GE: u32 = 8u;
+fn g_part(g: GV, s: u32) -> vec4<T> {
+  return g[s];
+}
+fn gv_of(a: vec4<f32>, b: vec4<f32>) -> GV {
+  return GV(a, b);
+}
+alias TS = vec4<f32>;
+fn ts_part(g: GV, s: u32) -> TS {
+  return g[s];
+}
+fn ts_f32(x: TS) -> vec4<f32> {
+  return x;
+}
 """,
 }
 
 # Stored element type of q / out (and of k / v when not quantized), per spec dtype.
 _STORED = {"float32": "array<vec4<f32>>", "float16": "array<mat2x4<f16>>",
-           "bfloat16": "array<vec2<u32>>"}
+           "bfloat16": "array<vec4<u32>>"}
 _OUT = {"float32": "array<vec4<f32>>", "float16": "array<vec4<f16>>",
         "bfloat16": "array<vec2<u32>>"}
 _FIXED = {"bias": "array<f32>", "f32": "array<f32>", "f32x2": "array<vec2<f32>>",
@@ -66,6 +125,9 @@ _FIXED = {"bias": "array<f32>", "f32": "array<f32>", "f32x2": "array<vec2<f32>>"
 _BF16_IN = """fn bf16x4(w: vec2<u32>) -> vec4<f32> {
   return vec4<f32>(bitcast<f32>(w.x << 16u), bitcast<f32>(w.x & 0xffff0000u),
                    bitcast<f32>(w.y << 16u), bitcast<f32>(w.y & 0xffff0000u));
+}
+fn bf16x8(w: vec4<u32>) -> mat2x4<f32> {
+  return mat2x4<f32>(bf16x4(w.xy), bf16x4(w.zw));
 }
 """
 # Round to nearest even on the bits; NaN as the canonical quiet NaN (its bits + 0x7fff
@@ -98,18 +160,29 @@ _I4 = """fn i4x4(w: u32, sh: u32) -> vec4<f32> {
 
 
 def compute(spec: AttentionSpec) -> str:
-    """"f16" or "f32": the type a program computes and stages in (bfloat16: f32)."""
-    return "f16" if spec.dtype == "float16" else "f32"
+    """The prelude of _COMPUTE a program uses: "f32", "f16", "bf16" (bfloat16 K/V as
+    stored) or "bf16q" (bfloat16 with quantized K/V)."""
+    if spec.dtype == "float16":
+        return "f16"
+    if spec.dtype == "bfloat16":
+        return "bf16q" if spec.kv_dtype else "bf16"
+    return "f32"
 
 
 def compute_itemsize(spec: AttentionSpec) -> int:
-    """Bytes per element of staged K/V tiles (the compute type, not the stored one)."""
+    """Bytes per element of the compute type T (bfloat16 computes in f32)."""
     return 2 if spec.dtype == "float16" else 4
 
 
+def staged_itemsize(spec: AttentionSpec) -> int:
+    """Bytes per element of staged K/V tiles (TS): f16 for float16, bf16 bits for bfloat16
+    K/V as stored, f32 for float32 and for bfloat16's dequantized K/V."""
+    return 2 if compute(spec) in ("f16", "bf16") else 4
+
+
 def granule(spec: AttentionSpec) -> int:
-    """GE: elements per load granule."""
-    return 8 if spec.dtype == "float16" else 4
+    """GE: elements per load granule (16 bytes of float32/float16/bfloat16)."""
+    return 4 if spec.dtype == "float32" else 8
 
 
 def prelude(spec: AttentionSpec) -> str:
@@ -130,7 +203,9 @@ def binding_type(kind: str, spec: AttentionSpec) -> str:
 
 
 def _load_plain(name: str, spec: AttentionSpec) -> str:
-    val = f"bf16x4({name}[g])" if spec.dtype == "bfloat16" else f"{name}[g]"
+    # bf16: the granule as stored (widened in g_part / ts_f32), unless the prelude's
+    # granule is f32 values (bf16q: q beside dequantized K/V)
+    val = f"bf16x8({name}[g])" if compute(spec) == "bf16q" else f"{name}[g]"
     return f"fn load_{name}(g: u32) -> GV {{\n  return {val};\n}}\n"
 
 
@@ -169,7 +244,7 @@ def helpers(spec: AttentionSpec, bound: frozenset[str]) -> str:
     load_q/load_k/load_v where q, k, v are bound, store_out where out is the output."""
     parts = []
     if spec.dtype == "bfloat16":
-        parts.append(_BF16_IN if "q" in bound else "")
+        parts.append(_BF16_IN)          # the prelude's g_part / ts_f32 call bf16x4
         parts.append(_BF16_OUT if "out" in bound else "")
     if "q" in bound:
         parts.append(_load_plain("q", spec))
