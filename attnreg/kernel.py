@@ -28,9 +28,14 @@ ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })
 # Families that cut the KV range into splits (the plan's SplitGeometry comes from them).
 SPLIT_FAMILIES = ("decode_partial", "decode_qk", "decode_fused")
+# Contract features a kernel implements unless it says otherwise.
+CORE_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_lse", "softcap",
+                           "local_window", "alibi", "kv_capacity", "gqa"})
+# The shapes real models need (CONTRACT, [clients]): a kernel lists them in ``supports``
+# once it implements them, so one that does not is passed over with the reason.
+MODEL_FEATURES = frozenset({"v_head_size", "kv_start", "seqlens_q"})
 # Every contract feature a spec can use (AttentionSpec.features names them).
-ALL_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_lse", "softcap",
-                          "local_window", "alibi", "kv_capacity", "gqa"})
+ALL_FEATURES = CORE_FEATURES | MODEL_FEATURES
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 # How a matrix-unit kernel's products are built (its param "mma"): on the device's matrix
 # units, or through a software polyfill of the same primitive and tile contract (flag
@@ -63,33 +68,38 @@ def binding_bytes(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -
     """Bytes of each buffer a kernel of this family binds, for storage-binding limits."""
     e = spec.itemsize
     q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
-    # K/V as stored (codes of a quantized kv_dtype), a paged cache's whole pool
-    kv_elems = math.prod(spec.kv_shape)
-    kv = kv_elems * {"int8": 2, "int4": 1}.get(spec.kv_dtype or "", 2 * e) // 2
-    scales = math.prod(spec.kv_scale_shape) * (4 if spec.kv_dtype == "int8" else 2) \
-        if spec.kv_dtype else 0
+    out = q // spec.head_size * spec.head_size_v
+
+    def stored(shape: tuple[int, ...]) -> int:
+        # K/V as stored (codes of a quantized kv_dtype), a paged cache's whole pool
+        return math.prod(shape) * {"int8": 2, "int4": 1}.get(spec.kv_dtype or "", 2 * e) // 2
+
+    def scales(h: int) -> int:
+        if not spec.kv_dtype:
+            return 0
+        per = 4 if spec.kv_dtype == "int8" else 2 * (h // 32)
+        return math.prod(spec.kv_shape[:3]) * per
+
     splits = int(params.get("n_splits", 1))   # the planner sets it with split_size
-    parts = spec.batch * spec.num_heads * spec.seq_len * splits * spec.head_size * 4
+    parts = spec.batch * spec.num_heads * spec.seq_len * splits * spec.head_size_v * 4
     sizes: dict[str, int] = {}
     scores = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
     if family in ("prefill", "decode_partial", "decode_qk", "decode_fused"):
-        sizes.update(q=q, k=kv)
-        if scales:
-            sizes["k_scale"] = scales
+        sizes.update(q=q, k=stored(spec.kv_shape))
+        if spec.kv_dtype:
+            sizes["k_scale"] = scales(spec.head_size)
         if spec.bias:
             sizes["bias"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
     if family in ("prefill", "decode_partial", "decode_pv", "decode_fused"):
-        sizes["v"] = kv
-        if scales:
-            sizes["v_scale"] = scales
+        sizes["v"] = stored(spec.v_shape)
+        if spec.kv_dtype:
+            sizes["v_scale"] = scales(spec.head_size_v)
     if family in ("decode_qk", "decode_pv"):
         sizes["scores"] = scores
-    if family in ("prefill", "decode_fused"):
-        sizes["out"] = q
+    if family in ("prefill", "decode_fused", "reduce"):
+        sizes["out"] = out
     if family in ("decode_partial", "reduce", "decode_pv", "decode_fused"):
         sizes["o_parts"] = parts
-    if family == "reduce":
-        sizes["out"] = q
     return sizes
 
 
@@ -109,7 +119,7 @@ class KernelInfo:
     dtypes: frozenset[str]
     head_sizes: tuple[int, int, int] = (1, 1 << 30, 1)          # (min, max, multiple_of)
     features: frozenset[str] = frozenset()                      # device features required
-    supports: frozenset[str] = ALL_FEATURES                     # contract features implemented
+    supports: frozenset[str] = CORE_FEATURES                    # contract features implemented
     q_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
     kv_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
     kv_dtypes: frozenset[str] = frozenset()                     # quantized K/V it reads

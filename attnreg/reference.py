@@ -24,7 +24,7 @@ import numpy as np
 from .plan import SplitGeometry
 from .quant import dequantize_kv
 from .spec import AttentionSpec
-from .tensors import valid_lengths
+from .tensors import kv_starts, q_lengths, valid_lengths
 
 # Rows per chunk are chosen so one chunk's score block stays under this many float64s.
 _MAX_SCORE_ELEMS = 1 << 23
@@ -72,8 +72,13 @@ class _Problem:
         b, nkv, g = spec.batch, spec.kv_num_heads, spec.group_size
         s, c, h = spec.seq_len, spec.capacity, spec.head_size
         self.lengths = valid_lengths(spec, tensors)                         # [B]
+        self.starts = kv_starts(spec, tensors)                              # [B]
+        self.q_lens = q_lengths(spec, tensors)                              # [B]
         self.keys = np.arange(c)
-        exists = self.keys[None, :] < self.lengths[:, None]                 # [B, C]
+        exists = (self.keys[None, :] < self.lengths[:, None]) \
+            & (self.keys[None, :] >= self.starts[:, None])                  # [B, C]
+        # rows past S_b are padding: their q may hold anything and is never read
+        self.row_ok = np.arange(s)[None, :] < self.q_lens[:, None]          # [B, S]
         # Keys past L_b may hold anything: they are zeroed. Non-finite values that exist are
         # zeroed too and remembered, so that the matmuls stay finite and only the rows that
         # see them are poisoned (never through a weight of 0: 0 * NaN = NaN).
@@ -86,6 +91,7 @@ class _Problem:
         k = np.where(exists[:, None, :, None], kv_canonical(spec, k_in, table), 0.0)
         v = np.where(exists[:, None, :, None], kv_canonical(spec, v_in, table), 0.0)
         q = q_canonical(spec, tensors["q"]).reshape(b, nkv, g, s, h)
+        q = np.where(self.row_ok[:, None, None, :, None], q, 0.0)
         k_fin, v_fin, q_fin = np.isfinite(k), np.isfinite(v), np.isfinite(q)
         self.k = np.where(k_fin, k, 0.0)
         self.v = np.where(v_fin, v, 0.0)
@@ -106,6 +112,13 @@ class _Problem:
         self.sink = None
         if spec.head_sink:
             self.sink = np.asarray(tensors["head_sink"], dtype=np.float64).reshape(1, nkv, g, 1)
+
+    def row_sink(self, rows: slice, shape: tuple[int, ...]) -> np.ndarray:
+        """The sink logit per row of ``shape`` [B, Nkv, G, r]; -inf for padding rows (past
+        S_b), which see nothing at all: out 0, lse -inf."""
+        assert self.sink is not None
+        sink = np.broadcast_to(self.sink, shape)
+        return np.where(self.row_ok[:, None, None, rows], sink, -np.inf)
 
     def row_chunks(self) -> list[slice]:
         spec = self.spec
@@ -131,12 +144,15 @@ class _Problem:
             if self.bias is not None:
                 bias = self.bias[:, :, :, rows] if self.bias.shape[3] > 1 else self.bias
                 s = s + bias
-        pos = (self.lengths[:, None] - spec.seq_len + np.arange(spec.seq_len)[rows][None, :])
+        pos = (self.lengths[:, None] - self.q_lens[:, None]
+               + np.arange(spec.seq_len)[rows][None, :])
         pos = pos[:, None, None, :, None]                                   # p_i, [B,1,1,r,1]
         j = self.keys[None, None, None, None, :]
         if self.slopes is not None:
             s = s + self.slopes * (j - pos)
-        visible = j < self.lengths[:, None, None, None, None]
+        visible = (j < self.lengths[:, None, None, None, None]) \
+            & (j >= self.starts[:, None, None, None, None]) \
+            & self.row_ok[:, None, None, rows, None]
         if spec.causal:
             visible = visible & (j <= pos)
         if spec.local_window > 0:
@@ -183,12 +199,12 @@ def attention(spec: AttentionSpec, tensors: Mapping[str, np.ndarray]) -> tuple[n
     ``tensors`` must already be validated (``attnreg.tensors.check_tensors``).
     """
     p = _Problem(spec, tensors)
-    b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
+    b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size_v
     out = np.empty((b, nq, s, h))
     lse = np.empty((b, nq, s))
     for rows in p.row_chunks():
         logits, visible = p.logits(rows)
-        extra = None if p.sink is None else np.broadcast_to(p.sink, logits.shape[:-1])
+        extra = None if p.sink is None else p.row_sink(rows, logits.shape[:-1])
         o, l = _softmax_pv(logits, p.v, extra, "bngrj", "bnjh->bngrh", visible, p.v_bad)
         r = o.shape[3]
         out[:, :, rows] = o.reshape(b, nq, r, h)
@@ -208,7 +224,7 @@ def partial_states(spec: AttentionSpec, tensors: Mapping[str, np.ndarray],
     the reduce. A split with no visible key has o_t = 0, lse_t = -inf.
     """
     p = _Problem(spec, tensors)
-    b, nq, s, h, c = spec.batch, spec.num_heads, spec.seq_len, spec.head_size, spec.capacity
+    b, nq, s, h, c = spec.batch, spec.num_heads, spec.seq_len, spec.head_size_v, spec.capacity
     nkv, g = spec.kv_num_heads, spec.group_size
     t = n_splits(spec, split_size)
     pad = t * split_size - c
@@ -262,12 +278,17 @@ def combine(o_parts: np.ndarray, lse_parts: np.ndarray,
 
 
 def reduce(spec: AttentionSpec, o_parts: np.ndarray, lse_parts: np.ndarray,
-           head_sink: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """CONTRACT reduce of partial states into (out [B, Nq, S, H], lse [B, Nq, S])."""
+           head_sink: np.ndarray | None = None, seqlens_q: np.ndarray | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """CONTRACT reduce of partial states into (out [B, Nq, S, Hv], lse [B, Nq, S]). Padding
+    rows (i >= seqlens_q[b]) get no sink: out 0, lse -inf (their partials are all empty)."""
     sink = None
     if head_sink is not None:
         sink = np.broadcast_to(np.asarray(head_sink, np.float64)[None, :, None],
                                (spec.batch, spec.num_heads, spec.seq_len))
+        if seqlens_q is not None:
+            pad = np.arange(spec.seq_len)[None, None, :] >= np.asarray(seqlens_q)[:, None, None]
+            sink = np.where(pad, -np.inf, sink)
     return combine(o_parts, lse_parts, sink)
 
 

@@ -361,11 +361,13 @@ class Session:
 
     @serialized
     def reduce_states(self, spec: AttentionSpec, o_parts: Any, lse_parts: Any,
-                      head_sink: Any = None, *, kernel: str | None = None,
+                      head_sink: Any = None, *, seqlens_q: Any = None,
+                      kernel: str | None = None,
                       flags: Mapping[str, Any] | None = None) -> Any:
-        """Reduce partial states (from any backend) into out, or (out, lse)."""
+        """Reduce partial states (from any backend) into out, or (out, lse); a spec with
+        seqlens_q takes the row counts too (padding rows: out 0, lse -inf)."""
         _check_spec(spec)
-        inputs = check_partials(spec, o_parts, lse_parts, head_sink)
+        inputs = check_partials(spec, o_parts, lse_parts, head_sink, seqlens_q)
         t = inputs["o_parts"].shape[3]
         _, res = self._launch(spec, "reduce", inputs, kernel, {"n_splits": t}, flags)
         return (res["out"], res["lse"]) if spec.return_lse else res["out"]

@@ -71,6 +71,10 @@ EXPECTED: dict[str, str] = {
     "return_lse": "a bool",
     "kv_dtype": "None (k, v stored in dtype) or one of 'int8', 'int4' (quantized K/V with "
                 "k_scale / v_scale tensors; int4 needs head_size % 32 == 0)",
+    "v_head_size": "None (= head_size) or an integer in [1, 2**31-1] (v's and out's last "
+                   "dimension)",
+    "kv_start": "a bool (a kv_start tensor [B]: keys before kv_start[b] do not exist)",
+    "seqlens_q": "a bool (a seqlens_q tensor [B]: batch b has seqlens_q[b] query rows)",
 }
 
 
@@ -113,6 +117,12 @@ class AttentionSpec(BaseModel):
     # and a block_table [B, ceil(C / page_size)] int32 maps each sequence's pages.
     page_size: Int | None = Field(None, ge=1, le=INT_MAX)
     num_pages: Int | None = Field(None, ge=1, le=INT_MAX)
+    # Shapes real models need (CONTRACT "Shapes real models need"): v and out with their own
+    # head size (Hv); left padding as a per-batch first key (kv_start tensor); per-batch query
+    # row counts (seqlens_q tensor: rows past S_b are padding, out 0 and lse -inf).
+    v_head_size: Int | None = Field(None, ge=1, le=INT_MAX)
+    kv_start: bool = False
+    seqlens_q: bool = False
 
     def __init__(self, **data: Any) -> None:
         unknown = sorted(set(data) - set(type(self).model_fields))
@@ -147,6 +157,9 @@ class AttentionSpec(BaseModel):
         if self.kv_dtype == "int4" and self.head_size % 32:
             raise SpecError("kv_dtype", self.kv_dtype, "None or 'int8' with head_size="
                             f"{self.head_size}: int4 packs blocks of 32 (head_size % 32 == 0)")
+        if self.kv_dtype == "int4" and self.head_size_v % 32:
+            raise SpecError("v_head_size", self.v_head_size, "a multiple of 32 with kv_dtype "
+                            "'int4' (v packs blocks of 32 too)")
         paged = self.kv_layout == "paged"
         for name in ("page_size", "num_pages"):
             value = getattr(self, name)
@@ -160,9 +173,11 @@ class AttentionSpec(BaseModel):
         """Every tensor's element count must fit int32 (what the kernels index with)."""
         dims = {"batch": self.batch, "seq_len": self.seq_len, "num_heads": self.num_heads,
                 "kv_num_heads": self.kv_num_heads, "head_size": self.head_size,
+                "v_head_size": self.head_size_v,
                 "kv_capacity": self.capacity, "page_size": self.page_size or 1,
                 "num_pages": self.num_pages or 1}
-        tensors: dict[str, tuple[int, ...]] = {"q": self.q_shape, "k": self.kv_shape}
+        tensors: dict[str, tuple[int, ...]] = {"q": self.q_shape, "k": self.kv_shape,
+                                               "v": self.v_shape, "out": self.out_shape}
         if self.bias:
             tensors["bias"] = (self.batch, self.num_heads, self.seq_len, self.capacity)
         if self.kv_layout == "paged":
@@ -185,6 +200,11 @@ class AttentionSpec(BaseModel):
     def capacity(self) -> int:
         """C: keys allocated per (batch, kv head) in k and v."""
         return self.kv_capacity if self.kv_capacity is not None else self.total_len
+
+    @property
+    def head_size_v(self) -> int:
+        """Hv: the last dimension of v and out (v_head_size, or head_size)."""
+        return self.v_head_size if self.v_head_size is not None else self.head_size
 
     @property
     def group_size(self) -> int:
@@ -213,11 +233,23 @@ class AttentionSpec(BaseModel):
         return (b, c, n, h) if self.kv_layout == "BSNH" else (b, n, c, h)
 
     @property
+    def v_shape(self) -> tuple[int, int, int, int]:
+        """v's shape: kv_shape with the last dimension Hv."""
+        return (*self.kv_shape[:3], self.head_size_v)
+
+    @property
     def kv_code_shape(self) -> tuple[int, ...]:
-        """Shape of the k and v tensors as stored: kv_shape, or [.., H/2] bytes for int4."""
+        """Shape of the k tensor as stored: kv_shape, or [.., H/2] bytes for int4."""
         if self.kv_dtype == "int4":
             return (*self.kv_shape[:3], self.head_size // 2)
         return self.kv_shape
+
+    @property
+    def v_code_shape(self) -> tuple[int, ...]:
+        """Shape of the v tensor as stored: v_shape, or [.., Hv/2] bytes for int4."""
+        if self.kv_dtype == "int4":
+            return (*self.kv_shape[:3], self.head_size_v // 2)
+        return self.v_shape
 
     @property
     def kv_code_dtype(self) -> str:
@@ -225,9 +257,15 @@ class AttentionSpec(BaseModel):
 
     @property
     def kv_scale_shape(self) -> tuple[int, ...]:
-        """Shape of k_scale / v_scale: one per vector (int8), one per 32 elements (int4)."""
+        """Shape of k_scale: one per vector (int8), one per 32 elements (int4)."""
         lead = self.kv_shape[:3]
         return lead if self.kv_dtype == "int8" else (*lead, self.head_size // 32)
+
+    @property
+    def v_scale_shape(self) -> tuple[int, ...]:
+        """Shape of v_scale: one per vector (int8), one per 32 elements of Hv (int4)."""
+        lead = self.kv_shape[:3]
+        return lead if self.kv_dtype == "int8" else (*lead, self.head_size_v // 32)
 
     @property
     def kv_scale_dtype(self) -> str:
@@ -244,7 +282,8 @@ class AttentionSpec(BaseModel):
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
-        return self.q_shape
+        """q's shape with the last dimension Hv."""
+        return (*self.q_shape[:3], self.head_size_v)
 
     @property
     def lse_shape(self) -> tuple[int, int, int]:
@@ -274,6 +313,12 @@ class AttentionSpec(BaseModel):
             f.add("kv_capacity")
         if self.group_size > 1:
             f.add("gqa")
+        if self.head_size_v != self.head_size:
+            f.add("v_head_size")
+        if self.kv_start:
+            f.add("kv_start")
+        if self.seqlens_q:
+            f.add("seqlens_q")
         return frozenset(f)
 
     def replace(self, **changes: Any) -> AttentionSpec:
@@ -283,13 +328,14 @@ class AttentionSpec(BaseModel):
     def short(self) -> str:
         """A compact, readable id such as ``b2-s1-p1023-h32/8-d128-f16-causal-seqlens``."""
         parts = [f"b{self.batch}", f"s{self.seq_len}", f"p{self.past_len}",
-                 f"h{self.num_heads}/{self.kv_num_heads}", f"d{self.head_size}",
+                 f"h{self.num_heads}/{self.kv_num_heads}", f"d{self.head_size}"
+                 + (f"v{self.head_size_v}" if self.head_size_v != self.head_size else ""),
                  {"float16": "f16", "bfloat16": "bf16"}.get(self.dtype, "f32")]
         if self.kv_dtype is not None:
             parts.append(f"kv{self.kv_dtype}")
         if self.q_layout != "BSNH" or self.kv_layout != "BNSH":
             parts.append(f"q{self.q_layout}-kv{self.kv_layout}")
-        parts += sorted(self.features - {"gqa"})
+        parts += sorted(self.features - {"gqa", "v_head_size"})
         return "-".join(parts)
 
     def __repr__(self) -> str:

@@ -15,16 +15,18 @@ from .spec import AttentionSpec
 
 
 def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
-                   head_sink: Any) -> dict[str, np.ndarray]:
-    """Validate partial states for the reduce (CONTRACT shapes, float32)."""
+                   head_sink: Any, seqlens_q: Any = None) -> dict[str, np.ndarray]:
+    """Validate partial states for the reduce (CONTRACT shapes, float32), and the head sink
+    and query row counts it takes (padding rows get no sink)."""
     o = np.asarray(o_parts) if hasattr(o_parts, "__array__") else o_parts
     lse = np.asarray(lse_parts) if hasattr(lse_parts, "__array__") else lse_parts
     if not isinstance(o, np.ndarray) or o.dtype != np.float32 or o.ndim != 5:
         raise SpecError("o_parts", o_parts, "a float32 array [B, Nq, S, T, H]")
     b, nq, s, t, h = o.shape
     want = (spec.batch, spec.num_heads, spec.seq_len)
-    if (b, nq, s) != want or h != spec.head_size or t < 1:
-        raise SpecError("o_parts.shape", o.shape, f"[B, Nq, S, T, H] = {(*want, 'T>=1', spec.head_size)}")
+    if (b, nq, s) != want or h != spec.head_size_v or t < 1:
+        raise SpecError("o_parts.shape", o.shape,
+                        f"[B, Nq, S, T, Hv] = {(*want, 'T>=1', spec.head_size_v)}")
     if not isinstance(lse, np.ndarray) or lse.dtype != np.float32 or lse.shape != o.shape[:4]:
         raise SpecError("lse_parts", lse_parts, f"a float32 array of shape {o.shape[:4]}")
     # lse values: finite, -inf (an empty split, its o ignored) or NaN/+inf (a poisoned row:
@@ -40,6 +42,16 @@ def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
         out["head_sink"] = np.ascontiguousarray(sink)
     elif head_sink is not None:
         raise SpecError("head_sink", head_sink, "None, because spec.head_sink is False")
+    if spec.seqlens_q:
+        if seqlens_q is None:
+            raise SpecError("seqlens_q", None, "an int32 [B] array, because spec.seqlens_q")
+        from .tensors import _check_index
+        box = {"seqlens_q": seqlens_q if hasattr(seqlens_q, "dtype") else np.asarray(seqlens_q)}
+        _check_index("seqlens_q", box, spec.batch, 1, np.full(spec.batch, spec.seq_len),
+                     "the number of query rows of batch b: 1 <= value <= seq_len")
+        out["seqlens_q"] = np.ascontiguousarray(box["seqlens_q"])
+    elif seqlens_q is not None:
+        raise SpecError("seqlens_q", seqlens_q, "None, because spec.seqlens_q is False")
     return out
 
 

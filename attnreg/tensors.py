@@ -12,7 +12,8 @@ from .spec import AttentionSpec
 
 REQUIRED = ("q", "k", "v")
 OPTIONAL = {"bias": "bias", "seqlens_k": "seqlens_k", "head_sink": "head_sink",
-            "block_table": "kv_layout", "k_scale": "kv_dtype", "v_scale": "kv_dtype"}
+            "block_table": "kv_layout", "k_scale": "kv_dtype", "v_scale": "kv_dtype",
+            "kv_start": "kv_start", "seqlens_q": "seqlens_q"}
 
 
 def _wants(spec: AttentionSpec, name: str) -> bool:
@@ -117,16 +118,18 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
                  else f"kv_layout={spec.kv_layout}, capacity C={spec.capacity}")
     _check_dtype("q", arrays["q"], (spec.dtype,))
     _check_shape("q", arrays["q"], spec.q_shape, layout_q)
-    for name in ("k", "v"):
+    for name, shape in (("k", spec.kv_code_shape), ("v", spec.v_code_shape)):
         _check_dtype(name, arrays[name], (spec.kv_code_dtype,))
-        _check_shape(name, arrays[name], spec.kv_code_shape, layout_kv
+        hv = "" if name == "k" or spec.head_size_v == spec.head_size else \
+            f"; last dimension v_head_size={spec.head_size_v}"
+        _check_shape(name, arrays[name], shape, layout_kv + hv
                      + ("" if spec.kv_dtype != "int4" else "; int4: H/2 bytes of packed codes"))
     if spec.kv_dtype is not None:
-        for name in ("k_scale", "v_scale"):
+        for name, shape in (("k_scale", spec.kv_scale_shape), ("v_scale", spec.v_scale_shape)):
             # NaN/inf scales are allowed: they make the dequantized values non-finite, which
             # CONTRACT "Non-finite values" then governs like any non-finite k or v.
             _check_dtype(name, arrays[name], (spec.kv_scale_dtype,))
-            _check_shape(name, arrays[name], spec.kv_scale_shape,
+            _check_shape(name, arrays[name], shape,
                          f"kv_dtype={spec.kv_dtype}: " + ("one scale per vector" if
                          spec.kv_dtype == "int8" else "one scale per 32 elements"))
 
@@ -146,13 +149,23 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
         if _is_device(sk):
             # Range-check device lengths through their host mirror, or one small read.
             sk = sk.host if sk.host is not None else sk.numpy()
-        bad = (sk < spec.seq_len) | (sk > spec.capacity)
+        # with seqlens_q, L_b >= S_b is checked against seqlens_q below
+        low = 1 if spec.seqlens_q else spec.seq_len
+        bad = (sk < low) | (sk > spec.capacity)
         if bad.any():
             i = int(np.argmax(bad))
             raise SpecError(f"tensors['seqlens_k'][{i}]", int(sk[i]),
-                            f"an integer with seq_len={spec.seq_len} <= value <= "
-                            f"capacity={spec.capacity}")
+                            f"an integer with {'1' if spec.seqlens_q else f'seq_len={low}'}"
+                            f" <= value <= capacity={spec.capacity}")
         arrays["seqlens_k"] = _narrow(arrays["seqlens_k"])
+    lengths = valid_lengths(spec, arrays)
+    if spec.seqlens_q:
+        _check_index("seqlens_q", arrays, spec.batch, 1,
+                     np.minimum(spec.seq_len, lengths), "the number of query rows of batch b: "
+                     f"1 <= value <= min(seq_len={spec.seq_len}, L_b)")
+    if spec.kv_start:
+        _check_index("kv_start", arrays, spec.batch, 0, lengths - 1,
+                     "the first existing key of batch b: 0 <= value < L_b")
     if spec.head_sink:
         sink = arrays["head_sink"]
         _check_dtype("head_sink", sink, tuple(dict.fromkeys(("float32", spec.dtype))))
@@ -204,6 +217,22 @@ def _check_block_table(spec: AttentionSpec, arrays: dict[str, Any]) -> None:
         arrays["block_table"] = bt.astype(np.int32)
 
 
+def _check_index(name: str, arrays: dict[str, Any], batch: int, lo: int, hi: np.ndarray,
+                 what: str) -> None:
+    """A [B] int32/int64 tensor with lo <= value[b] <= hi[b] (narrowed to int32)."""
+    x = arrays[name]
+    _check_dtype(name, x, ("int32",) if _is_device(x) else ("int32", "int64"))
+    _check_shape(name, x, (batch,), "one value per batch entry")
+    if _is_device(x):
+        x = x.host if x.host is not None else x.numpy()
+    bad = (x < lo) | (x > hi)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise SpecError(f"tensors[{name!r}][{i}]", int(x[i]),
+                        f"{what} (here {lo} <= value <= {int(hi[i])})")
+    arrays[name] = _narrow(arrays[name])
+
+
 def _narrow(arr: Any) -> Any:
     """An int64 index tensor as the kernels' int32 (its values were range-checked)."""
     return arr.astype(np.int32) if not _is_device(arr) and arr.dtype == _DTYPE_OBJ["int64"] \
@@ -219,8 +248,25 @@ def split_device_inputs(tensors: Mapping[str, Any]) -> tuple[dict[str, Any], dic
 def valid_lengths(spec: AttentionSpec, tensors: Mapping[str, Any]) -> np.ndarray:
     """L_b for every batch entry, as int64."""
     if spec.seqlens_k:
-        sk = tensors["seqlens_k"]
-        if _is_device(sk):
-            sk = sk.host if sk.host is not None else sk.numpy()
-        return np.asarray(sk, dtype=np.int64)
+        return _host_ints(tensors["seqlens_k"])
     return np.full(spec.batch, spec.total_len, dtype=np.int64)
+
+
+def _host_ints(x: Any) -> np.ndarray:
+    if _is_device(x):
+        x = x.host if x.host is not None else x.numpy()
+    return np.asarray(x, dtype=np.int64)
+
+
+def kv_starts(spec: AttentionSpec, tensors: Mapping[str, Any]) -> np.ndarray:
+    """kv_start[b] (the first existing key) for every batch entry, as int64 (0 without)."""
+    if spec.kv_start:
+        return _host_ints(tensors["kv_start"])
+    return np.zeros(spec.batch, dtype=np.int64)
+
+
+def q_lengths(spec: AttentionSpec, tensors: Mapping[str, Any]) -> np.ndarray:
+    """S_b (query rows of batch b) for every batch entry, as int64 (seq_len without)."""
+    if spec.seqlens_q:
+        return _host_ints(tensors["seqlens_q"])
+    return np.full(spec.batch, spec.seq_len, dtype=np.int64)

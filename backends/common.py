@@ -32,6 +32,9 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("pad0", "I"),
     # paged KV (kv_layout="paged"): key j of batch b lives in page block_table[b, j / page_size]
     ("paged", "I"), ("page_size", "I"), ("pages_per_seq", "I"), ("pad1", "I"),
+    # the shapes real models need: kv_start / seqlens_q tensors bound, v's head size (Hv:
+    # v, out and the partial states' last dimension)
+    ("has_kv_start", "I"), ("has_seqlens_q", "I"), ("head_size_v", "I"), ("pad2", "I"),
 )
 FORMAT = "<" + "".join(code for _, code in FIELDS)
 SIZE = struct.calcsize(FORMAT)            # a multiple of 16 bytes, as WGSL uniforms need
@@ -83,6 +86,8 @@ def values(spec: AttentionSpec, params: Mapping[str, Any],
         "pad0": 0,
         "paged": int(spec.kv_layout == "paged"), "page_size": spec.page_size or 0,
         "pages_per_seq": spec.pages_per_seq, "pad1": 0,
+        "has_kv_start": int(spec.kv_start), "has_seqlens_q": int(spec.seqlens_q),
+        "head_size_v": spec.head_size_v, "pad2": 0,
     }
 
 

@@ -43,7 +43,8 @@ class Port:
     access: str
     kind: str
     var: str = ""
-    when: str = ""                              # "", "paged", "block_skip" or "quant"
+    # "", "paged", "block_skip", "quant", "kv_start" or "seqlens_q"
+    when: str = ""
     langs: frozenset[str] = frozenset({WGSL, OPENCL})
 
     def __post_init__(self) -> None:
@@ -71,6 +72,10 @@ ATTN_IN = (
     # quantized K/V (spec.kv_dtype): the dequantization scales, read beside the codes
     Port("k_scale", "read", "scale", when="quant"),
     Port("v_scale", "read", "scale", when="quant"),
+    # the shapes real models need: left padding (first existing key per batch entry) and
+    # per-batch query row counts (CONTRACT "Shapes real models need")
+    Port("kv_start", "read", "i32", when="kv_start"),
+    Port("seqlens_q", "read", "i32", when="seqlens_q"),
 )
 # Masked-block lists: one packed buffer in WGSL, CSR arrays (and a launch order) in OpenCL.
 BLOCK_LIST = Port("block_list", "read", "u32", when="block_skip", langs=_WG)
@@ -90,8 +95,10 @@ TABLE: Mapping[str, tuple[Port, ...]] = MappingProxyType({
     "decode_qk": (*ATTN_IN, Port("scores", "rw", "f32"), Port("stats", "rw", "f32x2")),
     "decode_pv": (*ATTN_IN, Port("scores", "read", "f32"), Port("stats", "read", "f32x2"),
                   *PARTS_OUT),
+    # seqlens_q: padding rows (past S_b) take no sink (out 0, lse -inf)
     "reduce": (PARAMS, Port("o_parts", "read", "f32x4"), Port("lse_parts", "read", "f32"),
-               Port("head_sink", "read", "f32", var="sink"), *OUT),
+               Port("head_sink", "read", "f32", var="sink"),
+               Port("seqlens_q", "read", "i32", when="seqlens_q"), *OUT),
 })
 
 
@@ -105,9 +112,10 @@ def ports(family: str, lang: str, aux: frozenset[str] | None = None) -> tuple[Po
     return tuple(p for p in out if not p.when or p.name in aux)
 
 
-def aux_inputs(family: str, *, paged: bool, block_skip: bool, quant: bool = False
-               ) -> frozenset[str]:
+def aux_inputs(family: str, *, paged: bool, block_skip: bool, quant: bool = False,
+               kv_start: bool = False, seqlens_q: bool = False) -> frozenset[str]:
     """The optional inputs a WGSL variant of ``family`` binds."""
-    want = {"paged": paged, "block_skip": block_skip, "quant": quant}
+    want = {"paged": paged, "block_skip": block_skip, "quant": quant, "kv_start": kv_start,
+            "seqlens_q": seqlens_q}
     return frozenset(p.name for p in TABLE[family]
                      if p.when and want[p.when] and WGSL in p.langs)

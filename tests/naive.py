@@ -15,9 +15,10 @@ from attnreg.spec import AttentionSpec
 
 def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     B, S, Nq, H = spec.batch, spec.seq_len, spec.num_heads, spec.head_size
+    Hv = spec.v_head_size or H
     grp = Nq // spec.kv_num_heads
     scale = spec.scale if spec.scale is not None else 1 / math.sqrt(H)
-    out = np.zeros((B, Nq, S, H))
+    out = np.zeros((B, Nq, S, Hv))
     lse = np.zeros((B, Nq, S))
 
     def q_at(b: int, h: int, i: int) -> np.ndarray:
@@ -33,15 +34,20 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
     m1 = 2 ** (-spec.alibi_max_bias / 2 / n)
     for b in range(B):
         L = int(t["seqlens_k"][b]) if spec.seqlens_k else spec.past_len + S
+        Sb = int(t["seqlens_q"][b]) if spec.seqlens_q else S
+        first = int(t["kv_start"][b]) if spec.kv_start else 0
         for h in range(Nq):
             kvh = h // grp
             slope = m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1)
             for i in range(S):
-                p = L - S + i
+                if i >= Sb:                      # a padding row: out 0, lse -inf
+                    lse[b, h, i] = -math.inf
+                    continue
+                p = L - Sb + i
                 logits, values = [], []
                 row_nan = False
-                comp_nan = np.zeros(H, bool)
-                for j in range(L):
+                comp_nan = np.zeros(Hv, bool)
+                for j in range(first, L):
                     if spec.causal and j > p:
                         continue
                     if spec.local_window > 0 and j <= p - spec.local_window:
@@ -78,7 +84,7 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
                 m = max(cands)
                 w = [math.exp(s - m) for s in logits]
                 den = sum(w) + (math.exp(sink - m) if sink is not None else 0.0)
-                acc = np.zeros(H)
+                acc = np.zeros(Hv)
                 for wj, vj in zip(w, values):
                     acc += wj * vj
                 out[b, h, i] = np.where(comp_nan, math.nan, acc / den)

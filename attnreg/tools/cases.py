@@ -145,6 +145,8 @@ class _Gen:
                      params=split, lengths=(90, 33) if "seqlens_k" in everything else None,
                      rerun=True)
             self.quantized_cells(d, split)
+            if not self.quick or dtype == min(k.dtypes, key=dtype_rank):
+                self.model_cells(d, split)
             if not self.quick:
                 self.sweeps(d, split)
 
@@ -178,6 +180,49 @@ class _Gen:
                     self.add(f"{kv}-L{total}", {**q, "batch": 1, "seq_len": rows,
                                                 "past_len": total - rows, "causal": True},
                              params=split)
+
+    def model_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
+        """The shapes real models need (CONTRACT), where the kernel implements them: every one
+        at once with every other feature, right-padded prompt batches (seqlens_q with no past),
+        head sizes 320 and 512; the full matrix adds each alone and their partial states.
+        (In the quick matrix, for one dtype of the kernel.)"""
+        sup, base = self.k.supports, self.base()
+        s = max(int(base["seq_len"]), 3)
+        h = int(base["head_size"])
+        hv = next((x for x in (h + 16, h // 2, h + 8) if self.k.head_size_ok(x)), h)
+        model = {f: v for f, v in (("kv_start", True), ("seqlens_q", True),
+                                   ("v_head_size", hv)) if f in sup}
+        if not model:
+            return
+        self.add("model-all", {**d, **_everything(sup), **model, "seq_len": s,
+                               "past_len": 90 - s, "q_layout": "BNSH", "kv_layout": "BSNH"},
+                 params=split, lengths=(90, 33) if "seqlens_k" in sup else None, rerun=True)
+        if {"seqlens_q", "seqlens_k"} <= sup:
+            self.add("right-padded", {**d, "seqlens_q": True, "seqlens_k": True, "seq_len": s,
+                                      "past_len": 0, "causal": True}, params=split,
+                     lengths=(s, 1))
+        for big in (320, 512):
+            if self.k.head_size_ok(big):
+                self.add(f"h{big}", {**d, **model, "head_size": big, "batch": 1,
+                                     "num_heads": 2, "seq_len": s, "past_len": 40,
+                                     "causal": True, "v_head_size": big if "v_head_size"
+                                     not in model else big // 2}, params=split)
+        if self.quick:
+            return
+        for f, v in model.items():
+            lens = {"seqlens_k": True, "kv_capacity": 96, "past_len": 96 - s} \
+                if "seqlens_k" in sup else {}
+            self.add(f.replace("_", ""), {**d, f: v, "seq_len": s, "causal": True, **lens},
+                     params=split, lengths=(96, 40) if lens else None)
+            if self.partials_ok():
+                self.add(f"{f.replace('_', '')}-partials", {**d, f: v, "seq_len": s,
+                                                            "causal": True, "head_sink": "head_sink" in sup},
+                         params=split, check="partial")
+        if "paged" in self.k.kv_layouts and "seqlens_k" in sup:
+            self.add("model-paged5", {**d, **model, "seq_len": s, "past_len": 96 - s,
+                                      "kv_layout": "paged", "page_size": 5, "num_pages": 45,
+                                      "seqlens_k": True, "kv_capacity": 96, "causal": True},
+                     params=split, lengths=(96, 40))
 
     def sweeps(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
         """Head sizes, row counts and key counts around tile edges (the full matrix)."""

@@ -122,9 +122,10 @@ def _execute(case: Case, s: Session, k: KernelInfo, tol: tuple[float, float]) ->
         o_p[np.isneginf(l_p)] = np.nan
         if case.nonfinite:
             nonfinite_partials(o_p, l_p)
-            out, lse = ref.reduce(spec, o_p, l_p, t.get("head_sink"))
+            out, lse = ref.reduce(spec, o_p, l_p, t.get("head_sink"), t.get("seqlens_q"))
             want = ref.out_layout(spec, out), lse
-        got = s.reduce_states(spec, o_p, l_p, t.get("head_sink"), kernel=k.id)
+        got = s.reduce_states(spec, o_p, l_p, t.get("head_sink"), seqlens_q=t.get("seqlens_q"),
+                              kernel=k.id)
         return compare(spec, got, want, tol)
     if case.check == "partial":
         # The kernel's partial states against the reference's, then reduced in float64.
@@ -133,7 +134,7 @@ def _execute(case: Case, s: Session, k: KernelInfo, tol: tuple[float, float]) ->
             spec, (o, lse), ref.partial_states(spec, check_tensors(spec, t), split), tol)
         if problem:
             return err, problem
-        out, lse_red = ref.reduce(spec, o, lse, t.get("head_sink"))
+        out, lse_red = ref.reduce(spec, o, lse, t.get("head_sink"), t.get("seqlens_q"))
         got = ref.out_layout(spec, out).astype(spec.dtype)
         red_err, problem = compare(
             spec, (got, lse_red.astype(np.float32)) if spec.return_lse else got, want, tol)

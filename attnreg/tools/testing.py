@@ -13,40 +13,55 @@ from .. import reference as ref
 from ..kernel import LSE_ATOL, TOLERANCE
 from ..quant import quantize_kv
 from ..spec import AttentionSpec
-from ..tensors import valid_lengths
+from ..tensors import kv_starts, q_lengths, valid_lengths
 
 
 def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
                  bias_shape: tuple[int, ...] | None = None, mask_frac: float = 0.0,
-                 poison: bool = True) -> dict[str, np.ndarray]:
-    """Random inputs for spec. Keys past each batch's valid length are NaN (poison), so a
-    kernel that reads them fails. ``mask_frac`` puts -inf into that fraction of the bias."""
+                 poison: bool = True, starts: Any = None, q_lens: Any = None
+                 ) -> dict[str, np.ndarray]:
+    """Random inputs for spec. Keys past each batch's valid length (and before its kv_start)
+    are NaN (poison), so a kernel that reads them fails; so are the q rows past a batch's
+    seqlens_q. ``mask_frac`` puts -inf into that fraction of the bias. ``lengths``,
+    ``starts`` and ``q_lens`` fix seqlens_k, kv_start and seqlens_q (else drawn: see
+    _model_rows)."""
     if spec.kv_dtype is not None:
         return _quantized(spec, make_tensors(spec.replace(kv_dtype=None), seed, lengths=lengths,
                                              bias_shape=bias_shape, mask_frac=mask_frac,
-                                             poison=poison))
+                                             poison=poison, starts=starts, q_lens=q_lens))
     rng = np.random.default_rng(seed)
     dt = np.dtype(spec.dtype)
     if spec.kv_layout == "paged":
         return _paged(spec, rng, lengths=lengths, bias_shape=bias_shape, mask_frac=mask_frac,
-                      poison=poison, seed=seed)
+                      poison=poison, seed=seed, starts=starts, q_lens=q_lens)
     t: dict[str, np.ndarray] = {
         "q": rng.standard_normal(spec.q_shape).astype(dt),
         "k": rng.standard_normal(spec.kv_shape).astype(dt),
-        "v": rng.standard_normal(spec.kv_shape).astype(dt),
+        "v": rng.standard_normal(spec.v_shape).astype(dt),
     }
     c = spec.capacity
     if spec.seqlens_k:
         if lengths is None:
-            lengths = rng.integers(spec.seq_len, c + 1, size=spec.batch)
+            lo = 1 if spec.seqlens_q else spec.seq_len
+            lengths = rng.integers(lo, c + 1, size=spec.batch)
+            lengths[0] = max(lengths[0], min(spec.seq_len, c))
         t["seqlens_k"] = np.asarray(lengths, dtype=np.int32)
+    _model_rows(spec, t, rng, starts, q_lens)
     if poison:
+        first = kv_starts(spec, t)
         for b, L in enumerate(valid_lengths(spec, t)):
             for name in ("k", "v"):
                 if spec.kv_layout == "BSNH":
                     t[name][b, L:] = np.nan
+                    t[name][b, : first[b]] = np.nan
                 else:
                     t[name][b, :, L:] = np.nan
+                    t[name][b, :, : first[b]] = np.nan
+        for b, n in enumerate(q_lengths(spec, t)):
+            if spec.q_layout == "BSNH":
+                t["q"][b, n:] = np.nan
+            else:
+                t["q"][b, :, n:] = np.nan
     if spec.bias:
         shape = bias_shape or (spec.batch, spec.num_heads, spec.seq_len, c)
         bias = rng.standard_normal(shape).astype(np.float32)
@@ -58,14 +73,37 @@ def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
     return t
 
 
+def _model_rows(spec: AttentionSpec, t: dict[str, np.ndarray], rng: np.random.Generator,
+                starts: Any, q_lens: Any) -> None:
+    """kv_start and seqlens_q tensors (given, or drawn): batch 0 keeps every row and a third
+    of its keys left-padded, the last batch about half its rows; the rest at random."""
+    lens = valid_lengths(spec, t)
+    if spec.seqlens_q:
+        if q_lens is None:
+            top = np.minimum(spec.seq_len, lens)
+            q_lens = rng.integers(1, top + 1)
+            q_lens[0] = top[0]
+            if spec.batch > 1:
+                q_lens[-1] = max(1, min(int(top[-1]), (spec.seq_len + 1) // 2))
+        t["seqlens_q"] = np.asarray(q_lens, dtype=np.int32)
+    if spec.kv_start:
+        if starts is None:
+            starts = rng.integers(0, lens)
+            starts[0] = lens[0] // 3
+            if spec.batch > 1:
+                starts[-1] = 0
+        t["kv_start"] = np.asarray(starts, dtype=np.int32)
+
+
 def _paged(spec: AttentionSpec, rng: np.random.Generator, *, seed: int, lengths: Any,
-           bias_shape: tuple[int, ...] | None, mask_frac: float, poison: bool) -> dict[str, np.ndarray]:
+           bias_shape: tuple[int, ...] | None, mask_frac: float, poison: bool,
+           starts: Any = None, q_lens: Any = None) -> dict[str, np.ndarray]:
     """A paged version of the same recipe: each sequence's used pages sit at shuffled pool
     positions; unused pages and table entries past a sequence's length are poison (NaN, -1)."""
     assert spec.page_size is not None and spec.num_pages is not None
     flat = spec.replace(kv_layout="BSNH", page_size=None, num_pages=None)
     t = make_tensors(flat, seed, lengths=lengths, bias_shape=bias_shape, mask_frac=mask_frac,
-                     poison=poison)
+                     poison=poison, starts=starts, q_lens=q_lens)
     lens = valid_lengths(flat, t)
     ps, n_pages = spec.page_size, spec.num_pages
     used = [int(-(-L // ps)) for L in lens]
@@ -74,7 +112,7 @@ def _paged(spec: AttentionSpec, rng: np.random.Generator, *, seed: int, lengths:
     order = rng.permutation(n_pages)
     table = np.full(spec.block_table_shape, -1, np.int32)
     pool_k = np.full(spec.kv_shape, np.nan if poison else 0.0, spec.dtype)
-    pool_v = pool_k.copy()
+    pool_v = np.full(spec.v_shape, np.nan if poison else 0.0, spec.dtype)
     nxt = 0
     for b in range(spec.batch):
         for p in range(used[b]):
@@ -219,13 +257,18 @@ def compare_partials(spec: AttentionSpec, got: tuple[np.ndarray, np.ndarray],
 
 
 # -- non-finite values (CONTRACT "Non-finite values") -------------------------------------
-def visibility(spec: AttentionSpec, lengths: np.ndarray) -> np.ndarray:
+def visibility(spec: AttentionSpec, lengths: np.ndarray, starts: Any = None,
+               q_lens: Any = None) -> np.ndarray:
     """[B, S, C] bool: key j is visible to query row i of batch b (positional: L_b,
-    causality, the window; the bias plays no part)."""
+    kv_start, the row counts, causality, the window; the bias plays no part)."""
     j = np.arange(spec.capacity)[None, None, :]
     L = np.asarray(lengths, np.int64)[:, None, None]
-    pos = L - spec.seq_len + np.arange(spec.seq_len)[None, :, None]
-    vis = np.broadcast_to(j < L, (spec.batch, spec.seq_len, spec.capacity))
+    first = np.zeros_like(L) if starts is None else np.asarray(starts, np.int64)[:, None, None]
+    sq = np.full_like(L, spec.seq_len) if q_lens is None \
+        else np.asarray(q_lens, np.int64)[:, None, None]
+    rows = np.arange(spec.seq_len)[None, :, None]
+    pos = L - sq + rows
+    vis = (j < L) & (j >= first) & (rows < sq)
     if spec.causal:
         vis = vis & (j <= pos)
     if spec.local_window > 0:
@@ -262,17 +305,18 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
     reads a block its bias masks whole (-inf), so a NaN there cannot reach its rows, though
     visibility is positional (the reference, and every other kernel, poison them)."""
     lengths = valid_lengths(spec, t)
-    vis = visibility(spec, lengths)
-    s, nkv, h = spec.seq_len, spec.kv_num_heads, spec.head_size
+    vis = visibility(spec, lengths, kv_starts(spec, t), q_lengths(spec, t))
+    nkv, h = spec.kv_num_heads, spec.head_size
+    hv = spec.head_size_v
     b0, b1 = 0, spec.batch - 1
     L0 = int(lengths[b0])
     t["k"][_kv_index(spec, t, b0, 0, L0 - 1, 1 % h)] = np.nan
     jv = max(L0 - 2, 0)
-    t["v"][_kv_index(spec, t, b0, nkv - 1, jv, 2 % h)] = np.inf
-    t["v"][_kv_index(spec, t, b0, nkv - 1, jv, h - 1)] = np.nan
+    t["v"][_kv_index(spec, t, b0, nkv - 1, jv, 2 % hv)] = np.inf
+    t["v"][_kv_index(spec, t, b0, nkv - 1, jv, hv - 1)] = np.nan
     if spec.local_window > 0:
-        for b, L in enumerate(lengths):
-            jw = int(L) - s - spec.local_window          # p_0 - window: invisible to all rows
+        for b, (L, sq) in enumerate(zip(lengths, q_lengths(spec, t))):
+            jw = int(L) - int(sq) - spec.local_window    # p_0 - window: invisible to all rows
             if jw >= 0:
                 t["k"][_kv_index(spec, t, b, 0, jw, 0)] = np.nan
                 t["v"][_kv_index(spec, t, b, nkv - 1, jw, 0)] = -np.inf

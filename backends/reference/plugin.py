@@ -21,6 +21,8 @@ KV_DTYPES = frozenset({"int8", "int4"})          # dequantized on the host, then
 # reference.kv_canonical gathers a paged pool through the block table, so every KV layout
 # of the contract runs here, paged included.
 _KV_LAYOUTS = frozenset({"BSNH", "BNSH", "paged"})
+# every contract feature, the shapes real models need included
+_ALL = attnreg.kernel.ALL_FEATURES
 
 
 class ReferenceRuntime(HostMemory):
@@ -39,13 +41,14 @@ class ReferenceRuntime(HostMemory):
         spec = plan.spec
         if plan.op == "reduce":
             out, lse = ref.reduce(spec, inputs["o_parts"], inputs["lse_parts"],
-                                  inputs.get("head_sink"))
+                                  inputs.get("head_sink"), inputs.get("seqlens_q"))
         elif plan.op == "partial" or plan.route == "split_kv":
             assert plan.split is not None and plan.split.split_size is not None
             o_parts, lse_parts = ref.partial_states(spec, inputs, plan.split.split_size)
             if plan.op == "partial":
                 return {"o_parts": o_parts.astype(np.float32), "lse_parts": lse_parts.astype(np.float32)}
-            out, lse = ref.reduce(spec, o_parts, lse_parts, inputs.get("head_sink"))
+            out, lse = ref.reduce(spec, o_parts, lse_parts, inputs.get("head_sink"),
+                                  inputs.get("seqlens_q"))
         else:
             out, lse = ref.attention(spec, inputs)
         res = {"out": np.ascontiguousarray(ref.out_layout(spec, out).astype(spec.dtype))}
@@ -101,10 +104,11 @@ def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> 
     doc = "float64 numpy, vectorised over batch and heads"
     register(attnreg.KernelInfo(id="reference.prefill", backend=NAME, family="prefill",
                                 dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, kv_dtypes=KV_DTYPES,
-                                priority=-100, doc=doc))
+                                supports=_ALL, priority=-100, doc=doc))
     register(attnreg.KernelInfo(id="reference.decode_partial", backend=NAME,
                                 family="decode_partial", dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS,
-                                kv_dtypes=KV_DTYPES,
+                                kv_dtypes=KV_DTYPES, supports=_ALL,
                                 priority=-100, defaults={"kv_tile": 64, "m_tile": 1}, doc=doc))
     register(attnreg.KernelInfo(id="reference.reduce", backend=NAME, family="reduce",
-                                dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, priority=-100, doc=doc))
+                                dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, supports=_ALL, priority=-100,
+                                doc=doc))
