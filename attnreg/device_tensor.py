@@ -105,7 +105,7 @@ class KVCache:
                  capacity: int, dtype: str = "float16", layout: str = "BSNH",
                  kv_dtype: str | None = None, page_size: int | None = None,
                  num_pages: int | None = None, block_table: np.ndarray | None = None,
-                 device: str | int | None = None) -> None:
+                 device: str | int | None = None, v_head_size: int | None = None) -> None:
         paged = layout == "paged"
         if paged and page_size is None:
             raise SpecError("page_size", page_size, "an integer >= 1, because layout is 'paged'")
@@ -119,20 +119,23 @@ class KVCache:
                               num_heads=kv_num_heads, kv_num_heads=kv_num_heads,
                               head_size=head_size, dtype=dtype, kv_layout=layout,
                               kv_capacity=capacity, kv_dtype=kv_dtype, page_size=page_size,
-                              num_pages=num_pages)
+                              num_pages=num_pages, v_head_size=v_head_size)
         self.session = session
         self.batch, self.kv_num_heads, self.head_size = batch, kv_num_heads, head_size
+        self.v_head_size = v_head_size       # None: v's vectors have head_size elements too
+        self.head_size_v = probe.head_size_v
         self.capacity, self.dtype, self.layout = capacity, dtype, layout
         self.kv_dtype, self.page_size, self.num_pages = kv_dtype, page_size, num_pages
         dev = session.home_device(device)
         if kv_dtype is not None:
-            _quantizer(session, dev, kv_dtype, dtype, head_size)
+            for h in {head_size, probe.head_size_v}:
+                _quantizer(session, dev, kv_dtype, dtype, h)
         self.k = session.empty(probe.kv_code_shape, probe.kv_code_dtype, device=dev)
-        self.v = session.empty(probe.kv_code_shape, probe.kv_code_dtype, device=dev)
+        self.v = session.empty(probe.v_code_shape, probe.kv_code_dtype, device=dev)
         self.k_scale = self.v_scale = None
         if kv_dtype is not None:
             self.k_scale = session.empty(probe.kv_scale_shape, probe.kv_scale_dtype, device=dev)
-            self.v_scale = session.empty(probe.kv_scale_shape, probe.kv_scale_dtype, device=dev)
+            self.v_scale = session.empty(probe.v_scale_shape, probe.kv_scale_dtype, device=dev)
         self.lengths = np.zeros(batch, np.int32)
         self.seqlens = session.tensor(self.lengths.copy(), device=dev)
         self.block_table: DeviceTensor | None = None
@@ -163,7 +166,7 @@ class KVCache:
                              num_heads=num_heads, kv_num_heads=self.kv_num_heads,
                              head_size=self.head_size, dtype=self.dtype, kv_layout=self.layout,
                              kv_capacity=self.capacity, seqlens_k=True, kv_dtype=self.kv_dtype,
-                             **paging, **fields)
+                             v_head_size=self.v_head_size, **paging, **fields)
 
     def tensors(self, q: Any) -> dict[str, Any]:
         """run()'s tensors: q, k, v, seqlens_k, and k_scale / v_scale, block_table if used."""
@@ -177,12 +180,13 @@ class KVCache:
     def append(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
         """Write S new tokens per batch entry, [B, S, Nkv, H] in the cache's dtype, after each
         entry's length (quantized on the device for a quantized cache)."""
-        for name, x in (("k_new", k_new), ("v_new", v_new)):
-            want = (self.batch, None, self.kv_num_heads, self.head_size)
+        for name, x, h in (("k_new", k_new, self.head_size), ("v_new", v_new, self.head_size_v)):
+            want = (self.batch, None, self.kv_num_heads, h)
             if not isinstance(x, np.ndarray) or x.ndim != 4 or x.dtype != np.dtype(self.dtype) \
                     or any(w is not None and w != s for w, s in zip(want, x.shape)):
                 raise SpecError(name, x, f"a {self.dtype} array [B={self.batch}, S, "
-                                f"Nkv={self.kv_num_heads}, H={self.head_size}]")
+                                f"Nkv={self.kv_num_heads}, {'H' if name == 'k_new' else 'Hv'}"
+                                f"={h}]")
         with self.session._lock, deferred():
             self._append(k_new, v_new)
 
@@ -190,8 +194,9 @@ class KVCache:
         for t in self._tensors():
             self.session._live(t)
         s = k_new.shape[1]
-        if v_new.shape != k_new.shape:
-            raise SpecError("v_new.shape", v_new.shape, f"the shape of k_new {k_new.shape}")
+        if v_new.shape[:3] != k_new.shape[:3]:
+            raise SpecError("v_new.shape", v_new.shape, f"the shape of k_new {k_new.shape} "
+                            "in its first 3 dims")
         if (self.lengths + s > self.capacity).any():
             b = int(np.argmax(self.lengths + s > self.capacity))
             raise SpecError("k_new.shape[1]", s, f"at most capacity - length = "
@@ -207,10 +212,10 @@ class KVCache:
         self._grow(s)
 
     def _write_strips(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
-        h, n, c = self.head_size, self.kv_num_heads, self.capacity
+        n, c = self.kv_num_heads, self.capacity
         for b in range(self.batch):
             start = int(self.lengths[b])
-            for dst, src in ((self.k, k_new), (self.v, v_new)):
+            for dst, src, h in ((self.k, k_new, self.head_size), (self.v, v_new, self.head_size_v)):
                 if self.layout == "BSNH":       # one contiguous strip per batch entry
                     dst.write(np.ascontiguousarray(src[b]), (b * c + start) * n * h)
                 else:                           # one strip per (batch, head)
@@ -289,11 +294,12 @@ class KVCache:
 
     def _write_slots(self, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> None:
         """Unquantized paged append: one strip per run of consecutive slots (a page)."""
-        per = self.kv_num_heads * self.head_size
         for b in range(self.batch):
             cut = np.flatnonzero(np.diff(slots[b]) != 1) + 1
             for lo, hi in zip([0, *cut], [*cut, slots.shape[1]]):
-                for dst, src in ((self.k, k_new), (self.v, v_new)):
+                for dst, src, h in ((self.k, k_new, self.head_size),
+                                    (self.v, v_new, self.head_size_v)):
+                    per = self.kv_num_heads * h
                     dst.write(np.ascontiguousarray(src[b, lo:hi]), int(slots[b, lo]) * per)
 
     def release(self, b: int) -> None:
@@ -329,10 +335,11 @@ class KVCache:
         (one runtime call: one upload, one submit), under append's lock."""
         assert self.kv_dtype is not None and self.k_scale is not None and self.v_scale is not None
         rt = _quantizer(self.session, self.k.device_id, self.kv_dtype, self.dtype, self.head_size)
-        h = self.head_size
-        rt.quantize_into(self.kv_dtype, rows, [
-            (np.ascontiguousarray(x).reshape(-1, h), c.handle, sc.handle)
-            for x, c, sc in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale))])
+        jobs = [(np.ascontiguousarray(x).reshape(-1, x.shape[-1]), c.handle, sc.handle)
+                for x, c, sc in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale))]
+        # a runtime quantizes one vector width per call: k and v apart when Hv != H
+        for part in ([jobs] if self.head_size_v == self.head_size else [jobs[:1], jobs[1:]]):
+            rt.quantize_into(self.kv_dtype, rows, part)
         for t in (self.k, self.v, self.k_scale, self.v_scale):
             t.version += 1
 

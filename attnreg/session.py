@@ -225,14 +225,15 @@ class Session:
                  dtype: str = "float16", layout: str = "BSNH", kv_dtype: str | None = None,
                  page_size: int | None = None, num_pages: int | None = None,
                  block_table: np.ndarray | None = None,
-                 device: str | int | None = None) -> KVCache:
+                 device: str | int | None = None, v_head_size: int | None = None) -> KVCache:
         """A static KV cache on the device: layout BSNH, BNSH or paged (page_size, num_pages,
         an owned or given block_table), float K/V in ``dtype`` or quantized on append
-        (kv_dtype "int8" / "int4"); see :class:`attnreg.KVCache`."""
+        (kv_dtype "int8" / "int4"), v vectors of ``v_head_size`` (None: head_size) elements;
+        see :class:`attnreg.KVCache`."""
         return KVCache(self, batch=batch, kv_num_heads=kv_num_heads, head_size=head_size,
                        capacity=capacity, dtype=dtype, layout=layout, kv_dtype=kv_dtype,
                        page_size=page_size, num_pages=num_pages, block_table=block_table,
-                       device=device)
+                       device=device, v_head_size=v_head_size)
 
     def _live(self, t: DeviceTensor) -> None:
         t.check_live()

@@ -333,3 +333,36 @@ def test_register_several_names_and_sessions() -> None:
     finally:
         hf.unregister("attnreg-test-extra")
     assert "attnreg-test-extra" not in hf.registered()
+
+
+def test_left_padding_becomes_kv_start_and_v_may_have_its_own_head_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A left-padded batch reaches attnreg as kv_start (no bias is built); a direct call with
+    a V head size other than K's runs as v_head_size, against torch's own math."""
+    _, ours = _pair("llama", _backend("reference"))
+    seen: list[attnreg.AttentionSpec] = []
+    sess = hf.session(_name("reference"))
+    real = sess.run
+
+    def spy(spec: attnreg.AttentionSpec, tensors: Any, **kw: Any) -> Any:
+        seen.append(spec)
+        if spec.kv_start:
+            assert tensors["kv_start"].tolist() == [0, 3]
+        return real(spec, tensors, **kw)
+
+    monkeypatch.setattr(sess, "run", spy)
+    ids, mask = _batch()
+    with torch.no_grad():
+        ours(ids, attention_mask=mask)
+    assert seen and all(s.kv_start and not s.bias for s in seen)
+    fn = transformers.modeling_utils.AttentionInterface()[_name("reference")]
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 5, 4, 16, generator=g).transpose(1, 2)      # [B, Nq, S, H] views
+    k = torch.randn(2, 2, 7, 16, generator=g)
+    v = torch.randn(2, 2, 7, 24, generator=g)
+    module = ours.model.layers[0].self_attn
+    out, _ = fn(module, q, k, v, None, scaling=0.25, dropout=0.0, is_causal=False)
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    want = torch.softmax(q @ kk.transpose(-1, -2) * 0.25, dim=-1) @ vv      # [B, Nq, S, Hv]
+    assert seen[-1].v_head_size == 24
+    _close(out, want.transpose(1, 2), rtol=1e-5, what="v_head_size 24 against torch")

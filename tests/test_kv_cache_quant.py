@@ -42,7 +42,7 @@ def _fill(cache: attnreg.KVCache, seed: int, dtype: str = "float16"
     for s in STEPS:
         shape = (B, s, NKV, cache.head_size)
         ks.append((rng.standard_normal(shape) * 3).astype(dtype))
-        vs.append(rng.standard_normal(shape).astype(dtype))
+        vs.append(rng.standard_normal((*shape[:3], cache.head_size_v)).astype(dtype))
         cache.append(ks[-1], vs[-1])
     return np.concatenate(ks, 1), np.concatenate(vs, 1)
 
@@ -109,16 +109,18 @@ def _check_attention(cache: attnreg.KVCache, k_all: np.ndarray, v_all: np.ndarra
         got = attnreg.run(spec, _host_tensors(cache, q), backend="reference")
     flat = spec.replace(kv_layout="BSNH", page_size=None, num_pages=None)
     host: dict[str, Any] = {"q": q, "seqlens_k": cache.lengths.copy()}
+    shapes = {"k": (flat.kv_shape, flat.kv_code_shape, flat.kv_scale_shape),
+              "v": (flat.v_shape, flat.v_code_shape, flat.v_scale_shape)}
     if cache.kv_dtype is None:
         for name, x in (("k", k_all), ("v", v_all)):
-            full = np.zeros(flat.kv_shape, x.dtype)
+            full = np.zeros(shapes[name][0], x.dtype)
             full[:, :x.shape[1]] = x
             host[name] = full
     else:
         for name, x in (("k", k_all), ("v", v_all)):
             codes, scales = attnreg.quantize_kv(x, cache.kv_dtype)
-            full_c = np.zeros(flat.kv_code_shape, codes.dtype)
-            full_s = np.zeros(flat.kv_scale_shape, scales.dtype)
+            full_c = np.zeros(shapes[name][1], codes.dtype)
+            full_s = np.zeros(shapes[name][2], scales.dtype)
             full_c[:, :x.shape[1]], full_s[:, :x.shape[1]] = codes, scales
             host[name], host[f"{name}_scale"] = full_c, full_s
     _, problem = compare(spec, got, expected(flat, host))
@@ -147,6 +149,24 @@ def test_append_quantizes_on_the_device(backend: str, kv_dtype: str, layout: str
                                           attnreg.run(spec, _host_tensors(cache, q),
                                                       backend="reference"))
         _check_attention(cache, k_all, v_all, seed=3)
+
+
+@pytest.mark.parametrize(("kv_dtype", "layout"), [(None, "BNSH"), ("int4", "paged"),
+                                                  ("int8", "BSNH")])
+@pytest.mark.parametrize("backend", ("reference", "webgpu", "opencl"))
+def test_v_head_size_cache(backend: str, kv_dtype: str | None, layout: str) -> None:
+    """A cache whose v vectors are longer than k's (v_head_size 96 with H 64): both are
+    stored (and quantized, each with its own width) token by token."""
+    with _session(backend) as s:
+        cache = _cache(s, kv_dtype, layout, v_head_size=96)
+        assert cache.v.shape[-1] == (48 if kv_dtype == "int4" else 96)
+        k_all, v_all = _fill(cache, seed=11)
+        assert v_all.shape[-1] == 96 and cache.spec(num_heads=NQ).head_size_v == 96
+        if kv_dtype is not None:
+            _check_cache(cache, k_all, v_all)
+        _check_attention(cache, k_all, v_all, seed=5)
+        with pytest.raises(attnreg.SpecError, match="Hv=96"):
+            cache.append(k_all[:, :1], k_all[:, :1])
 
 
 @pytest.mark.parametrize("backend", ("webgpu", "opencl"))

@@ -76,9 +76,10 @@ def make_attention(binding: Binding) -> Any:
                             "[B, N, S, H] (BNSH)")
         b, nq, s, h = (int(x) for x in query.shape)
         bk, _, lk, hk = (int(x) for x in key.shape)
-        if tuple(value.shape) != tuple(key.shape):
-            raise SpecError("value.shape", tuple(value.shape), f"the key's shape {tuple(key.shape)}"
-                            " (attnreg has no separate V head size yet)")
+        if tuple(value.shape[:3]) != tuple(key.shape[:3]):
+            raise SpecError("value.shape", tuple(value.shape), f"the key's shape "
+                            f"{tuple(key.shape[:3])} in its first 3 dims (the head size may "
+                            "differ: v_head_size)")
         if bk != b or hk != h:
             raise SpecError("key.shape", tuple(key.shape), f"[B={b}, Nkv, L, H={h}] like the query")
         if lk < s:
@@ -138,7 +139,8 @@ def _mask_info(torch: Any, module: Any, mask: Any, b: int, nq: int, s: int, lk: 
             raise SpecError("attention_mask", None, f"a mask when a causal call has S={s} queries "
                             f"and L={lk} > S keys (eager would attend every key, sdpa aligns "
                             "top-left; register() installs a mask function that supplies one)")
-        return MaskInfo(s, lk, capacity(s, lk, lk, bucket), bool(causal) and s > 1, lk, -1, None)
+        return MaskInfo(s, lk, capacity(s, lk, lk, bucket), bool(causal) and s > 1, lk, -1, None,
+                        None)
     got = getattr(mask, ATTR, None)
     if got is not None and got[1] == version(mask):
         info: MaskInfo = got[0]
@@ -184,7 +186,7 @@ def _to_torch(torch: Any, a: np.ndarray) -> Any:
 def _run(torch: Any, query: Any, key: Any, value: Any, binding: Binding, info: MaskInfo,
          dtype: str, scaling: float | None, softcap: float | None, s_aux: Any) -> Any:
     b, nq, s, h = (int(x) for x in query.shape)
-    nkv, lk = int(key.shape[1]), int(key.shape[2])
+    nkv, lk, hv = int(key.shape[1]), int(key.shape[2]), int(value.shape[3])
     q_layout, q = _layout(query)
     cap = info.capacity
     if cap != lk:
@@ -203,6 +205,8 @@ def _run(torch: Any, query: Any, key: Any, value: Any, binding: Binding, info: M
         tensors["seqlens_k"] = np.full(b, info.valid, np.int32)
     if info.bias is not None:
         tensors["bias"] = info.bias
+    if info.start is not None:
+        tensors["kv_start"] = info.start
     if s_aux is not None:
         if tuple(s_aux.shape) != (nq,):
             raise SpecError("s_aux.shape", tuple(s_aux.shape), f"[Nq={nq}] (one sink logit per "
@@ -215,7 +219,8 @@ def _run(torch: Any, query: Any, key: Any, value: Any, binding: Binding, info: M
         batch=b, seq_len=s, past_len=cap - s, num_heads=nq, kv_num_heads=nkv, head_size=h,
         dtype=dtype, q_layout=q_layout, kv_layout=kv_layout, causal=info.causal, scale=scale,
         softcap=float(softcap or 0.0), local_window=info.window, bias=info.bias is not None,
-        seqlens_k=seqlens, head_sink=s_aux is not None)
+        seqlens_k=seqlens, head_sink=s_aux is not None, kv_start=info.start is not None,
+        v_head_size=hv if hv != h else None)
     out = binding.session.run(spec, tensors)
     t = _to_torch(torch, out)
     return t if q_layout == "BSNH" else t.transpose(1, 2).contiguous()

@@ -24,8 +24,9 @@ class MaskInfo:
     """What a mask means for attnreg, for K/V of ``kv_len`` keys and ``seq_len`` queries.
 
     causal: bottom-right causal over ``valid`` keys (L) with ``window`` (-1: none), the keys
-    before each batch entry's first visible one masked by ``bias`` [B, 1, 1, C]; else
-    ``bias`` [B|1, 1|Nq, S|1, C] holds the whole mask. ``capacity``: the C the spec uses."""
+    before each batch entry's first visible one left out by ``start`` (attnreg's kv_start
+    tensor [B], None: no left padding); else ``bias`` [B|1, 1|Nq, S|1, C] holds the whole
+    mask. ``capacity``: the C the spec uses."""
 
     seq_len: int
     kv_len: int
@@ -34,6 +35,7 @@ class MaskInfo:
     valid: int
     window: int
     bias: np.ndarray | None
+    start: np.ndarray | None = None
 
 
 def capacity(seq_len: int, kv_len: int, valid: int, bucket: int) -> int:
@@ -69,13 +71,17 @@ def describe(torch: Any, m: Any, q_offset: int, kv_offset: int, window: int | No
         want = want[None] & (j[None, None, :] >= first[:, None, None])  # [B, S, L]
         if torch.equal(want, rows):
             cap = capacity(s, lk, valid, bucket)
-            start = first.numpy()
-            bias = None
-            if (start > 0).any():
-                bias = np.where(np.arange(cap)[None, None, None, :] < start[:, None, None, None],
-                                np.float32(-np.inf), np.float32(0))
-            return MaskInfo(s, lk, cap, True, valid, window if window and window > 0 else -1,
-                            bias)
+            start = first.numpy().astype(np.int32)
+            win = window if window and window > 0 else -1
+            if (start == 0).all():
+                return MaskInfo(s, lk, cap, True, valid, win, None)
+            if (start < valid).all():
+                # left padding: keys before each row's first visible key do not exist
+                return MaskInfo(s, lk, cap, True, valid, win, None, start)
+            # an entry whose every key is masked: kv_start must stay below L, so a bias
+            bias = np.where(np.arange(cap)[None, None, None, :] < start[:, None, None, None],
+                            np.float32(-np.inf), np.float32(0))
+            return MaskInfo(s, lk, cap, True, valid, win, bias)
     cap = capacity(s, lk, lk, bucket)
     full = np.zeros((b, 1, s, cap), np.float32)
     full[..., :lk] = np.where(rows.numpy()[:, None], np.float32(0), np.float32(-np.inf))

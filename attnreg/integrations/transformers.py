@@ -32,7 +32,7 @@ Mapping rules (transformers -> AttentionSpec):
   comes back with no transpose), else "BNSH"; kv_layout follows the key's strides. GQA:
   kv_num_heads = Nkv (no repeat_kv). out is a new contiguous torch tensor [B, S, Nq, H] in
   the input dtype (float32, float16, bfloat16; bfloat16 needs a backend with bfloat16
-  kernels, else NoKernelError says so). V's head size must equal K's.
+  kernels, else NoKernelError says so). A V head size other than K's -> v_head_size.
 - Scalars. ``scaling`` -> scale (None: 1/sqrt(H)); ``softcap`` (Gemma2) -> softcap, applied
   before the mask as eager does; ``s_aux`` (GPT-OSS sinks, one logit per query head) ->
   head_sink (in the model dtype or float32). ``sliding_window`` is not read: eager ignores it
@@ -42,10 +42,11 @@ Mapping rules (transformers -> AttentionSpec):
   (row i at L - S + i) is the same frontier. A sliding window W (``local_size`` of
   transformers' sliding masks: key j visible from position p iff p - W < j <= p, which is
   attnreg's local_window = W exactly) -> local_window = W.
-- Left padding (keys j < kv_start[b] invisible) -> a float32 bias [B, 1, 1, C] with -inf on
-  those keys, built once per mask. It becomes attnreg's ``kv_start`` field when that lands.
-  Query rows that see no key (padding tokens) are 0 in attnreg; eager gives them the mean of
-  V (an all-minimum row); no real token reads them.
+- Left padding (keys j before batch entry b's first visible key invisible) -> attnreg's
+  ``kv_start`` tensor [B] (no bias is built or read); an entry with no visible key at all
+  falls back to a float32 bias [B, 1, 1, C] with -inf on its keys. Query rows that see no
+  key (padding tokens) are 0 in attnreg; eager gives them the mean of V (an all-minimum
+  row); no real token reads them.
 - Anything else a mask says (right-padded prompts, packed sequences, chunked or bidirectional
   masks, a user's 4-D mask): a bias [B|1, 1, S, C] of 0 / -inf (bool masks) or the float mask
   itself (eager adds it), with causal off.
@@ -73,7 +74,7 @@ of V.
 Refused with attnreg.SpecError (field, value, why), never approximated: dropout > 0,
 output_attentions (attnreg never materialises the weights), ``position_bias``/``head_mask``,
 flex BlockMasks, masks whose shape does not broadcast to [B, Nq, S, L], fewer keys than
-queries, V head size != K head size, mixed dtypes, and backward: attnreg has no gradient, so
+queries, mixed dtypes, and backward: attnreg has no gradient, so
 where autograd would need one the output's backward raises SpecError.
 """
 
