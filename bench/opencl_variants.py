@@ -62,7 +62,8 @@ def time_plan(s: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, Any]
         "gpu_us": round(gpu, 2), "gpu_min_us": round(min(t["gpu_s"]) * 1e6, 2),
         "wall_us": round(statistics.median(t["wall_s"]) * 1e6, 2),
         "kv_gb_s": round(kv_bytes(spec) / gpu / 1e3, 1),
-        "stage_us": {k: round(statistics.median(v) * 1e6, 2) for k, v in t["stage_gpu_s"].items()},
+        "stage_us": {k: round(statistics.median(v) * 1e6, 2)
+                     for k, v in t.get("stage_gpu_s", {}).items()},
         "kernel_info": t.get("kernels", {})}
     if want is not None:
         got = s.run(spec, inputs, kernel=kernel, params=params, flags=flags)
