@@ -133,14 +133,13 @@ def _spec(**kw: Any) -> attnreg.AttentionSpec:
 
 
 def test_binding_types_and_helpers():
-    """Quantized K/V bind as word pairs (a granule's codes in one load; float32's granule of 4
-    as words) with their scales; bf16 q / K / V as 16-byte granules of
+    """Quantized K/V bind as words with their scales; bf16 q / K / V as 16-byte granules of
     8 values (vec4<u32>, float16's granule), bf16 out as word pairs; plain dtypes as before.
     Helpers exist only for what a program binds."""
     q8 = program.source("decode_partial", _spec(dtype="float16", kv_dtype="int8"),
                         {"M": 1, "GT": 1, "BC": 16, "WG": 64, "PREFETCH": 1, "BAL": 0},
                         aux=frozenset({"k_scale", "v_scale"}))
-    assert "var<storage, read> k: array<vec2<u32>>;" in q8
+    assert "var<storage, read> k: array<u32>;" in q8
     assert "var<storage, read> k_scale: array<f32>;" in q8
     assert "var<storage, read> q: array<mat2x4<f16>>;" in q8
     assert "fn i8x4(" in q8 and "fn store_out(" not in q8

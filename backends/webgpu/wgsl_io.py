@@ -14,15 +14,12 @@ converted in the helpers, never by a copy:
   top half of the f32 with the same bits: a shift or a mask per value) where they are used.
   The output is rounded to nearest-even (NaN stays NaN, inf stays inf). With quantized K/V
   (kv_dtype) the granule is 8 dequantized f32 values (mat2x4<f32>), staged as f32.
-- kv_dtype int8 (k, v as array<vec2<u32>>, a granule's 8 codes in one load, little-endian;
-  array<u32> for float32's granule of 4; k_scale / v_scale array<f32>, one per vector):
-  x = code * scale, in f32, then T.
+- kv_dtype int8 (k, v as array<u32>, 4 codes a word, little-endian; k_scale / v_scale
+  array<f32>, one per vector): x = code * scale, in f32, then T.
 - kv_dtype int4 (ggml q4_0: block j of a vector holds elements [32j, 32j+32) in bytes
   [16j, 16j+16), byte 16j+i holds element 32j+i in its low nibble and 32j+i+16 in its high
-  one; a granule's nibbles are one load of 8 bytes (4 for float32), the other half of a
-  block's granules reading the same bytes' other nibbles; scales float16 per block, read as
-  array<u32> through unpack2x16float so no shader-f16 is needed): x = (nibble - 8) * scale,
-  in f32, then T.
+  one; scales float16 per block, read as array<u32> through unpack2x16float so no
+  shader-f16 is needed): x = (nibble - 8) * scale, in f32, then T.
 
 A granule g covers elements [g*GE, g*GE + GE) of the flat K/V array (kv_elem's offsets use
 the arrays' natural strides, so element e belongs to vector e / HD of the scale arrays,
@@ -197,11 +194,7 @@ def binding_type(kind: str, spec: AttentionSpec) -> str:
     if kind == "kv":
         return _STORED[spec.dtype]
     if kind == "kvc":
-        if spec.kv_dtype:
-            # one load per granule, as float16's: 8 codes (int8) or the 8 bytes whose
-            # nibbles hold a granule (int4) are a vec2<u32>; float32's granule of 4, a u32
-            return "array<vec2<u32>>" if granule(spec) == 8 else "array<u32>"
-        return _STORED[spec.dtype]
+        return "array<u32>" if spec.kv_dtype else _STORED[spec.dtype]
     if kind == "scale":
         return "array<f32>" if spec.kv_dtype == "int8" else "array<u32>"
     if kind == "out":
@@ -217,32 +210,26 @@ def _load_plain(name: str, spec: AttentionSpec) -> str:
 
 
 def _load_int8(name: str, spec: AttentionSpec) -> str:
-    if granule(spec) == 8:
-        codes = f"let w = {name}[g];\n  return gv_of(i8x4(w.x) * s, i8x4(w.y) * s);"
-    else:
-        codes = f"return gv_of(i8x4({name}[g]) * s, vec4<f32>(0.0));"
+    second = f"i8x4({name}[w + 1u]) * s" if granule(spec) == 8 else "vec4<f32>(0.0)"
     return f"""fn load_{name}(g: u32) -> GV {{
-  let s = {name}_scale[g * GE / HD];
-  {codes}
+  let e0 = g * GE;
+  let s = {name}_scale[e0 / HD];
+  let w = e0 / 4u;
+  return gv_of(i8x4({name}[w]) * s, {second});
 }}
 """
 
 
 def _load_int4(name: str, spec: AttentionSpec) -> str:
-    # granule elements [e0, e0 + GE) of q4_0 block blk sit in the low (r < 16) or high
-    # nibbles of bytes 16 blk + r % 16 ..: GE / 2 ... GE bytes from there, one load
-    if granule(spec) == 8:
-        codes = (f"let w = {name}[2u * blk + (r % 16u) / 8u];\n"
-                 "  return gv_of(i4x4(w.x, sh) * s, i4x4(w.y, sh) * s);")
-    else:
-        codes = f"return gv_of(i4x4({name}[4u * blk + (r % 16u) / 4u], sh) * s, vec4<f32>(0.0));"
+    second = f"i4x4({name}[w + 1u], sh) * s" if granule(spec) == 8 else "vec4<f32>(0.0)"
     return f"""fn load_{name}(g: u32) -> GV {{
   let e0 = g * GE;
   let blk = e0 / 32u;
   let r = e0 % 32u;
+  let w = blk * 4u + (r % 16u) / 4u;
   let sh = select(0u, 4u, r >= 16u);
   let s = unpack2x16float({name}_scale[blk / 2u])[blk % 2u];
-  {codes}
+  return gv_of(i4x4({name}[w], sh) * s, {second});
 }}
 """
 
