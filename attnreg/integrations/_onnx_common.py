@@ -140,7 +140,8 @@ class NodeRun:
     """How a node runs on attnreg: ``attnreg.run(spec, how.tensors)`` then ``how.outputs(out)``.
 
     present_key / present_value are the op's BNSH KV-cache outputs (None when not requested);
-    ``rules`` says in words which mapping rules fired.
+    ``rules`` says in words which mapping rules fired; ``idle`` lists the batch entries with
+    no valid query row (GQA query_seqlens 0), whose output ``outputs`` sets to 0.
     """
 
     op: str
@@ -150,24 +151,53 @@ class NodeRun:
     present_key: np.ndarray | None = None
     present_value: np.ndarray | None = None
     rules: tuple[str, ...] = field(default=())
+    idle: tuple[int, ...] = field(default=())
 
     def outputs(self, out: np.ndarray) -> list[np.ndarray | None]:
-        """The node's outputs in the op's order (None where the node names no output)."""
-        got = [np.asarray(out).reshape(self.output_shape), self.present_key, self.present_value]
+        """The node's outputs in the op's order (None where the node names no output).
+        Batch entries listed in ``idle`` (GQA query_seqlens 0: no valid query row) are 0."""
+        y = np.asarray(out).reshape(self.output_shape)
+        if self.idle:
+            y = y.copy()
+            y[list(self.idle)] = 0
+        got = [y, self.present_key, self.present_value]
         return [got[i] if w else None for i, w in enumerate(self.wanted)]
+
+
+def left_padding(visible: np.ndarray, b: int, ends: np.ndarray) -> np.ndarray | None:
+    """kv_start per batch entry when the bool mask ``visible`` [B|1, N|1, S|1, C] says exactly
+    "key j is visible iff j >= start[b]", the same for every head and row, among the keys
+    j < ends[b] that exist (the others are never seen, whatever the mask says there); None
+    when it says anything else, or hides every existing key of some entry (kv_start < L_b)."""
+    j = np.arange(visible.shape[3])
+    v = np.broadcast_to(visible, (b, *visible.shape[1:]))
+    inside = j[None, :] < ends[:, None]                                  # [B, C]
+    row = v[:, 0, 0, :]                                                  # [B, C]
+    if not np.all((v == row[:, None, None, :]) | ~inside[:, None, None, :]):
+        return None
+    seen = row & inside
+    if not seen.any(axis=1).all():
+        return None
+    start = np.argmax(seen, axis=1)
+    if not np.array_equal(seen, (j[None, :] >= start[:, None]) & inside):
+        return None
+    return start.astype(np.int64)
 
 
 def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: np.ndarray,
           kv_layout: str, *, output_shape: tuple[int, ...], scale: float, softcap: float,
-          lengths: np.ndarray | None = None, offsets: np.ndarray | None = None,
-          window: int = -1, visible: np.ndarray | None = None, add: np.ndarray | None = None,
+          lengths: np.ndarray | None = None, q_lens: np.ndarray | None = None,
+          offsets: np.ndarray | None = None, window: int = -1,
+          visible: np.ndarray | None = None, add: np.ndarray | None = None,
           sink: np.ndarray | None = None, present: tuple[np.ndarray, np.ndarray] | None = None,
-          rules: list[str]) -> tuple[AttentionSpec, NodeRun]:
-    """The spec and tensors for: keys j < lengths[b] (None: all), and when ``offsets`` is given
-    row i sees j <= i + offsets[b] (ORT's causal frontier) and, with window W > 0, j > i +
-    offsets[b] - W; ``visible`` (bool) and ``add`` (float) broadcast to [B, Nq, S, C].
-    attnreg's own causal / seqlens_k / local_window are used where they say the same thing;
-    anything else becomes a -inf bias."""
+          idle: tuple[int, ...] = (), rules: list[str]) -> tuple[AttentionSpec, NodeRun]:
+    """The spec and tensors for: keys j < lengths[b] (None: all); batch entry b's first
+    q_lens[b] query rows valid (None: all S; the rest are padding, out 0); when ``offsets``
+    is given row i sees j <= i + offsets[b] (ORT's causal frontier) and, with window W > 0,
+    j > i + offsets[b] - W; ``visible`` (bool) and ``add`` (float) broadcast to
+    [B, Nq, S, C]. v's head size may differ from q's and k's (v_head_size).
+    attnreg's own causal / seqlens_k / seqlens_q / kv_start / local_window are used where
+    they say the same thing; anything else becomes a -inf bias."""
     dtype = q.dtype.name
     if dtype not in FLOATS:
         raise SpecError(f"{op}.inputs[query].dtype", dtype, " or ".join(FLOATS))
@@ -178,10 +208,13 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
     b, s, n, h = q.shape if q_layout == "BSNH" else (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
     cap = k.shape[1] if kv_layout == "BSNH" else k.shape[2]
     nkv = k.shape[2] if kv_layout == "BSNH" else k.shape[1]
-    if k.shape[-1] != h or v.shape != k.shape:
+    hv = v.shape[-1]
+    if k.shape[-1] != h:
+        raise SpecError(f"{op}.inputs[key].shape", tuple(k.shape),
+                        f"the query's head size {h} in the last dim")
+    if v.shape[:-1] != k.shape[:-1]:
         raise SpecError(f"{op}.inputs[value].shape", tuple(v.shape),
-                        f"{tuple(k.shape)}, the key's shape with head size {h}: attnreg has no "
-                        "separate v_head_size yet")
+                        f"{(*k.shape[:-1], 'Hv')}, the key's shape with any head size Hv")
     if cap < 1:
         raise SpecError(f"{op}.inputs[key].shape", tuple(k.shape), "at least one key")
     if cap < s:
@@ -199,8 +232,26 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
         cap = s
         rules.append("fewer keys than queries: K/V padded to S keys, the pad masked by the bias")
     full = np.full(b, cap, np.int64)
-    use_lens = lengths is not None and bool(np.all((lengths >= s) & (lengths <= cap)))
+    rows = np.full(b, s, np.int64) if q_lens is None else q_lens.astype(np.int64)
+    use_lens = lengths is not None and bool(np.all((lengths >= rows) & (lengths <= cap)))
+    assert q_lens is None or use_lens, "the op mapper checks 1 <= S_b <= L_b <= C"
     lens = lengths.astype(np.int64) if use_lens and lengths is not None else full
+    starts = None
+    if visible is not None:
+        try:
+            np.broadcast_shapes(visible.shape, (b, n, s, cap))
+        except ValueError:
+            raise SpecError(f"{op} mask", visible.shape, "a shape broadcastable to "
+                            f"[B, Nq, S, total] = {(b, n, s, cap)}") from None
+        found = left_padding(visible, b, lengths if lengths is not None else full)
+        if found is not None:
+            visible = None
+            if found.any():
+                starts = found
+                rules.append("mask hides the same key prefix from every row and head: "
+                             "kv_start (left padding), no bias")
+            else:
+                rules.append("mask hides no existing key: dropped")
     vis = visible
     j = np.arange(cap)
 
@@ -214,7 +265,7 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
     causal = False
     win = -1
     if offsets is not None:
-        if np.array_equal(offsets, lens - s):
+        if np.array_equal(offsets, lens - rows):
             causal, win = True, window
             rules.append("causal frontier j <= i + offset equals attnreg's bottom-right causal")
         else:
@@ -242,20 +293,30 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
             raise SpecError(f"{op} mask/bias", bias.shape,
                             f"shapes broadcastable to [B, Nq, S, total] = {(b, n, s, cap)}") from None
         bias = np.ascontiguousarray(bias)
-    spec = AttentionSpec(batch=b, seq_len=s, past_len=int(lens.max()) - s, num_heads=n,
-                         kv_num_heads=nkv, head_size=h, dtype=dtype, q_layout=q_layout,
-                         kv_layout=kv_layout, causal=causal, scale=scale or None,
-                         softcap=float(softcap), local_window=win, kv_capacity=cap,
-                         bias=bias is not None, seqlens_k=use_lens and not np.all(lens == cap),
-                         head_sink=sink is not None)
+    padded = q_lens is not None and bool(np.any(rows != s))
+    spec = AttentionSpec(batch=b, seq_len=s, past_len=max(int(lens.max()) - s, 0), num_heads=n,
+                         kv_num_heads=nkv, head_size=h, v_head_size=hv if hv != h else None,
+                         dtype=dtype, q_layout=q_layout, kv_layout=kv_layout, causal=causal,
+                         scale=scale or None, softcap=float(softcap), local_window=win,
+                         kv_capacity=cap, bias=bias is not None,
+                         seqlens_k=use_lens and not np.all(lens == cap),
+                         head_sink=sink is not None, seqlens_q=padded,
+                         kv_start=starts is not None)
     tensors: dict[str, np.ndarray] = {"q": q, "k": k, "v": v}
     if spec.seqlens_k:
         tensors["seqlens_k"] = lens.astype(np.int32)
         rules.append("per-batch valid lengths -> seqlens_k")
+    if padded:
+        tensors["seqlens_q"] = rows.astype(np.int32)
+        rules.append("per-batch query row counts -> seqlens_q (padding rows are 0)")
+    if starts is not None:
+        tensors["kv_start"] = starts.astype(np.int32)
+    if hv != h:
+        rules.append(f"V head size {hv} != K head size {h} -> v_head_size")
     if bias is not None:
         tensors["bias"] = bias
     if sink is not None:
         tensors["head_sink"] = sink
     wanted = tuple(node.wants(i) for i in range(min(len(node.outputs), 3)))
     pk, pv = present if present is not None else (None, None)
-    return spec, NodeRun(op, tensors, output_shape, wanted, pk, pv, tuple(rules))
+    return spec, NodeRun(op, tensors, output_shape, wanted, pk, pv, tuple(rules), idle)

@@ -41,18 +41,19 @@ def _no_qk(node: Node, attr: str, out_name: str) -> None:
 
 
 def _past(ins: Inputs, ip: int, b: int, n: int, h: int, dtype: np.dtype,
-          sizes: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:
+          hv: int | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """past_key [B, n, P, h] and past_value [B, n, P, hv] (hv None: h), or (None, None)."""
     pk, pv = ins.get(ip, FLOATS, (4,)), ins.get(ip + 1, FLOATS, (4,))
     if (pk is None) != (pv is None):
         raise SpecError(ins.field(ip if pk is None else ip + 1), None,
                         "an array: past_key and past_value come together")
     if pk is not None and pv is not None:
-        for i, t in ((ip, pk), (ip + 1, pv)):
+        for i, t, d in ((ip, pk, h), (ip + 1, pv, h if hv is None else hv)):
             if t.dtype != dtype:
                 raise SpecError(ins.field(i) + ".dtype", t.dtype.name, f"{dtype.name} (the "
                                 "query's; quantized caches are not mapped)")
-            if sizes:
-                expect_shape(ins.field(i), t, (b, n, pk.shape[2], h), "BNSH [B, Nkv, P, H]")
+            expect_shape(ins.field(i), t, (b, n, pk.shape[2], d),
+                         "BNSH [B, Nkv, P, H]" if i == ip else "BNSH [B, Nkv, P, Hv]")
     return pk, pv
 
 
@@ -74,15 +75,20 @@ def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
                                 "a positive head count (required with 3-D Q, K, V)")
         q4 = heads(ins.field(0), q, nq)
         kn, vn = heads(ins.field(1), k, nkv), heads(ins.field(2), v, nkv)
-        q_layout, out_shape = "BSNH", q.shape
+        q_layout = "BSNH"
         rules.append("3-D Q [B, S, Nq*H] -> q_layout BSNH (a view)")
     else:
-        q4, q_layout, out_shape = q, "BNSH", q.shape
+        q4, q_layout = q, "BNSH"
         kn, vn = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)   # views as [B, T, N, H]
     b, s = q4.shape[0], (q4.shape[1] if q_layout == "BSNH" else q4.shape[2])
-    h, nkv, t_new = kn.shape[3], kn.shape[2], kn.shape[1]
+    h, nkv, t_new, hv = kn.shape[3], kn.shape[2], kn.shape[1], vn.shape[3]
     expect_shape(ins.field(1), kn, (b, t_new, nkv, h), "batch like Q")
-    pk, pv = _past(ins, 4, b, nkv, h, q.dtype)
+    expect_shape(ins.field(2), v, (b, t_new, nkv * hv) if q.ndim == 3 else (b, nkv, t_new, hv),
+                 "batch, kv heads and length like K (any head size: v_head_size)")
+    # Y has V's head size: [B, S, Nq*Hv] or [B, Nq, S, Hv]
+    nq = q4.shape[2] if q_layout == "BSNH" else q4.shape[1]
+    out_shape = (b, s, nq * hv) if q.ndim == 3 else (b, nq, s, hv)
+    pk, pv = _past(ins, 4, b, nkv, h, q.dtype, hv)
     npk = ins.get(6, INTS, (1,))
     past = 0 if pk is None else pk.shape[2]
     if past or pk is not None or node.wants(1) or node.wants(2):
@@ -172,8 +178,7 @@ def map_gqa(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     for i, why in ((12, "absent: quantized ORT caches are not mapped"),
                    (13, "absent: quantized ORT caches are not mapped"),
                    (14, "absent: the fused Q/K RMS norm is not mapped (ORT's CPU EP refuses it too)"),
-                   (15, "absent: the fused Q/K RMS norm is not mapped (ORT's CPU EP refuses it too)"),
-                   (16, "absent: right-padded query chunks need attnreg's seqlens_q (coming)")):
+                   (15, "absent: the fused Q/K RMS norm is not mapped (ORT's CPU EP refuses it too)")):
         ins.refuse(i, why)
     nq, nkv = node.attr("num_heads", 0, int), node.attr("kv_num_heads", 0, int)
     if nq <= 0 or nkv <= 0 or nq % nkv:
@@ -195,6 +200,11 @@ def map_gqa(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     elif key is not None and value is not None:
         q = heads(ins.field(0), query, nq)
         h = q.shape[3]
+        if value.shape[2] != key.shape[2]:
+            raise SpecError(ins.field(2) + ".shape", value.shape, f"a last dim {key.shape[2]} "
+                            "like the key's: GroupQueryAttention has one head size for K and V "
+                            "(attnreg's v_head_size is mapped for Attention and "
+                            "MultiHeadAttention, whose ops allow it)")
         kn, vn = heads(ins.field(1), key, nkv), heads(ins.field(2), value, nkv)
         for i, t in ((1, kn), (2, vn)):
             expect_shape(ins.field(i), t, (b, s, nkv, h), "[B, S, Nkv*H] like the query")
@@ -210,15 +220,46 @@ def map_gqa(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
         raise SpecError(ins.field(6) + ".shape", tot_arr.shape, "a scalar (or [1])")
     total = int(tot_arr.reshape(()))
     lengths = sk.astype(np.int64) + 1
-    first = s == total
-    if first:
-        if np.any(lengths != s):
-            bad = int(np.argmax(lengths != s))
-            raise SpecError(f"{ins.field(5)}[{bad}]", int(sk[bad]), f"{s - 1} (= S - 1) on a "
-                            "first prompt: a right-padded prompt (rows i at positions i, "
-                            "seqlens_k + 1 < S) needs attnreg's seqlens_q, which is coming; "
-                            "until then it is refused")
+    causal = node.attr("causal", 1, int)
+    qs = ins.get(16, ("int32",), (1,))
+    cap = max(total, pbuf)
+    idle: tuple[int, ...] = ()
+    rows: np.ndarray | None = None           # S_b where a batch entry has padding rows
+    if qs is not None:
+        # ORT's right-padded query chunk: Q_b valid rows, T_b = seqlens_k + 1, P_b = T_b - Q_b
+        if causal != 1 or pk is None:
+            raise SpecError(ins.field(16), qs, "absent unless causal=1 and past_key/past_value "
+                            "are given (ORT's requirements for query_seqlens)")
+        expect_shape(ins.field(16), qs, (b,), "one valid query row count per batch entry")
+        past = lengths - qs
+        bad = (lengths < 1) | (lengths > total) | (qs < 0) | (qs > np.minimum(s, lengths)) \
+            | (past > pbuf) | (past + s > cap)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise SpecError(f"{ins.field(16)}[{i}]", int(qs[i]), f"ORT's query_seqlens rules "
+                            f"with seqlens_k + 1 = T = {int(lengths[i])}: 0 <= value <= "
+                            f"min(S={s}, T), 1 <= T <= total_sequence_length={total}, T - value "
+                            f"<= past_key's length {pbuf} and T - value + S <= the cache "
+                            f"capacity {cap}")
+        new_rows = qs.astype(np.int64)
+        idle = tuple(int(i) for i in np.flatnonzero(qs == 0))
+        rows = np.maximum(new_rows, 1)           # an idle entry runs one row; its output is 0
+        first = False
+        rules.append("query_seqlens: rows past query_seqlens[b] are padding -> seqlens_q; only "
+                     "the valid rows enter present; idle entries (0) give 0 and keep the cache")
+    elif s == total:
+        # a first prompt; seqlens_k + 1 < S is a right-padded one: row i at position i
+        if np.any((lengths < 1) | (lengths > s)):
+            bad = int(np.argmax((lengths < 1) | (lengths > s)))
+            raise SpecError(f"{ins.field(5)}[{bad}]", int(sk[bad]), f"a value in [0, {s - 1}] "
+                            "(= total length - 1 <= S - 1) on a first prompt")
         past = np.zeros(b, np.int64)
+        new_rows = lengths
+        first = True
+        if np.any(lengths < s):
+            rows = lengths
+            rules.append("right-padded first prompt: S_b = seqlens_k + 1 valid rows -> "
+                         "seqlens_q (padding rows are 0)")
     else:
         past = lengths - s
         if np.any(past < 0) or np.any(past > pbuf) or np.any(lengths > total):
@@ -226,7 +267,8 @@ def map_gqa(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
             raise SpecError(f"{ins.field(5)}[{bad}]", int(sk[bad]), f"a value with S={s} <= "
                             f"value + 1 <= total_sequence_length={total} and value + 1 - S <= "
                             f"past_key's length {pbuf}")
-    cap = max(total, pbuf)
+        new_rows = np.full(b, s, np.int64)
+        first = False
     if node.attr("do_rotary", 0, int):
         cos, sin = ins.need(7, FLOATS, (2,)), ins.need(8, FLOATS, (2,))
         if cos.shape != sin.shape or cos.shape[1] * 2 > h or cos.dtype != query.dtype:
@@ -242,9 +284,11 @@ def map_gqa(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
             pos = pos_ids
         else:
             pos = past[:, None] + np.arange(s)[None, :]
-        if np.any(pos < 0) or np.any(pos >= cos.shape[0]):
-            raise SpecError(ins.field(7) + ".shape", cos.shape, f"more than {int(pos.max())} "
-                            "rows (one per position)")
+        valid = np.arange(s)[None, :] < new_rows[:, None]     # padding rows: never read
+        if np.any(valid & ((pos < 0) | (pos >= cos.shape[0]))):
+            raise SpecError(ins.field(7) + ".shape", cos.shape, f"more than "
+                            f"{int(np.where(valid, pos, 0).max())} rows (one per position)")
+        pos = np.where(valid, pos, 0)
         inter = bool(node.attr("rotary_interleaved", 0, int))
         q, kn = _rotary(q, pos, cos, sin, inter), _rotary(kn, pos, cos, sin, inter)
         rules.append("rotary applied on the host (float32 math, rounded like ORT)")
@@ -254,15 +298,14 @@ def map_gqa(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     kk = np.zeros((b, nkv, cap, h), query.dtype)
     vv = np.zeros((b, nkv, cap, h), query.dtype)
     for bi in range(b):
-        p = int(past[bi])
+        p, m = int(past[bi]), int(new_rows[bi])
         if p:
             assert pk is not None and pv is not None
             kk[bi, :, :p], vv[bi, :, :p] = pk[bi, :, :p], pv[bi, :, :p]
-        kk[bi, :, p: p + s] = kn[bi].transpose(1, 0, 2)
-        vv[bi, :, p: p + s] = vn[bi].transpose(1, 0, 2)
-    rules.append("present = past[:seqlens_k+1-S] + new K/V per batch entry (BNSH, capacity "
-                 "max(total_sequence_length, past length); rows beyond are 0)")
-    causal = node.attr("causal", 1, int)
+        kk[bi, :, p: p + m] = kn[bi, :m].transpose(1, 0, 2)
+        vv[bi, :, p: p + m] = vn[bi, :m].transpose(1, 0, 2)
+    rules.append("present = past[:P_b] + the valid new K/V rows per batch entry (BNSH, capacity "
+                 "max(total_sequence_length, past length); rows beyond seqlens_k + 1 are 0)")
     window = node.attr("local_window_size", -1, int)
     if causal not in (0, 1) or window < -1 or (window > 0 and not causal):
         raise SpecError("GroupQueryAttention.attribute['local_window_size']", window,
@@ -285,9 +328,9 @@ def map_gqa(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
         rules.append("smooth_softmax -> an all-zero head_sink")
     present = (kk, vv) if node.wants(1) or node.wants(2) else None
     return build("GroupQueryAttention", node, q, "BSNH", kk, vv, "BNSH", output_shape=(b, s, nq * h),
-                 scale=_scale(node), softcap=_softcap(node), lengths=lengths,
-                 offsets=(lengths - s) if causal else None, window=window, add=add, sink=sink,
-                 present=present, rules=rules)
+                 scale=_scale(node), softcap=_softcap(node), lengths=lengths, q_lens=rows,
+                 offsets=(lengths - (s if rows is None else rows)) if causal else None,
+                 window=window, add=add, sink=sink, present=present, idle=idle, rules=rules)
 
 
 def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
@@ -327,17 +370,23 @@ def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     else:
         raise SpecError(ins.field(1), key, "key and value of the same rank (3-D or 4-D BNSH), a "
                         "packed KV key, or neither with a packed QKV query")
-    h = q.shape[3]
+    h, hv = q.shape[3], vn.shape[3]
     t_new = kn.shape[1]
-    for i, t in ((1, kn), (2, vn)):
-        expect_shape(ins.field(i), t, (b, t_new, n, h), "batch, heads and head size of the query")
+    expect_shape(ins.field(1), kn, (b, t_new, n, h), "batch, heads and head size of the query")
+    expect_shape(ins.field(2), vn, (b, t_new, n, hv), "batch, heads and length of the key")
+    if hv != h and (cross_bnsh or ins.get(6) is not None):
+        raise SpecError(ins.field(2) + ".shape", value.shape if value is not None else None,
+                        f"V's head size equal to K's ({h}) with " + ("4-D (BNSH) key/value"
+                        if cross_bnsh else "past_key/past_value") + ": ORT's op defines those "
+                        "with one head_size (its CPU EP refuses a different one); a 3-D value "
+                        "[B, T, N*Hv] without a past may have its own head size")
     if proj is not None:
-        if cross_bnsh or proj.shape != (3 * n * h,) or proj.dtype != query.dtype:
-            raise SpecError(ins.field(3), proj, f"[{3 * n * h}] of {query.dtype.name} (q, k, v "
-                            "projection bias), with 3-D or packed key/value")
         d = n * h
+        if cross_bnsh or proj.shape != (2 * d + n * hv,) or proj.dtype != query.dtype:
+            raise SpecError(ins.field(3), proj, f"[{2 * d + n * hv}] of {query.dtype.name} (q, "
+                            "k, v projection bias), with 3-D or packed key/value")
         q = q + proj[:d].reshape(n, h)
-        kn, vn = kn + proj[d: 2 * d].reshape(n, h), vn + proj[2 * d:].reshape(n, h)
+        kn, vn = kn + proj[d: 2 * d].reshape(n, h), vn + proj[2 * d:].reshape(n, hv)
         rules.append("projection bias added on the host")
     pk, pv = _past(ins, 6, b, n, h, query.dtype)
     if cross_bnsh and pk is not None:
@@ -382,5 +431,5 @@ def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
                         f"total={total}] of {query.dtype.name}")
     present = (kk, vv) if node.wants(1) or node.wants(2) else None
     return build("MultiHeadAttention", node, q, "BSNH", kk, vv, kv_layout,
-                 output_shape=(b, s, n * h), scale=_scale(node), softcap=0.0, lengths=lengths,
+                 output_shape=(b, s, n * hv), scale=_scale(node), softcap=0.0, lengths=lengths,
                  offsets=offsets, visible=visible, add=add, present=present, rules=rules)

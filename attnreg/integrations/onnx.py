@@ -20,26 +20,44 @@ Mapping rules (checked against onnxruntime 1.32's CPU EP in tests/test_integrati
   [B, T, N, 2, H] are split into views (ORT's CPU EP implements neither MHA packing; the
   tests compare them with ORT on the unpacked equivalent). MHA's 4-D key/value are BNSH
   cross-attention K/V, used as they are. ``q_num_heads`` / ``kv_num_heads`` / ``num_heads``
-  give the head counts; V's head size must equal K's (attnreg has no v_head_size yet).
+  give the head counts.
+- V head size. Where the op lets V's head size Hv differ from K's it becomes ``v_head_size``
+  and the output has Hv: Attention (V [B, Nkv, T, Hv] or [B, T, Nkv*Hv], past_value
+  [B, Nkv, P, Hv]; Y [B, Nq, S, Hv] or [B, S, Nq*Hv]) and MHA's 3-D value [B, T, N*Hv]
+  (projection bias [2*N*H + N*Hv], present_value [B, N, T, Hv]; output [B, S, N*Hv]). MHA's
+  past_value, 4-D and packed K/V have one head size in ORT's op (its CPU EP refuses another),
+  and GQA has one head size: those are refused.
 - KV cache. past_key/past_value are BNSH [B, Nkv, P, H]; present = past followed by the new
   K/V (a host concatenation, BNSH) and attention reads present. GQA: ``seqlens_k[b]`` is the
   total length - 1, so attnreg's seqlens_k = value + 1 (L_b); batch entry b's new rows go at
-  L_b - S, after past[:L_b - S]; present has capacity max(total_sequence_length, P) (ORT's
-  shared-buffer mode, where past already has the maximum length, is the same rule) and
-  becomes ``kv_capacity``; present rows at or beyond L_b are 0 (ORT's CPU EP zero-fills them
-  too when past and present are separate buffers). A GQA call is a first prompt when
-  S == total_sequence_length; a first prompt with seqlens_k + 1 < S is right-padded (row i at
-  position i) and is refused until attnreg has ``seqlens_q``.
+  P_b = L_b - S_b, after past[:P_b] (S_b = S unless right-padded, below); present has capacity
+  max(total_sequence_length, P) (ORT's shared-buffer mode, where past already has the maximum
+  length, is the same rule) and becomes ``kv_capacity``; present rows at or beyond L_b are 0
+  (ORT's CPU EP zero-fills them too when past and present are separate buffers). A GQA call is
+  a first prompt when S == total_sequence_length.
+- Right-padded prompts use seqlens_q. A GQA first prompt with seqlens_k + 1 < S is
+  right-padded (row i at position i): S_b = L_b = seqlens_k[b] + 1 (seqlens_q and seqlens_k),
+  rows i >= S_b are padding (0) and their K/V stay out of present. GQA's ``query_seqlens``
+  (ORT's right-padded chunk: Q_b valid rows after P_b = seqlens_k + 1 - Q_b cached ones) is
+  seqlens_q = Q_b with L_b = T_b = seqlens_k + 1: only the valid rows enter present (at P_b), rotary
+  positions are P_b + i or ``position_ids`` (all of [B, S]), and total_sequence_length is only
+  an upper bound; ORT's rules are checked (causal=1, past_key given, Q_b <= min(S, T_b), T_b
+  <= total_sequence_length, P_b <= past length, P_b + S <= capacity). Q_b = 0 is an idle
+  entry: its cache is kept and its output is 0 (attnreg runs one row for it, which
+  ``how.outputs`` zeroes; ``how.idle`` lists them). The standard Attention op and MHA define
+  no query-side length (MHA's [3B+2] key_padding_mask carries cumulative query starts of
+  packed sequences, which ORT's CPU EP ignores; refused).
 - Causal. ORT's frontier is "row i sees j <= i + offset": offset = P (past given), or
   nonpad_kv_seqlen[b] - S (Attention with an external cache), or 0 (neither: top-left, also
-  when K is longer than Q). attnreg's causal is bottom-right (p_i = L_b - S + i); the two
-  agree when the new K length equals S, and then spec.causal is used; otherwise the frontier
-  becomes a -inf bias. ``is_causal`` (Attention), ``causal`` (GQA, default 1),
-  ``unidirectional`` (MHA: refused unless the new key length equals S, because ORT's mask
-  for cross lengths matches neither alignment). ORT 1.32 departs from ONNX in one case: with
-  past_key, a single query row and several new keys, it attends every key (ONNX: j <= P);
-  that node is refused as ambiguous. Fewer keys than query rows (cross-attention): K/V are
-  padded to S zero keys that the bias masks (attnreg's queries are the last S of >= S keys).
+  when K is longer than Q). attnreg's causal is bottom-right (p_i = L_b - S_b + i); the two
+  agree when the new K length equals S (S_b with seqlens_q), and then spec.causal is used;
+  otherwise the frontier becomes a -inf bias. ``is_causal`` (Attention), ``causal`` (GQA,
+  default 1), ``unidirectional`` (MHA: refused unless the new key length equals S, because
+  ORT's mask for cross lengths matches neither alignment). ORT 1.32 departs from ONNX in one
+  case: with past_key, a single query row and several new keys, it attends every key (ONNX: j
+  <= P); that node is refused as ambiguous. Fewer keys than query rows (cross-attention): K/V
+  are padded to S zero keys that the bias masks (attnreg's queries are the last S of >= S
+  keys).
 - ``local_window_size`` = W > 0 (GQA) is attnreg's ``local_window`` = W: ORT 1.32 keys a row
   at position p to j in (p - W, p], the same as attnreg (measured; older ORT used W + 1 keys).
 - Masks. Attention's bool ``attn_mask`` (True = attend) becomes a 0/-inf bias, a float one
@@ -48,18 +66,30 @@ Mapping rules (checked against onnxruntime 1.32's CPU EP in tests/test_integrati
   the bias (GQA's columns are absolute positions). ``nonpad_kv_seqlen`` and MHA's 1-D
   ``key_padding_mask`` (key lengths) become seqlens_k where every length is in [S, C] (and,
   for MHA, not causal: ORT's MHA keeps the causal offset at P whatever the padding), else a
-  -inf bias; 2-D/3-D ``key_padding_mask`` (0 = padding) is a -inf bias.
+  -inf bias; 2-D/3-D ``key_padding_mask`` (0 = padding) is a -inf bias (left padding: below).
+- Left padding. A bool attn_mask or 2-D/3-D key_padding_mask that, for each batch entry b,
+  hides exactly the keys j < start_b of the existing ones (j below the valid length) from
+  every row and head, and leaves at least one key, is ``kv_start`` = start_b and no bias
+  (checked element for element; anything else, one element off included, stays a bias); one
+  that hides no existing key is dropped.
 - Scalars. ``scale`` 0 or absent is 1/sqrt(H); ``softcap`` 0 is off (applied before the
   mask, like ORT); GQA's ``smooth_softmax`` is an all-zero head_sink and its ``head_sink``
   input is attnreg's head_sink (ORT uses it with or without smooth_softmax); MHA's projection
   ``bias`` is added to q, k, v on the host.
 - Rotary (GQA ``do_rotary``): applied to q and the new k on the host with cos_cache/sin_cache
   [max_seq, rotary_dim/2] (rotary_dim <= H; half-split or ``rotary_interleaved``), positions
-  L_b - S + i (0..S-1 on a first prompt) or ``position_ids`` (refused on a first prompt,
+  P_b + i (0..S-1 on a first prompt) or ``position_ids`` (refused on a first prompt,
   where ORT reads only its first element), in float32 and rounded to the dtype (float16
   present_key bit-identical to ORT's on the tests' cases, float32 within a few ulp).
 
-Known differences from ORT (documented, tested): a query row with no visible key is 0 in
+Specs that use v_head_size, kv_start or seqlens_q run on the backends whose kernels
+implement those fields; elsewhere the plan raises attnreg.NoKernelError saying so.
+
+Known differences from ORT (documented, tested): padding query rows (rows i >= S_b above)
+are 0 in attnreg. ORT's CPU EP computes a right-padded first prompt's padding row i as an
+ordinary row at position i over the L_b valid keys (not 0) and leaves the padding rows' K/V
+in present beyond L_b (attnreg: 0 there); with ``query_seqlens`` ORT's padding rows are
+unspecified (our runs saw 0 and other values). A query row with no visible key is 0 in
 attnreg (CONTRACT). The standard Attention op and GQA give 0 too, but ORT's MHA adds
 ``mask_filter_value`` (-10000) for key_padding_mask instead of masking, so a row whose keys
 are all padding gets about the softmax over those padded keys, and an all -inf
@@ -69,10 +99,11 @@ agree (exp(-10000) underflows).
 Refused with SpecError (field, value, what is expected): the qk / output_qk /
 qk_matmul_output outputs and a non-zero ``qk_matmul_output_mode`` / ``qk_output`` (attnreg
 never materialises scores); quantized GQA caches (k_scale, v_scale, *_quant_type), the
-``sliding_window_cache`` layout, q/k_norm_weight, ``query_seqlens`` and right-padded first
-prompts (need seqlens_q); MHA's ``past_sequence_length`` shared-buffer mode and
-``cache_indirection``, 1-D [3B+2] key_padding_mask; integer attn_mask types; unknown
-attributes; V head size != K head size; any shape, dtype or value out of range.
+``sliding_window_cache`` layout, q/k_norm_weight, ``query_seqlens`` outside ORT's rules;
+MHA's ``past_sequence_length`` shared-buffer mode and ``cache_indirection``, 1-D [3B+2]
+key_padding_mask; integer attn_mask types; unknown attributes; V head size != K head size in
+GQA, and in MHA with past_key/past_value or 4-D key/value; any shape, dtype or value out of
+range.
 """
 
 from __future__ import annotations
