@@ -154,10 +154,20 @@ def conformance_cells() -> tuple[cmod.Case, ...]:
     return tuple(conf.cases(attnreg.devices(), quick=QUICK))
 
 
+# Dawn runs the very WGSL programs the webgpu backend runs (one program builder), so in the
+# quick matrix (CI) it keeps what proves the host: every kernel's covering cells (every
+# contract recipe per dtype), its non-finite and profile cells, and the feature cells that
+# put every feature together ("all", the model shapes, big heads); the one-feature-at-a-time
+# cells run on webgpu. A Dawn cell costs ~6x a webgpu one on lavapipe (Tint compiles).
+QUICK_FEATURE_CELLS = {"test_dawn": ("all", "model-all", "right-padded", "h320", "h512")}
+
+
 def module_cells(module: str) -> list[cmod.Case]:
     """The cells a test module runs (CELL_MODULES)."""
+    keep = QUICK_FEATURE_CELLS.get(module) if QUICK else None
     return [c for c in conformance_cells()
-            if CELL_MODULES.get(c.backend, "test_conformance") == module]
+            if CELL_MODULES.get(c.backend, "test_conformance") == module
+            and (keep is None or c.kind != "feature" or c.label.endswith(keep))]
 
 
 class CellRunner:
