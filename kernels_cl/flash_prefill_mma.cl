@@ -34,6 +34,8 @@
 #define NLK ((TK * HD8 + WG - 1) / WG)       // K granules per work-item and tile
 #define NLV ((TK / 2 * HV8 + WG - 1) / WG)   // V granule pairs (keys 2p, 2p+1) per work-item
 #define VBW ((2 * NDB + 63) / 64)            // words of a row's bad-v column bits
+// The word of column bit B (a constant 0 up to HV 256: one register, as before)
+#define VB_WORD(B) (VBW == 1 ? 0 : (B) / 64)
 // Two outputs of a row, rounded to the storage type (to nearest even).
 #if IS_BF16
 #define ST2_OUT(y, p, i) \
@@ -212,7 +214,7 @@ void flash_prefill(KERNEL_ARGS) {
           for (int db = 0; db < NDB; ++db)
             for (int e = 0; e < 2; ++e)
               if (half_bad(v16[off + 8 * db + e]))
-                vbad[hr][(2 * db + e) / 64] |= 1UL << ((2 * db + e) % 64);
+                vbad[hr][VB_WORD(2 * db + e)] |= 1UL << ((2 * db + e) % 64);
         }
       }
     }
@@ -246,7 +248,7 @@ void flash_prefill(KERNEL_ARGS) {
     for (int db = 0; db < NDB; ++db) {
       float2 y = (float2)(finite_or_nan(o[db][2 * hr] * inv),
                           finite_or_nan(o[db][2 * hr + 1] * inv));
-      const ulong bits = vbad[hr][db / 32] >> (2 * (db % 32));
+      const ulong bits = vbad[hr][VB_WORD(2 * db)] >> ((2 * db) % 64);
       if (bits & 1UL) y.x = NAN;
       if ((bits >> 1) & 1UL) y.y = NAN;
       y = live ? y : (float2)(0.0f);     // (ST2_OUT's parameter y is also its .y)
