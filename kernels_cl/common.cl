@@ -4,9 +4,22 @@
 // f32; half is only a pointer target read through vload_half, so no cl_khr_fp16 is needed;
 // bfloat16 is a ushort widened by a shift), KV_Q the K/V storage (0: the spec's dtype,
 // 1: int8 codes with a float32 scale per vector, 2: int4 q4_0 blocks with a float16 scale
-// per 32 elements) and HD is the head size (a multiple of 4).
+// per 32 elements), HD is the head size of q and k and HV that of v, out and the partial
+// states (v_head_size; both multiples of 4).
 
 #define HD4 (HD / 4)
+#ifndef HV
+#define HV HD
+#endif
+#define HV4 (HV / 4)
+// v, out and the partial states are shaped like k and q with HV for HD: every stride of a
+// [.., HD] tensor is a multiple of HD, so V's element offset is K's / HD * HV (the same
+// expression when HV == HD: specs without v_head_size compile what they did before).
+#if HV == HD
+#define VOFF(R) (R)
+#else
+#define VOFF(R) ((R) / HD * HV)
+#endif
 
 // NVIDIA-only inline PTX (set by the host only when the probe found NVIDIA's OpenCL).
 #ifndef CVT_PTX
@@ -106,6 +119,8 @@ typedef float4 raw4_t;
 //   KV_LDRAW(p, s, R, D)  four values [D, D + 4) as raw bits (kvraw_t), for prefetching
 //   kv_cvt4(raw)          those bits -> float4 (dequantized), where they are used
 //   KV_LD4 / KV_LD1       load and convert at once (4 values / 1 value)
+// V's reads use the V_ spellings (V_LDRAW, V_LD4, V_LD1, SCV_AT) with V's row offset
+// (VOFF(KOFF(j)), a multiple of HV): the int8 scale of a vector is its offset / HV.
 // The scale index follows from the element offset because K/V use natural strides (the
 // scales are k's shape without its last axis, or with H/32 there): vector R / HD (int8),
 // block (R + D) / 32 (int4). Quantized raw bits are (codes, scale bits), so the loads of a
@@ -115,16 +130,16 @@ typedef elem_t kv_t;
 typedef float scale_t;         // no scales: the k_scale / v_scale arguments are NULL
 typedef raw4_t kvraw_t;
 #define KV_AT(p, base) ((p) + (base))
-#define SC_AT(s, base) (s)
-#define KV_LDRAW(p, s, R, D) LDRAW(p, (R) + (D))
+#define SC_AT_W(s, base, W) (s)
+#define KV_LDRAW_W(p, s, R, D, W) LDRAW(p, (R) + (D))
 #define KV_RAW_ZERO RAW_ZERO
 #define kv_cvt4(x) cvt4(x)
-#define KV_LD4(p, s, R, D) LD4(p, (R) + (D))
-#define KV_LD1(p, s, R, D) LD1(p, (R) + (D))
+#define KV_LD4_W(p, s, R, D, W) LD4(p, (R) + (D))
+#define KV_LD1_W(p, s, R, D, W) LD1(p, (R) + (D))
 #else
 typedef uint2 kvraw_t;
 #define KV_RAW_ZERO ((uint2)(0u))
-#define KV_LD4(p, s, R, D) kv_cvt4(KV_LDRAW(p, s, R, D))
+#define KV_LD4_W(p, s, R, D, W) kv_cvt4(KV_LDRAW_W(p, s, R, D, W))
 #if KV_Q == 1
 // int8: code * the vector's float32 scale; four codes are one aligned word (R, D and the
 // base are multiples of 4 bytes), the scale one word per key (the same address for every
@@ -132,11 +147,11 @@ typedef uint2 kvraw_t;
 typedef char kv_t;
 typedef float scale_t;
 #define KV_AT(p, base) ((p) + (base))
-#define SC_AT(s, base) ((s) + (base) / HD)
-#define KV_LDRAW(p, s, R, D) \
-  ((uint2)(*(const __global uint*)((p) + (R) + (D)), as_uint((s)[(R) / HD])))
+#define SC_AT_W(s, base, W) ((s) + (base) / (W))
+#define KV_LDRAW_W(p, s, R, D, W) \
+  ((uint2)(*(const __global uint*)((p) + (R) + (D)), as_uint((s)[(R) / (W)])))
 inline float4 kv_cvt4(uint2 r) { return convert_float4(as_char4(r.x)) * as_float(r.y); }
-#define KV_LD1(p, s, R, D) ((float)(p)[(R) + (D)] * (s)[(R) / HD])
+#define KV_LD1_W(p, s, R, D, W) ((float)(p)[(R) + (D)] * (s)[(R) / (W)])
 #else
 // int4, ggml q4_0: block b (elements [32b, 32b + 32)) is bytes [16b, 16b + 16); byte 16b + i
 // holds element 32b + i (low nibble) and 32b + i + 16 (high nibble). Four elements from a
@@ -145,9 +160,9 @@ inline float4 kv_cvt4(uint2 r) { return convert_float4(as_char4(r.x)) * as_float
 typedef uchar kv_t;
 typedef half scale_t;          // a pointer target only, read as bits (no cl_khr_fp16)
 #define KV_AT(p, base) ((p) + (base) / 2)
-#define SC_AT(s, base) ((s) + (base) / 32)
+#define SC_AT_W(s, base, W) ((s) + (base) / 32)
 #define Q4_BYTE(R, D) ((R) / 2 + ((D) / 32) * 16 + (D) % 16)
-#define KV_LDRAW(p, s, R, D)                                              \
+#define KV_LDRAW_W(p, s, R, D, W)                                         \
   ((uint2)(*(const __global uint*)((p) + Q4_BYTE(R, D)),                 \
            (uint)((const __global ushort*)(s))[((R) + (D)) / 32] | ((uint)((D) & 16) << 12)))
 // f16 bits -> f32 (the scalar form of the conversion above: exact, inf/NaN kept).
@@ -162,11 +177,20 @@ inline float4 kv_cvt4(uint2 r) {
   const int4 n = as_int4((uint4)(x, x >> 8, x >> 16, x >> 24) & 0xfu) - 8;
   return convert_float4(n) * h2f(r.y & 0xffffu);
 }
-#define KV_LD1(p, s, R, D)                                                               \
+#define KV_LD1_W(p, s, R, D, W)                                                          \
   ((float)((int)(((p)[Q4_BYTE(R, D)] >> ((D) & 16 ? 4 : 0)) & 0xf) - 8)                  \
    * vload_half(((R) + (D)) / 32, (s)))
 #endif
 #endif
+// K's reads (rows of HD) and V's (rows of HV).
+#define SC_AT(s, base) SC_AT_W(s, base, HD)
+#define KV_LDRAW(p, s, R, D) KV_LDRAW_W(p, s, R, D, HD)
+#define KV_LD4(p, s, R, D) KV_LD4_W(p, s, R, D, HD)
+#define KV_LD1(p, s, R, D) KV_LD1_W(p, s, R, D, HD)
+#define SCV_AT(s, base) SC_AT_W(s, base, HV)
+#define V_LDRAW(p, s, R, D) KV_LDRAW_W(p, s, R, D, HV)
+#define V_LD4(p, s, R, D) KV_LD4_W(p, s, R, D, HV)
+#define V_LD1(p, s, R, D) KV_LD1_W(p, s, R, D, HV)
 
 #if BIAS_F16
 typedef half bias_t;

@@ -1,7 +1,8 @@
 // The split-KV decode tile shared by decode_partial and decode_fused: one work-group's
 // partial state -- GC query heads of one GQA group x MQ (= m_tile) query rows over one KV
 // split -- written in the CONTRACT format: o_parts [B,Nq,S,T,H] and lse_parts [B,Nq,S,T],
-// float32, o = 0 and lse = -inf where the split has no visible key.
+// float32, o = 0 and lse = -inf where the split has no visible key (and for padding rows,
+// past seqlens_q[b], selected whatever they accumulated). o's rows are HV long.
 // Two variants (-D SG_IMPL): 0 work-group memory and barriers per tile; otherwise every
 // sub-group streams its own key chunks with no barrier in the loop (see below).
 // With BLOCK_SKIP (tiled variant only) a split is a share of the row tile's listed blocks
@@ -12,15 +13,17 @@
   PARAMS P, const __global elem_t* q, const __global kv_t* k, const __global kv_t* v,       \
       const __global scale_t* k_scale, const __global scale_t* v_scale,                   \
       const __global bias_t* bias, const __global int* seqlens, const __global int* block_table, \
-      const __global int* blk_off, const __global int* blk_ids, const __global int* blk_zero
+      const __global int* blk_off, const __global int* blk_ids, const __global int* blk_zero, \
+      const __global int* kv_start, const __global int* seqlens_q
 #define DECODE_ARG_NAMES \
-  P, q, k, v, k_scale, v_scale, bias, seqlens, block_table, blk_off, blk_ids, blk_zero
+  P, q, k, v, k_scale, v_scale, bias, seqlens, block_table, blk_off, blk_ids, blk_zero, kv_start, \
+      seqlens_q
 
 #if SG_IMPL == 0
 
 #if STAGE_V
 #define DECODE_LOCALS                                                     \
-  __local float Qs[R_ROWS * KP], Ks[TK * KP], Vs[TK * HD], Ss[R_ROWS * TK], \
+  __local float Qs[R_ROWS * KP], Ks[TK * KP], Vs[TK * HV], Ss[R_ROWS * TK], \
       Ps[R_ROWS * TK], Mrun[R_ROWS], Mnew[R_ROWS];
 #else
 #define DECODE_LOCALS                                                     \
@@ -36,12 +39,11 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
                         __local float* Mnew) {
   const int ns = (int)P->n_splits;
   int t;
-  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  const Rows w = decompose(P, seqlens, kv_start, seqlens_q, get_group_id(0), ns, &t);
   *wout = w;
 #if BLOCK_SKIP
   // The whole key range; this split takes entries [n t / ns, n (t+1) / ns) of its list.
-  const int i1 = min(w.i0 + MQ, (int)P->seq_len) - 1;
-  const int2 kr = key_range(P, w.L, w.i0, i1, 0, (int)P->capacity);
+  const int2 kr = key_range(P, &w, 0, (int)P->capacity);
   const int2 e = listed(blk_off, blk_ids, list_row(P, &w), kr);
   const int n = e.y - e.x;
   Tiles ts = dense_tiles(kr);
@@ -56,21 +58,25 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
   flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), KV_AT(k, kv_base),
-             KV_AT(v, kv_base), SC_AT(k_scale, kv_base), SC_AT(v_scale, kv_base), bias, Qs, Ks,
-             Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
+             KV_AT(v, VOFF(kv_base)), SC_AT(k_scale, kv_base), SCV_AT(v_scale, VOFF(kv_base)),
+             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
 
   const int lid = get_local_id(0);
   const int dl = lid % DL, prl = lid / DL;
   for (int pm = 0; pm < PMR; ++pm) {
     const int r = prl + pm * PRL;
     if (!row_ok(P, &w, r)) continue;
+    const bool live = row_live(P, &w, r);
     const size_t row = part_row(P, &w, r, t);
     const float inv = inv_sum(l[pm]);
     for (int dv = 0; dv < DV; ++dv) {
       const int g = dl + dv * DL;
-      if (g < HD4) vstore4(finite_or_nan4(acc[pm][dv] * inv), 0, o_parts + row * HD + 4 * g);
+      if (g < HV4)
+        vstore4(live ? finite_or_nan4(acc[pm][dv] * inv) : (float4)(0.0f), 0,
+                o_parts + row * HV + 4 * g);
     }
-    if (dl == 0) lse_parts[row] = lse_of(m[pm] + alibi_offset(P, &w, r, kr.y), l[pm]);
+    if (dl == 0)
+      lse_parts[row] = live ? lse_of(m[pm] + alibi_offset(P, &w, r, kr.y), l[pm]) : -INFINITY;
   }
 }
 
@@ -87,8 +93,10 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
 #endif
 #define NW (WG / SG)
 #define KC (SG / RP)
-#define DPL4 ((HD4 + SG - 1) / SG)
+#define DPL4 ((HD4 + SG - 1) / SG)     // float4 groups of q / k per lane
+#define DPLV ((HV4 + SG - 1) / SG)     // of v / o
 
+#if HV == HD
 #define FETCH_CHUNK(CI, AK, AV)                                           \
   for (int c_ = 0; c_ < KC; ++c_)                                         \
     for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
@@ -101,13 +109,29 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
         AV[c_][d_] = KV_LDRAW(vb, vsb, ro_, 4 * g_);                      \
       }                                                                   \
     }
+#else
+#define FETCH_CHUNK(CI, AK, AV)                                           \
+  for (int c_ = 0; c_ < KC; ++c_) {                                       \
+    const int j_ = kr.x + (CI) * KC + c_;                                 \
+    const bool in_ = (CI) < nchunks && j_ < kr.y;                         \
+    for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
+      const int g_ = lane + d_ * SG;                                      \
+      AK[c_][d_] = KV_RAW_ZERO;                                           \
+      if (in_ && g_ < HD4) AK[c_][d_] = KV_LDRAW(kb, ksb, KOFF(j_), 4 * g_); \
+    }                                                                     \
+    for (int d_ = 0; d_ < DPLV; ++d_) {                                   \
+      const int g_ = lane + d_ * SG;                                      \
+      AV[c_][d_] = KV_RAW_ZERO;                                           \
+      if (in_ && g_ < HV4) AV[c_][d_] = V_LDRAW(vb, vsb, VOFF(KOFF(j_)), 4 * g_); \
+    }                                                                     \
+  }
+#endif
 
 #define COPY_CHUNK(DK, DV_, SK, SV)                                       \
-  for (int c_ = 0; c_ < KC; ++c_)                                         \
-    for (int d_ = 0; d_ < DPL4; ++d_) {                                   \
-      DK[c_][d_] = SK[c_][d_];                                            \
-      DV_[c_][d_] = SV[c_][d_];                                           \
-    }
+  for (int c_ = 0; c_ < KC; ++c_) {                                       \
+    for (int d_ = 0; d_ < DPL4; ++d_) DK[c_][d_] = SK[c_][d_];            \
+    for (int d_ = 0; d_ < DPLV; ++d_) DV_[c_][d_] = SV[c_][d_];           \
+  }
 
 // One butterfly level: keep the half of x selected by this lane's bit, add the partner's.
 #define FOLD(H)                                                           \
@@ -120,7 +144,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
 
 #define DECODE_LOCALS                                                     \
   __local float red_m[NW * RP], red_l[NW * RP];                           \
-  __local float4 red_o[NW * RP * HD4];                                    \
+  __local float4 red_o[NW * RP * HV4];                                    \
   SG_SCRATCH_DECL
 #define DECODE_LOCAL_NAMES red_m, red_l, red_o SG_SCRATCH_ARG
 
@@ -129,29 +153,29 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
                         __local float4* red_o SG_SCRATCH_PARAM) {
   const int ns = (int)P->n_splits;
   int t;
-  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  const Rows w = decompose(P, seqlens, kv_start, seqlens_q, get_group_id(0), ns, &t);
   *wout = w;
   const int2 kr = split_keys(P, &w, t);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
   const __global kv_t* kb = KV_AT(k, kv_base);
-  const __global kv_t* vb = KV_AT(v, kv_base);
+  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
   const __global scale_t* ksb = SC_AT(k_scale, kv_base);
-  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
+  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
   const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;
   const int2 ckeys = common_keys(P, &w);
 
   float4 qr[RP][DPL4];
-  float4 acc[RP][DPL4];
+  float4 acc[RP][DPLV];
   float m[RP], l[RP];
   for (int r = 0; r < RP; ++r) {
     m[r] = -INFINITY;
     l[r] = 0.0f;
+    for (int d = 0; d < DPLV; ++d) acc[r][d] = (float4)(0.0f);
     for (int d = 0; d < DPL4; ++d) {
       const int g = lane + d * SG;
-      acc[r][d] = (float4)(0.0f);
       qr[r][d] = (float4)(0.0f);
-      if (g < HD4 && row_ok(P, &w, r)) {
+      if (g < HD4 && row_live(P, &w, r)) {
         const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
         qr[r][d] = LD4(q, (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
                               + 4 * g) * P->scale;
@@ -162,17 +186,17 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + KC - 1) / KC : 0;
   // Raw chunks in flight: PF = 1 keeps the next chunk loading while this one is computed,
   // PF = 2 the one after it too (twice the bytes in flight per sub-group, more registers).
-  kvraw_t ak[KC][DPL4], av[KC][DPL4];
+  kvraw_t ak[KC][DPL4], av[KC][DPLV];
   FETCH_CHUNK(wid, ak, av)
 #if PF == 2
-  kvraw_t bk[KC][DPL4], bv[KC][DPL4];
+  kvraw_t bk[KC][DPL4], bv[KC][DPLV];
   FETCH_CHUNK(wid + NW, bk, bv)
 #endif
   // Every sub-group runs the same number of rounds (a round past the end is all masked),
   // so sub-group operations stay uniform even where they are emulated with barriers.
   for (int base = 0; base < nchunks; base += NW) {
     const int ci = base + wid;
-    kvraw_t ck[KC][DPL4], cv[KC][DPL4];
+    kvraw_t ck[KC][DPL4], cv[KC][DPLV];
     COPY_CHUNK(ck, cv, ak, av)
 #if PF == 2
     COPY_CHUNK(ak, av, bk, bv)
@@ -206,7 +230,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
       const float alpha = EXP(m[rr] - SAFE_MAX(mn));
       l[rr] = l[rr] * alpha + SG_BCAST(ps, rr * KC);
       m[rr] = mn;
-      for (int d = 0; d < DPL4; ++d) acc[rr][d] *= alpha;
+      for (int d = 0; d < DPLV; ++d) acc[rr][d] *= alpha;
     }
     // a chunk on the causal diagonal or the window's edge adds only the keys each row sees
     // (the chunk differs per sub-group: the shuffles stay outside the branch, uniform)
@@ -217,14 +241,14 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
       float pr[RP];
       for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);
       if (full) {
-        for (int d = 0; d < DPL4; ++d) {
+        for (int d = 0; d < DPLV; ++d) {
           const float4 vc = kv_cvt4(cv[cc][d]);
           for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
         }
       } else {
         bool seen[RP];
         for (int rr = 0; rr < RP; ++rr) seen[rr] = key_seen(P, &w, rr, j0 + cc);
-        for (int d = 0; d < DPL4; ++d) {
+        for (int d = 0; d < DPLV; ++d) {
           const float4 vc = kv_cvt4(cv[cc][d]);
           for (int rr = 0; rr < RP; ++rr)
             if (seen[rr]) acc[rr][d] += pr[rr] * vc;
@@ -239,14 +263,14 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
       red_m[wid * RP + rr] = m[rr];
       red_l[wid * RP + rr] = l[rr];
     }
-    for (int d = 0; d < DPL4; ++d) {
+    for (int d = 0; d < DPLV; ++d) {
       const int g = lane + d * SG;
-      if (g < HD4) red_o[(wid * RP + rr) * HD4 + g] = acc[rr][d];
+      if (g < HV4) red_o[(wid * RP + rr) * HV4 + g] = acc[rr][d];
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int idx = lid; idx < R_ROWS * HD4; idx += WG) {
-    const int r = idx / HD4, g = idx % HD4;
+  for (int idx = lid; idx < R_ROWS * HV4; idx += WG) {
+    const int r = idx / HV4, g = idx % HV4;
     if (row_ok(P, &w, r)) {
       float mm = -INFINITY;
       for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * RP + r]);
@@ -256,12 +280,16 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
       for (int ww = 0; ww < NW; ++ww) {
         const float f = EXP(red_m[ww * RP + r] - mu);
         ll += red_l[ww * RP + r] * f;
-        oo += red_o[(ww * RP + r) * HD4 + g] * f;
+        oo += red_o[(ww * RP + r) * HV4 + g] * f;
       }
       const size_t row = part_row(P, &w, r, t);
-      const float4 o = ll > 0.0f || isnan(ll) ? oo / ll : (float4)(0.0f);
-      vstore4(finite_or_nan4(o), 0, o_parts + row * HD + 4 * g);
-      if (g == 0) lse_parts[row] = lse_of(mm + alibi_offset(P, &w, r, kr.y), ll);
+      // a padding row: o 0 and lse -inf, selected whatever it accumulated
+      const bool live = row_live(P, &w, r);
+      const float4 o = live && (ll > 0.0f || isnan(ll)) ? finite_or_nan4(oo / ll)
+                                                        : (float4)(0.0f);
+      vstore4(o, 0, o_parts + row * HV + 4 * g);
+      if (g == 0)
+        lse_parts[row] = live ? lse_of(mm + alibi_offset(P, &w, r, kr.y), ll) : -INFINITY;
     }
   }
 }

@@ -9,6 +9,8 @@
 // and the ticket (release); the last work-group fences again (acquire) and reads the
 // partials through volatile pointers (never a stale cached line). It resets its ticket to
 // 0, so the scratch and tickets are ready for the next launch without a host fill.
+// A padding row (past seqlens_q[b]) takes no sink: its splits are all empty, so it gets out 0
+// and lse -inf (the reduce's rule with seqlens_q).
 
 #if NV_FENCE
 // NVIDIA: membar.gl orders global memory device-wide (beside OpenCL's own fence).
@@ -28,8 +30,8 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
                            const volatile __global float* lse_parts,
                            __global elem_t* out, __global float* lse) {
   const int ns = (int)P->n_splits;
-  for (int idx = get_local_id(0); idx < R_ROWS * HD4; idx += WG) {
-    const int r = idx / HD4, g = idx % HD4;
+  for (int idx = get_local_id(0); idx < R_ROWS * HV4; idx += WG) {
+    const int r = idx / HV4, g = idx % HV4;
     if (!row_ok(P, w, r)) continue;
     const int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
     const size_t row = part_row(P, w, r, 0);
@@ -44,7 +46,7 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
       for (int u = 0; u < MB; ++u) {            // clamped indices: loads issue together
         const int t = min(t0 + u, ns - 1);
         lt[u] = t0 + u < ns ? lse_parts[row + t] : -INFINITY;
-        ot[u] = *(const volatile __global float4*)(o_parts + (row + t) * HD + 4 * g);
+        ot[u] = *(const volatile __global float4*)(o_parts + (row + t) * HV + 4 * g);
       }
       for (int u = 0; u < MB; ++u) {
         const float m2 = fmax(mx, lt[u]), mu = SAFE_MAX(m2);
@@ -54,7 +56,7 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
         mx = m2;
       }
     }
-    if (P->has_sink) {
+    if (P->has_sink && row_live(P, w, r)) {
       const float sk = sink[h];
       const float m2 = fmax(mx, sk), mu = SAFE_MAX(m2);
       const float f = EXP(mx - mu);
@@ -62,8 +64,7 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
       num *= f;
       mx = m2;
     }
-    ST4(finite_or_nan4(num * inv_sum(den)), out,
-        (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g);
+    ST4(finite_or_nan4(num * inv_sum(den)), out, OUT_OFF(P, w->b, h, i) + 4 * g);
     if (P->return_lse && g == 0)
       lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = lse_of(SAFE_MAX(mx), den);
   }

@@ -21,15 +21,19 @@
 // through every later rescale and product).
 // Quantized K/V (KV_Q 1, 2) are fetched raw and made fragments where they are multiplied, in
 // the dims order and with the scales that mma_kvq.cl describes.
+// The shapes real models need (CONTRACT): keys before kv_start[b] are outside every split's
+// key range (never loaded; a split wholly before it is empty), padding rows (past
+// seqlens_q[b]) load no q and are written as o 0 and lse -inf, and V, O and the partial
+// states have HV (v_head_size) dims: Q K^T runs over HD, P V over HV.
 
-#if HD % 32
-#error "decode_mma.cl loads 32-dim runs: head size a multiple of 32"
+#if HD % 32 || HV % 64
+#error "decode_mma.cl loads 32-dim runs of k and 64-dim runs of v"
 #endif
 #define NW (WG / 32)
 #define NKB (TK / 8)            // 8-key blocks of S per chunk
 #define NKC (TK / 16)           // 16-key chunks of P V per chunk
 #define NDR (HD / 32)           // 32-dim runs of Q K^T (two 16-dim k chunks each)
-#define NDB (HD / 8)            // 8-dim blocks of O (and dims per lane in P V)
+#define NDB (HV / 8)            // 8-dim blocks of O (and dims per lane in P V)
 #define NVW (NDB / 2)           // words of one key's dims per lane in P V
 // Chunk CI's K runs (key 8 nb + g, dims 32 c + 8 t ..) and V runs (key of P V index kk of
 // lane t, dims g NDB ..) into registers; zeros past the chunk's keys (nothing beyond read).
@@ -54,7 +58,7 @@
         for (int u = 0; u < NVW / 4; ++u) {                                     \
           AV[kc][kk][u] = (uint4)(0u);                                          \
           if ((CI) < nchunks && j_ < kr.y)                                      \
-            AV[kc][kk][u] = KV_LD16(vb, vsb, KOFF(j_), g * NDB + 8 * u);        \
+            AV[kc][kk][u] = KV_LD16(vb, vsb, VOFF(KOFF(j_)), g * NDB + 8 * u);  \
         }                                                                       \
       }                                                                         \
     }                                                                           \
@@ -95,7 +99,7 @@ inline uint vword(uint4 x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void MMA_ENTRY(KERNEL_ARGS) {
   __local float red_m[NW * R_ROWS], red_l[NW * R_ROWS];
-  __local float red_o[NW * R_ROWS * HD];
+  __local float red_o[NW * R_ROWS * HV];
 #if MMA_OUT == 2
   __local int last;
 #endif
@@ -104,19 +108,21 @@ void MMA_ENTRY(KERNEL_ARGS) {
 
   Rows w;
   int split;
-  w = decompose(P, seqlens, (int)get_group_id(0), (int)P->n_splits, &split);
+  w = decompose(P, seqlens, kv_start, seqlens_q, (int)get_group_id(0), (int)P->n_splits,
+                &split);
   const int2 kr = split_keys(P, &w, split);
   const int2 ckeys = common_keys(P, &w);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
   const __global kv_t* kb = KV_AT(k, kv_base);
-  const __global kv_t* vb = KV_AT(v, kv_base);
+  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
   const __global scale_t* ksb = SC_AT(k_scale, kv_base);
-  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
+  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
   const int lid = get_local_id(0), lane = lid & 31, wid = lid >> 5, g = lane >> 2, t = lane & 3;
   const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
 
-  // Q's A fragments (raw f16 bits; the scale applies to the f32 scores), rows g and g + 8.
+  // Q's A fragments (raw f16 bits; the scale applies to the f32 scores), rows g and g + 8
+  // (zeros for padding rows: their q is never read).
   uint4 qa[2 * NDR];
 #if KV_Q
   UNROLL
@@ -125,10 +131,10 @@ void MMA_ENTRY(KERNEL_ARGS) {
   UNROLL
   for (int c = 0; c < NDR; ++c) {
     uint4 lo = (uint4)(0u), hi = (uint4)(0u);
-    if (row_ok(P, &w, g))
+    if (row_live(P, &w, g))
       lo = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + g / MQ) * P->q_sh
                    + (size_t)(w.i0 + g % MQ) * P->q_ss + 32 * c + 8 * t);
-    if (row_ok(P, &w, g + 8))
+    if (row_live(P, &w, g + 8))
       hi = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + (g + 8) / MQ) * P->q_sh
                    + (size_t)(w.i0 + (g + 8) % MQ) * P->q_ss + 32 * c + 8 * t);
     qa[2 * c] = (uint4)(lo.x, hi.x, lo.y, hi.y);
@@ -146,7 +152,8 @@ void MMA_ENTRY(KERNEL_ARGS) {
 
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
 #if KV_Q == 1
-  // The split's largest v_scale (every warp finds it alone): P takes v_scale / vmax.
+  // The split's largest v_scale (every warp finds it alone): P takes v_scale / vmax. (Key
+  // j's vector index: KOFF(j) / HD, V's offset / HV alike.)
   float vmax = 0.0f;
   for (int j = kr.x + lane; j < kr.y; j += 32) vmax = fmax(vmax, vsb[KOFF(j) / HD]);
   UNROLL
@@ -319,7 +326,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
             for (int e = 0; e < 2; ++e) {
               bool bad = false;
               for (int j = j0; j < j1; ++j)
-                bad = bad || V_BAD(vb, vsb, KOFF(j), VDIM(2 * t + e, db));
+                bad = bad || V_BAD(vb, vsb, VOFF(KOFF(j)), VDIM(2 * t + e, db));
               if (bad && row_ok(P, &w, r)) o[db][2 * hr + e] = NAN;
             }
           }
@@ -343,13 +350,13 @@ void MMA_ENTRY(KERNEL_ARGS) {
       for (int db = 0; db < NDB; ++db) {
         UNROLL
         for (int e = 0; e < 2; ++e)
-          red_o[(wid * R_ROWS + r) * HD + VDIM(2 * t + e, db)] = O_OUT(o[db][2 * hr + e]);
+          red_o[(wid * R_ROWS + r) * HV + VDIM(2 * t + e, db)] = O_OUT(o[db][2 * hr + e]);
       }
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int idx = lid; idx < R_ROWS * HD; idx += WG) {
-    const int r = idx / HD, d = idx % HD;
+  for (int idx = lid; idx < R_ROWS * HV; idx += WG) {
+    const int r = idx / HV, d = idx % HV;
     if (!row_ok(P, &w, r)) continue;
     float mm = -INFINITY;
     for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * R_ROWS + r]);
@@ -358,11 +365,14 @@ void MMA_ENTRY(KERNEL_ARGS) {
     for (int ww = 0; ww < NW; ++ww) {
       const float f = EXP(red_m[ww * R_ROWS + r] - mv);
       ll += red_l[ww * R_ROWS + r] * f;
-      oo += red_o[(ww * R_ROWS + r) * HD + d] * f;
+      oo += red_o[(ww * R_ROWS + r) * HV + d] * f;
     }
     const size_t row = part_row(P, &w, r, split);
-    o_parts[row * HD + d] = finite_or_nan(oo * inv_sum(ll));
-    if (d == 0) lse_parts[row] = lse_of(mm + alibi_offset(P, &w, r, kr.y), ll);
+    // a padding row: o 0 and lse -inf, selected whatever it accumulated
+    const bool live = row_live(P, &w, r);
+    o_parts[row * HV + d] = live ? finite_or_nan(oo * inv_sum(ll)) : 0.0f;
+    if (d == 0)
+      lse_parts[row] = live ? lse_of(mm + alibi_offset(P, &w, r, kr.y), ll) : -INFINITY;
   }
 #if MMA_OUT == 2
   fused_finish(P, &w, sink, o_parts, lse_parts, out, lse, tickets, &last);

@@ -1,8 +1,9 @@
 // decode_pv: the second kernel of the unfused decode. Per work-group (the same row tiling
 // as decode_qk, so the same key range per row): p_j = exp(s_j - m_t) / l_t from the
 // scores and statistics decode_qk wrote, times V, into the CONTRACT partial states
-// o_parts [B,Nq,S,T,H] and lse_parts [B,Nq,S,T] (lse_t = m_t + log l_t; o = 0 and
-// lse = -inf for a split without visible keys). The reduce then merges the splits.
+// o_parts [B,Nq,S,T,Hv] and lse_parts [B,Nq,S,T] (lse_t = m_t + log l_t; o = 0 and
+// lse = -inf for a split without visible keys, padding rows included: decode_qk gave them
+// no visible key). The reduce then merges the splits.
 // Probabilities of a TK-key tile are staged in local memory; DL lanes own float4 dims,
 // WG / DL key lanes take every (WG / DL)-th key of the tile, and merge at the end.
 
@@ -11,19 +12,19 @@
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_pv(KERNEL_ARGS) {
   __local float Ps[R_ROWS * TK];
-  __local float4 red[KLN * HD4];
+  __local float4 red[KLN * HV4];
   __local float Mt[R_ROWS];
   __local float Lt[R_ROWS];
   __local float Il[R_ROWS];
 
   const int ns = (int)P->n_splits;
   int t;
-  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  const Rows w = decompose(P, seqlens, kv_start, seqlens_q, get_group_id(0), ns, &t);
   const int2 kr = split_keys(P, &w, t);
   const __global int* btab = BTAB(P, block_table, w.b);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  const __global kv_t* vb = KV_AT(v, kv_base);
-  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
+  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
+  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
   const int lid = get_local_id(0);
   const int dl = lid % DL, kn = lid / DL;
   const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * ns;
@@ -57,8 +58,8 @@ void decode_pv(KERNEL_ARGS) {
       for (int jj = kn; jj < TK; jj += KLN) {
         const int j = min(t0 + jj, kr.y - 1);             // clamped; p is 0 past the range
         for (int dv = 0; dv < DV; ++dv) {
-          const int g = min(dl + dv * DL, HD4 - 1);
-          const float4 vv = KV_LD4(vb, vsb, KOFF(j), 4 * g);
+          const int g = min(dl + dv * DL, HV4 - 1);
+          const float4 vv = V_LD4(vb, vsb, VOFF(KOFF(j)), 4 * g);
           for (int r = 0; r < R_ROWS; ++r) acc[r][dv] += Ps[r * TK + jj] * vv;
         }
       }
@@ -68,8 +69,8 @@ void decode_pv(KERNEL_ARGS) {
         bool seen[R_ROWS];
         for (int r = 0; r < R_ROWS; ++r) seen[r] = t0 + jj < kr.y && key_seen(P, &w, r, j);
         for (int dv = 0; dv < DV; ++dv) {
-          const int g = min(dl + dv * DL, HD4 - 1);
-          const float4 vv = KV_LD4(vb, vsb, KOFF(j), 4 * g);
+          const int g = min(dl + dv * DL, HV4 - 1);
+          const float4 vv = V_LD4(vb, vsb, VOFF(KOFF(j)), 4 * g);
           for (int r = 0; r < R_ROWS; ++r)
             if (seen[r]) acc[r][dv] += Ps[r * TK + jj] * vv;
         }
@@ -81,7 +82,7 @@ void decode_pv(KERNEL_ARGS) {
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int dv = 0; dv < DV; ++dv) {
       const int g = dl + dv * DL;
-      if (g < HD4) red[kn * HD4 + g] = acc[r][dv];
+      if (g < HV4) red[kn * HV4 + g] = acc[r][dv];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (kn == 0 && row_ok(P, &w, r)) {
@@ -89,10 +90,10 @@ void decode_pv(KERNEL_ARGS) {
       const bool any = Lt[r] != 0.0f;                     // NaN (a NaN score): not empty
       for (int dv = 0; dv < DV; ++dv) {
         const int g = dl + dv * DL;
-        if (g < HD4) {
+        if (g < HV4) {
           float4 o = (float4)(0.0f);
-          for (int c = 0; c < KLN; ++c) o += red[c * HD4 + g];
-          vstore4(any ? finite_or_nan4(o) : (float4)(0.0f), 0, o_parts + row * HD + 4 * g);
+          for (int c = 0; c < KLN; ++c) o += red[c * HV4 + g];
+          vstore4(any ? finite_or_nan4(o) : (float4)(0.0f), 0, o_parts + row * HV + 4 * g);
         }
       }
       if (dl == 0)

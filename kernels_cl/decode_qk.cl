@@ -16,7 +16,7 @@ void decode_qk(KERNEL_ARGS) {
 
   const int ns = (int)P->n_splits;
   int t;
-  const Rows w = decompose(P, seqlens, get_group_id(0), ns, &t);
+  const Rows w = decompose(P, seqlens, kv_start, seqlens_q, get_group_id(0), ns, &t);
   const int2 kr = split_keys(P, &w, t);
   const Tiles ts = dense_tiles(kr);
   const __global int* btab = BTAB(P, block_table, w.b);

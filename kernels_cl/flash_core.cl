@@ -18,8 +18,9 @@
 #define NK (TK / KL)
 #define PRL (WG / DL)          // row lanes in the P.V phase
 #define PMR ((R_ROWS + PRL - 1) / PRL)
-#define DV ((HD4 + DL - 1) / DL)
+#define DV ((HV4 + DL - 1) / DL)  // float4 groups of V (and out) per P.V lane
 #define NLD ((TK * HD4 + WG - 1) / WG)
+#define NLDV ((TK * HV4 + WG - 1) / WG)
 
 #ifndef PAGED
 #define PAGED 0
@@ -42,7 +43,9 @@
 #endif
 
 // Load this work-item's share of the tile of keys [T0, T1) (zeros past T1: nothing beyond
-// the range is read). Needs lid, P, btab, kb, vb, ksb, vsb, pk, pv in scope.
+// the range is read). Needs lid, P, btab, kb, vb, ksb, vsb, pk, pv in scope. V rows of
+// another length (HV != HD) take a loop of their own (V's offset is VOFF of K's).
+#if HV == HD
 #define FETCH(T0, T1)                                                   \
   for (int n = 0; n < NLD; ++n) {                                       \
     const int idx_ = lid + n * WG, jj_ = idx_ / HD4, g_ = idx_ % HD4;   \
@@ -54,9 +57,25 @@
       if (STAGE_V) pv[n] = KV_LDRAW(vb, vsb, ro_, 4 * g_);              \
     }                                                                   \
   }
+#else
+#define FETCH(T0, T1)                                                   \
+  for (int n = 0; n < NLD; ++n) {                                       \
+    const int idx_ = lid + n * WG, jj_ = idx_ / HD4, g_ = idx_ % HD4;   \
+    pk[n] = KV_RAW_ZERO;                                                \
+    if (idx_ < TK * HD4 && (T0) + jj_ < (T1))                           \
+      pk[n] = KV_LDRAW(kb, ksb, KOFF((T0) + jj_), 4 * g_);              \
+  }                                                                     \
+  for (int n = 0; n < NLDV; ++n) {                                      \
+    const int idx_ = lid + n * WG, jj_ = idx_ / HV4, g_ = idx_ % HV4;   \
+    pv[n] = KV_RAW_ZERO;                                                \
+    if (STAGE_V && idx_ < TK * HV4 && (T0) + jj_ < (T1))                \
+      pv[n] = V_LDRAW(vb, vsb, VOFF(KOFF((T0) + jj_)), 4 * g_);         \
+  }
+#endif
 
-// Registers -> local tiles (K with pitch KPITCH, V with pitch HD), converted (dequantized)
+// Registers -> local tiles (K with pitch KPITCH, V with pitch HV), converted (dequantized)
 // to f32: staging is 4 bytes a value whatever the storage (tiling.py counts it so).
+#if HV == HD
 #define STORE_TILE(KPITCH)                                              \
   for (int n = 0; n < NLD; ++n) {                                       \
     const int idx_ = lid + n * WG, jj_ = idx_ / HD4, g_ = idx_ % HD4;   \
@@ -65,6 +84,17 @@
       if (STAGE_V) vstore4(kv_cvt4(pv[n]), 0, Vs + jj_ * HD + 4 * g_);  \
     }                                                                   \
   }
+#else
+#define STORE_TILE(KPITCH)                                              \
+  for (int n = 0; n < NLD; ++n) {                                       \
+    const int idx_ = lid + n * WG, jj_ = idx_ / HD4, g_ = idx_ % HD4;   \
+    if (idx_ < TK * HD4) vstore4(kv_cvt4(pk[n]), 0, Ks + jj_ * (KPITCH) + 4 * g_); \
+  }                                                                     \
+  for (int n = 0; n < NLDV; ++n) {                                      \
+    const int idx_ = lid + n * WG, jj_ = idx_ / HV4, g_ = idx_ % HV4;   \
+    if (STAGE_V && idx_ < TK * HV4) vstore4(kv_cvt4(pv[n]), 0, Vs + jj_ * HV + 4 * g_); \
+  }
+#endif
 
 inline float alibi_slope(PARAMS P, int h) {
   return (uint)h < P->alibi_n ? exp2(P->alibi_e0 * (float)(h + 1))
@@ -75,53 +105,79 @@ inline int valid_len(PARAMS P, const __global int* seqlens, int b) {
   return P->has_seqlens ? seqlens[b] : (int)P->total_len;
 }
 
-// Keys [lo, hi) that any row of a work-group may see, for query rows i0..i1 (inclusive)
-// of batch b with valid length L, intersected with [klo, khi). Everything outside is
-// skipped by loop bounds, so memory past L (or past the window) is never read.
-inline int2 key_range(PARAMS P, int L, int i0, int i1, int klo, int khi) {
-  int p0 = L - (int)P->seq_len + i0, p1 = L - (int)P->seq_len + i1;
-  int hi = min(khi, L);
-  if (P->causal) hi = min(hi, p1 + 1);
-  int lo = klo;
-  if (P->local_window > 0) lo = max(lo, p0 - P->local_window + 1);
-  return (int2)(lo, hi);
+// The shapes real models need (CONTRACT): batch b's first existing key kv_start[b] (left
+// padding: keys before it are never loaded) and its query row count S_b = seqlens_q[b]
+// (rows past it are padding: they see nothing, take no sink, and are written as out 0 and
+// lse -inf). Without the tensors: key 0 and seq_len rows, so p_i = L_b - S_b + i is the
+// usual L_b - seq_len + i.
+inline int first_key(PARAMS P, const __global int* kv_start, int b) {
+  return P->has_kv_start ? kv_start[b] : 0;
+}
+inline int q_rows(PARAMS P, const __global int* seqlens_q, int b) {
+  return P->has_seqlens_q ? seqlens_q[b] : (int)P->seq_len;
 }
 
 // Row r of a work-group: query head h0 + r / MQ, query row i0 + r % MQ.
 typedef struct {
   int b, kvh, h0, gcv, i0, L;   // batch, kv head, first head, valid heads, first row, L_b
+  int S, ks;                    // the batch's query rows S_b and first key kv_start[b]
 } Rows;
 
+// Whether row r is an output row of the work-group (padding rows included) ...
 inline bool row_ok(PARAMS P, const Rows* w, int r) {
   return r < R_ROWS && r / MQ < w->gcv && w->i0 + r % MQ < (int)P->seq_len;
 }
 
-// Whether row r sees key j (positional: L_b, causality, the window).
-inline bool key_seen(PARAMS P, const Rows* w, int r, int j) {
-  const int p = w->L - (int)P->seq_len + w->i0 + r % MQ;
-  return j < w->L && (!P->causal || j <= p) && (P->local_window <= 0 || j > p - P->local_window);
+// ... and whether it is a live one (not padding): the only rows whose q is read.
+inline bool row_live(PARAMS P, const Rows* w, int r) {
+  return row_ok(P, w, r) && w->i0 + r % MQ < w->S;
 }
 
-// Keys [lo, hi) that row r sees (a contiguous range: L_b, causality, the window). Loops over
-// edge tiles test j against it: two compares per (row, key), hoisted out of the element loop.
+// Keys [lo, hi) that any live row of a work-group may see, intersected with [klo, khi):
+// from kv_start to L_b, causality and the window (empty when every row is padding).
+// Everything outside is skipped by loop bounds, so memory before kv_start, past L_b (or
+// past the window) is never read, and whole tiles before kv_start are never visited.
+inline int2 key_range(PARAMS P, const Rows* w, int klo, int khi) {
+  const int i1 = min(w->i0 + MQ, w->S) - 1;             // the last live row
+  const int p0 = w->L - w->S + w->i0, p1 = w->L - w->S + i1;
+  int hi = min(khi, w->L);
+  if (P->causal) hi = min(hi, p1 + 1);
+  int lo = max(klo, w->ks);
+  if (P->local_window > 0) lo = max(lo, p0 - P->local_window + 1);
+  if (i1 < w->i0) hi = lo;
+  return (int2)(lo, hi);
+}
+
+// Whether row r sees key j (positional: kv_start, L_b, causality, the window; a padding
+// row sees nothing).
+inline bool key_seen(PARAMS P, const Rows* w, int r, int j) {
+  const int i = w->i0 + r % MQ, p = w->L - w->S + i;
+  return i < w->S && j >= w->ks && j < w->L && (!P->causal || j <= p)
+      && (P->local_window <= 0 || j > p - P->local_window);
+}
+
+// Keys [lo, hi) that row r sees (a contiguous range: kv_start, L_b, causality, the window;
+// empty for a padding row). Loops over edge tiles test j against it: two compares per
+// (row, key), hoisted out of the element loop.
 inline int2 row_keys(PARAMS P, const Rows* w, int r) {
-  const int p = w->L - (int)P->seq_len + w->i0 + r % MQ;
-  int hi = w->L, lo = 0;
+  const int i = w->i0 + r % MQ, p = w->L - w->S + i;
+  int hi = i < w->S ? w->L : 0, lo = w->ks;
   if (P->causal) hi = min(hi, p + 1);
   if (P->local_window > 0) lo = max(lo, p - P->local_window + 1);
   return (int2)(lo, hi);
 }
 
-// Keys [lo, hi) that every row of the work-group sees. P.V multiplies a tile's weights with
-// its values unmasked only when the tile lies inside: elsewhere a row's weight of 0 for a
-// key it cannot see would meet that key's value (0 * NaN = NaN), so tiles on the causal
-// diagonal or the window's edge select each contribution by key_seen.
+// Keys [lo, hi) that every live row of the work-group sees. P.V multiplies a tile's weights
+// with its values unmasked only when the tile lies inside: elsewhere a row's weight of 0 for
+// a key it cannot see would meet that key's value (0 * NaN = NaN), so tiles on the causal
+// diagonal or the window's edge select each contribution by key_seen. (Padding rows may
+// meet such a product: they are written as 0 and -inf whatever they accumulated.)
 inline int2 common_keys(PARAMS P, const Rows* w) {
-  const int i1 = min(w->i0 + MQ, (int)P->seq_len) - 1;
-  const int p0 = w->L - (int)P->seq_len + w->i0, p1 = w->L - (int)P->seq_len + i1;
+  const int i1 = min(w->i0 + MQ, w->S) - 1;
+  const int p0 = w->L - w->S + w->i0, p1 = w->L - w->S + i1;
   int hi = w->L;
   if (P->causal) hi = min(hi, p0 + 1);
-  int lo = 0;
+  int lo = w->ks;
   if (P->local_window > 0) lo = max(lo, p1 - P->local_window + 1);
   return (int2)(lo, hi);
 }
@@ -139,9 +195,9 @@ inline bool all_see(int2 ckeys, int a, int b) {
 inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias,
                             int r, int j, int jend, int kref, bool use_bias, float dotv) {
   const int khi = kref;
-  if (!row_ok(P, w, r) || j >= jend) return -INFINITY;
+  if (!row_live(P, w, r) || j >= jend) return -INFINITY;
   int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
-  int p = w->L - (int)P->seq_len + i;
+  int p = w->L - w->S + i;
   if (P->causal && j > p) return -INFINITY;
   if (P->local_window > 0 && j <= p - P->local_window) return -INFINITY;
   float s = isfinite(dotv) ? dotv : NAN;
@@ -172,16 +228,21 @@ inline size_t part_row(PARAMS P, const Rows* w, int r, int t) {
 // What the scores of row r lack, for an absolute lse (0 without ALiBi).
 inline float alibi_offset(PARAMS P, const Rows* w, int r, int khi) {
   if (!P->has_alibi) return 0.0f;
-  int p = w->L - (int)P->seq_len + w->i0 + r % MQ;
+  int p = w->L - w->S + w->i0 + r % MQ;
   return alibi_slope(P, w->h0 + r / MQ) * (float)(khi - 1 - p);
 }
 
-// Stage the work-group's query rows, pre-scaled, in Qs (zeros for invalid rows).
+// Element offset of (batch b, head h, row i) in q; out's is OUT_OFF of it (rows of HV).
+#define Q_OFF(P, b, h, i) ((size_t)(b) * (P)->q_sb + (size_t)(h) * (P)->q_sh + (size_t)(i) * (P)->q_ss)
+#define OUT_OFF(P, b, h, i) VOFF(Q_OFF(P, b, h, i))
+
+// Stage the work-group's query rows, pre-scaled, in Qs (zeros for invalid and padding
+// rows: a padding row's q may hold anything and is never read).
 inline void load_q(PARAMS P, const Rows* w, const __global elem_t* q, __local float* Qs) {
   for (int idx = get_local_id(0); idx < R_ROWS * HD4; idx += WG) {
     int r = idx / HD4, g = idx % HD4;
     float4 x = (float4)(0.0f);
-    if (row_ok(P, w, r)) {
+    if (row_live(P, w, r)) {
       int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
       x = LD4(q, (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss + 4 * g)
           * P->scale;
@@ -243,9 +304,9 @@ inline int2 listed(const __global int* off, const __global int* ids, int row, in
 
 // Value of key t0 + jj of the current tile, float4 group g: staged, or read directly.
 #if STAGE_V
-#define PV_VALUE(jj, g) vload4(0, Vs + (jj) * HD + 4 * (g))
+#define PV_VALUE(jj, g) vload4(0, Vs + (jj) * HV + 4 * (g))
 #else
-#define PV_VALUE(jj, g) KV_LD4(vb, vsb, KOFF(t0 + (jj)), 4 * (g))
+#define PV_VALUE(jj, g) V_LD4(vb, vsb, VOFF(KOFF(t0 + (jj))), 4 * (g))
 #endif
 
 // The flash loop over the tiles of ts: per tile, stage K (and V), scores into Ss,
@@ -271,7 +332,7 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
     for (int dv = 0; dv < DV; ++dv) acc[pm][dv] = (float4)(0.0f);
   }
   if (lid < R_ROWS) Mrun[lid] = -INFINITY;
-  kvraw_t pk[NLD], pv[NLD];
+  kvraw_t pk[NLD], pv[NLDV];
   int2 tr = tile_keys(&ts, ids, 0);
   FETCH(tr.x, tr.y)
   for (int it = 0; it < ts.count; ++it) {
@@ -347,7 +408,7 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
             ls += p;
             for (int dv = 0; dv < DV; ++dv) {
               int g = dl + dv * DL;
-              if (g < HD4) a2[dv] += p * PV_VALUE(jj, g);
+              if (g < HV4) a2[dv] += p * PV_VALUE(jj, g);
             }
           }
         } else {
@@ -357,7 +418,7 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
             if (!key_seen(P, w, r, t0 + jj)) continue;   // a branch per key, not per element
             for (int dv = 0; dv < DV; ++dv) {
               int g = dl + dv * DL;
-              if (g < HD4) a2[dv] += p * PV_VALUE(jj, g);
+              if (g < HV4) a2[dv] += p * PV_VALUE(jj, g);
             }
           }
         }
@@ -372,8 +433,8 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
 }
 
 // Work-group tile -> rows. Splits/row tiles vary fastest so neighbours share K/V in cache.
-inline Rows decompose(PARAMS P, const __global int* seqlens, int gid, int n_splits,
-                      int* split) {
+inline Rows decompose(PARAMS P, const __global int* seqlens, const __global int* kv_start,
+                      const __global int* seqlens_q, int gid, int n_splits, int* split) {
   const int rt_n = ((int)P->seq_len + MQ - 1) / MQ;
   const int hc_n = ((int)P->group_size + GC - 1) / GC;
   Rows w;
@@ -389,6 +450,8 @@ inline Rows decompose(PARAMS P, const __global int* seqlens, int gid, int n_spli
   w.gcv = min(GC, (int)P->group_size - hc * GC);
   w.i0 = rt * MQ;
   w.L = valid_len(P, seqlens, w.b);
+  w.S = q_rows(P, seqlens_q, w.b);
+  w.ks = first_key(P, kv_start, w.b);
   return w;
 }
 
@@ -397,5 +460,5 @@ inline Rows decompose(PARAMS P, const __global int* seqlens, int gid, int n_spli
 inline int2 split_keys(PARAMS P, const Rows* w, int t) {
   const int lo = t * (int)P->split_size;
   const int hi = min(lo + (int)P->split_size, (int)P->capacity);
-  return key_range(P, w->L, w->i0, min(w->i0 + MQ, (int)P->seq_len) - 1, lo, hi);
+  return key_range(P, w, lo, hi);
 }

@@ -11,18 +11,18 @@
 // lists and order may be NULL.
 
 // This work-group's rows, key range and tiles.
-inline Tiles prefill_tiles(PARAMS P, const __global int* seqlens, const __global int* blk_off,
+inline Tiles prefill_tiles(PARAMS P, const __global int* seqlens, const __global int* kv_start,
+                           const __global int* seqlens_q, const __global int* blk_off,
                            const __global int* blk_ids, const __global int* wg_order, Rows* w) {
   const int n = get_num_groups(0);
   int t;
 #if BLOCK_SKIP
-  *w = decompose(P, seqlens, wg_order[get_group_id(0)], 1, &t);
+  *w = decompose(P, seqlens, kv_start, seqlens_q, wg_order[get_group_id(0)], 1, &t);
 #else
   // Heaviest (latest, longest causal range) row tiles first: better tail balance.
-  *w = decompose(P, seqlens, n - 1 - (int)get_group_id(0), 1, &t);
+  *w = decompose(P, seqlens, kv_start, seqlens_q, n - 1 - (int)get_group_id(0), 1, &t);
 #endif
-  const int i1 = min(w->i0 + MQ, (int)P->seq_len) - 1;
-  const int2 kr = key_range(P, w->L, w->i0, i1, 0, (int)P->capacity);
+  const int2 kr = key_range(P, w, 0, (int)P->capacity);
   Tiles ts = dense_tiles(kr);
 #if BLOCK_SKIP
   const int2 e = listed(blk_off, blk_ids, list_row(P, w), kr);
@@ -32,11 +32,13 @@ inline Tiles prefill_tiles(PARAMS P, const __global int* seqlens, const __global
   return ts;
 }
 
+// A padding row (live false) is written as out 0 and lse -inf, selected whatever it
+// accumulated (it may have met 0 * NaN in a tile its work-group's live rows all see).
 inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], float l,
                         float m, const __global float* sink, __global elem_t* out,
-                        __global float* lse, int dl) {
+                        __global float* lse, int dl, bool live) {
   // m is absolute here (alibi_offset added by the caller), so it compares with the sink.
-  if (P->has_sink) {
+  if (P->has_sink && live) {
     // The sink joins the denominator only: rescale to the max of (m, sink).
     float sk = sink[h];
     float mm = fmax(m, sk);
@@ -47,13 +49,13 @@ inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], flo
     m = mm;
   }
   float inv = inv_sum(l);
-  size_t base = (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss;
+  size_t base = OUT_OFF(P, w->b, h, i);
   for (int dv = 0; dv < DV; ++dv) {
     int g = dl + dv * DL;
-    if (g < HD4) ST4(finite_or_nan4(a[dv] * inv), out, base + 4 * g);
+    if (g < HV4) ST4(live ? finite_or_nan4(a[dv] * inv) : (float4)(0.0f), out, base + 4 * g);
   }
   if (P->return_lse && dl == 0)
-    lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = lse_of(m, l);
+    lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(m, l) : -INFINITY;
 }
 
 #if SG_IMPL == 0
@@ -63,7 +65,7 @@ void flash_prefill(KERNEL_ARGS) {
   __local float Qs[R_ROWS * KP];
   __local float Ks[TK * KP];
 #if STAGE_V
-  __local float Vs[TK * HD];
+  __local float Vs[TK * HV];
 #else
   __local float* Vs = 0;
 #endif
@@ -73,15 +75,16 @@ void flash_prefill(KERNEL_ARGS) {
   __local float Mnew[R_ROWS];
 
   Rows w;
-  const Tiles ts = prefill_tiles(P, seqlens, blk_off, blk_ids, wg_order, &w);
+  const Tiles ts = prefill_tiles(P, seqlens, kv_start, seqlens_q, blk_off, blk_ids, wg_order,
+                                 &w);
   const int2 kr = ts.kr;
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   load_q(P, &w, q, Qs);
   float4 acc[PMR][DV];
   float l[PMR], m[PMR];
   flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), KV_AT(k, kv_base),
-             KV_AT(v, kv_base), SC_AT(k_scale, kv_base), SC_AT(v_scale, kv_base), bias, Qs, Ks,
-             Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
+             KV_AT(v, VOFF(kv_base)), SC_AT(k_scale, kv_base), SCV_AT(v_scale, VOFF(kv_base)),
+             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
 
   const int lid = get_local_id(0);
   const int dl = lid % DL, prl = lid / DL;
@@ -89,7 +92,7 @@ void flash_prefill(KERNEL_ARGS) {
     int r = prl + pm * PRL;
     if (!row_ok(P, &w, r)) continue;
     write_final(P, &w, w.h0 + r / MQ, w.i0 + r % MQ, acc[pm], l[pm],
-                m[pm] + alibi_offset(P, &w, r, kr.y), sink, out, lse, dl);
+                m[pm] + alibi_offset(P, &w, r, kr.y), sink, out, lse, dl, row_live(P, &w, r));
   }
 }
 
@@ -108,18 +111,18 @@ void flash_prefill(KERNEL_ARGS) {
 #define NSG (WG / SG)
 #define RS (R_ROWS / NSG)
 #define KPL (TK / SG)             // keys per lane
-#define DPL ((HD + SG - 1) / SG)  // output dims per lane
+#define DPL ((HV + SG - 1) / SG)  // output dims per lane
 
 // This lane's output dims of the value of tile key jj (0 past the tile's tn keys).
 #if STAGE_V
-#define SG_VALUE(jj, dd) Vs[(jj) * HD + (dd)]
+#define SG_VALUE(jj, dd) Vs[(jj) * HV + (dd)]
 #else
-#define SG_VALUE(jj, dd) KV_LD1(vb, vsb, KOFF(t0 + (jj)), (dd))
+#define SG_VALUE(jj, dd) V_LD1(vb, vsb, VOFF(KOFF(t0 + (jj))), (dd))
 #endif
 #define SG_VALUES(VV, jj)                                               \
   for (int d_ = 0; d_ < DPL; ++d_) {                                    \
     const int dd_ = lane + d_ * SG;                                     \
-    VV[d_] = ((jj) < tn && dd_ < HD) ? SG_VALUE(jj, dd_) : 0.0f;        \
+    VV[d_] = ((jj) < tn && dd_ < HV) ? SG_VALUE(jj, dd_) : 0.0f;        \
   }
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) SG_ATTR
@@ -127,21 +130,22 @@ void flash_prefill(KERNEL_ARGS) {
   __local float Qs[R_ROWS * KP];
   __local float Ks[TK * KP];
 #if STAGE_V
-  __local float Vs[TK * HD];
+  __local float Vs[TK * HV];
 #else
   __local float* Vs = 0;
 #endif
   SG_SCRATCH_DECL
 
   Rows w;
-  const Tiles ts = prefill_tiles(P, seqlens, blk_off, blk_ids, wg_order, &w);
+  const Tiles ts = prefill_tiles(P, seqlens, kv_start, seqlens_q, blk_off, blk_ids, wg_order,
+                                 &w);
   const int2 kr = ts.kr;
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
   const __global kv_t* kb = KV_AT(k, kv_base);
-  const __global kv_t* vb = KV_AT(v, kv_base);
+  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
   const __global scale_t* ksb = SC_AT(k_scale, kv_base);
-  const __global scale_t* vsb = SC_AT(v_scale, kv_base);
+  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
   const int lid = get_local_id(0);
   const int lane = SG_LANE, sg = SG_ID;
   load_q(P, &w, q, Qs);
@@ -155,7 +159,7 @@ void flash_prefill(KERNEL_ARGS) {
     m[a] = -INFINITY;
     for (int d = 0; d < DPL; ++d) acc[a][d] = 0.0f;
   }
-  kvraw_t pk[NLD], pv[NLD];
+  kvraw_t pk[NLD], pv[NLDV];
   int2 tr = tile_keys(&ts, blk_ids, 0);
   FETCH(tr.x, tr.y)
   for (int it = 0; it < ts.count; ++it) {
@@ -233,8 +237,10 @@ void flash_prefill(KERNEL_ARGS) {
     int r = sg * RS + a;
     if (!row_ok(P, &w, r)) continue;
     int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
+    // a padding row: out 0 and lse -inf, selected (see write_final)
+    const bool live = row_live(P, &w, r);
     float mm = m[a] + alibi_offset(P, &w, r, kr.y), ll = l[a];
-    if (P->has_sink) {
+    if (P->has_sink && live) {
       float sk = sink[h];
       float m2 = fmax(mm, sk), mu = SAFE_MAX(m2), f = EXP(mm - mu);
       for (int d = 0; d < DPL; ++d) acc[a][d] *= f;
@@ -242,13 +248,13 @@ void flash_prefill(KERNEL_ARGS) {
       mm = m2;
     }
     float inv = inv_sum(ll);
-    size_t base = (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss;
+    size_t base = OUT_OFF(P, w.b, h, i);
     for (int d = 0; d < DPL; ++d) {
       int dd = lane + d * SG;
-      if (dd < HD) ST1(finite_or_nan(acc[a][d] * inv), out, base + dd);
+      if (dd < HV) ST1(live ? finite_or_nan(acc[a][d] * inv) : 0.0f, out, base + dd);
     }
     if (P->return_lse && lane == 0)
-      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = lse_of(mm, ll);
+      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(mm, ll) : -INFINITY;
   }
 }
 

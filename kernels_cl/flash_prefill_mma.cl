@@ -17,6 +17,9 @@
 // (zeros); a non-finite v is staged as 0 (0 * NaN never reaches a row that does not see it)
 // and flags its tile, whose slow path marks, per lane, the output columns of its rows that
 // see it (re-read from global memory); they are written as NaN.
+// The shapes real models need (CONTRACT): keys before kv_start[b] are outside the key range
+// (never loaded), padding rows (past seqlens_q[b]) load no q and are written as out 0 and
+// lse -inf, and V, O and out have HV (v_head_size) dims: Q K^T runs over HD, P V over HV.
 // Within each 16-wide chunk of the head dimension, lane t's k indices 2t, 2t+1, 2t+8, 2t+9
 // are the dims 4t..4t+3 (A and B agree, so the dot product is unchanged), and V's keys are
 // staged in the same order: every fragment is one 64-bit local read. Row pitches QW and VW
@@ -25,10 +28,14 @@
 #define NKB (TK / 8)            // 8-key blocks of S per tile
 #define NKC (TK / 16)           // 16-key chunks of P V per tile
 #define NDC (HD / 16)           // 16-dim chunks of Q K^T
-#define NDB (HD / 8)            // 8-dim blocks of O
-#define HD8 (HD / 8)            // uint4 granules (8 halves) per row
+#define NDB (HV / 8)            // 8-dim blocks of O
+#define HD8 (HD / 8)            // uint4 granules (8 halves) per K row
+#define HV8 (HV / 8)            // per V row
 #define NLK ((TK * HD8 + WG - 1) / WG)       // K granules per work-item and tile
-#define NLV ((TK / 2 * HD8 + WG - 1) / WG)   // V granule pairs (keys 2p, 2p+1) per work-item
+#define NLV ((TK / 2 * HV8 + WG - 1) / WG)   // V granule pairs (keys 2p, 2p+1) per work-item
+#define VBW ((2 * NDB + 63) / 64)            // words of a row's bad-v column bits
+// The word of column bit B (a constant 0 up to HV 256: one register, as before)
+#define VB_WORD(B) (VBW == 1 ? 0 : (B) / 64)
 // Two outputs of a row, rounded to the storage type (to nearest even).
 #if IS_BF16
 #define ST2_OUT(y, p, i) \
@@ -60,9 +67,9 @@ inline int v_slot(int jj) {
     const int c_ = 8 * (idx_ / (TK / 2));                                   \
     pv[2 * n] = (uint4)(0u);                                                \
     pv[2 * n + 1] = (uint4)(0u);                                            \
-    if (idx_ < TK / 2 * HD8 && j_ < (T1)) {                                 \
-      pv[2 * n] = LD16(vb, KOFF(j_) + c_);                                  \
-      if (j_ + 1 < (T1)) pv[2 * n + 1] = LD16(vb, KOFF(j_ + 1) + c_);       \
+    if (idx_ < TK / 2 * HV8 && j_ < (T1)) {                                 \
+      pv[2 * n] = LD16(vb, VOFF(KOFF(j_)) + c_);                            \
+      if (j_ + 1 < (T1)) pv[2 * n + 1] = LD16(vb, VOFF(KOFF(j_ + 1)) + c_); \
     }                                                                       \
   }
 
@@ -70,7 +77,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void flash_prefill(KERNEL_ARGS) {
   __local uint Qs[R_ROWS * QW] __attribute__((aligned(16)));
   __local uint Ks[TK * QW] __attribute__((aligned(16)));
-  __local uint Vt[HD * VW] __attribute__((aligned(16)));
+  __local uint Vt[HV * VW] __attribute__((aligned(16)));
   __local int vflag;
   SG_SCRATCH_DECL
   MMA_SCRATCH_DECL
@@ -79,25 +86,26 @@ void flash_prefill(KERNEL_ARGS) {
   // keys), keys [kr.x, kr.y) that any row of the work-group may see.
   Rows w;
   int split;
-  w = decompose(P, seqlens, (int)get_num_groups(0) - 1 - (int)get_group_id(0), 1, &split);
-  const int2 kr = key_range(P, w.L, w.i0, min(w.i0 + MQ, (int)P->seq_len) - 1, 0,
-                            (int)P->capacity);
+  w = decompose(P, seqlens, kv_start, seqlens_q,
+                (int)get_num_groups(0) - 1 - (int)get_group_id(0), 1, &split);
+  const int2 kr = key_range(P, &w, 0, (int)P->capacity);
   const Tiles ts = dense_tiles(kr);
   const int2 ckeys = common_keys(P, &w);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
   const __global elem_t* kb = k + kv_base;
-  const __global elem_t* vb = v + kv_base;
+  const __global elem_t* vb = v + VOFF(kv_base);
   const int lid = get_local_id(0), lane = lid & 31, g = lane >> 2, t = lane & 3;
   const int r0 = 16 * (lid >> 5) + g;            // this lane's rows: r0 and r0 + 8
   // Logits are the scaled product where nothing but the scale applies (a uniform choice).
   const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
 
-  // Q tile (raw f16 bits; the scale is applied to the f32 scores), invalid rows zero.
+  // Q tile (raw f16 bits; the scale is applied to the f32 scores), invalid and padding rows
+  // zero.
   for (int idx = lid; idx < R_ROWS * HD8; idx += WG) {
     const int r = idx / HD8, c = idx % HD8;
     uint4 x = (uint4)(0u);
-    if (row_ok(P, &w, r))
+    if (row_live(P, &w, r))
       x = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + r / MQ) * P->q_sh
                   + (size_t)(w.i0 + r % MQ) * P->q_ss + 8 * c);
     vstore4(x, 0, Qs + r * QW + 4 * c);
@@ -112,7 +120,10 @@ void flash_prefill(KERNEL_ARGS) {
     for (int e = 0; e < 4; ++e) o[db][e] = 0.0f;
   }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  ulong vbad[2] = {0, 0};              // bit 2 db + e: column 8 db + 2t + e sees a bad v
+  // bit 2 db + e (of word / 64): column 8 db + 2t + e of row hr sees a bad v
+  ulong vbad[2][VBW];
+  UNROLL
+  for (int u = 0; u < VBW; ++u) vbad[0][u] = vbad[1][u] = 0;
 
   uint4 pk[NLK], pv[2 * NLV];
   int2 tr = tile_keys(&ts, blk_ids, 0);
@@ -134,7 +145,7 @@ void flash_prefill(KERNEL_ARGS) {
     UNROLL
     for (int n = 0; n < NLV; ++n) {
       const int idx = lid + n * WG;
-      if (idx < TK / 2 * HD8) {
+      if (idx < TK / 2 * HV8) {
         const int word = v_slot(2 * (idx % (TK / 2))) / 2, d0 = 8 * (idx / (TK / 2));
         const uint wa[4] = {pv[2 * n].x, pv[2 * n].y, pv[2 * n].z, pv[2 * n].w};
         const uint wb[4] = {pv[2 * n + 1].x, pv[2 * n + 1].y, pv[2 * n + 1].z, pv[2 * n + 1].w};
@@ -199,10 +210,11 @@ void flash_prefill(KERNEL_ARGS) {
         if (!row_ok(P, &w, r)) continue;
         for (int jj = 0; jj < tn; ++jj) {
           if (!key_seen(P, &w, r, t0 + jj)) continue;
-          const size_t off = KOFF(t0 + jj) + 2 * t;
+          const size_t off = VOFF(KOFF(t0 + jj)) + 2 * t;
           for (int db = 0; db < NDB; ++db)
             for (int e = 0; e < 2; ++e)
-              if (half_bad(v16[off + 8 * db + e])) vbad[hr] |= 1UL << (2 * db + e);
+              if (half_bad(v16[off + 8 * db + e]))
+                vbad[hr][VB_WORD(2 * db + e)] |= 1UL << ((2 * db + e) % 64);
         }
       }
     }
@@ -220,8 +232,10 @@ void flash_prefill(KERNEL_ARGS) {
     const int r = r0 + 8 * hr;
     if (!row_ok(P, &w, r)) continue;
     const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
+    // a padding row: out 0 and lse -inf, selected whatever it accumulated
+    const bool live = row_live(P, &w, r);
     float mm = m[hr] + alibi_offset(P, &w, r, kr.y), ll = l[hr], f = 1.0f;
-    if (P->has_sink) {
+    if (P->has_sink && live) {
       // The sink joins the denominator only: rescale to the max of (m, sink).
       const float sk = sink[h], m2 = fmax(mm, sk), mv = SAFE_MAX(m2);
       f = EXP(mm - mv);
@@ -229,17 +243,18 @@ void flash_prefill(KERNEL_ARGS) {
       mm = m2;
     }
     const float inv = inv_sum(ll) * f;
-    const size_t base = (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
-                        + 2 * t;
+    const size_t base = OUT_OFF(P, w.b, h, i) + 2 * t;
     UNROLL
     for (int db = 0; db < NDB; ++db) {
       float2 y = (float2)(finite_or_nan(o[db][2 * hr] * inv),
                           finite_or_nan(o[db][2 * hr + 1] * inv));
-      if ((vbad[hr] >> (2 * db)) & 1UL) y.x = NAN;
-      if ((vbad[hr] >> (2 * db + 1)) & 1UL) y.y = NAN;
+      const ulong bits = vbad[hr][VB_WORD(2 * db)] >> ((2 * db) % 64);
+      if (bits & 1UL) y.x = NAN;
+      if ((bits >> 1) & 1UL) y.y = NAN;
+      y = live ? y : (float2)(0.0f);     // (ST2_OUT's parameter y is also its .y)
       ST2_OUT(y, out, base + 8 * db);
     }
     if (P->return_lse && t == 0)
-      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = lse_of(mm, ll);
+      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(mm, ll) : -INFINITY;
   }
 }

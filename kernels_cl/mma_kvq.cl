@@ -22,8 +22,8 @@
 
 #if KV_Q
 
-#if KV_Q == 2 && HD != 64 && HD != 128 && HD != 256
-#error "int4 K/V on the tensor-core decode: head size 64, 128 or 256"
+#if KV_Q == 2 && ((HD != 64 && HD != 128 && HD != 256) || (HV != 64 && HV != 128 && HV != 256))
+#error "int4 K/V on the tensor-core decode: head sizes (k and v) 64, 128 or 256"
 #endif
 
 #if MMA == 1
@@ -67,8 +67,8 @@ inline uint hmul2(uint a, uint b) { return f_h2(h2_f(a) * h2_f(b)); }
 #if KV_Q == 1
 #define K_WORDS (HD / 16)
 #define K_VEC 4
-#define V_WORDS (HD / 32)
-#define V_VEC (HD % 128 ? 2 : 4)
+#define V_WORDS (HV / 32)
+#define V_VEC (HV % 128 ? 2 : 4)
 #define QD0(t, ch) ((t) * (HD / 4) + 4 * (ch))
 #define VDIM(l, db) ((l) * NDB + (db))
 // bytes 0 and 2 of x as the f16 pair of their codes (byte 0 low)
@@ -76,8 +76,8 @@ inline uint hmul2(uint a, uint b) { return f_h2(h2_f(a) * h2_f(b)); }
 #else
 #define K_WORDS (HD / 32)
 #define K_VEC (HD == 64 ? 2 : 4)
-#define V_WORDS (HD / 64)
-#define V_VEC (HD == 64 ? 1 : HD == 128 ? 2 : 4)
+#define V_WORDS (HV / 64)
+#define V_VEC (HV == 64 ? 1 : HV == 128 ? 2 : 4)
 // word m = ch / 2 of the lane's K bytes (t HD / 8 + 4 m of the row): low nibbles (chunk 2m)
 // or high nibbles (chunk 2m + 1) of q4_0 block b, bytes i0 .. i0 + 3
 #define Q4B(t, m) ((t) * (HD / 8) + 4 * (m))
@@ -149,7 +149,7 @@ typedef ushort vsc_t;
         UNROLL                                                                     \
         for (int i = 0; i < V_WORDS; ++i) AV[kc][kk][i] = 0u;                      \
         if (in_ && j_ < kr.y) {                                                    \
-          LDWORDS(AV[kc][kk], VBYTES(KOFF(j_)) + g * (KV_Q == 1 ? HD / 8 : HD / 16), V_WORDS, \
+          LDWORDS(AV[kc][kk], VBYTES(VOFF(KOFF(j_))) + g * (KV_Q == 1 ? HV / 8 : HV / 16), V_WORDS, \
                   V_VEC)                                                           \
         }                                                                          \
         FETCH_VSCALE(AVS, kc, kk, in_, j_)                                         \
@@ -180,17 +180,17 @@ typedef ushort vsc_t;
   }
 #define FETCH_VSCALE(AVS, kc, kk, IN, j)                                           \
   AVS[kc][kk] = 0;                                                                 \
-  if ((IN) && (j) < kr.y) AVS[kc][kk] = SCALE_BITS(vsb, KOFF(j) / 32 + V4B(g, 0) / 16);
+  if ((IN) && (j) < kr.y) AVS[kc][kk] = SCALE_BITS(vsb, VOFF(KOFF(j)) / 32 + V4B(g, 0) / 16);
 #endif
 
 // Q's A fragments in the K fragments' dim order: rows g and g + 8 (raw f16 bits).
 inline uint4 q_frag_q(PARAMS P, const Rows* w, const __global elem_t* q, int g, int t, int ch) {
   const int d0 = QD0(t, ch);
   uint2 lo = (uint2)(0u), hi = (uint2)(0u);
-  if (row_ok(P, w, g))
+  if (row_live(P, w, g))
     lo = *(const __global uint2*)(q + (size_t)w->b * P->q_sb + (size_t)(w->h0 + g / MQ) * P->q_sh
                                   + (size_t)(w->i0 + g % MQ) * P->q_ss + d0);
-  if (row_ok(P, w, g + 8))
+  if (row_live(P, w, g + 8))
     hi = *(const __global uint2*)(q + (size_t)w->b * P->q_sb
                                   + (size_t)(w->h0 + (g + 8) / MQ) * P->q_sh
                                   + (size_t)(w->i0 + (g + 8) % MQ) * P->q_ss + d0);
@@ -231,9 +231,9 @@ inline uint4 q_frag_q(PARAMS P, const Rows* w, const __global elem_t* q, int g, 
 // the f32 product code * scale (its scale goes into P), int4 rounds it to f16.
 #undef V_BAD
 #if KV_Q == 1
-#define V_BAD(p, s, R, D) (!isfinite(KV_LD1(p, s, R, D)))
+#define V_BAD(p, s, R, D) (!isfinite(V_LD1(p, s, R, D)))
 #else
-#define V_BAD(p, s, R, D) (!(fabs(KV_LD1(p, s, R, D)) < 65520.0f))
+#define V_BAD(p, s, R, D) (!(fabs(V_LD1(p, s, R, D)) < 65520.0f))
 #endif
 
 // PF: the chunk fetched last round becomes the current one.

@@ -51,7 +51,7 @@ inline uint f2h2(float lo, float hi) {
 inline uint4 f2h8(float4 a, float4 b) {
   return (uint4)(f2h2(a.x, a.y), f2h2(a.z, a.w), f2h2(b.x, b.y), f2h2(b.z, b.w));
 }
-#define V_BAD(p, s, R, D) (!(fabs(KV_LD1(p, s, R, D)) < 65520.0f))   // NaN too
+#define V_BAD(p, s, R, D) (!(fabs(V_LD1(p, s, R, D)) < 65520.0f))    // NaN too
 #if KV_Q == 1
 // int8: 8 codes are one aligned 8-byte load, the vector's scale one word
 inline uint4 q8_h8(uint2 c, float sc) {

@@ -294,7 +294,8 @@ def test_declared_as_a_matrix_unit_kernel():
     assert mma_probe.FEATURE in k.features and k.emulation == {"mma": "emulate"}
     assert k.defaults["mma"] == "hardware"
     assert all(k.head_size_ok(h) for h in (16, 32, 80, 128, 256))
-    assert not any(k.head_size_ok(h) for h in (8, 24, 272))
+    assert all(k.head_size_ok(h) for h in (320, 512)) and \
+        not any(k.head_size_ok(h) for h in (8, 24, 528))
     others = [o for o in attnreg.kernels("opencl") if o.family == "prefill" and o.matrix is None]
     assert all(k.priority > o.priority for o in others)
 

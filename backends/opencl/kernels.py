@@ -8,7 +8,7 @@ from typing import Any
 
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
-from attnreg.kernel import KernelInfo
+from attnreg.kernel import CORE_FEATURES, MODEL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import mma_probe
@@ -21,12 +21,20 @@ DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Quantized K/V storages every K/V reader dequantizes in its loads (common.cl KV_Q); the
 # tensor-core prefill reads K/V in its dtype only, the bf16 tensor-core decodes too.
 KV_DTYPES = frozenset({"int8", "int4"})
-HEAD_SIZES = (4, 256, 4)          # float4 vectors over the head dimension
+# float4 vectors over the head dimension; up to 512 with tiles shrunk to fit 48 KiB
+# (tiling.py _shrink), v's head size (v_head_size) in the same range
+HEAD_SIZES = (4, 512, 4)
+# Every kernel implements the contract's features, the shapes real models need included
+# (kv_start, seqlens_q, v_head_size: kernels_cl/flash_core.cl's Rows and VOFF).
+SUPPORTS = CORE_FEATURES | MODEL_FEATURES
+MMA_PREFILL_HEADS = (16, 512, 16)
+MMA_DECODE_HEADS = (64, 512, 64)     # k in 32-dim runs, v in 64-dim runs (decode_mma.cl)
 M_TILES = (1, 2, 4)
 # The sg variants' emulation (KernelInfo.emulation): the same kernel code with its shuffles
 # emulated in local memory, so a device without sub-groups (PoCL) still runs it when forced.
 SG_EMULATION = {"sg_impl": "emu"}
 MMA_DECODES = ("decode_partial", "decode_fused")
+REDUCE_HEADS = (4, 1024, 4)       # merge_states takes whatever head size a caller has
 
 
 def _mma_checks(family: str, names: tuple[str, ...], defaults: Mapping[str, Any],
@@ -36,10 +44,10 @@ def _mma_checks(family: str, names: tuple[str, ...], defaults: Mapping[str, Any]
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
         why = [f"{n}={params.get(n, defaults[n])} must be one of {choices[n]}"
                for n in names if params.get(n, defaults[n]) not in choices[n]]
-        if spec.kv_dtype == "int4" and spec.head_size not in (64, 128, 256):
+        if spec.kv_dtype == "int4" and {spec.head_size, spec.head_size_v} - {64, 128, 256}:
             # a lane's q4_0 bytes of a key must lie in one block (kernels_cl/mma_kvq.cl)
-            why.append(f"int4 K/V with head_size {spec.head_size}: the tensor-core decode "
-                       "reads int4 at head sizes 64, 128 and 256")
+            why.append(f"int4 K/V with head sizes {spec.head_size} / {spec.head_size_v} (k / "
+                       "v): the tensor-core decode reads int4 at head sizes 64, 128 and 256")
         return why or _checks(family, "mma")(spec, caps, params)
     return check
 
@@ -56,7 +64,7 @@ _MMA_DOC = {
 _MMA_DECODE_DOC = ("split-KV decode on tensor cores, {}: a KV head's query heads x m_tile rows "
                    "fill one 16-row M tile; every warp streams its own kv_tile-key chunks from "
                    "global memory straight into mma fragments (no local memory or barrier in "
-                   "the key loop{}); {}, head sizes 64/128/192/256")
+                   "the key loop{}); {}, head sizes 64..512 step 64")
 # What each dtype's tensor-core kernels multiply, and the K/V storages their decodes read.
 _MMA_DTYPE_DOC = {
     "float16": ("f16", "; int8 / int4 K/V dequantized into them", "f16"),
@@ -74,8 +82,9 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
     only, kv_doc, what = _MMA_DTYPE_DOC[dtype]
     return KernelInfo(
         id=f"{BACKEND}.{family}.{DTYPES[dtype]}.mma", backend=BACKEND, family=family,
-        dtypes=frozenset({dtype}), head_sizes=(16, 256, 16) if prefill else (64, 256, 64),
-        kv_layouts=PAGED_OK, features=frozenset({mma_probe.FEATURE}), priority=20,
+        dtypes=frozenset({dtype}), head_sizes=MMA_PREFILL_HEADS if prefill else MMA_DECODE_HEADS,
+        supports=SUPPORTS, kv_layouts=PAGED_OK, features=frozenset({mma_probe.FEATURE}),
+        priority=20,
         # the f16 decodes dequantize int8 / int4 runs into their f16 fragments (mma_tile.cl);
         # the bf16 twins read bf16 K/V only
         kv_dtypes=KV_DTYPES if not prefill and dtype == "float16" else frozenset(),
@@ -95,12 +104,34 @@ def _storage(family: str, variant: str) -> Callable[[AttentionSpec, Mapping[str,
     return need
 
 
+def v_head_reasons(spec: AttentionSpec, heads: tuple[int, int, int]) -> list[str]:
+    """Why v's head size (v_head_size) is outside what a kernel tiles: its head sizes'
+    range and step, as for the head size itself."""
+    lo, hi, step = heads
+    hv = spec.head_size_v
+    if lo <= hv <= hi and hv % step == 0:
+        return []
+    return [f"v_head_size {hv} outside {lo}..{hi} step {step} (v's head size is tiled like "
+            "the head size)"]
+
+
+def _heads(family: str, variant: str) -> tuple[int, int, int]:
+    if family == "reduce":
+        return REDUCE_HEADS
+    if variant == "mma":
+        return MMA_PREFILL_HEADS if family == "prefill" else MMA_DECODE_HEADS
+    return HEAD_SIZES
+
+
 def _checks(family: str, variant: str, block_skip: bool = False
             ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
         if block_skip and not spec.bias:
             return ["block skipping reads the KV blocks a bias leaves visible: spec.bias is "
                     "False (use the ordinary variant)"]
+        hv = v_head_reasons(spec, _heads(family, variant))
+        if hv:
+            return hv
         try:
             g = geometry(family, variant, spec, params, caps)
         except SpecError as exc:
@@ -125,7 +156,7 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
         params["block_skip"] = block_skip
     return KernelInfo(id=kid, backend=BACKEND, family=family, dtypes=frozenset({dtype}),
                       head_sizes=kw.pop("head_sizes", HEAD_SIZES), kv_layouts=PAGED_OK,
-                      kv_dtypes=KV_DTYPES,
+                      kv_dtypes=KV_DTYPES, supports=SUPPORTS,
                       params=params, workgroup_storage=_storage(family, variant),
                       extra_checks=_checks(family, variant, bool(block_skip)),
                       emulation=SG_EMULATION if variant == "sg" else {}, **kw)
@@ -196,8 +227,9 @@ def declare() -> list[KernelInfo]:
         # The reduce also serves merge_states, whose head size is anything a caller has.
         out.append(KernelInfo(
             id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce",
-            dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), kv_layouts=PAGED_OK,
-            extra_checks=_checks("reduce", ""), doc="merge split-KV partial states and the sink"))
+            dtypes=frozenset({dtype}), head_sizes=REDUCE_HEADS, kv_layouts=PAGED_OK,
+            supports=SUPPORTS, extra_checks=_checks("reduce", ""),
+            doc="merge split-KV partial states and the sink"))
     out.extend(_mma_kernel(f, dtype) for dtype in PTX_MMA_BY_DTYPE
                for f in ("prefill", *MMA_DECODES))
     return out

@@ -54,11 +54,13 @@ def mma_pitch(halves: int) -> int:
     return words + (8 if words % 32 in (0, 16) else 0)
 
 
-def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool) -> int:
-    """Bytes of local memory of flash_prefill_mma.cl: Q and K tiles, V transposed, the v
-    flag; the emulation adds its fragment exchange and the shuffle scratch."""
+def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool,
+                head_size_v: int | None = None) -> int:
+    """Bytes of local memory of flash_prefill_mma.cl: Q and K tiles, V transposed (its
+    head_size_v rows), the v flag; the emulation adds its fragment exchange and the shuffle
+    scratch."""
     qw, vw = mma_pitch(head_size), mma_pitch(kv_tile)
-    words = rows * qw + kv_tile * qw + head_size * vw + 1
+    words = rows * qw + kv_tile * qw + (head_size_v or head_size) * vw + 1
     if emulate:
         wg = 2 * rows
         words += wg // 32 * _MMA_WARP_WORDS + wg
@@ -67,7 +69,8 @@ def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool) -> int:
 
 def mma_decode_storage(head_size: int, rows: int, wg: int, emulate: bool, family: str) -> int:
     """Bytes of local memory of decode_mma.cl: every warp's (m, l, o) per row for the final
-    merge, the fused kernel's flag; the emulation's exchange and shuffle scratch."""
+    merge (o of v's head size, ``head_size`` here), the fused kernel's flag; the emulation's
+    exchange and shuffle scratch."""
     words = (wg // 32) * rows * (2 + head_size) + (family == "decode_fused")
     if emulate:
         words += wg // 32 * _MMA_WARP_WORDS + wg

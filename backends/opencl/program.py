@@ -130,7 +130,7 @@ def stage_params(plan: Plan, stage: Stage, split: Mapping[str, int],
 def defines(spec: AttentionSpec, g: tiling.Geometry, bias_f16: bool,
             params: Mapping[str, Any]) -> dict[str, int]:
     out = {"IS_F16": int(spec.dtype == "float16"), "IS_BF16": int(spec.dtype == "bfloat16"),
-           "HD": spec.head_size, "BIAS_F16": int(bias_f16),
+           "HD": spec.head_size, "HV": spec.head_size_v, "BIAS_F16": int(bias_f16),
            # the reduce reads no K/V: one build serves every storage
            "KV_Q": 0 if g.family == "reduce" else KV_Q[spec.kv_dtype],
            "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,
@@ -173,7 +173,7 @@ def scratch_sizes(plan: Plan, split: Mapping[str, int]) -> dict[str, int]:
         return out
     rows = spec.batch * spec.num_heads * spec.seq_len * int(split["n_splits"])
     if fams & {"decode_partial", "decode_pv", "decode_fused"}:
-        out["o_parts"] = rows * spec.head_size * 4
+        out["o_parts"] = rows * spec.head_size_v * 4
         out["lse_parts"] = rows * 4
     if "decode_qk" in fams:
         out["scores"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4

@@ -33,7 +33,7 @@ from .memory import DeviceMemory, raw_bytes
 
 _PREP_MAX = 32                 # prepared launches kept per session
 _INPUTS = ("q", "k", "v", "k_scale", "v_scale", "bias", "seqlens_k", "head_sink",
-           "block_table", "o_parts", "lse_parts")
+           "block_table", "kv_start", "seqlens_q", "o_parts", "lse_parts")
 
 
 @dataclass
@@ -222,7 +222,7 @@ class OpenCLRuntime:
         outs: dict[str, tuple[cl.Buffer, tuple[int, ...], Any]] = {}
         if plan.op == "partial":
             parts = (spec.batch, spec.num_heads, spec.seq_len, split["n_splits"])
-            outs["o_parts"] = (bufs["o_parts"], (*parts, spec.head_size), np.float32)
+            outs["o_parts"] = (bufs["o_parts"], (*parts, spec.head_size_v), np.float32)
             outs["lse_parts"] = (bufs["lse_parts"], parts, np.float32)
         else:
             out = (outputs or {}).get("out")

@@ -8,7 +8,7 @@ disagree.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnreg.caps import DeviceCaps
@@ -18,6 +18,13 @@ from attnreg.spec import AttentionSpec
 from .mma import DECODE_DEFAULTS, MMA_DEFAULTS, MMA_IMPLS, mma_decode_storage, mma_storage
 
 ROWS_MAX = 16                     # decode rows (heads x m_tile) per work-group
+# Local memory every scalar geometry is shrunk to fit without V staging (tiles halved: see
+# _shrink), whatever the device: 48 KiB is NVIDIA's (and most GPUs') per work-group limit,
+# so head sizes up to 512 keep their tiles there; PoCL runs the same geometry.
+STORAGE_BUDGET = 48 * 1024
+# Above this head size (q/k or v) the unfused decode's row tiles hold 8 rows, not 16:
+# decode_qk and decode_pv must tile rows alike, so theirs follow the spec alone.
+WIDE_HEAD = 256
 SG_EMULATED = 8                   # sub-group size of the local-memory emulation (tests)
 SG_IMPLS = {"khr": 1, "intel": 2, "nv": 3, "emu": 9}
 DECODES = ("decode_partial", "decode_fused", "decode_qk", "decode_pv")
@@ -50,31 +57,34 @@ class Geometry:
     cvt_ptx: bool = False     # f16 -> f32 through PTX cvt.f32.f16, mma P -> f16 / bf16 (NVIDIA)
     nv_fence: bool = False    # decode_fused: PTX membar.gl next to the OpenCL fences (NVIDIA)
     mma: int = 0              # matrix-unit kernels: MMA_IMPLS (0: scalar kernels)
+    hv: int = 0               # v's head size (v_head_size; 0: the head size)
 
     @property
     def rows(self) -> int:
         return self.gc * self.mq
 
     def storage(self, head_size: int, stage_v: bool | None = None) -> int:
-        """Bytes of local memory this geometry declares (V staging optional)."""
+        """Bytes of local memory this geometry declares (V staging optional); V rows (and
+        the partial states) are hv long."""
+        hv = self.hv or head_size
         if self.family == "reduce":
             return 0
         if self.mma:
             emulate = self.mma == MMA_IMPLS["emulate"]
             if self.family == "prefill":
-                return mma_storage(head_size, self.rows, self.tk, emulate)
-            return mma_decode_storage(head_size, self.rows, self.wg, emulate, self.family)
+                return mma_storage(head_size, self.rows, self.tk, emulate, hv)
+            return mma_decode_storage(hv, self.rows, self.wg, emulate, self.family)
         flag = 1 if self.family == "decode_fused" else 0       # the "last work-group" word
         emu = self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
         if self.family in DECODES and self.sg:
-            return ((self.wg // self.sg) * self.rp * (2 + head_size) + emu + flag) * _F32
+            return ((self.wg // self.sg) * self.rp * (2 + hv) + emu + flag) * _F32
         kp = head_size + 4
         if self.family == "decode_qk":
             return (self.rows * kp + self.tk * kp + 2 * self.rows * self.kl) * _F32
         if self.family == "decode_pv":
-            return (self.rows * self.tk + (self.wg // self.dl) * head_size + 3 * self.rows) * _F32
+            return (self.rows * self.tk + (self.wg // self.dl) * hv + 3 * self.rows) * _F32
         sv = self.stage_v if stage_v is None else stage_v
-        words = self.rows * kp + self.tk * kp + (self.tk * head_size if sv else 0)
+        words = self.rows * kp + self.tk * kp + (self.tk * hv if sv else 0)
         if self.sg:
             words += emu
         else:
@@ -152,22 +162,24 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
              caps: DeviceCaps | None = None) -> Geometry:
     """Block sizes for one launch. ``caps`` None gives the device-independent minimum
     (no V staging), which is what the kernel declares as its workgroup storage."""
-    h4 = spec.head_size // 4
+    hv4 = spec.head_size_v // 4
     if variant == "mma":
         return (mma_geometry(spec, params, caps) if family == "prefill" else
                 mma_decode_geometry(spec, params, caps, family))
     if family == "reduce":
-        return Geometry("reduce", wg=h4 * max(1, 256 // h4),
-                        fast_exp=bool(params.get("fast_exp", False)))
+        return Geometry("reduce", wg=hv4 * max(1, 256 // hv4),
+                        fast_exp=bool(params.get("fast_exp", False)), hv=spec.head_size_v)
     wg = _int_param(params, "wg", 128, lo=32, hi=1024)
     tile = _int_param(params, "kv_tile", 32, lo=4, hi=256)
     big = spec.head_size > 128          # halve tiles so K/Q tiles stay within 48 KiB
-    dl = min(_pow2_ceil(h4), wg)
+    dl = min(_pow2_ceil(hv4), wg)       # the P.V phase's lanes over v's float4 groups
     # Per-head block lists (a bias with Nq > 1 heads) need one head per work-group.
     per_head = int(params.get("bias_heads", 1)) > 1 and bool(params.get("block_skip"))
     if family in DECODES:
         m = int(params.get("m_tile", 1))
-        gc = 1 if per_head else min(spec.group_size, max(1, ROWS_MAX // m))
+        wide = max(spec.head_size, spec.head_size_v) > WIDE_HEAD
+        gc = 1 if per_head else min(spec.group_size, max(1, (ROWS_MAX // 2 if wide
+                                                              else ROWS_MAX) // m))
         tk = max(4, tile // 2) if big else tile
         kl = min(tk, wg)
         g = Geometry(family, wg=wg, gc=gc, mq=m, tk=tk, kl=kl, dl=dl)
@@ -203,6 +215,7 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
         tk = max(8, tile // 2) if big else tile
         kl = min(8, tk)
         g = Geometry(family, wg=wg, gc=gc, mq=max(1, rows // gc), tk=tk, kl=kl, dl=dl)
+    g = _shrink(replace(g, hv=spec.head_size_v), spec, variant)
     changes: dict[str, Any] = {}
     if params.get("fast_exp"):
         changes["fast_exp"] = True
@@ -221,6 +234,49 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
         fits = g.storage(spec.head_size, True) <= min(limit, 48 * 1024)
         stage = bool(want) if want is not None else fits
         g = Geometry(**{**g.__dict__, "stage_v": stage})
+    return g
+
+
+def _halve_rows(g: Geometry, floor: int, heads_only: bool = False) -> Geometry | None:
+    """Half the rows (query rows first, then heads; a decode keeps its m_tile), or None at
+    ``floor`` rows."""
+    if g.rows <= floor or (heads_only and g.gc == 1):
+        return None
+    return replace(g, mq=g.mq // 2) if g.mq > 1 and not heads_only else replace(g, gc=g.gc // 2)
+
+
+def _shrink(g: Geometry, spec: AttentionSpec, variant: str) -> Geometry:
+    """Halve a scalar geometry's tiles until its local memory (without V staging) fits
+    STORAGE_BUDGET: wide heads (up to 512, q/k or v) then run everywhere the smaller tiles
+    do. Keys per tile first (down to 8), then rows, then keys down to 4; the sub-group
+    variants keep a sub-group's worth of keys and rows, decode_qk / decode_pv their rows
+    (they must agree) and the sub-group decode only has rows to halve. Geometries that
+    already fit are unchanged; what cannot shrink enough is reported by the storage check."""
+    fam, h = g.family, spec.head_size
+    while g.storage(h, False) > STORAGE_BUDGET:
+        nxt: Geometry | None = None
+        if fam in DECODES and g.sg:
+            if g.gc > 1:
+                gc = g.gc // 2
+                nxt = replace(g, gc=gc, rp=_pow2_ceil(gc * g.mq))
+        elif fam in ("decode_qk", "decode_pv"):
+            if g.tk > 4:
+                nxt = replace(g, tk=g.tk // 2, kl=min(g.kl, g.tk // 2))
+        elif variant == "sg":                       # the sub-group prefill
+            if g.tk > g.sg:
+                nxt = replace(g, tk=g.tk // 2, kl=min(g.kl, g.tk // 2))
+            else:
+                nxt = _halve_rows(g, g.wg // g.sg)
+        else:                                       # the tiled prefill and decodes
+            if g.tk > 8:
+                nxt = replace(g, tk=g.tk // 2, kl=min(g.kl, g.tk // 2))
+            else:
+                nxt = _halve_rows(g, 1, heads_only=fam != "prefill")
+                if nxt is None and g.tk > 4:
+                    nxt = replace(g, tk=g.tk // 2, kl=min(g.kl, g.tk // 2))
+        if nxt is None:
+            break
+        g = nxt
     return g
 
 
@@ -249,7 +305,7 @@ def mma_geometry(spec: AttentionSpec, params: Mapping[str, Any],
     nw = br // 16
     gc = min(_pow2_floor(spec.group_size), nw)
     return Geometry("prefill", wg=32 * nw, gc=gc, mq=br // gc, tk=bc, kl=min(8, bc),
-                    dl=min(_pow2_ceil(spec.head_size // 4), 32 * nw),
+                    dl=min(_pow2_ceil(spec.head_size_v // 4), 32 * nw), hv=spec.head_size_v,
                     pf=_int_param(params, "prefetch", d["prefetch"], lo=0, hi=1),
                     **_mma_build(params, spec, caps, d["mma"]))
 
@@ -264,7 +320,7 @@ def mma_decode_geometry(spec: AttentionSpec, params: Mapping[str, Any],
     tk = _int_param(params, "kv_tile", d["kv_tile"], lo=16, hi=64)
     mq = _int_param(params, "m_tile", d["m_tile"], lo=1, hi=16)
     gc = min(spec.group_size, 16 // mq)
-    return Geometry(family, wg=wg, gc=gc, mq=mq, tk=tk, kl=min(8, tk), dl=32,
+    return Geometry(family, wg=wg, gc=gc, mq=mq, tk=tk, kl=min(8, tk), dl=32, hv=spec.head_size_v,
                     pf=_int_param(params, "prefetch", d["prefetch"], lo=0, hi=1),
                     nv_fence=family == "decode_fused" and _nv_knob(params, "fence", caps, True),
                     **_mma_build(params, spec, caps, d["mma"]))
