@@ -12,8 +12,9 @@
 // as 0 and flagged; a slow path marks, per lane, the output columns of its row that see it.
 // Writes the contract's partial state of the split: o_t normalised over the split's visible
 // keys and lse_t (0 and -inf for a split with no visible key).
-// Prefix constants: M, GT, BC, NSG, WG (32 NSG), NOC (HD/16), NKC (BC/16), TPS (NOC/NSG),
-// PARTS (WG/16), KPL (BC/PARTS), QST, KST, VST, SST, PST, VW (words of a lane's column mask).
+// Prefix constants: M, GT, BC, NSG, WG (32 NSG), NDC (HD/16: QK's depth tiles), NOC (VD/16:
+// output column tiles), NKC (BC/16), TPS (NOC/NSG), PARTS (WG/16), KPL (BC/PARTS), QST,
+// KST, VST, SST, PST, VW (words of a lane's column mask).
 
 const R: u32 = GT * M;
 
@@ -49,17 +50,17 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let live = ri.x < P.group_size && ri.y < P.seq_len;
   let h = d.kvh * P.group_size + ri.x;
   let i = ri.y;
-  let pos = row_pos(d.len, i);
+  let pos = row_pos(d.seq, i);
   let lo = d.klo;
   let hi = d.khi;
 
-  // Q tile (raw: the scale is applied to the f32 scores), absent rows zero.
+  // Q tile (raw: the scale is applied to the f32 scores), absent and padding rows zero.
   for (var idx = lid; idx < 16u * HG; idx += WG) {
     let r = idx / HG;
     let g = idx % HG;
     let qr = tile_row(d.hc, d.i0, r);
     var gv = GV();
-    if (qr.x < P.group_size && qr.y < P.seq_len) {
+    if (qr.x < P.group_size && qr.y < d.seq.rows) {
       gv = load_q(q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g);
     }
     for (var e = 0u; e < GE; e++) {
@@ -84,19 +85,28 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     workgroupBarrier();                // the previous tile's readers are done
     for (var idx = lid; idx < BC * HG; idx += WG) {
       let jj = idx / HG;
-      if (stage_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi)) {
+      stage_k_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi);
+      if (VG == HG && stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi)) {
         atomicOr(&flag_a, 2u);
+      }
+    }
+    if (VG != HG) {                    // v's rows differ from k's: their own granules
+      for (var idx = lid; idx < BC * VG; idx += WG) {
+        let jj = idx / VG;
+        if (stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % VG, j0 + jj < hi)) {
+          atomicOr(&flag_a, 2u);
+        }
       }
     }
     workgroupBarrier();
 
     // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal
-    // NKC / NSG and NOC): with constant bounds, head_size 32 (NOC 2) gave wrong products on
+    // NKC / NSG and NDC): with constant bounds, head_size 32 (NDC 2) gave wrong products on
     // the H100 (43 of 52 cells failed; all pass with these bounds), like the PV loop below.
     for (var u = 0u; u < min(NKC / NSG, P.seq_len + NKC / NSG); u++) {
       let kc = sg + u * NSG;
       var acc = mm_zero();
-      for (var dc = 0u; dc < min(NOC, P.seq_len + NOC); dc++) {
+      for (var dc = 0u; dc < min(NDC, P.seq_len + NDC); dc++) {
         acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);
       }
       mm_store_s(acc, kc * 16u);
@@ -110,7 +120,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       let jl = part * KPL + e;
       let j = j0 + jl;
       var xv = MASKED;
-      if (live && j < hi && key_visible(i32(j), pos, d.len)) {
+      if (live && j < hi && key_visible(i32(j), pos, d.seq)) {
         xv = logit(s_s[rr * SST + jl] * P.scale, d.b, h, i, j, pos);
       }
       x[e] = xv;
@@ -163,7 +173,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       // A non-finite v in this tile: mark the columns this lane writes that its row sees.
       for (var jl = 0u; jl < BC; jl++) {
         let j = j0 + jl;
-        if (j < hi && key_visible(i32(j), pos, d.len)) {
+        if (j < hi && key_visible(i32(j), pos, d.seq)) {
           for (var t = 0u; t < TPS; t++) {
             for (var c = 0u; c < 8u; c++) {
               if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * NSG) * 16u + hf * 8u + c))) {
@@ -218,7 +228,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
             acc[e] = nan_f32();
           }
         }
-        o_parts[row * HV + (sg + t * NSG) * 4u + hf * 2u + u] = finite_or_nan4(acc);
+        o_parts[row * VV + (sg + t * NSG) * 4u + hf * 2u + u] = finite_or_nan4(acc);
       }
     }
     workgroupBarrier();

@@ -13,8 +13,9 @@
 // Non-finite values (CONTRACT): keys no row of the workgroup sees are never loaded (zeros);
 // a non-finite v is staged as 0 (so 0 * NaN never reaches rows that do not see it) and a
 // slow path marks, per lane, the output columns of its row that see it, written as NaN.
-// Prefix constants: BR, BC, NSG, WG (32 NSG), NOC (HD/16), NKC (BC/16), QST, KST, VST, SST, PST, HALF
-// (BC/2), VW (words of a lane's column mask).
+// Prefix constants: BR, BC, NSG, WG (32 NSG), NDC (HD/16: QK's depth tiles), NOC (VD/16:
+// output column tiles), NKC (BC/16), QST, KST, VST, SST, PST, HALF (BC/2), VW (words of a
+// lane's column mask).
 
 var<workgroup> q_s: array<f16, BR * QST>;
 var<workgroup> k_s: array<f16, BC * KST>;
@@ -37,21 +38,22 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let h = w.h;
   let b = w.b;
   let kvh = w.kvh;
-  let len = w.len;
+  let sq = w.seq;
   let i0 = w.i0;
   let rr = sg * 16u + lane % 16u;      // this lane's row in the workgroup (softmax, output)
   let hf = lane / 16u;                 // which half of the row's scores / column tiles
   let i = i0 + rr;
-  let pos = row_pos(len, i);
+  let pos = row_pos(sq, i);
   let lo = u32(w.span.x);
   let hi = u32(w.span.y);
 
-  // Q tile (raw: the scale is applied to the f32 scores), rows past seq_len zero.
+  // Q tile (raw: the scale is applied to the f32 scores), rows past seq_len (and padding
+  // rows) zero.
   for (var idx = lid; idx < BR * HG; idx += WG) {
     let r = idx / HG;
     let g = idx % HG;
     var gv = GV();
-    if (i0 + r < P.seq_len) {
+    if (i0 + r < sq.rows) {
       gv = load_q(q_granule(b, h, i0 + r) + g);
     }
     for (var e = 0u; e < GE; e++) {
@@ -78,8 +80,18 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // Stage K and V: keys some row sees; a non-finite v half is staged as 0 and flagged.
     for (var idx = lid; idx < BC * HG; idx += WG) {
       let jj = idx / HG;
-      if (stage_granule(b, kvh, j0 + jj, jj, idx % HG, j0 + jj >= lo && j0 + jj < hi)) {
+      let ld = j0 + jj >= lo && j0 + jj < hi;
+      stage_k_granule(b, kvh, j0 + jj, jj, idx % HG, ld);
+      if (VG == HG && stage_v_granule(b, kvh, j0 + jj, jj, idx % HG, ld)) {
         atomicOr(&flag_a, 2u);
+      }
+    }
+    if (VG != HG) {                    // v's rows differ from k's: their own granules
+      for (var idx = lid; idx < BC * VG; idx += WG) {
+        let jj = idx / VG;
+        if (stage_v_granule(b, kvh, j0 + jj, jj, idx % VG, j0 + jj >= lo && j0 + jj < hi)) {
+          atomicOr(&flag_a, 2u);
+        }
       }
     }
     workgroupBarrier();
@@ -87,7 +99,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // S = Q K^T for the subgroup's 16 rows and the tile's keys.
     for (var kc = 0u; kc < NKC; kc++) {
       var acc = mm_zero();
-      for (var dc = 0u; dc < NOC; dc++) {
+      for (var dc = 0u; dc < NDC; dc++) {
         acc = mm_qk(acc, sg * 16u * QST + dc * 16u, kc * 16u * KST + dc * 16u);
       }
       mm_store_s(acc, sg * 16u * SST + kc * 16u);
@@ -101,7 +113,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       let jl = hf * HALF + e;
       let j = j0 + jl;
       var xv = MASKED;
-      if (i < P.seq_len && j < hi && key_visible(i32(j), pos, len)) {
+      if (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq)) {
         xv = logit(s_s[rr * SST + jl] * P.scale, b, h, i, j, pos);
       }
       x[e] = xv;
@@ -151,7 +163,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       // A non-finite v in this tile: mark the columns of this lane's row that see it.
       for (var jl = 0u; jl < BC; jl++) {
         let j = j0 + jl;
-        if (j >= lo && j < hi && key_visible(i32(j), pos, len)) {
+        if (j >= lo && j < hi && key_visible(i32(j), pos, sq)) {
           for (var c = hf; c < NOC; c += 2u) {
             for (var d = 0u; d < 16u; d++) {
               if (is_bad_f16(v_elem(b, kvh, j, c * 16u + d))) {
@@ -179,7 +191,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   workgroupBarrier();
   red_s[rr * 2u + hf] = l;
   workgroupBarrier();
-  let fin = finish_row(m, red_s[rr * 2u] + red_s[rr * 2u + 1u], sink_logit(h));
+  let fin = finish_row(m, red_s[rr * 2u] + red_s[rr * 2u + 1u], row_sink(h, sq, i));
   if (hf == 0u) {
     alpha_s[rr] = fin.x;
     if (P.return_lse != 0u && i < P.seq_len) {
@@ -187,7 +199,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
   }
   // Out, tile by tile through o_x: column tile c is written by the lanes of half c % 2.
-  let base = (b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u;
+  let base = out_vec4(b, h, i);
   for (var c = 0u; c < NOC; c++) {
     mm_store_x(o[c], sg * 256u);
     workgroupBarrier();
