@@ -56,13 +56,15 @@ DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads": (64, 128)}
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
-# Halving order when a variant's workgroup storage exceeds the device: (param, floor).
+# Halving order when a variant's workgroup storage exceeds the device: (param, floor). The
+# last step (kv_tile 4) is for head sizes past 256 in f32 only (512: 4-key tiles of 2 KiB
+# rows), which nothing smaller fits in 32 KiB; every spec that fitted before stops earlier.
 SHRINK = {
     "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4),
-                ("max_k_step", 8)),
-    "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
-    "decode_qk": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
-    "decode_pv": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
+                ("max_k_step", 8), ("kv_tile", 4)),
+    "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
+    "decode_qk": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
+    "decode_pv": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
 }
 
 
