@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attnreg.backends import common
+from attnreg.backends import common, ports
 from attnreg.caps import DeviceCaps
 from attnreg.kernel import ALL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
@@ -208,6 +208,38 @@ def pv_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     return c["BC"] * vv * 4 * e + c["BC"] * r * 4 + r * 8 + r * vv * 16
 
 
+def variant_aux(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> frozenset[str]:
+    """The optional inputs a variant of ``family`` binds for ``spec`` (backends/ports.py):
+    the paged block table, the masked-block list, the scales of quantized K/V, the kv_start
+    and seqlens_q tensors."""
+    return ports.aux_inputs(family, paged=spec.kv_layout == "paged",
+                            block_skip=bool(params.get("block_skip")),
+                            quant=spec.kv_dtype is not None, kv_start=spec.kv_start,
+                            seqlens_q=spec.seqlens_q)
+
+
+def binding_reasons(family: str, spec: AttentionSpec, caps: DeviceCaps,
+                    params: Mapping[str, Any]) -> list[str]:
+    """Why the variant binds more storage buffers than the device allows a shader stage
+    (WebGPU's default is 8; browsers commonly grant 10, lavapipe 32): every optional input
+    is one more (a paged, quantized decode with kv_start and seqlens_q binds 13)."""
+    limit = caps.limit("storage_buffers")
+    if limit is None:
+        return []
+    n = sum(p.access != "uniform"
+            for p in ports.ports(family, ports.WGSL, variant_aux(family, spec, params)))
+    return [] if n <= limit else [
+        f"binds {n} storage buffers, device limit is {limit} per shader stage "
+        "(maxStorageBuffersPerShaderStage)"]
+
+
+def _with_bindings(family: str,
+                   inner: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]
+                   ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
+    return lambda spec, caps, params: (binding_reasons(family, spec, caps, params)
+                                       or inner(spec, caps, params))
+
+
 def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
@@ -278,7 +310,8 @@ def _prefill(dtype: str, variant: str, blocks: bool) -> KernelInfo:
         kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, supports=ALL_FEATURES,
         params={"reduction": "subgroup" if sg else "workgroup", "block_skip": blocks},
         defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES, workgroup_storage=prefill_storage,
-        extra_checks=_block_checks(_prefill_checks) if blocks else _prefill_checks,
+        extra_checks=_with_bindings(
+            "prefill", _block_checks(_prefill_checks) if blocks else _prefill_checks),
         doc="flash attention over q_tile query rows per workgroup, online softmax in steps "
             "of max_k_step keys, K/V staged per kv_tile in workgroup memory or read directly "
             "(kv_staging); row maxima via " + ("subgroup shuffles" if sg else "workgroup memory")
@@ -295,7 +328,8 @@ def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
         supports=ALL_FEATURES,
         params={"m_tile": m, "block_skip": blocks}, defaults=DECODE_DEFAULTS[dtype],
         choices=DECODE_CHOICES, workgroup_storage=decode_storage,
-        extra_checks=_block_checks(_decode_checks) if blocks else _decode_checks,
+        extra_checks=_with_bindings(
+            "decode_partial", _block_checks(_decode_checks) if blocks else _decode_checks),
         doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the GQA "
             "group's heads per workgroup sharing each K/V tile"
             + ("; visits only the listed KV blocks, dealt out evenly over the splits"
@@ -336,7 +370,8 @@ def declare() -> list[KernelInfo]:
                 kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, params={"m_tile": m},
                 supports=ALL_FEATURES,
                 defaults=DECODE_DEFAULTS[dtype],
-                choices=DECODE_CHOICES, workgroup_storage=qk_storage, extra_checks=_decode_checks,
+                choices=DECODE_CHOICES, workgroup_storage=qk_storage,
+                extra_checks=_with_bindings("decode_qk", _decode_checks),
                 doc=f"unfused decode, kernel 1: QK^T per KV split for {m} query row(s) x the "
                     "GQA group's heads, scores [B,Nq,S,C] f32 and per-split max/sum out"
                     + _DEQUANT))
@@ -345,7 +380,8 @@ def declare() -> list[KernelInfo]:
             dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
             kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, defaults=DECODE_DEFAULTS[dtype],
             supports=ALL_FEATURES,
-            choices=DECODE_CHOICES, workgroup_storage=pv_storage, extra_checks=_pv_checks,
+            choices=DECODE_CHOICES, workgroup_storage=pv_storage,
+            extra_checks=_with_bindings("decode_pv", _pv_checks),
             doc="unfused decode, kernel 2: normalises decode_qk's scores with the split's "
                 "statistics and multiplies by V into the contract's partial states"
                 + _DEQUANT))
@@ -354,7 +390,7 @@ def declare() -> list[KernelInfo]:
             # vec4 columns, one workgroup of 256 lanes per row: any multiple of 4 to 1024
             dtypes=frozenset({dtype}), head_sizes=REDUCE_HEAD_SIZES, features=_features(dtype),
             kv_layouts=KV_LAYOUTS, workgroup_storage=reduce_storage,       # reads no K/V
-            supports=ALL_FEATURES, extra_checks=_reduce_checks,
+            supports=ALL_FEATURES, extra_checks=_with_bindings("reduce", _reduce_checks),
             doc="merges split-KV partial states and the head sink into out and lse (padding "
                 "rows of seqlens_q take no sink)"))
     return out

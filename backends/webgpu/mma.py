@@ -13,7 +13,7 @@ from attnreg.kernel import ALL_FEATURES, KernelInfo, MatrixUnit
 from attnreg.spec import AttentionSpec
 
 from .kernels import (_DEQUANT, DTYPES, KV_DTYPES, KV_LAYOUTS, _features, _p, _thread_check,
-                      v_head_reasons)
+                      _with_bindings, v_head_reasons)
 from .probe import NAME
 
 # Dawn's subgroup matrices as the H100 has them: 16x16x16 f16 products in f32, 32-lane
@@ -171,7 +171,8 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
         features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
         kv_dtypes=KV_DTYPES, defaults=defaults, choices=choices, emulation={"mma": "emulate"},
         emulates=frozenset({"subgroup-matrix"}), matrix=SUBGROUP_MATRIX,
-        workgroup_storage=storage, extra_checks=_mma_checks(family), doc=doc + _DEQUANT)
+        workgroup_storage=storage, extra_checks=_with_bindings(family, _mma_checks(family)),
+        doc=doc + _DEQUANT)
 
 
 def declare_matrix() -> list[KernelInfo]:

@@ -187,10 +187,7 @@ def digest(text: str) -> str:
 def stage_aux(stage: Stage, spec: AttentionSpec) -> frozenset[str]:
     """The optional inputs a stage binds: the paged block table, the masked-block list,
     the scales of quantized K/V, the kv_start and seqlens_q tensors."""
-    return ports.aux_inputs(stage.family, paged=spec.kv_layout == "paged",
-                            block_skip=bool(stage.params.get("block_skip")),
-                            quant=spec.kv_dtype is not None, kv_start=spec.kv_start,
-                            seqlens_q=spec.seqlens_q)
+    return kernels.variant_aux(stage.family, spec, stage.params)
 
 
 def subgroup_width(stage: Stage, caps: DeviceCaps) -> int:
