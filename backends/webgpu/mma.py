@@ -12,8 +12,17 @@ from attnreg.caps import DeviceCaps
 from attnreg.kernel import ALL_FEATURES, KernelInfo, MatrixUnit
 from attnreg.spec import AttentionSpec
 
-from .kernels import (_DEQUANT, DTYPES, KV_DTYPES, KV_LAYOUTS, _features, _p, _thread_check,
-                      _with_bindings, v_head_reasons)
+from .kernels import (
+    _DEQUANT,
+    DTYPES,
+    KV_DTYPES,
+    KV_LAYOUTS,
+    _features,
+    _p,
+    _thread_check,
+    _with_bindings,
+    v_head_reasons,
+)
 from .probe import NAME
 
 # Dawn's subgroup matrices as the H100 has them: 16x16x16 f16 products in f32, 32-lane

@@ -23,9 +23,9 @@ converted in the helpers, never by a copy:
 
 A granule g covers elements [g*GE, g*GE + GE) of the flat K/V array (kv_elem's offsets use
 the arrays' natural strides, so element e belongs to vector e / HD of k's scale arrays and
-e / VD of v's, VD being v's head size, for BSNH, BNSH and paged pools alike). GE is 4 (float32) or 8 (float16, bfloat16), so a
-granule's int8 codes are 1-2 whole words and its int4 codes 1-2 whole words of one half of
-a q4_0 block.
+e / VD of v's, VD being v's head size, for BSNH, BNSH and paged pools alike). GE is 4
+(float32) or 8 (float16, bfloat16), so a granule's int8 codes are 1-2 whole words and its
+int4 codes 1-2 whole words of one half of a q4_0 block.
 """
 
 from __future__ import annotations
