@@ -358,7 +358,9 @@ def declare() -> list[KernelInfo]:
     workgroup-memory), decode_partial (m_tile 1/2/4), the unfused pair decode_qk (m_tile
     1/2/4) + decode_pv, and reduce, each in f32, f16 and bf16 (computed in f32). The K/V
     readers take contiguous and paged caches (the paged ones bind a block table) and K/V
-    stored in the dtype or quantized (int8, int4: they bind the scales too)."""
+    stored in the dtype or quantized (int8, int4: they bind the scales too). Every variant
+    implements the shapes real models need (supports: kv_start and seqlens_q, bound only
+    where the spec has them, and v_head_size)."""
     out: list[KernelInfo] = []
     for dtype, short in DTYPES.items():
         out += [_prefill(dtype, v, False) for v in ("sg", "wgmem")]
