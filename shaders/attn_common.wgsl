@@ -3,13 +3,16 @@
 // bfloat16), GV/GE/GS (the load granule of GE elements, its vec4 parts), g_part() (a part as
 // vec4<T>), TS / ts_part() / ts_f32() (a vec4 of a staged K/V tile in workgroup memory: as
 // computed, or bfloat16's bits, widened by ts_f32 where read),
-// HD/HV/HG (head size in elements, vec4s, granules), the Params struct (backends/common.py,
+// HD/HV/HG (head size in elements, vec4s, granules: q and k rows), VD/VV/VG (the same of v's
+// and out's rows: v_head_size), the Params struct (backends/common.py,
 // shared with OpenCL) and the family's bindings, declared from backends/ports.py: P, q, k, v
 // (as stored), bias (float32: a float16 bias is widened on the host, exactly), seqlens, sink,
 // k_scale/v_scale (quantized K/V only), and the family's outputs. Kernels read q, k, v only
 // through load_q/load_k/load_v(granule) and write out only through store_out(vec4 index, x):
 // the prefix's helpers widen bf16, dequantize int8/int4 K/V and round the output
-// (backends/webgpu/wgsl_io.py), so one source serves every storage.
+// (backends/webgpu/wgsl_io.py), so one source serves every storage. kv_first(b) / q_rows(b)
+// read kv_start / seqlens_q where bound, with KV_START / Q_ROWS 1; else they are the
+// constants 0 / seq_len and the tests below that need them fold away.
 
 // Logits are clamped to MASKED instead of -inf: finite arithmetic everywhere, so no driver's
 // handling of inf - inf or exp(-inf) can turn a masked row into NaN.
@@ -64,22 +67,43 @@ fn valid_len(b: u32) -> u32 {
   return P.total_len;
 }
 
-// Position of query row i: the queries are the last S tokens of the valid length.
-fn row_pos(len: u32, i: u32) -> i32 {
-  return i32(len) - i32(P.seq_len) + i32(i);
+// Batch entry b's keys and rows: keys [lo, len) exist (kv_start[b], L_b; keys before lo
+// are left padding and never loaded), rows [0, rows) are queries (S_b; rows past it are
+// padding: they see no key, take no sink, and their q is never loaded).
+struct Seq {
+  lo: u32,
+  len: u32,
+  rows: u32,
+}
+
+fn seq_of(b: u32) -> Seq {
+  return Seq(kv_first(b), valid_len(b), q_rows(b));
+}
+
+// Position of query row i: the S_b queries are the last S_b tokens of the valid length.
+// A padding row's position is >= len (key_visible and row_span test that).
+fn row_pos(s: Seq, i: u32) -> i32 {
+  return i32(s.len) - i32(s.rows) + i32(i);
 }
 
 // [lo, hi) of the keys that rows i_first..i_last can see: whole tiles outside it are
-// skipped by loop bounds (causal diagonal, seqlens_k, local window), and keys outside it
-// are never loaded (zeros stand in for them).
-fn key_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
-  var hi = i32(len);
-  if (P.causal != 0u) {
-    hi = min(hi, row_pos(len, i_last) + 1);
+// skipped by loop bounds (kv_start, causal diagonal, seqlens_k, local window, padding rows),
+// and keys outside it are never loaded (zeros stand in for them).
+fn key_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
+  var lo = i32(s.lo);
+  var last = i_last;
+  if (Q_ROWS == 1u) {
+    if (i_first >= s.rows) {
+      return vec2<i32>(lo, lo);         // padding rows only: nothing to see
+    }
+    last = min(i_last, s.rows - 1u);
   }
-  var lo = 0;
+  var hi = i32(s.len);
+  if (P.causal != 0u) {
+    hi = min(hi, row_pos(s, last) + 1);
+  }
   if (P.local_window > 0) {
-    lo = max(0, row_pos(len, i_first) - P.local_window + 1);
+    lo = max(lo, row_pos(s, i_first) - P.local_window + 1);
   }
   return vec2<i32>(lo, max(lo, hi));
 }
@@ -87,15 +111,19 @@ fn key_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
 // [lo, hi) of the keys that every row i_first..i_last sees. P.V multiplies a tile's weights
 // with its values unmasked only when the tile's loaded keys lie inside it: elsewhere a row's
 // weight of 0 for a key it cannot see would meet that key's value (0 * NaN = NaN), so those
-// tiles (the causal diagonal, the window's edge) select each contribution by visibility.
-fn common_span(len: u32, i_first: u32, i_last: u32) -> vec2<i32> {
-  var hi = i32(len);
-  if (P.causal != 0u) {
-    hi = min(hi, row_pos(len, i_first) + 1);
+// tiles (the causal diagonal, the window's edge, any tile of a row tile with a padding row)
+// select each contribution by visibility.
+fn common_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
+  if (Q_ROWS == 1u && i_last >= s.rows) {
+    return vec2<i32>(0, 0);             // a padding row sees nothing
   }
-  var lo = 0;
+  var hi = i32(s.len);
+  if (P.causal != 0u) {
+    hi = min(hi, row_pos(s, i_first) + 1);
+  }
+  var lo = i32(s.lo);
   if (P.local_window > 0) {
-    lo = max(0, row_pos(len, i_last) - P.local_window + 1);
+    lo = max(lo, row_pos(s, i_last) - P.local_window + 1);
   }
   return vec2<i32>(lo, hi);
 }
@@ -118,6 +146,7 @@ struct DecodeWg {
   hc: u32,
   kvh: u32,
   b: u32,
+  seq: Seq,
   len: u32,
   i0: u32,
   span: vec2<i32>,
@@ -137,6 +166,7 @@ struct PrefillWg {
   h: u32,
   kvh: u32,
   b: u32,
+  seq: Seq,
   len: u32,
   i0: u32,
   span: vec2<i32>,
@@ -155,9 +185,10 @@ fn prefill_wg(wid: vec3<u32>, nwg: vec3<u32>, br: u32) -> PrefillWg {
   w.h = (lin / w.n_rt) % P.num_heads;
   w.b = lin / (w.n_rt * P.num_heads);
   w.kvh = w.h / P.group_size;
-  w.len = valid_len(w.b);
+  w.seq = seq_of(w.b);
+  w.len = w.seq.len;
   w.i0 = w.rt * br;
-  w.span = key_span(w.len, w.i0, min(w.i0 + br, P.seq_len) - 1u);
+  w.span = key_span(w.seq, w.i0, min(w.i0 + br, P.seq_len) - 1u);
   return w;
 }
 
@@ -181,38 +212,49 @@ fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
   rest = rest / n_hc;
   d.kvh = rest % P.kv_num_heads;
   d.b = rest / P.kv_num_heads;
-  d.len = valid_len(d.b);
+  d.seq = seq_of(d.b);
+  d.len = d.seq.len;
   d.i0 = d.rt * m;
-  d.span = key_span(d.len, d.i0, min(d.i0 + m, P.seq_len) - 1u);
-  d.seen_all = common_span(d.len, d.i0, min(d.i0 + m, P.seq_len) - 1u);
+  d.span = key_span(d.seq, d.i0, min(d.i0 + m, P.seq_len) - 1u);
+  d.seen_all = common_span(d.seq, d.i0, min(d.i0 + m, P.seq_len) - 1u);
   let split_lo = d.t * P.split_size;
   d.klo = max(split_lo, u32(d.span.x));
   d.khi = min(min(split_lo + P.split_size, P.capacity), u32(d.span.y));
   return d;
 }
 
-// Granule idx of a tile (key idx / HG, granule idx % HG) in workgroup memory whose key rows
-// are `stride` vec4s apart: one layout for every family's staging stores, matching the
-// readers' key * stride + vec4 column.
-fn tile_at(idx: u32, stride: u32) -> u32 {
-  return (idx / HG) * stride + (idx % HG) * GS;
+// Granule idx of a tile (key idx / ng, granule idx % ng; ng granules a row: HG for K, VG
+// for V) in workgroup memory whose key rows are `stride` vec4s apart: one layout for every
+// family's staging stores, matching the readers' key * stride + vec4 column.
+fn tile_at(idx: u32, stride: u32, ng: u32) -> u32 {
+  return (idx / ng) * stride + (idx % ng) * GS;
 }
 
 // Keys [lo, hi) a row at position pos sees (contiguous): edge loops test j against it.
-fn row_span(pos: i32, len: u32) -> vec2<i32> {
-  var hi = i32(len);
-  var lo = 0;
+// Empty for a padding row.
+fn row_span(pos: i32, s: Seq) -> vec2<i32> {
+  var hi = i32(s.len);
+  var lo = i32(s.lo);
   if (P.causal != 0u) {
     hi = min(hi, pos + 1);
   }
   if (P.local_window > 0) {
     lo = max(lo, pos - P.local_window + 1);
   }
+  if (Q_ROWS == 1u && pos >= i32(s.len)) {
+    hi = lo;
+  }
   return vec2<i32>(lo, hi);
 }
 
-fn key_visible(j: i32, pos: i32, len: u32) -> bool {
-  var ok = j < i32(len);
+fn key_visible(j: i32, pos: i32, s: Seq) -> bool {
+  var ok = j < i32(s.len);
+  if (KV_START == 1u) {
+    ok = ok && j >= i32(s.lo);          // left padding
+  }
+  if (Q_ROWS == 1u) {
+    ok = ok && pos < i32(s.len);        // a padding row sees nothing
+  }
   if (P.causal != 0u) {
     ok = ok && j <= pos;
   }
@@ -276,12 +318,38 @@ fn kv_granule(b: u32, n: u32, j: u32) -> u32 {
   return kv_elem(b, n, j) / GE;
 }
 
+// The same for v, whose rows are VD elements: its strides are k's scaled by VD / HD (every
+// stride of k is a multiple of HD in each layout).
+fn v_granule(b: u32, n: u32, j: u32) -> u32 {
+  if (VD == HD) {
+    return kv_granule(b, n, j);
+  }
+  return kv_elem(b, n, j) / HD * VD / GE;
+}
+
+// vec4 index of element 0 of out's row (b, head, row): q's layout with rows of VD elements.
+fn out_vec4(b: u32, h: u32, i: u32) -> u32 {
+  let e = b * P.q_sb + h * P.q_sh + i * P.q_ss;
+  if (VD == HD) {
+    return e / 4u;
+  }
+  return e / HD * VD / 4u;
+}
+
 // The head sink as an extra logit, or MASKED when absent (a -inf sink means no sink).
 fn sink_logit(h: u32) -> f32 {
   if (P.has_sink != 0u) {
     return max(sink[h], MASKED);
   }
   return MASKED;
+}
+
+// The sink of query row i: none for a padding row (out 0, lse -inf).
+fn row_sink(h: u32, s: Seq, i: u32) -> f32 {
+  if (Q_ROWS == 1u && i >= s.rows) {
+    return MASKED;
+  }
+  return sink_logit(h);
 }
 
 // Closes a row's online softmax: (factor for the unnormalised o, lse). The sink only joins

@@ -12,17 +12,19 @@
 // as 0 and flagged; a slow path marks, per lane, the output columns of its row that see it.
 // Writes the contract's partial state of the split: o_t normalised over the split's visible
 // keys and lse_t (0 and -inf for a split with no visible key).
-// Prefix constants: M, GT, BC, NSG, WG (32 NSG), NOC (HD/16), NKC (BC/16), TPS (NOC/NSG),
-// PARTS (WG/16), KPL (BC/PARTS), QST, KST, VST, SST, PST, VW (words of a lane's column mask).
+// Prefix constants: M, GT, BC, NSG, WG (32 NSG), NDC (HD/16: QK's depth tiles), NOC (VD/16:
+// output column tiles), NKC (BC/16), TPS (NOC/NSG), PARTS (WG/16), KPL (BC/PARTS), QST,
+// KST, VST, SST, PST, VW (words of a lane's column mask).
 
 const R: u32 = GT * M;
 
 var<workgroup> q_s: array<f16, 16u * QST>;
 var<workgroup> k_s: array<f16, BC * KST>;
 var<workgroup> v_s: array<f16, BC * VST>;
+// The scores, and each subgroup's 16 x 16 O scratch at sg * 256 while they are dead (as in
+// flash_prefill_mma; NSG * 16 <= BC since the subgroups share out the key tiles).
 var<workgroup> s_s: array<f32, 16u * SST>;
 var<workgroup> p_s: array<f16, 16u * PST>;
-var<workgroup> o_x: array<f32, NSG * 256u>;
 var<workgroup> red_s: array<f32, 16u * PARTS>;
 var<workgroup> alpha_s: array<f32, 16u>;
 var<workgroup> flag_a: atomic<u32>;
@@ -49,17 +51,17 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let live = ri.x < P.group_size && ri.y < P.seq_len;
   let h = d.kvh * P.group_size + ri.x;
   let i = ri.y;
-  let pos = row_pos(d.len, i);
+  let pos = row_pos(d.seq, i);
   let lo = d.klo;
   let hi = d.khi;
 
-  // Q tile (raw: the scale is applied to the f32 scores), absent rows zero.
+  // Q tile (raw: the scale is applied to the f32 scores), absent and padding rows zero.
   for (var idx = lid; idx < 16u * HG; idx += WG) {
     let r = idx / HG;
     let g = idx % HG;
     let qr = tile_row(d.hc, d.i0, r);
     var gv = GV();
-    if (qr.x < P.group_size && qr.y < P.seq_len) {
+    if (qr.x < P.group_size && qr.y < d.seq.rows) {
       gv = load_q(q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g);
     }
     for (var e = 0u; e < GE; e++) {
@@ -84,19 +86,28 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     workgroupBarrier();                // the previous tile's readers are done
     for (var idx = lid; idx < BC * HG; idx += WG) {
       let jj = idx / HG;
-      if (stage_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi)) {
+      stage_k_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi);
+      if (VG == HG && stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi)) {
         atomicOr(&flag_a, 2u);
+      }
+    }
+    if (VG != HG) {                    // v's rows differ from k's: their own granules
+      for (var idx = lid; idx < BC * VG; idx += WG) {
+        let jj = idx / VG;
+        if (stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % VG, j0 + jj < hi)) {
+          atomicOr(&flag_a, 2u);
+        }
       }
     }
     workgroupBarrier();
 
     // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal
-    // NKC / NSG and NOC): with constant bounds, head_size 32 (NOC 2) gave wrong products on
+    // NKC / NSG and NDC): with constant bounds, head_size 32 (NDC 2) gave wrong products on
     // the H100 (43 of 52 cells failed; all pass with these bounds), like the PV loop below.
     for (var u = 0u; u < min(NKC / NSG, P.seq_len + NKC / NSG); u++) {
       let kc = sg + u * NSG;
       var acc = mm_zero();
-      for (var dc = 0u; dc < min(NOC, P.seq_len + NOC); dc++) {
+      for (var dc = 0u; dc < min(NDC, P.seq_len + NDC); dc++) {
         acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);
       }
       mm_store_s(acc, kc * 16u);
@@ -110,7 +121,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       let jl = part * KPL + e;
       let j = j0 + jl;
       var xv = MASKED;
-      if (live && j < hi && key_visible(i32(j), pos, d.len)) {
+      if (live && j < hi && key_visible(i32(j), pos, d.seq)) {
         xv = logit(s_s[rr * SST + jl] * P.scale, d.b, h, i, j, pos);
       }
       x[e] = xv;
@@ -147,12 +158,12 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let flags = workgroupUniformLoad(&flag_u);
 
     if ((flags & 1u) != 0u) {
-      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
+      // Some row's reference max moved: O rows *= alpha, tile by tile through s_s (the O scratch).
       for (var t = 0u; t < TPS; t++) {
         mm_store_x(o[t], sg * 256u);
         workgroupBarrier();
         for (var e = lane; e < 256u; e += 32u) {
-          o_x[sg * 256u + e] *= alpha_s[e / 16u];
+          s_s[sg * 256u + e] *= alpha_s[e / 16u];
         }
         workgroupBarrier();
         o[t] = mm_load_x(sg * 256u);
@@ -163,7 +174,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       // A non-finite v in this tile: mark the columns this lane writes that its row sees.
       for (var jl = 0u; jl < BC; jl++) {
         let j = j0 + jl;
-        if (j < hi && key_visible(i32(j), pos, d.len)) {
+        if (j < hi && key_visible(i32(j), pos, d.seq)) {
           for (var t = 0u; t < TPS; t++) {
             for (var c = 0u; c < 8u; c++) {
               if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * NSG) * 16u + hf * 8u + c))) {
@@ -204,7 +215,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       lse_parts[row] = fin.y;
     }
   }
-  // o_t, tile by tile through o_x: lane (row, hf) writes 8 columns of each of its tiles.
+  // o_t, tile by tile through s_s (the O scratch): lane (row, hf) writes 8 columns of each of its tiles.
   for (var t = 0u; t < TPS; t++) {
     mm_store_x(o[t], sg * 256u);
     workgroupBarrier();
@@ -212,13 +223,13 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       for (var u = 0u; u < 2u; u++) {
         var acc = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
-          acc[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
+          acc[e] = s_s[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
           let bit = t * 8u + u * 4u + e;
           if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
             acc[e] = nan_f32();
           }
         }
-        o_parts[row * HV + (sg + t * NSG) * 4u + hf * 2u + u] = finite_or_nan4(acc);
+        o_parts[row * VV + (sg + t * NSG) * 4u + hf * 2u + u] = finite_or_nan4(acc);
       }
     }
     workgroupBarrier();

@@ -17,6 +17,7 @@
 // the splits instead of by key range (any partition of the keys reduces to the same
 // result); with BAL 0 (op partial) a split keeps its key range, as the contract's partial
 // states require. Blocks flagged all-zero skip the bias load.
+// q and k rows are HD elements (HV vec4s, HG granules), v's and the output's VD (VV, VG).
 // Prefix constants: M, GT, BC (keys per tile), WG (threads), PREFETCH, BAL.
 
 const R: u32 = GT * M;
@@ -24,16 +25,18 @@ const HS: u32 = max(1u, WG / BC);         // QK lanes per key
 const KW: u32 = WG / HS;                  // keys per QK pass
 const KPT: u32 = BC / min(BC, KW);        // QK passes per tile
 const CH: u32 = (HV + HS - 1u) / HS;      // vec4 chunks per QK lane
-const PVW: u32 = min(WG, HV);             // PV lanes across the head
+const PVW: u32 = min(WG, VV);             // PV lanes across v's head
 const NS: u32 = WG / PVW;                 // PV streams
-const CPL: u32 = (HV + PVW - 1u) / PVW;   // vec4 columns per PV lane
+const CPL: u32 = (VV + PVW - 1u) / PVW;   // vec4 columns per PV lane
 const NE: u32 = (BC * R + WG - 1u) / WG;  // (key, vector) elements per lane
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
-const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
+const NLD: u32 = (BC * HG + WG - 1u) / WG; // K granules each lane loads per tile
+const NLV: u32 = (BC * VG + WG - 1u) / WG; // V granules each lane loads per tile
+const QO: u32 = max(HV, VV);              // q_s row: a query, then a merged output
 
-var<workgroup> q_s: array<vec4<f32>, R * HV>;    // scaled queries; the merged o at the end
+var<workgroup> q_s: array<vec4<f32>, R * QO>;    // scaled queries; the merged o at the end
 var<workgroup> k_s: array<TS, BC * KS>;
-var<workgroup> v_s: array<TS, BC * HV>;
+var<workgroup> v_s: array<TS, BC * VV>;
 var<workgroup> p_s: array<f32, BC * R>;          // [key][vector]: logits, then exp
 var<workgroup> part_s: array<f32, BC * R * HS>;  // QK partial dots per head slice
 var<workgroup> m_s: array<f32, R>;               // running maximum per vector
@@ -46,7 +49,7 @@ struct Wg {
   kvh: u32,
   hc: u32,
   i0: u32,
-  len: u32,
+  seq: Seq,
   klo: u32,
   khi: u32,
 }
@@ -56,9 +59,9 @@ struct Wg {
 fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
   let gh = w.hc * GT + r / M;
   let i = w.i0 + r % M;
-  let pos = row_pos(w.len, i);
+  let pos = row_pos(w.seq, i);
   if (gh < P.group_size && i < P.seq_len && j >= w.klo && j < w.khi
-      && key_visible(i32(j), pos, w.len)) {
+      && key_visible(i32(j), pos, w.seq)) {
     return logit_b(dot_qk, w.b, w.kvh * P.group_size + gh, i, j, pos, with_bias);
   }
   return MASKED;
@@ -67,12 +70,19 @@ fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
 // One granule of the register tile into workgroup memory, called from the unrolled loops of
 // both pipeline orders. It takes the granule's values, never the register tile: a helper
 // taking the tile by pointer made a driver keep it in local memory.
-fn stage_kv(idx: u32, kg: GV, vg: GV) {
+fn stage_k(idx: u32, kg: GV) {
   if (idx < BC * HG) {
-    let ks = tile_at(idx, KS);
-    let vs = tile_at(idx, HV);
+    let ks = tile_at(idx, KS, HG);
     for (var s = 0u; s < GS; s++) {
       k_s[ks + s] = ts_part(kg, s);
+    }
+  }
+}
+
+fn stage_v(idx: u32, vg: GV) {
+  if (idx < BC * VG) {
+    let vs = tile_at(idx, VV, VG);
+    for (var s = 0u; s < GS; s++) {
       v_s[vs + s] = ts_part(vg, s);
     }
   }
@@ -114,7 +124,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       n_tiles = ls.y - ls.x;
     }
   }
-  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.len, klo, khi);
+  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.seq, klo, khi);
 
   // Query vector r is head hc*GT + r/M of the group, row i0 + r%M; absent ones load zeros.
   for (var u = 0u; u < (R * HG + WG - 1u) / WG; u++) {
@@ -127,11 +137,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let gh = d.hc * GT + r / M;
     let i = d.i0 + r % M;
     var gv = GV();
-    if (gh < P.group_size && i < P.seq_len) {
+    if (gh < P.group_size && i < d.seq.rows) {     // padding rows' q is never read
       gv = load_q(q_granule(d.b, d.kvh * P.group_size + gh, i) + g);
     }
     for (var s = 0u; s < GS; s++) {
-      q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
+      q_s[r * QO + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
     }
   }
   if (lid < R) {
@@ -156,12 +166,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // the first use) and sit in main: a helper taking the register tile by pointer made a
   // driver keep it in local memory.
   var kr: array<GV, NLD>;
-  var vr: array<GV, NLD>;
+  var vr: array<GV, NLV>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        stage_kv(lid + u * WG, kr[u], vr[u]);
+        stage_k(lid + u * WG, kr[u]);
+      }
+      for (var u = 0u; u < NLV; u++) {
+        stage_v(lid + u * WG, vr[u]);
       }
       workgroupBarrier();
     }
@@ -173,18 +186,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       let idx = lid + u * WG;
       let jj = idx / HG;
       kr[u] = GV();
-      vr[u] = GV();
-      // only this split's keys, never past the valid length
+      if (VG == HG) {
+        vr[u] = GV();
+      }
+      // only this split's keys, never past the valid length nor before kv_start
       if (idx < BC * HG && it < n_tiles && jf + jj >= klo && jf + jj < khi) {
         let at = kv_granule(d.b, d.kvh, jf + jj) + idx % HG;
         kr[u] = load_k(at);
-        vr[u] = load_v(at);
+        if (VG == HG) {                     // v's rows are k's: the same granules
+          vr[u] = load_v(at);
+        }
+      }
+    }
+    if (VG != HG) {
+      for (var u = 0u; u < NLV; u++) {
+        let idx = lid + u * WG;
+        let jj = idx / VG;
+        vr[u] = GV();
+        if (idx < BC * VG && it < n_tiles && jf + jj >= klo && jf + jj < khi) {
+          vr[u] = load_v(v_granule(d.b, d.kvh, jf + jj) + idx % VG);
+        }
       }
     }
     if (PREFETCH == 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
       for (var u = 0u; u < NLD; u++) {
-        stage_kv(lid + u * WG, kr[u], vr[u]);
+        stage_k(lid + u * WG, kr[u]);
+      }
+      for (var u = 0u; u < NLV; u++) {
+        stage_v(lid + u * WG, vr[u]);
       }
       workgroupBarrier();
     }
@@ -207,7 +237,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let c = min(h * CH + cc, HV - 1u);
         let kc = select(vec4<f32>(0.0), ts_f32(k_s[jj * KS + c]), h * CH + cc < HV);
         for (var r = 0u; r < R; r++) {
-          sc[r] += dot(q_s[r * HV + c], kc);
+          sc[r] += dot(q_s[r * QO + c], kc);
         }
       }
       for (var r = 0u; r < R; r++) {
@@ -290,7 +320,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var r = 0u; r < R; r++) {
               let p = p_s[jj * R + r];
               l[r] += p;
-              if (key_visible(i32(j0 + jj), row_pos(d.len, d.i0 + r % M), d.len)) {
+              if (key_visible(i32(j0 + jj), row_pos(d.seq, d.i0 + r % M), d.seq)) {
                 for (var u = 0u; u < CPL; u++) {
                   o[r][u] += p * vv[u];
                 }
@@ -309,8 +339,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       for (var r = 0u; r < R; r++) {
         for (var u = 0u; u < CPL; u++) {
           let c = cl + PVW * u;
-          if (c < HV) {
-            q_s[r * HV + c] = select(q_s[r * HV + c] + o[r][u], o[r][u], s == 0u);
+          if (c < VV) {
+            q_s[r * QO + c] = select(q_s[r * QO + c] + o[r][u], o[r][u], s == 0u);
           }
         }
         if (cl == 0u) {
@@ -321,17 +351,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
   }
 
-  for (var u = 0u; u < (R * HV + WG - 1u) / WG; u++) {
+  for (var u = 0u; u < (R * VV + WG - 1u) / WG; u++) {
     let e = lid + u * WG;
-    if (e < R * HV) {
-      let r = e / HV;
-      let c = e % HV;
+    if (e < R * VV) {
+      let r = e / VV;
+      let c = e % VV;
       let gh = d.hc * GT + r / M;
       let i = d.i0 + r % M;
       if (gh < P.group_size && i < P.seq_len) {
         let fin = finish_row(m_s[r], l_s[r], MASKED);
         let row = ((d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + d.t;
-        o_parts[row * HV + c] = finite_or_nan4(q_s[e] * fin.x);
+        o_parts[row * VV + c] = finite_or_nan4(q_s[r * QO + c] * fin.x);
         if (c == 0u) {
           lse_parts[row] = fin.y;
         }

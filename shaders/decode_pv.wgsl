@@ -8,26 +8,27 @@
 // only where its key is visible to the row (decode_qk wrote exactly those), and V never past
 // the valid length. PV as in decode_partial: NS streams x PVW lanes, a lane owning CPL vec4
 // columns for all R vectors; the streams meet in workgroup memory at the end.
-// Of attn_common's inputs only v and seqlens are read here.
+// Of attn_common's inputs only v and the per-batch lengths are read here. v's rows, and so
+// the partial states', are VD elements (VV vec4s, VG granules).
 // Prefix constants: M, GT, BC (keys per tile), WG (threads), PREFETCH.
 
 const R: u32 = GT * M;
-const PVW: u32 = min(WG, HV);             // PV lanes across the head
+const PVW: u32 = min(WG, VV);             // PV lanes across the head
 const NS: u32 = WG / PVW;                 // PV streams
-const CPL: u32 = (HV + PVW - 1u) / PVW;   // vec4 columns per PV lane
+const CPL: u32 = (VV + PVW - 1u) / PVW;   // vec4 columns per PV lane
 const NE: u32 = (BC * R + WG - 1u) / WG;  // (key, vector) elements per lane
-const NLD: u32 = (BC * HG + WG - 1u) / WG; // V granules each lane loads per tile
+const NLD: u32 = (BC * VG + WG - 1u) / WG; // V granules each lane loads per tile
 
-var<workgroup> v_s: array<TS, BC * HV>;
+var<workgroup> v_s: array<TS, BC * VV>;
 var<workgroup> p_s: array<f32, BC * R>;          // [key][vector] probabilities
 var<workgroup> st_s: array<vec2<f32>, R>;        // (m, l) of each vector's split
-var<workgroup> acc_s: array<vec4<f32>, R * HV>;  // the streams' sums meet here
+var<workgroup> acc_s: array<vec4<f32>, R * VV>;  // the streams' sums meet here
 
 // One granule of the register tile into workgroup memory: by value, never the register
 // tile, for the reason given at decode_partial's stage_kv.
 fn stage_v(idx: u32, vg: GV) {
-  if (idx < BC * HG) {
-    let at = tile_at(idx, HV);
+  if (idx < BC * VG) {
+    let at = tile_at(idx, VV, VG);
     for (var s = 0u; s < GS; s++) {
       v_s[at + s] = ts_part(vg, s);
     }
@@ -75,8 +76,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var u = 0u; u < NLD; u++) {
       let idx = lid + u * WG;
       vr[u] = GV();
-      if (idx < BC * HG && jf + idx / HG < d.khi) {   // only this split's keys, never past the valid length
-        vr[u] = load_v(kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG);
+      // only this split's keys, never past the valid length (nor before kv_start: klo)
+      if (idx < BC * VG && jf + idx / VG < d.khi) {
+        vr[u] = load_v(v_granule(d.b, d.kvh, jf + idx / VG) + idx % VG);
       }
     }
     if (PREFETCH == 0u) {
@@ -101,7 +103,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let i = d.i0 + r % M;
         var p = 0.0;
         if (gh < P.group_size && i < P.seq_len && j < d.khi
-            && key_visible(i32(j), row_pos(d.len, i), d.len)) {
+            && key_visible(i32(j), row_pos(d.seq, i), d.seq)) {
           let m = st_s[r].x;
           let row = (d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i;
           p = weight_of(scores[row * P.capacity + j], select(m, 0.0, m <= MASKED));
@@ -135,7 +137,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           let vv = tile_values(jj, cl);
           for (var r = 0u; r < R; r++) {
             let p = p_s[jj * R + r];
-            if (key_visible(i32(j0 + jj), row_pos(d.len, d.i0 + r % M), d.len)) {
+            if (key_visible(i32(j0 + jj), row_pos(d.seq, d.i0 + r % M), d.seq)) {
               for (var u = 0u; u < CPL; u++) {
                 o[r][u] += p * vv[u];
               }
@@ -153,8 +155,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       for (var r = 0u; r < R; r++) {
         for (var u = 0u; u < CPL; u++) {
           let c = cl + PVW * u;
-          if (c < HV) {
-            acc_s[r * HV + c] = select(acc_s[r * HV + c] + o[r][u], o[r][u], s == 0u);
+          if (c < VV) {
+            acc_s[r * VV + c] = select(acc_s[r * VV + c] + o[r][u], o[r][u], s == 0u);
           }
         }
       }
@@ -162,18 +164,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
   }
 
-  for (var u = 0u; u < (R * HV + WG - 1u) / WG; u++) {
+  for (var u = 0u; u < (R * VV + WG - 1u) / WG; u++) {
     let e = lid + u * WG;
-    if (e < R * HV) {
-      let r = e / HV;
-      let c = e % HV;
+    if (e < R * VV) {
+      let r = e / VV;
+      let c = e % VV;
       let gh = d.hc * GT + r / M;
       let i = d.i0 + r % M;
       if (gh < P.group_size && i < P.seq_len) {
         let st = st_s[r];
         let fin = finish_row(st.x, st.y, MASKED);
         let row = ((d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i) * P.n_splits + d.t;
-        o_parts[row * HV + c] = finite_or_nan4(acc_s[e] * fin.x);
+        o_parts[row * VV + c] = finite_or_nan4(acc_s[e] * fin.x);
         if (c == 0u) {
           lse_parts[row] = fin.y;
         }

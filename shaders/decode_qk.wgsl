@@ -29,7 +29,7 @@ struct Wg {
   kvh: u32,
   hc: u32,
   i0: u32,
-  len: u32,
+  seq: Seq,
   khi: u32,
 }
 
@@ -47,8 +47,8 @@ fn vec_row(w: Wg, r: u32) -> u32 {
 fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32) -> f32 {
   let gh = w.hc * GT + r / M;
   let i = w.i0 + r % M;
-  let pos = row_pos(w.len, i);
-  if (gh < P.group_size && i < P.seq_len && j < w.khi && key_visible(i32(j), pos, w.len)) {
+  let pos = row_pos(w.seq, i);
+  if (gh < P.group_size && i < P.seq_len && j < w.khi && key_visible(i32(j), pos, w.seq)) {
     return logit(dot_qk, w.b, w.kvh * P.group_size + gh, i, j, pos);
   }
   return MASKED;
@@ -58,7 +58,7 @@ fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32) -> f32 {
 // tile, for the reason given at decode_partial's stage_kv.
 fn stage_k(idx: u32, kg: GV) {
   if (idx < BC * HG) {
-    let at = tile_at(idx, KS);
+    let at = tile_at(idx, KS, HG);
     for (var s = 0u; s < GS; s++) {
       k_s[at + s] = ts_part(kg, s);
     }
@@ -72,7 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   if (!d.ok) {
     return;
   }
-  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.len, d.khi);
+  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.seq, d.khi);
 
   // Query vector r is head hc*GT + r/M of the group, row i0 + r%M; absent ones load zeros.
   for (var u = 0u; u < (R * HG + WG - 1u) / WG; u++) {
@@ -85,7 +85,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let gh = d.hc * GT + r / M;
     let i = d.i0 + r % M;
     var gv = GV();
-    if (gh < P.group_size && i < P.seq_len) {
+    if (gh < P.group_size && i < d.seq.rows) {     // padding rows' q is never read
       gv = load_q(q_granule(d.b, d.kvh * P.group_size + gh, i) + g);
     }
     for (var s = 0u; s < GS; s++) {
@@ -114,7 +114,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var u = 0u; u < NLD; u++) {
       let idx = lid + u * WG;
       kr[u] = GV();
-      if (idx < BC * HG && jf + idx / HG < d.khi) {   // only this split's keys, never past the valid length
+      // only this split's keys, never past the valid length (nor before kv_start: klo)
+      if (idx < BC * HG && jf + idx / HG < d.khi) {
         kr[u] = load_k(kv_granule(d.b, d.kvh, jf + idx / HG) + idx % HG);
       }
     }

@@ -16,7 +16,8 @@
 //   BLOCKS 1: units are the listed blocks of the masked-block list (block_skip), each with
 //     its all-zero flag (the bias is not loaded for those), instead of every unit in span.
 // An output unit is OW vec4 columns: one vec4 (STAGE 1, read from v_s) or one load granule
-// (STAGE 0, read from v). Row maxima and sums are combined over the NCG lanes of a row
+// (STAGE 0, read from v); v's rows and so the output's are VD elements (v_head_size), q's
+// and k's HD. Row maxima and sums are combined over the NCG lanes of a row
 // group: lane_max()/lane_sum() (subgroup shuffles over SGW lanes in the subgroup variant),
 // then workgroup memory for the NCG/SGW groups left.
 // Prefix constants: BR, BC, STEP, NSTEP, TR, NCG, SGW, PREFETCH, STAGE, KVS, OUTW, OW, NU,
@@ -26,13 +27,14 @@ const TC: u32 = STEP / NCG;               // scores per lane and row in a step
 const WG: u32 = (BR / TR) * NCG;
 const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
 const NG: u32 = NCG / SGW;                // lane groups left after the shuffles
-const NLD: u32 = (BC * HG + WG - 1u) / WG; // K (and V) granules each lane loads per tile
+const NLD: u32 = (BC * HG + WG - 1u) / WG; // K granules each lane loads per tile
+const NLV: u32 = (BC * VG + WG - 1u) / WG; // V granules each lane loads per tile
 const PRE: u32 = PREFETCH * STAGE;        // tiles in flight ahead of the compute
 const ORN: u32 = max(OSR, 1u);            // register accumulator vec4s per row
 
 var<workgroup> q_s: array<vec4<f32>, BR * HV>;
 var<workgroup> k_s: array<TS, KVS * KS>;
-var<workgroup> v_s: array<TS, KVS * HV>;
+var<workgroup> v_s: array<TS, KVS * VV>;
 var<workgroup> p_s: array<f32, BR * STEP>;
 var<workgroup> red_s: array<f32, BR * NG>;
 var<workgroup> o_s: array<vec4<f32>, OSZ>;
@@ -74,13 +76,20 @@ fn osi(row: u32, tx: u32, c: u32) -> u32 {
 }
 
 // One granule of the register tile into workgroup memory: by value, never the register
-// tile, for the reason given at decode_partial's stage_kv.
-fn stage_kv(idx: u32, kg: GV, vg: GV) {
+// tile, for the reason given at decode_partial's stage_k.
+fn stage_k(idx: u32, kg: GV) {
   if (idx < BC * HG) {
-    let ks = tile_at(idx, KS);
-    let vs = tile_at(idx, HV);
+    let ks = tile_at(idx, KS, HG);
     for (var s = 0u; s < GS; s++) {
       k_s[ks + s] = ts_part(kg, s);
+    }
+  }
+}
+
+fn stage_v(idx: u32, vg: GV) {
+  if (idx < BC * VG) {
+    let vs = tile_at(idx, VV, VG);
+    for (var s = 0u; s < GS; s++) {
       v_s[vs + s] = ts_part(vg, s);
     }
   }
@@ -98,9 +107,9 @@ fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
     }
     if (un < NU) {
       if (STAGE == 1u) {
-        vv[c] = ts_f32(v_s[(st * STEP + jj) * HV + un]);
+        vv[c] = ts_f32(v_s[(st * STEP + jj) * VV + un]);
       } else if (j >= lo && j < hi) {
-        let gv = load_v(kv_granule(b, kvh, j) + un);
+        let gv = load_v(v_granule(b, kvh, j) + un);
         for (var s = 0u; s < OW; s++) {
           vv[c * OW + s] = vec4<f32>(g_part(gv, s));
         }
@@ -131,15 +140,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let h = w.h;
   let b = w.b;
   let kvh = w.kvh;
-  let len = w.len;
+  let sq = w.seq;
   let ty = lid / NCG;
   let tx = lid % NCG;
   let i0 = w.i0;
   let span = w.span;
-  let seen_all = common_span(len, i0, min(i0 + BR, P.seq_len) - 1u);
+  let seen_all = common_span(sq, i0, min(i0 + BR, P.seq_len) - 1u);
   var rk: array<vec2<i32>, TR>;            // the keys each of the lane's rows sees
   for (var a = 0u; a < TR; a++) {
-    rk[a] = row_span(row_pos(len, i0 + ty * TR + a), len);
+    rk[a] = row_span(row_pos(sq, i0 + ty * TR + a), sq);
   }
   let lo = u32(span.x);
   let hi = u32(span.y);
@@ -152,7 +161,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let r = idx / HG;
     let g = idx % HG;
     var gv = GV();
-    if (i0 + r < P.seq_len) {
+    if (i0 + r < sq.rows) {               // padding rows' q is never read
       gv = load_q(q_granule(b, h, i0 + r) + g);
     }
     for (var s = 0u; s < GS; s++) {
@@ -191,13 +200,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // and issues all before the first use) and sit in main: a helper taking the register
   // tile by pointer made a driver keep it in local memory.
   var kr: array<GV, NLD>;
-  var vr: array<GV, NLD>;
+  var vr: array<GV, NLV>;
   for (var it = 0u; it < n_units + PRE; it++) {
     if (STAGE == 1u) {
       if (PRE == 1u && it > 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
         for (var u = 0u; u < NLD; u++) {
-          stage_kv(lid + u * WG, kr[u], vr[u]);
+          stage_k(lid + u * WG, kr[u]);
+        }
+        for (var u = 0u; u < NLV; u++) {
+          stage_v(lid + u * WG, vr[u]);
         }
         workgroupBarrier();
       }
@@ -209,18 +221,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let idx = lid + u * WG;
         let jj = idx / HG;
         kr[u] = GV();
-        vr[u] = GV();
+        if (VG == HG) {
+          vr[u] = GV();
+        }
         // only keys some row sees: never past the valid length, never left of the window
+        // or of kv_start
         if (idx < BC * HG && it < n_units && jf + jj >= lo && jf + jj < hi) {
           let at = kv_granule(b, kvh, jf + jj) + idx % HG;
           kr[u] = load_k(at);
-          vr[u] = load_v(at);
+          if (VG == HG) {                   // v's rows are k's: the same granules
+            vr[u] = load_v(at);
+          }
+        }
+      }
+      if (VG != HG) {
+        for (var u = 0u; u < NLV; u++) {
+          let idx = lid + u * WG;
+          let jj = idx / VG;
+          vr[u] = GV();
+          if (idx < BC * VG && it < n_units && jf + jj >= lo && jf + jj < hi) {
+            vr[u] = load_v(v_granule(b, kvh, jf + jj) + idx % VG);
+          }
         }
       }
       if (PRE == 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
         for (var u = 0u; u < NLD; u++) {
-          stage_kv(lid + u * WG, kr[u], vr[u]);
+          stage_k(lid + u * WG, kr[u]);
+        }
+        for (var u = 0u; u < NLV; u++) {
+          stage_v(lid + u * WG, vr[u]);
         }
         workgroupBarrier();
       }
@@ -287,12 +317,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       var mx: array<f32, TR>;
       for (var a = 0u; a < TR; a++) {
         let i = i0 + ty * TR + a;
-        let pos = row_pos(len, i);
+        let pos = row_pos(sq, i);
         var best = MASKED;
         for (var e = 0u; e < TC; e++) {
           let j = js + tx + NCG * e;
           var x = MASKED;
-          if (i < P.seq_len && j < hi && key_visible(i32(j), pos, len)) {
+          if (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq)) {
             x = logit_b(sc[a][e], b, h, i, j, pos, wb);
           }
           sc[a][e] = x;
@@ -369,8 +399,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   for (var a = 0u; a < TR; a++) {
     let i = i0 + ty * TR + a;
     if (i < P.seq_len) {
-      let fin = finish_row(m[a], l[a], sink_logit(h));
-      let base = (b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u;
+      let fin = finish_row(m[a], l[a], row_sink(h, sq, i));
+      let base = out_vec4(b, h, i);
       for (var c = 0u; c < OSL; c++) {
         let un = tx + NCG * (c / OW);
         if (un < NU) {

@@ -13,15 +13,18 @@
 // Non-finite values (CONTRACT): keys no row of the workgroup sees are never loaded (zeros);
 // a non-finite v is staged as 0 (so 0 * NaN never reaches rows that do not see it) and a
 // slow path marks, per lane, the output columns of its row that see it, written as NaN.
-// Prefix constants: BR, BC, NSG, WG (32 NSG), NOC (HD/16), NKC (BC/16), QST, KST, VST, SST, PST, HALF
-// (BC/2), VW (words of a lane's column mask).
+// Prefix constants: BR, BC, NSG, WG (32 NSG), NDC (HD/16: QK's depth tiles), NOC (VD/16:
+// output column tiles), NKC (BC/16), QST, KST, VST, SST, PST, HALF (BC/2), VW (words of a
+// lane's column mask).
 
 var<workgroup> q_s: array<f16, BR * QST>;
 var<workgroup> k_s: array<f16, BC * KST>;
 var<workgroup> v_s: array<f16, BC * VST>;
+// s_s holds the scores, and between a tile's softmax and the next tile's QK (and after the
+// last) each subgroup's 16 x 16 O scratch at sg * 256 (mm_store_x / mm_load_x): the scores are
+// dead then, and BR * SST >= NSG * 256 as BC >= 16. Sharing it lets head size 320 fit 32 KiB.
 var<workgroup> s_s: array<f32, BR * SST>;
 var<workgroup> p_s: array<f16, BR * PST>;
-var<workgroup> o_x: array<f32, NSG * 256u>;
 var<workgroup> red_s: array<f32, BR * 2u>;
 var<workgroup> alpha_s: array<f32, BR>;
 var<workgroup> flag_a: atomic<u32>;
@@ -37,21 +40,22 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let h = w.h;
   let b = w.b;
   let kvh = w.kvh;
-  let len = w.len;
+  let sq = w.seq;
   let i0 = w.i0;
   let rr = sg * 16u + lane % 16u;      // this lane's row in the workgroup (softmax, output)
   let hf = lane / 16u;                 // which half of the row's scores / column tiles
   let i = i0 + rr;
-  let pos = row_pos(len, i);
+  let pos = row_pos(sq, i);
   let lo = u32(w.span.x);
   let hi = u32(w.span.y);
 
-  // Q tile (raw: the scale is applied to the f32 scores), rows past seq_len zero.
+  // Q tile (raw: the scale is applied to the f32 scores), rows past seq_len (and padding
+  // rows) zero.
   for (var idx = lid; idx < BR * HG; idx += WG) {
     let r = idx / HG;
     let g = idx % HG;
     var gv = GV();
-    if (i0 + r < P.seq_len) {
+    if (i0 + r < sq.rows) {
       gv = load_q(q_granule(b, h, i0 + r) + g);
     }
     for (var e = 0u; e < GE; e++) {
@@ -78,8 +82,18 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // Stage K and V: keys some row sees; a non-finite v half is staged as 0 and flagged.
     for (var idx = lid; idx < BC * HG; idx += WG) {
       let jj = idx / HG;
-      if (stage_granule(b, kvh, j0 + jj, jj, idx % HG, j0 + jj >= lo && j0 + jj < hi)) {
+      let ld = j0 + jj >= lo && j0 + jj < hi;
+      stage_k_granule(b, kvh, j0 + jj, jj, idx % HG, ld);
+      if (VG == HG && stage_v_granule(b, kvh, j0 + jj, jj, idx % HG, ld)) {
         atomicOr(&flag_a, 2u);
+      }
+    }
+    if (VG != HG) {                    // v's rows differ from k's: their own granules
+      for (var idx = lid; idx < BC * VG; idx += WG) {
+        let jj = idx / VG;
+        if (stage_v_granule(b, kvh, j0 + jj, jj, idx % VG, j0 + jj >= lo && j0 + jj < hi)) {
+          atomicOr(&flag_a, 2u);
+        }
       }
     }
     workgroupBarrier();
@@ -87,7 +101,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // S = Q K^T for the subgroup's 16 rows and the tile's keys.
     for (var kc = 0u; kc < NKC; kc++) {
       var acc = mm_zero();
-      for (var dc = 0u; dc < NOC; dc++) {
+      for (var dc = 0u; dc < NDC; dc++) {
         acc = mm_qk(acc, sg * 16u * QST + dc * 16u, kc * 16u * KST + dc * 16u);
       }
       mm_store_s(acc, sg * 16u * SST + kc * 16u);
@@ -101,7 +115,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       let jl = hf * HALF + e;
       let j = j0 + jl;
       var xv = MASKED;
-      if (i < P.seq_len && j < hi && key_visible(i32(j), pos, len)) {
+      if (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq)) {
         xv = logit(s_s[rr * SST + jl] * P.scale, b, h, i, j, pos);
       }
       x[e] = xv;
@@ -135,12 +149,12 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let flags = workgroupUniformLoad(&flag_u);
 
     if ((flags & 1u) != 0u) {
-      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
+      // Some row's reference max moved: O rows *= alpha, tile by tile through s_s (the O scratch).
       for (var c = 0u; c < NOC; c++) {
         mm_store_x(o[c], sg * 256u);
         workgroupBarrier();
         for (var e = lane; e < 256u; e += 32u) {
-          o_x[sg * 256u + e] *= alpha_s[sg * 16u + e / 16u];
+          s_s[sg * 256u + e] *= alpha_s[sg * 16u + e / 16u];
         }
         workgroupBarrier();
         o[c] = mm_load_x(sg * 256u);
@@ -151,7 +165,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       // A non-finite v in this tile: mark the columns of this lane's row that see it.
       for (var jl = 0u; jl < BC; jl++) {
         let j = j0 + jl;
-        if (j >= lo && j < hi && key_visible(i32(j), pos, len)) {
+        if (j >= lo && j < hi && key_visible(i32(j), pos, sq)) {
           for (var c = hf; c < NOC; c += 2u) {
             for (var d = 0u; d < 16u; d++) {
               if (is_bad_f16(v_elem(b, kvh, j, c * 16u + d))) {
@@ -179,15 +193,15 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   workgroupBarrier();
   red_s[rr * 2u + hf] = l;
   workgroupBarrier();
-  let fin = finish_row(m, red_s[rr * 2u] + red_s[rr * 2u + 1u], sink_logit(h));
+  let fin = finish_row(m, red_s[rr * 2u] + red_s[rr * 2u + 1u], row_sink(h, sq, i));
   if (hf == 0u) {
     alpha_s[rr] = fin.x;
     if (P.return_lse != 0u && i < P.seq_len) {
       lse[(b * P.num_heads + h) * P.seq_len + i] = fin.y;
     }
   }
-  // Out, tile by tile through o_x: column tile c is written by the lanes of half c % 2.
-  let base = (b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u;
+  // Out, tile by tile through s_s (the O scratch): column tile c is written by the lanes of half c % 2.
+  let base = out_vec4(b, h, i);
   for (var c = 0u; c < NOC; c++) {
     mm_store_x(o[c], sg * 256u);
     workgroupBarrier();
@@ -195,7 +209,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       for (var u = 0u; u < 4u; u++) {
         var acc = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
-          acc[e] = o_x[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
+          acc[e] = s_s[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
           let bit = (c / 2u) * 16u + u * 4u + e;
           if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
             acc[e] = nan_f32();

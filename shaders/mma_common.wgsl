@@ -1,6 +1,7 @@
 // Pieces both matrix-unit kernels (flash_prefill_mma, decode_mma) share: the lazy-max
-// threshold, non-finite tests on halves, and the staging of one K/V granule into the
-// primitive's k_s / v_s tiles (rows KST / VST halves apart).
+// threshold, non-finite tests on halves, and the staging of one K or V granule into the
+// primitive's k_s / v_s tiles (rows KST / VST halves apart; k rows are HD elements, HG
+// granules, v rows VD, VG granules).
 
 // ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
 const TAU: f32 = 8.0;
@@ -17,29 +18,38 @@ fn is_bad_f16(x: f16) -> bool {
 
 // Element d of key j's row of v (kv layout), for the non-finite slow path.
 fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
-  let g = load_v(kv_granule(b, kvh, j) + d / GE);
+  let g = load_v(v_granule(b, kvh, j) + d / GE);
   return g_part(g, (d % GE) / 4u)[d % 4u];
 }
 
-// Granule g of key j (tile row jj) into k_s / v_s: zeros unless load; a non-finite v half is
-// staged as 0 (so 0 * NaN never reaches rows that do not see it). True if one was.
-fn stage_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) -> bool {
+// Granule g of key j's k (tile row jj) into k_s: zeros unless load.
+fn stage_k_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) {
   var kg = GV();
+  if (load) {
+    kg = load_k(kv_granule(b, kvh, j) + g);
+  }
+  for (var c = 0u; c < GE; c += 4u) {
+    let kh = g_part(kg, c / 4u);
+    for (var e = 0u; e < 4u; e++) {
+      k_s[jj * KST + g * GE + c + e] = kh[e];
+    }
+  }
+}
+
+// Granule g of key j's v (tile row jj) into v_s: zeros unless load; a non-finite v half is
+// staged as 0 (so 0 * NaN never reaches rows that do not see it). True if one was.
+fn stage_v_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) -> bool {
   var vg = GV();
   if (load) {
-    let at = kv_granule(b, kvh, j) + g;
-    kg = load_k(at);
-    vg = load_v(at);
+    vg = load_v(v_granule(b, kvh, j) + g);
   }
   var bad = false;
   for (var c = 0u; c < GE; c += 4u) {
-    let kh = g_part(kg, c / 4u);
     let vraw = g_part(vg, c / 4u);
     let vb = bad4(vraw);
     bad = bad || any(vb);
     let vh = select(vraw, vec4<T>(0.0), vb);
     for (var e = 0u; e < 4u; e++) {
-      k_s[jj * KST + g * GE + c + e] = kh[e];
       v_s[jj * VST + g * GE + c + e] = vh[e];
     }
   }

@@ -2,21 +2,24 @@
 // (q layout, spec dtype) and lse:  M = max_t lse_t (and sink), w_t = exp(lse_t - M),
 // out = sum_t w_t o_t / (sum_t w_t + exp(sink - M)).
 // One workgroup per row. The splits' lse are read in parallel (one lane per split) and their
-// weights kept in workgroup memory; then NSG groups of HV lanes each sum every NSG-th split,
+// weights kept in workgroup memory; then NSG groups of VV lanes (a partial state's vec4s:
+// v_head_size / 4) each sum every NSG-th split,
 // four independent loads at a time (a loop of dependent loads would wait on memory once per
 // split), and the groups meet in workgroup memory. Prefix constants: WG.
 // Partials may come from any backend: a split with lse_t = -inf contributes nothing,
 // whatever its o_t holds; every other split's o_t is multiplied by its weight, 0 included,
 // so a NaN in it reaches out (NaN, as an inf does); a NaN or +inf lse_t makes the row NaN.
 // NaN is tested with bit tests (see attn_common.wgsl: WGSL may assume no NaN).
+// Padding rows (i >= seqlens_q[b], where q_rows reads it) take no sink: their partial states
+// are all empty, so they get out 0 and lse -inf.
 
-const NSG: u32 = max(1u, WG / HV);
+const NSG: u32 = max(1u, WG / VV);
 const MASKED: f32 = -3.0e38;
 const WCHUNK: u32 = 1024u;     // split weights held in workgroup memory per pass
 
 var<workgroup> red_s: array<f32, WG>;
 var<workgroup> w_s: array<f32, WCHUNK>;
-var<workgroup> acc_s: array<vec4<f32>, NSG * HV>;
+var<workgroup> acc_s: array<vec4<f32>, NSG * VV>;
 var<workgroup> den_s: array<f32, NSG>;
 
 const EMPTY: u32 = 0xbf800000u;   // the weight of an empty split: -1.0, tested by its bits
@@ -78,7 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let nt = P.n_splits;
 
   var sink_l = MASKED;
-  if (P.has_sink != 0u) {
+  if (P.has_sink != 0u && i < q_rows(b)) {
     sink_l = max(sink[h], MASKED);
   }
   var mx = sink_l;
@@ -88,8 +91,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   mx = wg_reduce(mx, lid, true);
   let m_use = select(mx, 0.0, mx <= MASKED);
 
-  let col = lid % HV;
-  let grp = lid / HV;
+  let col = lid % VV;
+  let grp = lid / VV;
   var acc = vec4<f32>(0.0);
   var den = 0.0;
   for (var t0 = 0u; t0 < nt; t0 += WCHUNK) {
@@ -106,33 +109,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let w1 = w_s[t + NSG];
         let w2 = w_s[t + 2u * NSG];
         let w3 = w_s[t + 3u * NSG];
-        let o0 = o_parts[(base + t) * HV + col];
-        let o1 = o_parts[(base + t + NSG) * HV + col];
-        let o2 = o_parts[(base + t + 2u * NSG) * HV + col];
-        let o3 = o_parts[(base + t + 3u * NSG) * HV + col];
+        let o0 = o_parts[(base + t) * VV + col];
+        let o1 = o_parts[(base + t + NSG) * VV + col];
+        let o2 = o_parts[(base + t + 2u * NSG) * VV + col];
+        let o3 = o_parts[(base + t + 3u * NSG) * VV + col];
         acc += (part(w0, o0) + part(w1, o1)) + (part(w2, o2) + part(w3, o3));
         den += (den_of(w0) + den_of(w1)) + (den_of(w2) + den_of(w3));
       }
       for (; t < n; t += NSG) {
         let w = w_s[t];
-        acc += part(w, o_parts[(base + t) * HV + col]);
+        acc += part(w, o_parts[(base + t) * VV + col]);
         den += den_of(w);
       }
     }
     workgroupBarrier();
   }
   if (grp < NSG) {
-    acc_s[grp * HV + col] = acc;
+    acc_s[grp * VV + col] = acc;
     if (col == 0u) {
       den_s[grp] = den;
     }
   }
   workgroupBarrier();
-  if (lid < HV) {
+  if (lid < VV) {
     var a = vec4<f32>(0.0);
     var d = exp(sink_l - m_use);     // 0 without a sink: exp(MASKED - m) underflows
     for (var g = 0u; g < NSG; g++) {
-      a += acc_s[g * HV + lid];
+      a += acc_s[g * VV + lid];
       d += den_s[g];
     }
     var res = vec4<f32>(0.0);
@@ -148,7 +151,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // an inf in some o_t: NaN (as every writer of out)
     let e = bitcast<vec4<u32>>(res) & vec4<u32>(0x7f800000u);
     res = select(res, vec4<f32>(nan_f32()), e == vec4<u32>(0x7f800000u));
-    store_out((b * P.q_sb + h * P.q_sh + i * P.q_ss) / 4u + lid, res);
+    // out has q's layout with rows of VD elements (every q stride is a multiple of HD)
+    let e0 = b * P.q_sb + h * P.q_sh + i * P.q_ss;
+    var ob = e0 / 4u;
+    if (VD != HD) {
+      ob = e0 / HD * VD / 4u;
+    }
+    store_out(ob + lid, res);
     if (P.return_lse != 0u && lid == 0u) {
       lse[row] = lse_v;
     }

@@ -130,12 +130,14 @@ def requirements(plan: Plan, progs: list[program.Program]) -> dict[str, Any]:
 
 
 def _shapes(spec: AttentionSpec, n_splits: int) -> tuple[dict[str, list[int]], dict[str, int]]:
-    b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
-    shapes = {"q": list(spec.q_shape), "k": list(spec.kv_code_shape), "v": list(spec.kv_code_shape),
+    # out and the partial states have v's head size (Hv)
+    b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size_v
+    shapes = {"q": list(spec.q_shape), "k": list(spec.kv_code_shape), "v": list(spec.v_code_shape),
               "out": list(spec.out_shape), "lse": list(spec.lse_shape),
-              "bias": [b, nq, s, spec.capacity], "seqlens_k": [b], "head_sink": [nq]}
+              "bias": [b, nq, s, spec.capacity], "seqlens_k": [b], "head_sink": [nq],
+              "kv_start": [b], "seqlens_q": [b]}
     if spec.kv_dtype:
-        shapes.update(k_scale=list(spec.kv_scale_shape), v_scale=list(spec.kv_scale_shape))
+        shapes.update(k_scale=list(spec.kv_scale_shape), v_scale=list(spec.v_scale_shape))
     rows = b * nq * s
     nbytes = {"out": rows * h * spec.itemsize, "lse": rows * 4,
               "o_parts": rows * n_splits * h * 4, "lse_parts": rows * n_splits * 4}
@@ -154,7 +156,8 @@ def module_text(plan: Plan, progs: list[program.Program]) -> str:
     plan_info = {"route": plan.route, "kernels": list(plan.kernels), "caps": plan.caps.label,
                  "rules": list(plan.rules)}
     kv = np.dtype(spec.kv_code_dtype).itemsize        # int8 / int4 codes: 1 byte
-    elem = {"q": e, "k": kv, "v": kv, "bias": 4, "seqlens_k": 4, "head_sink": 4}
+    elem = {"q": e, "k": kv, "v": kv, "bias": 4, "seqlens_k": 4, "head_sink": 4, "kv_start": 4,
+            "seqlens_q": 4}
     if spec.kv_dtype:
         elem.update(k_scale=np.dtype(spec.kv_scale_dtype).itemsize,
                     v_scale=np.dtype(spec.kv_scale_dtype).itemsize)
@@ -199,7 +202,8 @@ def readme_text(plan: Plan, progs: list[program.Program], files: list[str]) -> s
     spec = plan.spec
     req = requirements(plan, progs)
     extra = [n for n, on in (("bias", spec.bias), ("seqlens_k", spec.seqlens_k),
-                             ("head_sink", spec.head_sink)) if on]
+                             ("head_sink", spec.head_sink), ("kv_start", spec.kv_start),
+                             ("seqlens_q", spec.seqlens_q)) if on]
     if spec.kv_dtype:
         extra += ["k_scale", "v_scale"]
     args = ", ".join(["q", "k", "v", *extra])
@@ -280,7 +284,8 @@ def check(out_dir: str, spec: AttentionSpec, *, seed: int = 0, lengths: Any = No
     (max abs error, problem or "") against the float64 reference."""
     t = make_tensors(spec, seed, lengths=lengths, bias_shape=bias_shape)
     blobs: dict[str, bytes] = {name: np.ascontiguousarray(t[name]).tobytes()
-             for name in ("q", "k", "v", "bias", "seqlens_k", "head_sink", "k_scale", "v_scale")
+             for name in ("q", "k", "v", "bias", "seqlens_k", "head_sink", "k_scale", "v_scale",
+                          "kv_start", "seqlens_q")
              if name in t}
     header: dict[str, Any] = {"label": module}
     if "bias" in t:

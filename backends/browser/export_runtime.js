@@ -94,7 +94,8 @@ export async function createAttention(device) {
   setBiasShape(SHAPES.bias);
 
   /** Record the stages into a compute pass; `bufs` holds GPUBuffers q, k, v, out and, as
-   *  the spec needs them, bias (f32), seqlens_k (i32), head_sink (f32), lse (f32). */
+   *  the spec needs them, bias (f32), seqlens_k (i32), head_sink (f32), kv_start (i32),
+   *  seqlens_q (i32), lse (f32). */
   function dispatch(pass, bufs) {
     const pick = {
       params: own.params, q: bufs.q, k: bufs.k, v: bufs.v, out: bufs.out,
@@ -103,6 +104,8 @@ export async function createAttention(device) {
       bias: SPEC.bias ? bufs.bias : own.dummy_r,
       seqlens_k: SPEC.seqlens_k ? bufs.seqlens_k : own.dummy_r,
       head_sink: SPEC.head_sink ? bufs.head_sink : own.dummy_r,
+      kv_start: SPEC.kv_start ? bufs.kv_start : own.dummy_r,
+      seqlens_q: SPEC.seqlens_q ? bufs.seqlens_q : own.dummy_r,
       lse: SPEC.return_lse ? bufs.lse : own.dummy_w,
       o_parts: own.o_parts, lse_parts: own.lse_parts,
     };
@@ -124,6 +127,8 @@ export async function createAttention(device) {
     if (SPEC.bias) names.push('bias');
     if (SPEC.seqlens_k) names.push('seqlens_k');
     if (SPEC.head_sink) names.push('head_sink');
+    if (SPEC.kv_start) names.push('kv_start');
+    if (SPEC.seqlens_q) names.push('seqlens_q');
     if (SPEC.kv_dtype) names.push('k_scale', 'v_scale');
     const temp = [];
     const bufs = {};

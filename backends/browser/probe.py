@@ -27,6 +27,7 @@ LIMITS = {
     "storage_binding": "maxStorageBufferBindingSize",
     "buffer_size": "maxBufferSize",
     "workgroups_per_dim": "maxComputeWorkgroupsPerDimension",
+    "storage_buffers": "maxStorageBuffersPerShaderStage",
 }
 _CPU_ARCHS = ("swiftshader", "llvmpipe", "lavapipe", "warp")
 

@@ -92,7 +92,8 @@ class BrowserRuntime(HostMemory):
         bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
         progs = self.programs(plan, bias_shape)
         n_splits = program.n_splits(plan)
-        b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
+        # out and the partial states have v's head size (Hv)
+        b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size_v
         parts = b * nq * s * n_splits
         # A host-cast stage computes in float32: its inputs are widened here (exactly) and
         # the output it writes is rounded back to the spec's dtype after the read-back.
@@ -127,10 +128,12 @@ class BrowserRuntime(HostMemory):
                 upload(name, inputs[name])
             if bias is not None:
                 upload("bias", bias)
-            if "seqlens_k" in inputs:
-                upload("seqlens_k", inputs["seqlens_k"])
-        if "head_sink" in inputs:
-            upload("head_sink", inputs["head_sink"])
+            for name in ("seqlens_k", "kv_start"):
+                if name in inputs:
+                    upload(name, inputs[name])
+        for name in ("head_sink", "seqlens_q"):         # the reduce reads both
+            if name in inputs:
+                upload(name, inputs[name])
         scratch("out", b * nq * s * h * np.dtype(out_dtype).itemsize)
         if spec.return_lse:
             scratch("lse", b * nq * s * 4)

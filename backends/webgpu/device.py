@@ -58,8 +58,8 @@ class GpuDevice:
         self.wgpu = self.api()
         self.caps = caps
         self.features = [f for f in self.request if f in adapter.features]
-        wanted = [*probe.LIMITS.values(), "max-storage-buffers-per-shader-stage",
-                  "max-compute-workgroup-size-y", "max-compute-workgroup-size-z"]
+        wanted = [*probe.LIMITS.values(), "max-compute-workgroup-size-y",
+                  "max-compute-workgroup-size-z"]
         limits = {k: adapter.limits[k] for k in wanted if k in adapter.limits}
         self.device = self.open(adapter, self.features, limits)
         self.has_timestamps = "timestamp-query" in self.features

@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attnreg.backends import common
+from attnreg.backends import common, ports
 from attnreg.caps import DeviceCaps
-from attnreg.kernel import KernelInfo
+from attnreg.kernel import ALL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import wgsl_io
@@ -20,9 +20,12 @@ from .probe import NAME
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Quantized K/V storages every K/V reader dequantizes in its loads (backends/webgpu/wgsl_io.py).
 KV_DTYPES = frozenset({"int8", "int4"})
-# Every multiple of 8 up to 256: f16 and bf16 load 8 values per granule, and O accumulators live
-# in registers (256 / 4 = 64 vec4 columns at most).
-HEAD_SIZES = (8, 256, 8)
+# Every multiple of 8 up to 512: f16 and bf16 load 8 values per granule; O accumulators live in
+# registers, split over a row's lanes (prefill: row_lanes of them, decode: up to 64 PV lanes),
+# so 512 / 4 = 128 vec4 columns are 8 per prefill lane and row, 2 per decode lane and vector.
+# Larger heads need smaller tiles: the tile-fitting rules halve them until the workgroup
+# storage fits. v_head_size (Hv != head_size) takes the same values.
+HEAD_SIZES = (8, 512, 8)
 M_TILES = (1, 2, 4)
 
 # prefetch: load the next K/V tile into registers while the current one is computed.
@@ -53,13 +56,15 @@ DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads": (64, 128)}
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
-# Halving order when a variant's workgroup storage exceeds the device: (param, floor).
+# Halving order when a variant's workgroup storage exceeds the device: (param, floor). The
+# last step (kv_tile 4) is for head sizes past 256 in f32 only (512: 4-key tiles of 2 KiB
+# rows), which nothing smaller fits in 32 KiB; every spec that fitted before stops earlier.
 SHRINK = {
     "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4),
-                ("max_k_step", 8)),
-    "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
-    "decode_qk": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
-    "decode_pv": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8)),
+                ("max_k_step", 8), ("kv_tile", 4)),
+    "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
+    "decode_qk": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
+    "decode_pv": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
 }
 
 
@@ -101,7 +106,7 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     ncg = min(_p(params, d, "row_lanes"), step)
     gs = wgsl_io.granule(spec) // 4                   # vec4s per load granule
     ow = 1 if stage else gs                           # vec4s per output unit
-    nu = spec.head_size // 4 // ow
+    nu = spec.head_size_v // 4 // ow                  # output units: v's head
     ocu = -(-nu // ncg)
     osl = ocu * ow                                    # output vec4 slots per lane and row
     half = _s(params, d, "out_tile") == "half_workgroup"
@@ -118,8 +123,8 @@ def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     # cross-lane scratch holds at most NCG/4 values per row.
     sgw = 4 if params.get("reduction") == "subgroup" else 1
     c = prefill_consts(spec, params, sgw)
-    hv, e = spec.head_size // 4, _item(spec)
-    return (c["BR"] * hv * 16 + c["KVS"] * (hv + 1) * 4 * e + c["KVS"] * hv * 4 * e
+    hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
+    return (c["BR"] * hv * 16 + c["KVS"] * (hv + 1) * 4 * e + c["KVS"] * vv * 4 * e
             + c["BR"] * c["STEP"] * 4 + c["BR"] * max(1, c["NCG"] // c["SGW"]) * 4
             + c["OSZ"] * 16)
 
@@ -149,9 +154,10 @@ def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
 
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
-    hv, e, r = spec.head_size // 4, _item(spec), c["M"] * c["GT"]
+    hv, vv, e, r = spec.head_size // 4, spec.head_size_v // 4, _item(spec), c["M"] * c["GT"]
     hs = max(1, c["WG"] // c["BC"])
-    return (r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * hv * 4 * e
+    # q_s holds a query, then the merged output: the longer of the two rows
+    return (r * max(hv, vv) * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * vv * 4 * e
             + c["BC"] * r * 4 * (1 + hs) + 4 * r * 4)
 
 
@@ -161,8 +167,9 @@ def reduce_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, i
 
 
 def reduce_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
-    nsg = max(1, REDUCE_THREADS // (spec.head_size // 4))
-    return REDUCE_THREADS * 4 + 1024 * 4 + nsg * (spec.head_size // 4) * 16 + nsg * 4
+    vv = spec.head_size_v // 4              # a partial state's vec4s
+    nsg = max(1, REDUCE_THREADS // vv)
+    return REDUCE_THREADS * 4 + 1024 * 4 + nsg * vv * 16 + nsg * 4
 
 
 def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
@@ -197,12 +204,56 @@ def qk_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
 
 def pv_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = pv_consts(spec, params)
-    hv, e, r = spec.head_size // 4, _item(spec), c["M"] * c["GT"]
-    return c["BC"] * hv * 4 * e + c["BC"] * r * 4 + r * 8 + r * hv * 16
+    vv, e, r = spec.head_size_v // 4, _item(spec), c["M"] * c["GT"]
+    return c["BC"] * vv * 4 * e + c["BC"] * r * 4 + r * 8 + r * vv * 16
+
+
+def variant_aux(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> frozenset[str]:
+    """The optional inputs a variant of ``family`` binds for ``spec`` (backends/ports.py):
+    the paged block table, the masked-block list, the scales of quantized K/V, the kv_start
+    and seqlens_q tensors."""
+    return ports.aux_inputs(family, paged=spec.kv_layout == "paged",
+                            block_skip=bool(params.get("block_skip")),
+                            quant=spec.kv_dtype is not None, kv_start=spec.kv_start,
+                            seqlens_q=spec.seqlens_q)
+
+
+def binding_reasons(family: str, spec: AttentionSpec, caps: DeviceCaps,
+                    params: Mapping[str, Any]) -> list[str]:
+    """Why the variant binds more storage buffers than the device allows a shader stage
+    (WebGPU's default is 8; browsers commonly grant 10, lavapipe 32): every optional input
+    is one more (a paged, quantized decode with kv_start and seqlens_q binds 13)."""
+    limit = caps.limit("storage_buffers")
+    if limit is None:
+        return []
+    n = sum(p.access != "uniform"
+            for p in ports.ports(family, ports.WGSL, variant_aux(family, spec, params)))
+    return [] if n <= limit else [
+        f"binds {n} storage buffers, device limit is {limit} per shader stage "
+        "(maxStorageBuffersPerShaderStage)"]
+
+
+def _with_bindings(family: str,
+                   inner: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]
+                   ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
+    return lambda spec, caps, params: (binding_reasons(family, spec, caps, params)
+                                       or inner(spec, caps, params))
 
 
 def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
+
+
+def v_head_reasons(spec: AttentionSpec, sizes: tuple[int, int, int]) -> list[str]:
+    """Why v's head size (v_head_size, Hv) does not fit a kernel whose rows take ``sizes``
+    (min, max, multiple of): v is loaded in the granules, staged in the tiles and
+    accumulated in the vec4 columns that k's head size needs, so Hv takes the same values
+    (the registry checks only head_size)."""
+    hv = spec.head_size_v
+    lo, hi, step = sizes
+    if lo <= hv <= hi and hv % step == 0:
+        return []
+    return [f"v_head_size {hv} outside {lo}..{hi} step {step}"]
 
 
 def _thread_check(threads: Callable[[AttentionSpec, Mapping[str, Any]], int]
@@ -217,6 +268,9 @@ def _thread_check(threads: Callable[[AttentionSpec, Mapping[str, Any]], int]
 
 def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     d = PREFILL_DEFAULTS
+    why = v_head_reasons(spec, HEAD_SIZES)
+    if why:
+        return why
     why = [f"{n}={params.get(n, d[n])!r} is not one of {allowed}" for n, allowed in
            (("kv_staging", KV_STAGING), ("out_tile", OUT_TILE)) if params.get(n, d[n]) not in allowed]
     if why:
@@ -229,14 +283,14 @@ def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, 
 
 def _pv_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = pv_consts(spec, params)
-    why = [f"{n}={c[k]} must be a power of two" for n, k in
+    why = v_head_reasons(spec, HEAD_SIZES) + [f"{n}={c[k]} must be a power of two" for n, k in
            (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
     return why or _thread_check(lambda s, p: pv_consts(s, p)["WG"])(spec, caps, params)
 
 
 def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = decode_consts(spec, params)
-    why = [f"{n}={c[k]} must be a power of two" for n, k in
+    why = v_head_reasons(spec, HEAD_SIZES) + [f"{n}={c[k]} must be a power of two" for n, k in
            (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
     if c["WG"] < c["M"] * c["GT"]:
         why.append(f"threads={c['WG']} < {c['M'] * c['GT']} query vectors per workgroup")
@@ -253,10 +307,11 @@ def _prefill(dtype: str, variant: str, blocks: bool) -> KernelInfo:
         id=f"{NAME}.prefill.{short}.{variant}" + (".blocks" if blocks else ""), backend=NAME,
         family="prefill", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
         features=_features(dtype, *(("subgroups",) if sg else ())), priority=10 if sg else 0,
-        kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
+        kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, supports=ALL_FEATURES,
         params={"reduction": "subgroup" if sg else "workgroup", "block_skip": blocks},
         defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES, workgroup_storage=prefill_storage,
-        extra_checks=_block_checks(_prefill_checks) if blocks else _prefill_checks,
+        extra_checks=_with_bindings(
+            "prefill", _block_checks(_prefill_checks) if blocks else _prefill_checks),
         doc="flash attention over q_tile query rows per workgroup, online softmax in steps "
             "of max_k_step keys, K/V staged per kv_tile in workgroup memory or read directly "
             "(kv_staging); row maxima via " + ("subgroup shuffles" if sg else "workgroup memory")
@@ -270,13 +325,23 @@ def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
         id=f"{NAME}.decode_partial.{short}.m{m}" + (".blocks" if blocks else ""), backend=NAME,
         family="decode_partial", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
         features=_features(dtype), kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
+        supports=ALL_FEATURES,
         params={"m_tile": m, "block_skip": blocks}, defaults=DECODE_DEFAULTS[dtype],
         choices=DECODE_CHOICES, workgroup_storage=decode_storage,
-        extra_checks=_block_checks(_decode_checks) if blocks else _decode_checks,
+        extra_checks=_with_bindings(
+            "decode_partial", _block_checks(_decode_checks) if blocks else _decode_checks),
         doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the GQA "
             "group's heads per workgroup sharing each K/V tile"
             + ("; visits only the listed KV blocks, dealt out evenly over the splits"
                if blocks else "") + _DEQUANT)
+
+
+REDUCE_HEAD_SIZES = (4, 1024, 4)
+
+
+def _reduce_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+    # the partial states' rows are Hv long: lanes take their vec4 columns
+    return v_head_reasons(spec, REDUCE_HEAD_SIZES)
 
 
 def _block_checks(inner: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]
@@ -293,7 +358,9 @@ def declare() -> list[KernelInfo]:
     workgroup-memory), decode_partial (m_tile 1/2/4), the unfused pair decode_qk (m_tile
     1/2/4) + decode_pv, and reduce, each in f32, f16 and bf16 (computed in f32). The K/V
     readers take contiguous and paged caches (the paged ones bind a block table) and K/V
-    stored in the dtype or quantized (int8, int4: they bind the scales too)."""
+    stored in the dtype or quantized (int8, int4: they bind the scales too). Every variant
+    implements the shapes real models need (supports: kv_start and seqlens_q, bound only
+    where the spec has them, and v_head_size)."""
     out: list[KernelInfo] = []
     for dtype, short in DTYPES.items():
         out += [_prefill(dtype, v, False) for v in ("sg", "wgmem")]
@@ -303,8 +370,10 @@ def declare() -> list[KernelInfo]:
                 id=f"{NAME}.decode_qk.{short}.m{m}", backend=NAME, family="decode_qk",
                 dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
                 kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, params={"m_tile": m},
+                supports=ALL_FEATURES,
                 defaults=DECODE_DEFAULTS[dtype],
-                choices=DECODE_CHOICES, workgroup_storage=qk_storage, extra_checks=_decode_checks,
+                choices=DECODE_CHOICES, workgroup_storage=qk_storage,
+                extra_checks=_with_bindings("decode_qk", _decode_checks),
                 doc=f"unfused decode, kernel 1: QK^T per KV split for {m} query row(s) x the "
                     "GQA group's heads, scores [B,Nq,S,C] f32 and per-split max/sum out"
                     + _DEQUANT))
@@ -312,16 +381,20 @@ def declare() -> list[KernelInfo]:
             id=f"{NAME}.decode_pv.{short}", backend=NAME, family="decode_pv",
             dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
             kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, defaults=DECODE_DEFAULTS[dtype],
-            choices=DECODE_CHOICES, workgroup_storage=pv_storage, extra_checks=_pv_checks,
+            supports=ALL_FEATURES,
+            choices=DECODE_CHOICES, workgroup_storage=pv_storage,
+            extra_checks=_with_bindings("decode_pv", _pv_checks),
             doc="unfused decode, kernel 2: normalises decode_qk's scores with the split's "
                 "statistics and multiplies by V into the contract's partial states"
                 + _DEQUANT))
         out.append(KernelInfo(
             id=f"{NAME}.reduce.{short}", backend=NAME, family="reduce",
             # vec4 columns, one workgroup of 256 lanes per row: any multiple of 4 to 1024
-            dtypes=frozenset({dtype}), head_sizes=(4, 1024, 4), features=_features(dtype),
+            dtypes=frozenset({dtype}), head_sizes=REDUCE_HEAD_SIZES, features=_features(dtype),
             kv_layouts=KV_LAYOUTS, workgroup_storage=reduce_storage,       # reads no K/V
-            doc="merges split-KV partial states and the head sink into out and lse"))
+            supports=ALL_FEATURES, extra_checks=_with_bindings("reduce", _reduce_checks),
+            doc="merges split-KV partial states and the head sink into out and lse (padding "
+                "rows of seqlens_q take no sink)"))
     return out
 
 

@@ -9,10 +9,20 @@ from typing import Any
 
 from attnreg.backends import common
 from attnreg.caps import DeviceCaps
-from attnreg.kernel import KernelInfo, MatrixUnit
+from attnreg.kernel import ALL_FEATURES, KernelInfo, MatrixUnit
 from attnreg.spec import AttentionSpec
 
-from .kernels import _DEQUANT, DTYPES, KV_DTYPES, KV_LAYOUTS, _features, _p, _thread_check
+from .kernels import (
+    _DEQUANT,
+    DTYPES,
+    KV_DTYPES,
+    KV_LAYOUTS,
+    _features,
+    _p,
+    _thread_check,
+    _with_bindings,
+    v_head_reasons,
+)
 from .probe import NAME
 
 # Dawn's subgroup matrices as the H100 has them: 16x16x16 f16 products in f32, 32-lane
@@ -23,15 +33,21 @@ MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64), "kv_tile":
 # q_tile first: the hardware build needs kv_tile >= 32 (see _mma_checks).
 MMA_SHRINK = (("q_tile", 16), ("kv_tile", 16))
 MMA_SUBGROUP = 32
+# Multiples of 16 (the matrix tiles) up to 512 for head_size and v_head_size: the
+# accumulators are head_size_v / 16 result tiles per subgroup (prefill) or spread over the
+# subgroups (decode); what the workgroup storage cannot hold at the smallest tiles is
+# rejected with the bytes it needs.
+HEAD_SIZES = (16, 512, 16)
 
 
 def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
     d = MMA_DEFAULTS
     br, bc = _p(params, d, "q_tile"), _p(params, d, "kv_tile")
-    noc = spec.head_size // 16
+    h, hv = spec.head_size, spec.head_size_v
+    noc = hv // 16                      # output column tiles (v's head); QK runs over NDC
     return {"BR": br, "BC": bc, "NSG": br // 16, "WG": MMA_SUBGROUP * (br // 16),
-            "NOC": noc, "NKC": bc // 16,
-            "QST": spec.head_size, "KST": spec.head_size, "VST": spec.head_size, "SST": bc,
+            "NDC": h // 16, "NOC": noc, "NKC": bc // 16,
+            "QST": h, "KST": h, "VST": hv, "SST": bc,
             "PST": bc, "HALF": bc // 2,
             # u32 words of a lane's column mask: it writes every other 16-column tile
             "VW": max(1, -(-(-(-noc // 2) * 16) // 32))}
@@ -39,9 +55,9 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
 
 def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_prefill_consts(spec, params)
+    # the O scratch shares s_s (flash_prefill_mma.wgsl)
     return (c["BR"] * c["QST"] * 2 + c["BC"] * (c["KST"] + c["VST"]) * 2
-            + c["BR"] * c["SST"] * 4 + c["BR"] * c["PST"] * 2 + c["NSG"] * 256 * 4
-            + c["BR"] * 12 + 8)
+            + c["BR"] * c["SST"] * 4 + c["BR"] * c["PST"] * 2 + c["BR"] * 12 + 8)
 
 
 # The decode partials: m_tile query rows x the group's heads fill the 16 rows of one M tile;
@@ -61,22 +77,23 @@ HW_MIN_KV_TILE = {"prefill": 32, "decode_partial": 64}
 def mma_decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
     d = DECODE_DEFAULTS
     m, bc, wg = _p(params, d, "m_tile"), _p(params, d, "kv_tile"), _p(params, d, "wg")
-    noc, nkc = spec.head_size // 16, bc // 16
+    noc, nkc = spec.head_size_v // 16, bc // 16     # output column tiles, key tiles
     nsg = max(1, wg // MMA_SUBGROUP)
     while nsg > 1 and (noc % nsg or nkc % nsg):
         nsg //= 2
     tps = max(1, noc // nsg)
     return {"M": m, "GT": max(1, min(spec.group_size, 16 // max(1, m))), "BC": bc,
-            "NSG": nsg, "WG": nsg * MMA_SUBGROUP, "NOC": noc, "NKC": nkc, "TPS": tps,
-            "PARTS": 2 * nsg, "KPL": max(1, bc // (2 * nsg)),
-            "QST": spec.head_size, "KST": spec.head_size, "VST": spec.head_size,
+            "NSG": nsg, "WG": nsg * MMA_SUBGROUP, "NDC": spec.head_size // 16, "NOC": noc,
+            "NKC": nkc, "TPS": tps, "PARTS": 2 * nsg, "KPL": max(1, bc // (2 * nsg)),
+            "QST": spec.head_size, "KST": spec.head_size, "VST": spec.head_size_v,
             "SST": bc, "PST": bc, "VW": max(1, -(-tps * 8 // 32))}
 
 
 def mma_decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_decode_consts(spec, params)
-    h = spec.head_size
-    return (16 * h * 2 + 2 * c["BC"] * h * 2 + 16 * c["BC"] * (4 + 2) + c["NSG"] * 256 * 4
+    h, hv = spec.head_size, spec.head_size_v
+    # the O scratch shares s_s (decode_mma.wgsl)
+    return (16 * h * 2 + c["BC"] * (h + hv) * 2 + 16 * c["BC"] * (4 + 2)
             + 16 * c["PARTS"] * 4 + 16 * 4 + 8)
 
 
@@ -108,7 +125,8 @@ def _checks(family: str, spec: AttentionSpec, caps: DeviceCaps,
             params: Mapping[str, Any]) -> list[str]:
     prefill = family == "prefill"
     d = MMA_DEFAULTS if prefill else DECODE_DEFAULTS
-    why = _prefill_tiles(spec, params) if prefill else _decode_tiles(spec, params)
+    why = v_head_reasons(spec, HEAD_SIZES)
+    why += _prefill_tiles(spec, params) if prefill else _decode_tiles(spec, params)
     if params.get("mma", d["mma"]) == "hardware" and "subgroup-matrix" in caps.features:
         # The config's own subgroup sizes count (the adapter's range, 4..128 on the H100, is
         # wider): the tiles take lanes 32g..32g+31 of the workgroup as subgroup g.
@@ -158,11 +176,12 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
     defaults, choices, storage, doc = _FAMILIES[family]
     return KernelInfo(
         id=f"{NAME}.{family}.{DTYPES[dtype]}.mma", backend=NAME, family=family,
-        dtypes=frozenset({dtype}), head_sizes=(16, 256, 16),
+        dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, supports=ALL_FEATURES,
         features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
         kv_dtypes=KV_DTYPES, defaults=defaults, choices=choices, emulation={"mma": "emulate"},
         emulates=frozenset({"subgroup-matrix"}), matrix=SUBGROUP_MATRIX,
-        workgroup_storage=storage, extra_checks=_mma_checks(family), doc=doc + _DEQUANT)
+        workgroup_storage=storage, extra_checks=_with_bindings(family, _mma_checks(family)),
+        doc=doc + _DEQUANT)
 
 
 def declare_matrix() -> list[KernelInfo]:

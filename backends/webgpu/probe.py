@@ -24,6 +24,7 @@ LIMITS = {
     "storage_binding": "max-storage-buffer-binding-size",
     "buffer_size": "max-buffer-size",
     "workgroups_per_dim": "max-compute-workgroups-per-dimension",
+    "storage_buffers": "max-storage-buffers-per-shader-stage",
 }
 # OpenGL adapters duplicate the Vulkan ones on Linux and lack what the kernels need.
 _SKIP_BACKENDS = ("opengl", "gl")

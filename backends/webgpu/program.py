@@ -77,6 +77,31 @@ fn blk_entry(i: u32) -> u32 {
 }
 """
 
+# The shapes real models need: kv_first(b) (kv_start[b], the first existing key) and
+# q_rows(b) (seqlens_q[b], S_b), read where the variant binds them; otherwise constants (0 and
+# seq_len), and KV_START / Q_ROWS 0 let the families drop the tests that need them, so a spec
+# without these features compiles to what it did before they existed.
+_KV_START = """const KV_START: u32 = 1u;
+fn kv_first(b: u32) -> u32 {
+  return u32(kv_start[b]);
+}
+"""
+_NO_KV_START = """const KV_START: u32 = 0u;
+fn kv_first(b: u32) -> u32 {
+  return 0u;
+}
+"""
+_Q_ROWS = """const Q_ROWS: u32 = 1u;
+fn q_rows(b: u32) -> u32 {
+  return u32(seqlens_q[b]);
+}
+"""
+_NO_Q_ROWS = """const Q_ROWS: u32 = 0u;
+fn q_rows(b: u32) -> u32 {
+  return P.seq_len;
+}
+"""
+
 # Row reductions over SGW lanes: subgroup shuffles in subgroup variants; absent otherwise,
 # so a non-subgroup variant never mentions a subgroup builtin (its device may lack them).
 _LANE_SG = """fn lane_max(x: f32) -> f32 {
@@ -161,10 +186,8 @@ def digest(text: str) -> str:
 # -- pieces of a module ----------------------------------------------------------------------
 def stage_aux(stage: Stage, spec: AttentionSpec) -> frozenset[str]:
     """The optional inputs a stage binds: the paged block table, the masked-block list,
-    the scales of quantized K/V."""
-    return ports.aux_inputs(stage.family, paged=spec.kv_layout == "paged",
-                            block_skip=bool(stage.params.get("block_skip")),
-                            quant=spec.kv_dtype is not None)
+    the scales of quantized K/V, the kv_start and seqlens_q tensors."""
+    return kernels.variant_aux(stage.family, spec, stage.params)
 
 
 def subgroup_width(stage: Stage, caps: DeviceCaps) -> int:
@@ -209,6 +232,12 @@ def memory_helpers(aux: frozenset[str]) -> str:
             + (_BLOCKS if "block_list" in aux else _NO_BLOCKS))
 
 
+def shape_helpers(aux: frozenset[str]) -> str:
+    """kv_first / q_rows (and KV_START / Q_ROWS), reading kv_start / seqlens_q where bound."""
+    return ((_KV_START if "kv_start" in aux else _NO_KV_START)
+            + (_Q_ROWS if "seqlens_q" in aux else _NO_Q_ROWS))
+
+
 # The matrix-unit variants (params "mma"): the primitive on subgroup matrices or in software.
 MMA_PRIMITIVE = {"hardware": "mma_hw", "emulate": "mma_emu"}
 MMA_KERNEL = {"prefill": "flash_prefill_mma", "decode_partial": "decode_mma"}
@@ -227,13 +256,17 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
            dialect: str = NAGA, names: tuple[str, ...] | None = None) -> str:
     """The full WGSL module of one compiled variant."""
     ge = wgsl_io.granule(spec)
-    h = spec.head_size
+    h, hv = spec.head_size, spec.head_size_v
+    # HD/HV/HG: q and k rows in elements, vec4s, granules; VD/VV/VG: v and out rows (Hv)
     head = [wgsl_io.prelude(spec), f"const HD: u32 = {h}u;", f"const HV: u32 = {h // 4}u;",
-            f"const HG: u32 = {h // ge}u;", f"const GS: u32 = {ge // 4}u;"]
+            f"const HG: u32 = {h // ge}u;", f"const GS: u32 = {ge // 4}u;",
+            f"const VD: u32 = {hv}u;", f"const VV: u32 = {hv // 4}u;",
+            f"const VG: u32 = {max(1, hv // ge)}u;"]
     head += [f"const {k}: u32 = {int(v)}u;" for k, v in sorted(stage_consts.items())]
     head += [_LANE_SG if subgroups else _LANE_PLAIN, common.wgsl_struct("Params")]
     text = "\n".join(head) + "\n" + declarations(family, aux, spec)
     text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)))
+    text += shape_helpers(aux)
     if family != "reduce":
         text += memory_helpers(aux)
     names = names or FILES[family]

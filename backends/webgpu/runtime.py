@@ -185,7 +185,8 @@ class WebGpuRuntime:
         params = self.dev.device.create_buffer(label="params", size=common.SIZE,
                                                usage=U.UNIFORM | U.COPY_DST)
         self.dev.device.queue.write_buffer(params, 0, program.param_block(plan, bias_shape))
-        b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size
+        # out and the partial states have v's head size (Hv)
+        b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size_v
         parts = b * nq * s * n_splits
         bound["params"] = params
         if plan.op != "reduce":

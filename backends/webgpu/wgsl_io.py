@@ -22,10 +22,10 @@ converted in the helpers, never by a copy:
   shader-f16 is needed): x = (nibble - 8) * scale, in f32, then T.
 
 A granule g covers elements [g*GE, g*GE + GE) of the flat K/V array (kv_elem's offsets use
-the arrays' natural strides, so element e belongs to vector e / HD of the scale arrays,
-for BSNH, BNSH and paged pools alike). GE is 4 (float32) or 8 (float16, bfloat16), so a
-granule's int8 codes are 1-2 whole words and its int4 codes 1-2 whole words of one half of
-a q4_0 block.
+the arrays' natural strides, so element e belongs to vector e / HD of k's scale arrays and
+e / VD of v's, VD being v's head size, for BSNH, BNSH and paged pools alike). GE is 4
+(float32) or 8 (float16, bfloat16), so a granule's int8 codes are 1-2 whole words and its
+int4 codes 1-2 whole words of one half of a q4_0 block.
 """
 
 from __future__ import annotations
@@ -211,9 +211,11 @@ def _load_plain(name: str, spec: AttentionSpec) -> str:
 
 def _load_int8(name: str, spec: AttentionSpec) -> str:
     second = f"i8x4({name}[w + 1u]) * s" if granule(spec) == 8 else "vec4<f32>(0.0)"
+    # one scale per vector: k's are HD elements long, v's VD (v_head_size)
+    row = "VD" if name == "v" else "HD"
     return f"""fn load_{name}(g: u32) -> GV {{
   let e0 = g * GE;
-  let s = {name}_scale[e0 / HD];
+  let s = {name}_scale[e0 / {row}];
   let w = e0 / 4u;
   return gv_of(i8x4({name}[w]) * s, {second});
 }}
