@@ -22,9 +22,6 @@ from tests.support import require_devices  # noqa: E402
 
 N_CASES = 110
 N_MODEL_CASES = 40          # random cases per op for the mappings onto the model fields
-# Backends that run the spec fields v_head_size, kv_start and seqlens_q (attnreg.kernel's
-# MODEL_FEATURES); the GPU backends' cases of those fields run once they are listed here.
-MODEL_FIELD_BACKENDS = frozenset({"reference"})
 ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int32": TensorProto.INT32,
         "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
 _SESSIONS: dict[Any, Any] = {}
@@ -459,15 +456,9 @@ def test_gpu_backends_match_onnxruntime(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["webgpu", "opencl"])
-def test_gpu_backends_model_fields_match_onnxruntime(backend: str, request: pytest.FixtureRequest
-                                                     ) -> None:
-    """The mappings onto seqlens_q, v_head_size and kv_start on a GPU backend: expected to
-    raise NoKernelError until the backend is listed in MODEL_FIELD_BACKENDS (strict, so the
-    test says when it starts to pass)."""
+def test_gpu_backends_model_fields_match_onnxruntime(backend: str) -> None:
+    """The mappings onto seqlens_q, v_head_size and kv_start on a GPU backend."""
     require_devices(backend)
-    if backend not in MODEL_FIELD_BACKENDS:
-        request.applymarker(pytest.mark.xfail(raises=attnreg.NoKernelError, strict=True,
-                                              reason=f"{backend} lacks the model fields so far"))
     # right-padded first prompts (window, f16), query_seqlens chunks (an idle entry; sinks,
     # softcap, f16); Attention / MHA with V head sizes != K's and left-padding masks
     for seed in (5, 18, 31):

@@ -189,12 +189,12 @@ def test_missing_and_unexpected_tensors_name_the_field() -> None:
     spec = attnreg.AttentionSpec(**{**BASE, "kv_start": True})
     t = make_tensors(spec, seed=0)
     del t["kv_start"]
-    with pytest.raises(SpecError, match="spec.kv_start is True"):
+    with pytest.raises(SpecError, match=r"spec\.kv_start is True"):
         check_tensors(spec, t)
     plain = attnreg.AttentionSpec(**BASE)
     t = make_tensors(plain, seed=0)
     t["seqlens_q"] = np.array([1, 1, 1], np.int32)
-    with pytest.raises(SpecError, match="spec.seqlens_q is False"):
+    with pytest.raises(SpecError, match=r"spec\.seqlens_q is False"):
         check_tensors(plain, t)
 
 
