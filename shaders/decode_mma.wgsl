@@ -21,9 +21,10 @@ const R: u32 = GT * M;
 var<workgroup> q_s: array<f16, 16u * QST>;
 var<workgroup> k_s: array<f16, BC * KST>;
 var<workgroup> v_s: array<f16, BC * VST>;
-// The scores, and each subgroup's 16 x 16 O scratch at sg * 256 while they are dead (as in
-// flash_prefill_mma; NSG * 16 <= BC since the subgroups share out the key tiles).
 var<workgroup> s_s: array<f32, 16u * SST>;
+// Each subgroup's 16 x 16 O scratch: its own array, as in flash_prefill_mma (sharing s_s gave
+// wrong products on the H100).
+var<workgroup> o_x: array<f32, NSG * 256u>;
 var<workgroup> p_s: array<f16, 16u * PST>;
 var<workgroup> red_s: array<f32, 16u * PARTS>;
 var<workgroup> alpha_s: array<f32, 16u>;
@@ -158,12 +159,12 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let flags = workgroupUniformLoad(&flag_u);
 
     if ((flags & 1u) != 0u) {
-      // Some row's reference max moved: O rows *= alpha, tile by tile through s_s (the O scratch).
+      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
       for (var t = 0u; t < TPS; t++) {
         mm_store_x(o[t], sg * 256u);
         workgroupBarrier();
         for (var e = lane; e < 256u; e += 32u) {
-          s_s[sg * 256u + e] *= alpha_s[e / 16u];
+          o_x[sg * 256u + e] *= alpha_s[e / 16u];
         }
         workgroupBarrier();
         o[t] = mm_load_x(sg * 256u);
@@ -215,7 +216,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       lse_parts[row] = fin.y;
     }
   }
-  // o_t, tile by tile through s_s (the O scratch): lane (row, hf) writes 8 columns of each of its tiles.
+  // o_t, tile by tile through o_x: lane (row, hf) writes 8 columns of each of its tiles.
   for (var t = 0u; t < TPS; t++) {
     mm_store_x(o[t], sg * 256u);
     workgroupBarrier();
@@ -223,7 +224,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       for (var u = 0u; u < 2u; u++) {
         var acc = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
-          acc[e] = s_s[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
+          acc[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
           let bit = t * 8u + u * 4u + e;
           if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
             acc[e] = nan_f32();

@@ -20,10 +20,11 @@
 var<workgroup> q_s: array<f16, BR * QST>;
 var<workgroup> k_s: array<f16, BC * KST>;
 var<workgroup> v_s: array<f16, BC * VST>;
-// s_s holds the scores, and between a tile's softmax and the next tile's QK (and after the
-// last) each subgroup's 16 x 16 O scratch at sg * 256 (mm_store_x / mm_load_x): the scores are
-// dead then, and BR * SST >= NSG * 256 as BC >= 16. Sharing it lets head size 320 fit 32 KiB.
 var<workgroup> s_s: array<f32, BR * SST>;
+// Each subgroup's 16 x 16 O scratch (mm_store_x / mm_load_x). Its own array: sharing s_s's
+// dead scores (measured) gave wrong products in every cell on the H100 (Dawn/Tint + NVIDIA's
+// Vulkan driver), though the emulated build was right.
+var<workgroup> o_x: array<f32, NSG * 256u>;
 var<workgroup> p_s: array<f16, BR * PST>;
 var<workgroup> red_s: array<f32, BR * 2u>;
 var<workgroup> alpha_s: array<f32, BR>;
@@ -149,12 +150,12 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let flags = workgroupUniformLoad(&flag_u);
 
     if ((flags & 1u) != 0u) {
-      // Some row's reference max moved: O rows *= alpha, tile by tile through s_s (the O scratch).
+      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
       for (var c = 0u; c < NOC; c++) {
         mm_store_x(o[c], sg * 256u);
         workgroupBarrier();
         for (var e = lane; e < 256u; e += 32u) {
-          s_s[sg * 256u + e] *= alpha_s[sg * 16u + e / 16u];
+          o_x[sg * 256u + e] *= alpha_s[sg * 16u + e / 16u];
         }
         workgroupBarrier();
         o[c] = mm_load_x(sg * 256u);
@@ -200,7 +201,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       lse[(b * P.num_heads + h) * P.seq_len + i] = fin.y;
     }
   }
-  // Out, tile by tile through s_s (the O scratch): column tile c is written by the lanes of half c % 2.
+  // Out, tile by tile through o_x: column tile c is written by the lanes of half c % 2.
   let base = out_vec4(b, h, i);
   for (var c = 0u; c < NOC; c++) {
     mm_store_x(o[c], sg * 256u);
@@ -209,7 +210,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       for (var u = 0u; u < 4u; u++) {
         var acc = vec4<f32>(0.0);
         for (var e = 0u; e < 4u; e++) {
-          acc[e] = s_s[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
+          acc[e] = o_x[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
           let bit = (c / 2u) * 16u + u * 4u + e;
           if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
             acc[e] = nan_f32();

@@ -55,9 +55,9 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
 
 def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_prefill_consts(spec, params)
-    # the O scratch shares s_s (flash_prefill_mma.wgsl)
     return (c["BR"] * c["QST"] * 2 + c["BC"] * (c["KST"] + c["VST"]) * 2
-            + c["BR"] * c["SST"] * 4 + c["BR"] * c["PST"] * 2 + c["BR"] * 12 + 8)
+            + c["BR"] * c["SST"] * 4 + c["BR"] * c["PST"] * 2 + c["NSG"] * 256 * 4
+            + c["BR"] * 12 + 8)
 
 
 # The decode partials: m_tile query rows x the group's heads fill the 16 rows of one M tile;
@@ -92,8 +92,7 @@ def mma_decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[st
 def mma_decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_decode_consts(spec, params)
     h, hv = spec.head_size, spec.head_size_v
-    # the O scratch shares s_s (decode_mma.wgsl)
-    return (16 * h * 2 + c["BC"] * (h + hv) * 2 + 16 * c["BC"] * (4 + 2)
+    return (16 * h * 2 + c["BC"] * (h + hv) * 2 + 16 * c["BC"] * (4 + 2) + c["NSG"] * 256 * 4
             + 16 * c["PARTS"] * 4 + 16 * 4 + 8)
 
 
