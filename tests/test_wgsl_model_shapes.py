@@ -131,12 +131,20 @@ def test_dawn():
         _reduce_padding_rows(s, "dawn")
 
 
-def test_browser():
+def test_browser(tmp_path):
     require_devices("browser")
     with attnreg.Session(backend="browser") as s:
         for name in BROWSER_CASES:
             _run(s, "browser", name, seed=2)
         _reduce_padding_rows(s, "browser")
+    # export-wgsl's module binds kv_start / seqlens_q and sizes out by Hv
+    from attnreg.backends.browser import export
+    spec = attnreg.AttentionSpec(**{**BASE, **ALL, "seq_len": 1, "past_len": 40,
+                                    "v_head_size": 48})
+    res = export.export(spec, str(tmp_path), "browser")
+    assert res.plan.route == "split_kv"
+    _, problem = export.check(str(tmp_path), spec, seed=3)
+    assert not problem, problem
 
 
 # -- partial states and the reduce ---------------------------------------------------------
