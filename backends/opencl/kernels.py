@@ -169,8 +169,9 @@ def declare() -> list[KernelInfo]:
     also over int8 / int4 K/V); and prefill, decode_partial and decode_fused on tensor
     cores (mma) in f16 and bf16 (the f16 decodes also over int8 / int4 K/V). Every one
     implements the shapes real models need (kv_start, seqlens_q, v_head_size) and head sizes
-    up to 512 (the tiles shrink to fit; the sub-group prefill needs more than 48 KiB above
-    head size ~330, which a device's storage limit then rejects)."""
+    up to 512 (the tiles shrink to fit; the sub-group prefill's K tile of 32 keys needs
+    more than 48 KiB above head size 336 at wg 128, which a device's storage limit then
+    rejects)."""
     out: list[KernelInfo] = []
     for dtype, tag in DTYPES.items():
         for variant, feats, prio, doc in (
