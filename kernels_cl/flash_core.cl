@@ -1,5 +1,5 @@
 // The flash loop shared by decode_partial and the work-group-memory flash_prefill.
-// Compile-time constants (set by backends/opencl/programs.py):
+// Compile-time constants (set by backends/opencl/program.py; HD and HV in common.cl):
 //   WG       work-items per work-group
 //   GC, MQ   rows of a work-group = GC query heads x MQ query rows
 //   TK       keys per tile staged in local memory

@@ -184,15 +184,16 @@ class _Gen:
                                                 "past_len": total - rows, "causal": True},
                              params=split)
 
-    def model_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
+    def model_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...],
+                    only_all: bool = False) -> None:
         """The shapes real models need (CONTRACT), where the kernel implements them: every one
         at once with every other feature, right-padded prompt batches (seqlens_q with no past),
         head sizes 320 and 512; the full matrix adds each alone and their partial states.
-        (In the quick matrix, for one dtype of the kernel.)"""
+        (In the quick matrix, for one dtype of the kernel; ``only_all``: the first cell only.)"""
         sup, base = self.k.supports, self.base()
         s = max(int(base["seq_len"]), 3)
         h = int(base["head_size"])
-        hv = next((x for x in (h + 16, h // 2, h + 8) if self.k.head_size_ok(x)), h)
+        hv = next((x for x in (h + 16, h // 2, h + 8, 2 * h) if self.k.head_size_ok(x)), h)
         model = {f: v for f, v in (("kv_start", True), ("seqlens_q", True),
                                    ("v_head_size", hv)) if f in sup}
         if not model:
@@ -200,6 +201,8 @@ class _Gen:
         self.add("model-all", {**d, **_everything(sup), **model, "seq_len": s,
                                "past_len": 90 - s, "q_layout": "BNSH", "kv_layout": "BSNH"},
                  params=split, lengths=(90, 33) if "seqlens_k" in sup else None, rerun=True)
+        if only_all:
+            return
         if {"seqlens_q", "seqlens_k"} <= sup:
             self.add("right-padded", {**d, "seqlens_q": True, "seqlens_k": True, "seq_len": s,
                                       "past_len": 0, "causal": True}, params=split,
@@ -347,9 +350,15 @@ class _Gen:
 
     def generate(self) -> list[Case]:
         # An emulated build compiles anew for every program and runs slower; in the quick
-        # matrix its covering cells (every recipe per dtype) stand for the kernel.
+        # matrix its covering cells (every recipe per dtype) stand for the kernel, with one
+        # cell of every model shape at once (the recipes have none) where it implements them.
         if not (self.quick and self.emu):
             self.feature_cells()
+        else:
+            split = (("split_size", int(self.k.defaults.get("kv_tile", 16))),) \
+                if self.split else ()
+            self.model_cells({"dtype": min(self.k.dtypes, key=dtype_rank)}, split,
+                             only_all=True)
         self.covering_cells()
         nonfinite_cells(self)
         return self.out

@@ -167,7 +167,11 @@ def declare() -> list[KernelInfo]:
     (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
     decode_qk (m1/m2/m4) + decode_pv, reduce, each in f32, f16 and bf16 (the K/V readers
     also over int8 / int4 K/V); and prefill, decode_partial and decode_fused on tensor
-    cores (mma) in f16 and bf16 (the f16 decodes also over int8 / int4 K/V)."""
+    cores (mma) in f16 and bf16 (the f16 decodes also over int8 / int4 K/V). Every one
+    implements the shapes real models need (kv_start, seqlens_q, v_head_size) and head sizes
+    up to 512 (the tiles shrink to fit; the sub-group prefill's K tile of 32 keys needs
+    more than 48 KiB above head size 336 at wg 128, which a device's storage limit then
+    rejects)."""
     out: list[KernelInfo] = []
     for dtype, tag in DTYPES.items():
         for variant, feats, prio, doc in (

@@ -238,7 +238,7 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
 
 
 def _halve_rows(g: Geometry, floor: int, heads_only: bool = False) -> Geometry | None:
-    """Half the rows (query rows first, then heads; a decode keeps its m_tile), or None at
+    """Halve the rows (query rows first, then heads; a decode keeps its m_tile), or None at
     ``floor`` rows."""
     if g.rows <= floor or (heads_only and g.gc == 1):
         return None
