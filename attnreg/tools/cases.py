@@ -97,8 +97,14 @@ class _Gen:
         except ValueError:
             return
         params = dict(kw.pop("params", ()))
+        fit = kw.pop("fit", False)
         if not self.runs(spec, {**params, **self.emu}):
-            return          # outside the kernel's declared support: not a cell
+            # with fit: at the tiles the rules shrink to where the defaults do not fit (the
+            # head sizes past 256); else outside the kernel's declared support: not a cell
+            fitted = self._fitted_tiles(spec, params) if fit else None
+            if fitted is None:
+                return
+            params.update(fitted)
         if kw.pop("bias_bcast", False):
             kw["bias_shape"] = (1, spec.num_heads, 1, spec.capacity)
         kw.setdefault("mask_frac", 0.1 if spec.bias else 0.0)
@@ -209,10 +215,11 @@ class _Gen:
                      lengths=(s, 1))
         for big in (320, 512):
             if self.k.head_size_ok(big):
+                bv = big // 2 if "v_head_size" in model and self.k.head_size_ok(big // 2) \
+                    else big
                 self.add(f"h{big}", {**d, **model, "head_size": big, "batch": 1,
                                      "num_heads": 2, "seq_len": s, "past_len": 40,
-                                     "causal": True, "v_head_size": big if "v_head_size"
-                                     not in model else big // 2}, params=split)
+                                     "causal": True, "v_head_size": bv}, params=split, fit=True)
         if self.quick:
             return
         for f, v in model.items():
