@@ -154,20 +154,30 @@ def conformance_cells() -> tuple[cmod.Case, ...]:
     return tuple(conf.cases(attnreg.devices(), quick=QUICK))
 
 
-# Dawn runs the very WGSL programs the webgpu backend runs (one program builder), so in the
-# quick matrix (CI) it keeps what proves the host: every kernel's covering cells (every
-# contract recipe per dtype), its non-finite and profile cells, and the feature cells that
-# put every feature together ("all", the model shapes, big heads); the one-feature-at-a-time
-# cells run on webgpu. A Dawn cell costs ~6x a webgpu one on lavapipe (Tint compiles).
-QUICK_FEATURE_CELLS = {"test_dawn": ("all", "model-all", "right-padded", "h320", "h512")}
+# CI time (the quick matrix, cold PoCL / Mesa shader caches on a 2-core machine). Dawn and the
+# browser run the very WGSL programs the webgpu backend runs (one program builder), so there
+# the quick matrix keeps what proves the host: every kernel's covering cells (every contract
+# recipe per dtype), its non-finite and profile cells, and the feature cells that put every
+# feature together ("all", the model shapes, big heads); a Dawn cell costs ~6x a webgpu one
+# on lavapipe (Tint compiles), a browser cell more. On webgpu and opencl the one-feature-at-a-
+# time cells run for the float16 kernels; their float32 / bfloat16 twins (the same source
+# with another element type) keep their covering and all-features cells.
+ALL_FEATURE_CELLS = ("all", "model-all", "right-padded", "h320", "h512")
+QUICK_FEATURE_DTYPES: dict[str, tuple[str, ...]] = {
+    "dawn": (), "browser": (), "webgpu": ("float16",), "opencl": ("float16",)}
+
+
+def _quick_keeps(c: cmod.Case) -> bool:
+    dtypes = QUICK_FEATURE_DTYPES.get(c.backend)
+    return dtypes is None or c.kind != "feature" or c.spec.dtype in dtypes \
+        or c.label.endswith(ALL_FEATURE_CELLS)
 
 
 def module_cells(module: str) -> list[cmod.Case]:
     """The cells a test module runs (CELL_MODULES)."""
-    keep = QUICK_FEATURE_CELLS.get(module) if QUICK else None
     return [c for c in conformance_cells()
             if CELL_MODULES.get(c.backend, "test_conformance") == module
-            and (keep is None or c.kind != "feature" or c.label.endswith(keep))]
+            and (not QUICK or _quick_keeps(c))]
 
 
 class CellRunner:

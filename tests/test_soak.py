@@ -83,8 +83,10 @@ def test_decode_loop_soak(dev: attnreg.DeviceCaps, request: pytest.FixtureReques
 
 
 @pytest.mark.parametrize("dev", DEVICES, ids=IDS)
-def test_session_churn(dev: attnreg.DeviceCaps, request: pytest.FixtureRequest) -> None:
-    _known_leak(dev, request)
+def test_session_churn(dev: attnreg.DeviceCaps) -> None:
+    # No known leak here: since the decode kernels took the model shapes (2026-11-25), 300
+    # Dawn sessions on lavapipe each with one decode grow RSS by less than the bound (the
+    # strict xfail passed); the 1000-step loop above still shows the driver's growth.
     n = 2 if dev.backend == "browser" else 300
     spec = attnreg.AttentionSpec(batch=1, seq_len=2, past_len=30, num_heads=2, head_size=32)
     t = make_tensors(spec, 1)
