@@ -22,6 +22,9 @@
 
 #if KV_Q
 
+#if IS_BF16
+#error "quantized K/V on the tensor-core decode: the f16 build"
+#endif
 #if KV_Q == 2 && ((HD != 64 && HD != 128 && HD != 256) || (HV != 64 && HV != 128 && HV != 256))
 #error "int4 K/V on the tensor-core decode: head sizes (k and v) 64, 128 or 256"
 #endif

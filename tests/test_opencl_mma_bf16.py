@@ -248,7 +248,8 @@ def test_declared_as_the_f16_kernels_bf16_twins():
         assert mma_probe.FEATURE in k.features and k.emulation == {"mma": "emulate"}
         assert (k.head_sizes, k.defaults, k.choices, k.priority, k.kv_layouts) == \
             (f16.head_sizes, f16.defaults, f16.choices, f16.priority, f16.kv_layouts)
-        assert not k.kv_dtypes             # quantized K/V: the f16 decodes only
+        # quantized K/V: the prefills (tests/test_opencl_mma_quant.py), the f16 decodes
+        assert k.kv_dtypes == f16.kv_dtypes if k.family == "prefill" else not k.kv_dtypes
 
 
 def test_quantized_kv_in_bf16_passes_the_twins_over(pocl):  # noqa: F811

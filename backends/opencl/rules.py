@@ -156,7 +156,8 @@ MMA_PREFILL_NVIDIA = Rule(
     "S=512 66.5 vs 454.8 us, S=2048 458.9 vs 5172 us; H=64 / 256 at S=2048 7.9x / 9.8x; "
     "also 3.2x / 5.2x faster than the best WGSL prefill there); the bf16 twin (mma.sync .bf16, "
     "same tiles) is chosen alike against a bf16 sub-group prefill measured as slow (S=2048: "
-    "5158 us; bf16 twin: to be measured)", "params",
+    "5158 us; bf16 twin: to be measured), and both alike on int8 / int4 K/V (dequantized as "
+    "the tiles are staged, same tiles: to be measured)", "params",
     lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
     and c.kernel.matrix is not None and c.kernel.family == "prefill"
     and c.flags.get("matrix_units", "auto") == "auto" and c.caps.vendor == "nvidia"
