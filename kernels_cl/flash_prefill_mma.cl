@@ -62,6 +62,7 @@ inline int v_slot(int jj) {
 typedef uint2 gran_t;
 #define GRAN_ZERO ((uint2)(0u))
 #define SC_REGS uint pks[NLK], pvs[2 * NLV];
+#define SC_ZERO(x) x = 0u;
 #define K_GRAN(n, R, D) \
   { pk[n] = KVQ_CODES(kb, R, D); pks[n] = KVQ_SCALE(ksb, R, D, HD); }
 #define V_GRAN(n, R, D) \
@@ -72,6 +73,7 @@ typedef uint2 gran_t;
 typedef uint4 gran_t;
 #define GRAN_ZERO ((uint4)(0u))
 #define SC_REGS
+#define SC_ZERO(x)
 #define K_GRAN(n, R, D) pk[n] = LD16(kb, (R) + (D))
 #define V_GRAN(n, R, D) pv[n] = LD16(vb, (R) + (D))
 #define K_H8(n, D) pk[n]
@@ -104,12 +106,6 @@ typedef uint4 gran_t;
       if (j_ + 1 < (T1)) V_GRAN(2 * n + 1, VOFF(KOFF(j_ + 1)), c_);         \
     }                                                                       \
   }
-#if KV_Q
-#define SC_ZERO(x) x = 0u;
-#else
-#define SC_ZERO(x)
-#endif
-
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void flash_prefill(KERNEL_ARGS) {
   __local uint Qs[R_ROWS * QW] __attribute__((aligned(16)));
