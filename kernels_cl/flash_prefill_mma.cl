@@ -1,7 +1,7 @@
 // flash_prefill on matrix units: S = Q K^T and O += P V as m16n8k16 products (mma_sync.cl:
 // tensor cores through PTX, or the same contract in plain OpenCL C). f16 specs, and bf16 ones
 // with -D IS_BF16=1 (the fragments hold bf16 bits and the mma multiplies bf16; "f16" below
-// stands for either).
+// stands for either); K/V in the spec's dtype, or int8 / int4 (KV_Q, below).
 // A work-group of WG / 32 warps owns R_ROWS = 16 rows per warp (GC query heads of one GQA
 // group x MQ query rows, as flash_core.cl's Rows); warp w owns rows 16w..16w+15, lane (g, t) rows
 // 16w+g and 16w+g+8. Per tile of TK keys staged in local memory (f16 bits):
@@ -20,6 +20,11 @@
 // The shapes real models need (CONTRACT): keys before kv_start[b] are outside the key range
 // (never loaded), padding rows (past seqlens_q[b]) load no q and are written as out 0 and
 // lse -inf, and V, O and out have HV (v_head_size) dims: Q K^T runs over HD, P V over HV.
+// Quantized K/V (common.cl KV_Q 1: int8, 2: int4 q4_0): a granule of 8 values is fetched as
+// its raw codes (8 bytes) and scale bits (a word), and dequantized only where it is stored to
+// local memory (mma_tile.cl kvq_h8: exact codes times the scale in f32, rounded to f16 / bf16
+// as P is); the tiles, their pitches and the rest of the kernel are those of K/V in the dtype.
+// A value beyond f16's range stages as inf (a non-finite value, as V_BAD then says).
 // Within each 16-wide chunk of the head dimension, lane t's k indices 2t, 2t+1, 2t+8, 2t+9
 // are the dims 4t..4t+3 (A and B agree, so the dot product is unchanged), and V's keys are
 // staged in the same order: every fragment is one 64-bit local read. Row pitches QW and VW
@@ -50,29 +55,57 @@ inline int v_slot(int jj) {
   return (jj - c) + 4 * ((c & 7) >> 1) + 2 * (c >> 3) + (c & 1);
 }
 
+// Granules of 8 values as fetched: f16 (bf16) bits, or quantized K/V's raw codes with their
+// scale bits in a word of their own (mma_tile.cl KVQ_CODES / KVQ_SCALE), converted to the
+// fragments' type only when stored to local memory (kvq_h8), so the loads stay in flight.
+#if KV_Q
+typedef uint2 gran_t;
+#define GRAN_ZERO ((uint2)(0u))
+#define SC_REGS uint pks[NLK], pvs[2 * NLV];
+#define SC_ZERO(x) x = 0u;
+#define K_GRAN(n, R, D) \
+  { pk[n] = KVQ_CODES(kb, R, D); pks[n] = KVQ_SCALE(ksb, R, D, HD); }
+#define V_GRAN(n, R, D) \
+  { pv[n] = KVQ_CODES(vb, R, D); pvs[n] = KVQ_SCALE(vsb, R, D, HV); }
+#define K_H8(n, D) kvq_h8(pk[n], pks[n], D)
+#define V_H8(n, D) kvq_h8(pv[n], pvs[n], D)
+#else
+typedef uint4 gran_t;
+#define GRAN_ZERO ((uint4)(0u))
+#define SC_REGS
+#define SC_ZERO(x)
+#define K_GRAN(n, R, D) pk[n] = LD16(kb, (R) + (D))
+#define V_GRAN(n, R, D) pv[n] = LD16(vb, (R) + (D))
+#define K_H8(n, D) pk[n]
+#define V_H8(n, D) pv[n]
+#endif
+
 // The tile [T0, T1) into registers (zeros past T1; nothing beyond is read): K granules
 // row-major, V granules of neighbouring keys in pairs, key pairs fastest (so neighbouring
-// work-items store neighbouring words of the transposed tile).
+// work-items store neighbouring words of the transposed tile). (Zero codes with zero scale
+// bits are 0 in every storage.)
 #define MMA_FETCH(T0, T1)                                                   \
   UNROLL                                                                    \
   for (int n = 0; n < NLK; ++n) {                                           \
     const int idx_ = lid + n * WG, jk_ = idx_ / HD8;                        \
-    pk[n] = (uint4)(0u);                                                    \
+    pk[n] = GRAN_ZERO;                                                      \
+    SC_ZERO(pks[n])                                                         \
     if (idx_ < TK * HD8 && (T0) + jk_ < (T1))                               \
-      pk[n] = LD16(kb, KOFF((T0) + jk_) + 8 * (idx_ % HD8));                \
+      K_GRAN(n, KOFF((T0) + jk_), 8 * (idx_ % HD8));                        \
   }                                                                         \
   UNROLL                                                                    \
   for (int n = 0; n < NLV; ++n) {                                           \
     const int idx_ = lid + n * WG, j_ = (T0) + 2 * (idx_ % (TK / 2));       \
     const int c_ = 8 * (idx_ / (TK / 2));                                   \
-    pv[2 * n] = (uint4)(0u);                                                \
-    pv[2 * n + 1] = (uint4)(0u);                                            \
+    pv[2 * n] = GRAN_ZERO;                                                  \
+    pv[2 * n + 1] = GRAN_ZERO;                                              \
+    SC_ZERO(pvs[2 * n])                                                     \
+    SC_ZERO(pvs[2 * n + 1])                                                 \
     if (idx_ < TK / 2 * HV8 && j_ < (T1)) {                                 \
-      pv[2 * n] = LD16(vb, VOFF(KOFF(j_)) + c_);                            \
-      if (j_ + 1 < (T1)) pv[2 * n + 1] = LD16(vb, VOFF(KOFF(j_ + 1)) + c_); \
+      V_GRAN(2 * n, VOFF(KOFF(j_)), c_);                                    \
+      if (j_ + 1 < (T1)) V_GRAN(2 * n + 1, VOFF(KOFF(j_ + 1)), c_);         \
     }                                                                       \
   }
-
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void flash_prefill(KERNEL_ARGS) {
   __local uint Qs[R_ROWS * QW] __attribute__((aligned(16)));
@@ -93,8 +126,10 @@ void flash_prefill(KERNEL_ARGS) {
   const int2 ckeys = common_keys(P, &w);
   const size_t kv_base = KV_BASE(P, w.b, w.kvh);
   const __global int* btab = BTAB(P, block_table, w.b);
-  const __global elem_t* kb = k + kv_base;
-  const __global elem_t* vb = v + VOFF(kv_base);
+  const __global kv_t* kb = KV_AT(k, kv_base);
+  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
+  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
+  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
   const int lid = get_local_id(0), lane = lid & 31, g = lane >> 2, t = lane & 3;
   const int r0 = 16 * (lid >> 5) + g;            // this lane's rows: r0 and r0 + 8
   // Logits are the scaled product where nothing but the scale applies (a uniform choice).
@@ -125,7 +160,8 @@ void flash_prefill(KERNEL_ARGS) {
   UNROLL
   for (int u = 0; u < VBW; ++u) vbad[0][u] = vbad[1][u] = 0;
 
-  uint4 pk[NLK], pv[2 * NLV];
+  gran_t pk[NLK], pv[2 * NLV];
+  SC_REGS
   int2 tr = tile_keys(&ts, blk_ids, 0);
 #if PF
   MMA_FETCH(tr.x, tr.y)
@@ -135,20 +171,22 @@ void flash_prefill(KERNEL_ARGS) {
 #if !PF
     MMA_FETCH(t0, t1)           // fetched here: registers live only until the stores below
 #endif
-    // Stage the fetched tile: K as is, V transposed (dims x keys, keys in v_slot order) with
-    // non-finite halves zeroed and the tile flagged.
+    // Stage the fetched tile (quantized K/V dequantized here): K as is, V transposed (dims x
+    // keys, keys in v_slot order) with non-finite halves zeroed and the tile flagged.
     UNROLL
     for (int n = 0; n < NLK; ++n) {
       const int idx = lid + n * WG;
-      if (idx < TK * HD8) vstore4(pk[n], 0, Ks + idx / HD8 * QW + 4 * (idx % HD8));
+      if (idx < TK * HD8)
+        vstore4(K_H8(n, 8 * (idx % HD8)), 0, Ks + idx / HD8 * QW + 4 * (idx % HD8));
     }
     UNROLL
     for (int n = 0; n < NLV; ++n) {
       const int idx = lid + n * WG;
       if (idx < TK / 2 * HV8) {
         const int word = v_slot(2 * (idx % (TK / 2))) / 2, d0 = 8 * (idx / (TK / 2));
-        const uint wa[4] = {pv[2 * n].x, pv[2 * n].y, pv[2 * n].z, pv[2 * n].w};
-        const uint wb[4] = {pv[2 * n + 1].x, pv[2 * n + 1].y, pv[2 * n + 1].z, pv[2 * n + 1].w};
+        const uint4 xa = V_H8(2 * n, d0), xb = V_H8(2 * n + 1, d0);
+        const uint wa[4] = {xa.x, xa.y, xa.z, xa.w};
+        const uint wb[4] = {xb.x, xb.y, xb.z, xb.w};
         bool bad = false;
         UNROLL
         for (int e = 0; e < 4; ++e) {     // dims d0 + 2e (low halves), d0 + 2e + 1 (high)
@@ -203,17 +241,16 @@ void flash_prefill(KERNEL_ARGS) {
 
     // A non-finite v in this tile: mark the columns of this lane's rows that see it.
     if (vflag == it + 1) {
-      const __global ushort* v16 = (const __global ushort*)vb;
       UNROLL
       for (int hr = 0; hr < 2; ++hr) {
         const int r = r0 + 8 * hr;
         if (!row_ok(P, &w, r)) continue;
         for (int jj = 0; jj < tn; ++jj) {
           if (!key_seen(P, &w, r, t0 + jj)) continue;
-          const size_t off = VOFF(KOFF(t0 + jj)) + 2 * t;
+          const size_t off = VOFF(KOFF(t0 + jj));
           for (int db = 0; db < NDB; ++db)
             for (int e = 0; e < 2; ++e)
-              if (half_bad(v16[off + 8 * db + e]))
+              if (V_BAD(vb, vsb, off, 8 * db + 2 * t + e))
                 vbad[hr][VB_WORD(2 * db + e)] |= 1UL << ((2 * db + e) % 64);
         }
       }

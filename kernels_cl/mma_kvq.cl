@@ -1,5 +1,5 @@
 // Quantized K/V (common.cl KV_Q 1: int8 + a float32 scale per vector, 2: int4 q4_0 + a
-// float16 scale per 32 elements) straight into decode_mma.cl's f16 fragments, after
+// float16 scale per 32 elements) straight into decode_mma.cl's f16 (bf16) fragments, after
 // mma_tile.cl. A chunk's codes stay raw in registers (so the next chunk's loads can be in
 // flight) and become fragments where they are multiplied, with integer and f16x2 operations
 // (no int -> float conversions, whose pipe is 1/8 of the FMA rate):
@@ -7,11 +7,17 @@
 //   a byte or nibble is placed in the mantissa of 1024 and the offset subtracted, exactly.
 // The scales:
 //   int8 K: one per key, applied to the key's f32 score (exact: the mma sums code products)
-//   int8 V: one per key, folded into P (f32) before P is rounded to f16, as v_scale / vmax
+//   int8 V: one per key, folded into P (f32) before P is rounded to f16 (bf16), as v_scale / vmax
 //           with vmax the split's largest v_scale (so P stays <= e^TAU), O times vmax at the
 //           end
 //   int4 K, V: one per key and 32 dims, code * scale rounded to f16 (mul.rn.f16x2: the
 //           same value as the f32 product rounded, since both factors have 11-bit mantissas)
+// The bf16 build (IS_BF16) makes bf16 fragments of the same slots and scales: a code is made
+// an exact f32 the same way (the byte or nibble in the mantissa of 2^23, the offset
+// subtracted), an int8 code's bf16 is that f32's upper half (exact: at most 8 significant
+// bits), an int4 value code * scale is computed in f32 (exact) and rounded to bf16 as P is
+// (mma_pack_h2: cvt.rn.bf16x2.f32 on NVIDIA), the f16 scale made f32 exactly (cvt.f32.f16).
+// (Exact-code tricks for bf16 itself need 9 significant bits for c + 128; hence via f32.)
 // Which dims a lane's fragment slots stand for is chosen so that its loads are whole
 // contiguous runs (a product is unchanged when A's columns and B's rows are permuted alike):
 //   K (lane g, t; key 8 nb + g): the lane's K_WORDS words at byte t * HD / 4 (int8) or
@@ -64,6 +70,23 @@ inline uint hsub2(uint a, uint b) { return f_h2(h2_f(a) - h2_f(b)); }
 inline uint hmul2(uint a, uint b) { return f_h2(h2_f(a) * h2_f(b)); }
 #endif
 
+// Byte 0 of X (an int8 code + 128, or an int4 nibble) as the exact f32 of its code: the byte
+// in the mantissa of 2^23, minus 2^23 and the offset O (128 or 8).
+#define CODE_F32(X, O) (as_float(0x4b000000u | ((X) & 0xffu)) - (8388608.0f + (O)))
+// An f16 scale's bits (the lower half of H) as f32: one exact cvt on NVIDIA.
+#if MMA == 1
+inline float sc_f32(uint h) {
+  float f;
+  asm("{.reg .f16 lo, hi;\n\t"
+      "mov.b32 {lo, hi}, %1;\n\t"
+      "cvt.f32.f16 %0, lo;\n\t}"
+      : "=f"(f) : "r"(h));
+  return f;
+}
+#else
+#define sc_f32(h) h2f((h) & 0xffffu)
+#endif
+
 #if KV_Q == 1
 #define K_WORDS (HD / 16)
 #define K_VEC 4
@@ -71,8 +94,16 @@ inline uint hmul2(uint a, uint b) { return f_h2(h2_f(a) * h2_f(b)); }
 #define V_VEC (HV % 128 ? 2 : 4)
 #define QD0(t, ch) ((t) * (HD / 4) + 4 * (ch))
 #define VDIM(l, db) ((l) * NDB + (db))
-// bytes 0 and 2 of x as the f16 pair of their codes (byte 0 low)
+// bytes 0 and 2 of x as the f16 (bf16) pair of their codes (byte 0 low)
+#if IS_BF16
+inline uint q8_pair(uint x) {
+  const uint y = x ^ 0x00800080u;                            // c + 128
+  return prmt(as_uint(CODE_F32(y, 128.0f)), as_uint(CODE_F32(y >> 16, 128.0f)), 0x7632u);
+}
+#define Q8_PAIR(x) q8_pair(x)
+#else
 #define Q8_PAIR(x) hsub2(((x) & 0x00ff00ffu) ^ 0x64806480u, 0x64806480u)
+#endif
 #else
 #define K_WORDS (HD / 32)
 #define K_VEC (HD == 64 ? 2 : 4)
@@ -86,9 +117,20 @@ inline uint hmul2(uint a, uint b) { return f_h2(h2_f(a) * h2_f(b)); }
 #define V4B(l, j) ((l) * (NDB / 2) + (j))
 #define VDIM(l, db) (32 * (V4B(l, (db) % (NDB / 2)) / 16) + V4B(l, (db) % (NDB / 2)) % 16 \
                      + 16 * ((db) / (NDB / 2)))
-// nibbles (bytes 0, 2 of x >> SH) as f16 codes times the scale pair S2
+// nibbles (bytes 0, 2 of x >> SH) as codes times the scale pair S2 (f16: the pair's bits in
+// one word, bf16: float2), rounded to f16 (bf16)
+#if IS_BF16
+inline uint q4_pair(uint x, uint sh, float2 s2) {
+  const uint y = (x >> sh) & 0x000f000fu;
+  return mma_pack_h2(CODE_F32(y, 8.0f) * s2.x, CODE_F32(y >> 16, 8.0f) * s2.y);
+}
+#define Q4_PAIR(x, SH, S2) q4_pair((x), (SH), (S2))
+#define SC2(a, b) ((float2)(sc_f32(a), sc_f32(b)))
+#else
 #define Q4_PAIR(x, SH, S2) \
   hmul2(hsub2((((x) >> (SH)) & 0x000f000fu) | 0x64006400u, 0x64086408u), (S2))
+#define SC2(a, b) ((uint)(a) | ((uint)(b) << 16))
+#endif
 #endif
 
 // N words from the 4-byte-aligned global bytes PTR into DST[0..N), VEC words per load (the
@@ -206,7 +248,7 @@ inline uint4 q_frag_q(PARAMS P, const Rows* w, const __global elem_t* q, int g, 
 #define K_FRAG(W, KS, ch)                                                               \
   (uint2)(Q4_PAIR(W[(ch) / 2], 4 * ((ch) & 1), K_S2(KS, ch)),                           \
           Q4_PAIR(W[(ch) / 2], 4 * ((ch) & 1) + 8, K_S2(KS, ch)))
-#define K_S2(KS, ch) ((uint)KS[(ch) / 8] * 0x10001u)
+#define K_S2(KS, ch) SC2(KS[(ch) / 8], KS[(ch) / 8])
 #endif
 
 // V's B fragment of output block db from the lane's raw words of its 4 keys (VR[kk][..]):
@@ -222,17 +264,19 @@ inline uint4 q_frag_q(PARAMS P, const Rows* w, const __global elem_t* q, int g, 
 #define V_SH(db) (4 * ((db) / (NDB / 2)))
 #define V_FRAG(VR, VS, db)                                                                  \
   (uint2)(Q4_PAIR(prmt(VR[0][V_J(db) / 4], VR[1][V_J(db) / 4], V_SEL(V_J(db))), V_SH(db),   \
-                  (uint)VS[0] | ((uint)VS[1] << 16)),                                       \
+                  SC2(VS[0], VS[1])),                                                       \
           Q4_PAIR(prmt(VR[2][V_J(db) / 4], VR[3][V_J(db) / 4], V_SEL(V_J(db))), V_SH(db),   \
-                  (uint)VS[2] | ((uint)VS[3] << 16)))
+                  SC2(VS[2], VS[3])))
 #endif
 
 // Whether the value at (row R, dim D) is non-finite as this kernel multiplies it: int8 keeps
-// the f32 product code * scale (its scale goes into P), int4 rounds it to f16.
-#undef V_BAD
+// the f32 product code * scale (its scale goes into P), int4 rounds it to f16 (bf16: never
+// beyond its range, so only a non-finite scale; mma_tile.cl's V_BAD rounds it alike).
 #if KV_Q == 1
+#undef V_BAD
 #define V_BAD(p, s, R, D) (!isfinite(V_LD1(p, s, R, D)))
-#else
+#elif !IS_BF16
+#undef V_BAD
 #define V_BAD(p, s, R, D) (!(fabs(V_LD1(p, s, R, D)) < 65520.0f))
 #endif
 

@@ -19,58 +19,55 @@
 // (IS_BF16, the upper half of an f32).
 #if IS_BF16
 #define HALF_EXP 0x7f80u
-#if KV_Q
-#error "the bf16 tensor-core kernels read bf16 K/V only (quantized K/V: the f16 build)"
-#endif
 #else
 #define HALF_EXP 0x7c00u
 #endif
 
 inline bool half_bad(uint h) { return (h & HALF_EXP) == HALF_EXP; }
 
-// K/V runs of 8 values (D a multiple of 8) as f16 fragment bits, and whether the value at D
-// is non-finite as the mma sees it (V_BAD). Quantized storages (common.cl KV_Q) are
-// dequantized in f32 and rounded to f16 (to nearest even) here, since the mma multiplies
-// f16: a value beyond f16's range becomes inf, and V_BAD says so.
+// K/V runs of 8 values (D a multiple of 8) as fragment bits, and whether the value at D is
+// non-finite as the mma sees it (V_BAD). Quantized storages (common.cl KV_Q) are fetched raw
+// (KVQ_CODES: the run's codes, one aligned 8-byte load; KVQ_SCALE: its scale's bits, of rows
+// of W values) and converted where they are stored (kvq_h8): each code exactly to f32 (the
+// byte or nibble in the mantissa of 2^23, the offset subtracted), times the scale in f32, then
+// rounded to the fragments' 16-bit type (f16, or bf16) to nearest even as mma_pack_h2 rounds
+// P: a value beyond f16's range becomes inf, and V_BAD says so (the same rounding of the same
+// f32 product).
 #if KV_Q == 0
 #define KV_LD16(p, s, R, D) LD16(p, (R) + (D))
 #define V_BAD(p, s, R, D) half_bad(((const __global ushort*)(p))[(R) + (D)])
 #else
-inline uint f2h2(float lo, float hi) {
-#if MMA == 1
-  uint r;                          // sm_80+: both halves in one instruction
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-#else
-  ushort h[2];
-  vstore_half_rte(lo, 0, (__private half*)h);
-  vstore_half_rte(hi, 1, (__private half*)h);
-  return (uint)h[0] | ((uint)h[1] << 16);
-#endif
-}
-inline uint4 f2h8(float4 a, float4 b) {
-  return (uint4)(f2h2(a.x, a.y), f2h2(a.z, a.w), f2h2(b.x, b.y), f2h2(b.z, b.w));
-}
-#define V_BAD(p, s, R, D) (!(fabs(V_LD1(p, s, R, D)) < 65520.0f))    // NaN too
+#define V_BAD(p, s, R, D) half_bad(mma_pack_h2(V_LD1(p, s, R, D), 0.0f))
 #if KV_Q == 1
-// int8: 8 codes are one aligned 8-byte load, the vector's scale one word
-inline uint4 q8_h8(uint2 c, float sc) {
-  return f2h8(convert_float4(as_char4(c.x)) * sc, convert_float4(as_char4(c.y)) * sc);
-}
-#define KV_LD16(p, s, R, D) \
-  q8_h8(*(const __global uint2*)((p) + (R) + (D)), (s)[(R) / HD])
+// int8: 8 codes from a multiple of 8 are 8 aligned bytes, the vector's float32 scale a word
+#define KVQ_CODES(p, R, D) (*(const __global uint2*)((p) + (R) + (D)))
+#define KVQ_SCALE(s, R, D, W) as_uint((s)[(R) / (W)])
+// code k of word X (byte k) as f32: 2^23 + (c + 128) - (2^23 + 128), exact
+#define KVQ_F(X, k) (as_float(0x4b000000u | (((X) >> (8 * (k))) & 0xffu)) - 8388736.0f)
 #else
-// int4: 8 values from a multiple of 8 are one nibble of 8 consecutive (aligned) bytes
-inline uint4 q4_h8(uint2 c, float sc, uint shift) {
-  const uint x = c.x >> shift, y = c.y >> shift;
-  const int4 a = as_int4((uint4)(x, x >> 8, x >> 16, x >> 24) & 0xfu) - 8;
-  const int4 b = as_int4((uint4)(y, y >> 8, y >> 16, y >> 24) & 0xfu) - 8;
-  return f2h8(convert_float4(a) * sc, convert_float4(b) * sc);
-}
-#define KV_LD16(p, s, R, D)                                                        \
-  q4_h8(*(const __global uint2*)((p) + Q4_BYTE(R, D)), vload_half(((R) + (D)) / 32, (s)), \
-        ((D) & 16) ? 4u : 0u)
+// int4: 8 values from a multiple of 8 are one nibble of 8 consecutive (aligned) bytes (the
+// high ones for dims 16..31 of a block), the block's float16 scale a ushort
+#define KVQ_CODES(p, R, D) (*(const __global uint2*)((p) + Q4_BYTE(R, D)))
+#define KVQ_SCALE(s, R, D, W) ((uint)((const __global ushort*)(s))[((R) + (D)) / 32])
+// nibble k of word X (byte k, already shifted and masked) as f32: 2^23 + n - (2^23 + 8)
+#define KVQ_F(X, k) (as_float(0x4b000000u | (((X) >> (8 * (k))) & 0xffu)) - 8388616.0f)
 #endif
+// The 8 values [D, D + 8) from their raw codes C and scale bits SC, as 4 words of 16-bit
+// pairs (the lower dim in the lower half, as the 16-bit storages lie in memory).
+inline uint4 kvq_h8(uint2 c, uint sc, int d) {
+#if KV_Q == 1
+  const float s = as_float(sc);
+  const uint x = c.x ^ 0x80808080u, y = c.y ^ 0x80808080u;       // each byte c + 128
+#else
+  const float s = h2f(sc);
+  const uint sh = (d & 16) ? 4u : 0u;
+  const uint x = (c.x >> sh) & 0x0f0f0f0fu, y = (c.y >> sh) & 0x0f0f0f0fu;
+#endif
+  return (uint4)(mma_pack_h2(KVQ_F(x, 0) * s, KVQ_F(x, 1) * s),
+                 mma_pack_h2(KVQ_F(x, 2) * s, KVQ_F(x, 3) * s),
+                 mma_pack_h2(KVQ_F(y, 0) * s, KVQ_F(y, 1) * s),
+                 mma_pack_h2(KVQ_F(y, 2) * s, KVQ_F(y, 3) * s));
+}
 #endif
 
 // A pair of f16 (bf16) with each non-finite half zeroed.

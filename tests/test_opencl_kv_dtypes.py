@@ -65,8 +65,9 @@ EXTRAS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                {"split_size": 64, "kv_tile": 64}),
 }
 EXTRA_COMBOS = [("bfloat16", None), ("float16", "int8"), ("bfloat16", "int4")]
-# The tensor-core decodes (f16 only) dequantize into their f16 fragments; their emulated
-# build (mma=emulate) runs the same indexing on any device.
+# The tensor-core decodes dequantize into their f16 fragments; their emulated build
+# (mma=emulate) runs the same indexing on any device. (The tensor-core prefills and the bf16
+# decodes: tests/test_opencl_mma_quant.py.)
 MMA = {"mma": "emulate", "split_size": 32}
 MMA_FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "mma.decode_fused": ("decode_fused.{t}.mma", dict(seq_len=1, return_lse=True), MMA),
@@ -172,15 +173,11 @@ def test_head_size_256_reads_v_unstaged(dev):
 
 
 def test_declarations():
-    """Every K/V reader reads int8 and int4 in every dtype (the tensor-core prefill only K/V
-    in its dtype, the bf16 tensor-core decodes too); the tensor-core kernels compute in f16,
-    or in bf16 (their bf16 twins)."""
+    """Every K/V reader reads int8 and int4 in every dtype, the tensor-core kernels too; the
+    tensor-core kernels compute in f16, or in bf16 (their bf16 twins)."""
     ks = attnreg.kernels("opencl")
-    readers = [k for k in ks if k.family != "reduce" and (
-        k.matrix is None or (k.family != "prefill" and k.dtypes == {"float16"}))]
+    readers = [k for k in ks if k.family != "reduce"]
     assert readers and all(k.kv_dtypes == {"int8", "int4"} for k in readers)
-    assert all(not k.kv_dtypes for k in ks if k.matrix is not None
-               and (k.family == "prefill" or k.dtypes == {"bfloat16"}))
     assert {k.id for k in ks if "bfloat16" in k.dtypes} >= {
         "opencl.prefill.bf16.sg", "opencl.decode_fused.bf16.m4", "opencl.reduce.bf16",
         "opencl.decode_pv.bf16", "opencl.decode_partial.bf16.m1.bs", "opencl.prefill.bf16.mma",

@@ -41,6 +41,7 @@ PREFILL, PARTIAL, FUSED = ("opencl.prefill.bf16.mma", "opencl.decode_partial.bf1
                            "opencl.decode_fused.bf16.mma")
 TWINS = {PREFILL: "opencl.prefill.f16.mma", PARTIAL: "opencl.decode_partial.f16.mma",
          FUSED: "opencl.decode_fused.f16.mma"}
+TWINS_OF = {f16: bf16 for bf16, f16 in TWINS.items()}
 ROUTE = {PREFILL: "prefill", PARTIAL: "split_kv", FUSED: "split_kv_fused"}
 # A bf16 value whose exponent has f16's exponent bits (0x7c00) all set: finite, but an f16
 # non-finite test on its bits would call it inf / NaN.
@@ -248,16 +249,22 @@ def test_declared_as_the_f16_kernels_bf16_twins():
         assert mma_probe.FEATURE in k.features and k.emulation == {"mma": "emulate"}
         assert (k.head_sizes, k.defaults, k.choices, k.priority, k.kv_layouts) == \
             (f16.head_sizes, f16.defaults, f16.choices, f16.priority, f16.kv_layouts)
-        assert not k.kv_dtypes             # quantized K/V: the f16 decodes only
+        assert k.kv_dtypes == f16.kv_dtypes == {"int8", "int4"}    # test_opencl_mma_quant
 
 
-def test_quantized_kv_in_bf16_passes_the_twins_over(pocl):  # noqa: F811
-    spec = AttentionSpec(seq_len=1, past_len=300, num_heads=8, kv_num_heads=2, head_size=64,
-                         dtype="bfloat16", kv_dtype="int8")
-    plan = attnreg.explain(spec, caps=pocl, flags={"matrix_units": "emulate",
-                                                   "route": "split_kv"})
-    assert plan.stages[0].kernel not in TWINS
-    assert PARTIAL in plan.rejected
+def test_quantized_kv_in_bf16_selects_the_twins_as_the_f16_kernels(pocl):  # noqa: F811
+    """int8 / int4 K/V (tests/test_opencl_mma_quant.py) in bf16: the same choice and tiles as
+    the f16 kernels (the quantized decode's tiles rule included)."""
+    nv = _nvidia_like(pocl)
+    nv = nv.model_copy(update={"features": nv.features | {"subgroups"}})
+    for kv, seq_len, past_len in (("int8", 1, 8191), ("int4", 1, 8191), ("int8", 512, 0)):
+        spec = AttentionSpec(seq_len=seq_len, past_len=past_len, num_heads=32, kv_num_heads=8,
+                             head_size=128, dtype="bfloat16", kv_dtype=kv, causal=True)
+        plan = attnreg.explain(spec, caps=nv)
+        twin = attnreg.explain(spec.model_copy(update={"dtype": "float16"}), caps=nv)
+        assert [s.kernel for s in plan.stages] == [TWINS_OF[s.kernel] for s in twin.stages]
+        assert plan.stages[0].kernel in TWINS
+        assert plan.stages[0].params == twin.stages[0].params
 
 
 def test_auto_picks_them_on_nvidia_as_the_f16_kernels(pocl):  # noqa: F811

@@ -18,8 +18,7 @@ from .tiling import geometry
 BACKEND = "opencl"
 # q / out dtypes (common.cl: float, half bits, bfloat16 bits; arithmetic in f32 for all)
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-# Quantized K/V storages every K/V reader dequantizes in its loads (common.cl KV_Q); the
-# tensor-core prefill reads K/V in its dtype only, the bf16 tensor-core decodes too.
+# Quantized K/V storages every K/V reader dequantizes in its loads (common.cl KV_Q).
 KV_DTYPES = frozenset({"int8", "int4"})
 # float4 vectors over the head dimension; up to 512 with tiles shrunk to fit 48 KiB
 # (tiling.py _shrink), v's head size (v_head_size) in the same range
@@ -44,7 +43,8 @@ def _mma_checks(family: str, names: tuple[str, ...], defaults: Mapping[str, Any]
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
         why = [f"{n}={params.get(n, defaults[n])} must be one of {choices[n]}"
                for n in names if params.get(n, defaults[n]) not in choices[n]]
-        if spec.kv_dtype == "int4" and {spec.head_size, spec.head_size_v} - {64, 128, 256}:
+        if family != "prefill" and spec.kv_dtype == "int4" and \
+                {spec.head_size, spec.head_size_v} - {64, 128, 256}:
             # a lane's q4_0 bytes of a key must lie in one block (kernels_cl/mma_kvq.cl)
             why.append(f"int4 K/V with head sizes {spec.head_size} / {spec.head_size_v} (k / "
                        "v): the tensor-core decode reads int4 at head sizes 64, 128 and 256")
@@ -56,7 +56,8 @@ _MMA_DOC = {
     "prefill": "flash prefill on tensor cores: S = QK^T and O += PV as m16n8k16 mma.sync "
                "products (inline PTX; {0} in, f32 accumulators) with S, P and O in registers, "
                "the online softmax (lazy max) between them; q_tile rows (16 per warp) x "
-               "kv_tile keys per tile; {0} only",
+               "kv_tile keys per tile; {0} K/V, or int8 / int4 K/V dequantized to {0} as the "
+               "tiles are staged in local memory",
     "decode_partial": "partial states for the reduce",
     "decode_fused": "in one launch (the last work-group of a row tile merges the splits and "
                     "the sink)",
@@ -68,7 +69,8 @@ _MMA_DECODE_DOC = ("split-KV decode on tensor cores, {}: a KV head's query heads
 # What each dtype's tensor-core kernels multiply, and the K/V storages their decodes read.
 _MMA_DTYPE_DOC = {
     "float16": ("f16", "; int8 / int4 K/V dequantized into them", "f16"),
-    "bfloat16": ("bf16", "", "bf16 (mma.sync .bf16, P rounded to bf16) with bf16 K/V"),
+    "bfloat16": ("bf16", "; int8 / int4 K/V dequantized into them",
+                 "bf16 (mma.sync .bf16, P rounded to bf16)"),
 }
 
 
@@ -85,9 +87,9 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
         dtypes=frozenset({dtype}), head_sizes=MMA_PREFILL_HEADS if prefill else MMA_DECODE_HEADS,
         supports=SUPPORTS, kv_layouts=PAGED_OK, features=frozenset({mma_probe.FEATURE}),
         priority=20,
-        # the f16 decodes dequantize int8 / int4 runs into their f16 fragments (mma_tile.cl);
-        # the bf16 twins read bf16 K/V only
-        kv_dtypes=KV_DTYPES if not prefill and dtype == "float16" else frozenset(),
+        # the prefills dequantize int8 / int4 granules as they stage the tiles (mma_tile.cl
+        # kvq_h8), the decodes their runs into f16 / bf16 fragments (mma_kvq.cl)
+        kv_dtypes=KV_DTYPES,
         defaults=defaults, choices=choices, emulation={"mma": "emulate"},
         matrix=PTX_MMA_BY_DTYPE[dtype], workgroup_storage=_storage(family, "mma"),
         extra_checks=_mma_checks(family, names, defaults, choices),
@@ -167,7 +169,7 @@ def declare() -> list[KernelInfo]:
     (m1/m2/m4, sg; block-skipping m1/m2/m4), decode_fused (m1/m2/m4, sg), the unfused pair
     decode_qk (m1/m2/m4) + decode_pv, reduce, each in f32, f16 and bf16 (the K/V readers
     also over int8 / int4 K/V); and prefill, decode_partial and decode_fused on tensor
-    cores (mma) in f16 and bf16 (the f16 decodes also over int8 / int4 K/V). Every one
+    cores (mma) in f16 and bf16 (also over int8 / int4 K/V). Every one
     implements the shapes real models need (kv_start, seqlens_q, v_head_size) and head sizes
     up to 512 (the tiles shrink to fit; the sub-group prefill's K tile of 32 keys needs
     more than 48 KiB above head size 336 at wg 128, which a device's storage limit then

@@ -156,7 +156,8 @@ MMA_PREFILL_NVIDIA = Rule(
     "S=512 66.5 vs 454.8 us, S=2048 458.9 vs 5172 us; H=64 / 256 at S=2048 7.9x / 9.8x; "
     "also 3.2x / 5.2x faster than the best WGSL prefill there); the bf16 twin (mma.sync .bf16, "
     "same tiles) is chosen alike against a bf16 sub-group prefill measured as slow (S=2048: "
-    "5158 us; bf16 twin: to be measured)", "params",
+    "5158 us; bf16 twin: to be measured), and both alike on int8 / int4 K/V (dequantized as "
+    "the tiles are staged, same tiles: to be measured)", "params",
     lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
     and c.kernel.matrix is not None and c.kernel.family == "prefill"
     and c.flags.get("matrix_units", "auto") == "auto" and c.caps.vendor == "nvidia"
@@ -171,8 +172,8 @@ MMA_DECODE_NVIDIA = Rule(
     "T=1500, 8 heads H=64) 14.4 vs 17.9 us; 16 requests x 4096-key shared prefix (16/4 heads) "
     "38.2 vs 87.8 us; quantized K/V (codes made f16 fragments by byte permutes, L=32768, "
     "tiles of opencl_mma_decode_quantized_tiles): int8 57.1 vs 80.3 us, int4 46.8 vs 102.4 "
-    "us; the bf16 twins (mma.sync .bf16, bf16 K/V) are chosen alike (bf16 twin: to be "
-    "measured)", "params",
+    "us; the bf16 twins (mma.sync .bf16; int8 / int4 K/V made bf16 fragments) are chosen "
+    "alike (bf16 twin: to be measured)", "params",
     lambda c: _mma_decode(c) and c.flags.get("matrix_units", "auto") == "auto"
     and c.caps.vendor == "nvidia" and "mma" not in c.user
     and c.kernel is not None and c.kernel.features <= c.caps.features,
@@ -188,7 +189,8 @@ MMA_DECODE_QUANT_TILES = Rule(
     "chunk prefetched; on the H100 (GQA 32/8 H=128 L=32768, decode_fused, GPU time) int8 "
     "57.1 us against 61.3 (16-key chunks) and 64.4 (prefetch), int4 46.8 us against 54.4 "
     "(no prefetch) and 58.5 (32-key chunks); 64-key chunks, 256- or 512-key splits and 2 or 8 "
-    "warps were slower for both", "params",
+    "warps were slower for both (f16; the bf16 twins take the same: to be measured)",
+    "params",
     lambda c: _mma_decode(c) and c.spec.kv_dtype in _QUANT_TILES
     and not set(_QUANT_TILES[c.spec.kv_dtype]) & set(c.user),
     lambda c: dict(_QUANT_TILES[str(c.spec.kv_dtype)]))
