@@ -156,21 +156,31 @@ def conformance_cells() -> tuple[cmod.Case, ...]:
 
 # CI time (the quick matrix, cold PoCL / Mesa shader caches on a 2-core machine). Dawn and the
 # browser run the very WGSL programs the webgpu backend runs (one program builder), so there
-# the quick matrix keeps what proves the host: every kernel's covering cells (every contract
-# recipe per dtype), its non-finite and profile cells, and the feature cells that put every
-# feature together ("all", the model shapes, big heads); a Dawn cell costs ~6x a webgpu one
-# on lavapipe (Tint compiles), a browser cell more. On webgpu and opencl the one-feature-at-a-
-# time cells run for the float16 kernels; their float32 / bfloat16 twins (the same source
-# with another element type) keep their covering and all-features cells.
+# the quick matrix keeps what proves the host: covering cells (every contract recipe) for the
+# float16 kernels, non-finite and profile cells, and the feature cells that put every feature
+# together ("all", the model shapes, big heads); a Dawn cell costs ~6x a webgpu one on
+# lavapipe (Tint compiles), a browser cell more. On webgpu and opencl the one-feature-at-a-
+# time cells run for the float16 kernels. A float32 / bfloat16 kernel (the same source with
+# another element type) keeps, besides its covering cells on webgpu and opencl, its
+# everything-at-once cells ("all", "int8-all", "model-all", ...) and non-finite cells; so does
+# a kernel run emulated on a device without its feature (OpenCL sub-group and tensor-core
+# kernels on PoCL), whose float16 twin takes every recipe.
 ALL_FEATURE_CELLS = ("all", "model-all", "right-padded", "h320", "h512")
 QUICK_FEATURE_DTYPES: dict[str, tuple[str, ...]] = {
     "dawn": (), "browser": (), "webgpu": ("float16",), "opencl": ("float16",)}
+HOST_BACKENDS = ("dawn", "browser")
 
 
 def _quick_keeps(c: cmod.Case) -> bool:
     dtypes = QUICK_FEATURE_DTYPES.get(c.backend)
-    return dtypes is None or c.kind != "feature" or c.spec.dtype in dtypes \
-        or c.label.endswith(ALL_FEATURE_CELLS)
+    if dtypes is None or c.kind not in ("feature", "covering"):
+        return True
+    twin = c.spec.dtype != "float16"
+    if c.kind == "covering":
+        return not (twin and (c.backend in HOST_BACKENDS or c.emulated)) or c.feature == "all"
+    if c.spec.dtype in dtypes:
+        return True
+    return c.label.endswith("all") if twin else c.label.endswith(ALL_FEATURE_CELLS)
 
 
 def module_cells(module: str) -> list[cmod.Case]:
