@@ -30,6 +30,18 @@
 #error "decode_mma.cl loads 32-dim runs of k and 64-dim runs of v"
 #endif
 #define NW (WG / 32)
+// At most 8 rows (a GQA group of up to 8 heads, one query row: most decodes): rows g + 8 do
+// not exist, so the products are MMA_SYNC_LO and every loop over a lane's rows stops at
+// MMA_NHR = 1; the registers of Q's, S's and O's second row half are then dead (ptxas at
+// H=128: 255 registers and spills before, see backends/opencl/mma.py).
+#undef MMA_NHR
+#if R_ROWS <= 8
+#define MMA_NHR 1
+#define MMA_D MMA_SYNC_LO
+#else
+#define MMA_NHR 2
+#define MMA_D MMA_SYNC
+#endif
 #define NKB (TK / 8)            // 8-key blocks of S per chunk
 #define NKC (TK / 16)           // 16-key chunks of P V per chunk
 #define NDR (HD / 32)           // 32-dim runs of Q K^T (two 16-dim k chunks each)
@@ -78,6 +90,59 @@
       for (int u = 0; u < NVW / 4; ++u) DV[kc][kk][u] = SV[kc][kk][u];          \
     }                                                                           \
   }
+
+// PL2 (NVIDIA builds): the chunk PL2 rounds ahead of the one computed is prefetched into L2
+// (PTX prefetch.global.L2: no registers held, unlike PF), its K and V rows (and int8 / int4
+// scales) as 128-byte lines spread over the warp's lanes, so its loads meet L2, not DRAM.
+#ifndef PL2
+#define PL2 0
+#endif
+#if KV_Q
+#define KROW_B(j) KBYTES(KOFF(j))
+#define VROW_B(j) VBYTES(VOFF(KOFF(j)))
+#define KROW_LEN (KV_Q == 1 ? HD : HD / 2)
+#define VROW_LEN (KV_Q == 1 ? HV : HV / 2)
+#else
+#define KROW_B(j) ((const __global uchar*)(kb + KOFF(j)))
+#define VROW_B(j) ((const __global uchar*)(vb + VOFF(KOFF(j))))
+#define KROW_LEN (2 * HD)
+#define VROW_LEN (2 * HV)
+#endif
+#define KROW_LINES ((KROW_LEN + 127) / 128)
+#define VROW_LINES ((VROW_LEN + 127) / 128)
+#if MMA == 1 && PL2
+inline void pf_l2(const __global void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+#if KV_Q == 1
+#define PF_SCALES(j)                                                            \
+  {                                                                             \
+    pf_l2(ksb + KOFF(j) / HD);                                                  \
+    pf_l2(vsb + KOFF(j) / HD);                                                  \
+  }
+#elif KV_Q == 2
+#define PF_SCALES(j)                                                            \
+  {                                                                             \
+    pf_l2((const __global ushort*)ksb + KOFF(j) / 32);                          \
+    pf_l2((const __global ushort*)vsb + VOFF(KOFF(j)) / 32);                    \
+  }
+#else
+#define PF_SCALES(j) {}
+#endif
+#define PREFETCH_CHUNK(CI)                                                      \
+  if ((CI) < nchunks) {                                                         \
+    const int j0_ = kr.x + (CI) * TK;                                           \
+    for (int i_ = lane; i_ < TK * KROW_LINES; i_ += 32) {                       \
+      const int j_ = j0_ + i_ / KROW_LINES;                                     \
+      if (j_ < kr.y) pf_l2(KROW_B(j_) + 128 * (i_ % KROW_LINES));               \
+    }                                                                           \
+    for (int i_ = lane; i_ < TK * VROW_LINES; i_ += 32) {                       \
+      const int j_ = j0_ + i_ / VROW_LINES;                                     \
+      if (j_ < kr.y) pf_l2(VROW_B(j_) + 128 * (i_ % VROW_LINES));               \
+    }                                                                           \
+    if (lane < TK && j0_ + lane < kr.y) PF_SCALES(j0_ + lane)                   \
+  }
+#else
+#define PREFETCH_CHUNK(CI) {}
+#endif
 
 inline uint vword(uint4 x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
 
@@ -151,6 +216,8 @@ void MMA_ENTRY(KERNEL_ARGS) {
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
+  // rounds 1 .. PL2 - 1 (round 0 is loaded now; round r prefetches round r + PL2)
+  for (int d = 1; d < PL2; ++d) PREFETCH_CHUNK(wid + d * NW)
 #if KV_Q == 1
   // The split's largest v_scale (every warp finds it alone): P takes v_scale / vmax. (Key
   // j's vector index: KOFF(j) / HD, V's offset / HV alike.)
@@ -178,6 +245,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
   for (int base = 0; base < nchunks; base += NW) {
     const int ci = base + wid;
     const int t0 = kr.x + ci * TK, t1 = min(t0 + TK, kr.y);
+    PREFETCH_CHUNK(ci + PL2 * NW)
 #if KV_Q
     uint ck[NKB][K_WORDS], cv[NKC][4][V_WORDS];
     ksc_t cks[NKB][NKS];
@@ -206,16 +274,16 @@ void MMA_ENTRY(KERNEL_ARGS) {
       for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
 #if KV_Q
       UNROLL
-      for (int ch = 0; ch < 2 * NDR; ++ch) MMA_SYNC(s[nb], qa[ch], K_FRAG(ck[nb], cks[nb], ch));
+      for (int ch = 0; ch < 2 * NDR; ++ch) MMA_D(s[nb], qa[ch], K_FRAG(ck[nb], cks[nb], ch));
 #if KV_Q == 1
       UNROLL
-      for (int e = 0; e < 4; ++e) s[nb][e] *= cks[nb][e & 1];      // the key's scale
+      for (int e = 0; e < 2 * MMA_NHR; ++e) s[nb][e] *= cks[nb][e & 1];   // the key's scale
 #endif
 #else
       UNROLL
       for (int c = 0; c < NDR; ++c) {
-        MMA_SYNC(s[nb], qa[2 * c], (uint2)(ck[nb][c].x, ck[nb][c].y));
-        MMA_SYNC(s[nb], qa[2 * c + 1], (uint2)(ck[nb][c].z, ck[nb][c].w));
+        MMA_D(s[nb], qa[2 * c], (uint2)(ck[nb][c].x, ck[nb][c].y));
+        MMA_D(s[nb], qa[2 * c + 1], (uint2)(ck[nb][c].z, ck[nb][c].w));
       }
 #endif
     }
@@ -255,8 +323,8 @@ void MMA_ENTRY(KERNEL_ARGS) {
       for (int i = 0; i < NVW; ++i) {     // dims g NDB + 2i (low halves) and + 2i + 1 (high)
         const uint k0 = vword(cv[kc][0][i / 4], i % 4), k1 = vword(cv[kc][1][i / 4], i % 4);
         const uint k8 = vword(cv[kc][2][i / 4], i % 4), k9 = vword(cv[kc][3][i / 4], i % 4);
-        MMA_SYNC(o[2 * i], a, (uint2)((k0 & 0xffffu) | (k1 << 16), (k8 & 0xffffu) | (k9 << 16)));
-        MMA_SYNC(o[2 * i + 1], a, (uint2)((k0 >> 16) | (k1 & 0xffff0000u),
+        MMA_D(o[2 * i], a, (uint2)((k0 & 0xffffu) | (k1 << 16), (k8 & 0xffffu) | (k9 << 16)));
+        MMA_D(o[2 * i + 1], a, (uint2)((k0 >> 16) | (k1 & 0xffff0000u),
                                           (k8 >> 16) | (k9 & 0xffff0000u)));
       }
     }
@@ -277,7 +345,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
           badf = 1.0f;
         }
         s[nb][e] *= f;
-        s[nb][e + 2] *= f;
+        if (MMA_NHR == 2) s[nb][e + 2] *= f;
       }
     }
 #endif
@@ -295,7 +363,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
           b = y;
         }
 #endif
-        MMA_SYNC(o[db], a, b);
+        MMA_D(o[db], a, b);
       }
     }
 #endif
@@ -316,7 +384,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
       if (badf > 0.0f) {
         // the columns of this lane's rows that see a bad v become NaN (and stay NaN)
         UNROLL
-        for (int hr = 0; hr < 2; ++hr) {
+        for (int hr = 0; hr < MMA_NHR; ++hr) {
           const int r = g + 8 * hr;
           const int2 seen = row_keys(P, &w, r);
           const int j0 = max(t0, seen.x), j1 = min(t1, seen.y);
@@ -337,7 +405,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
 
   // Row sums over the row's 4 lanes; the warps' states into local memory, merged per row.
   UNROLL
-  for (int hr = 0; hr < 2; ++hr) {
+  for (int hr = 0; hr < MMA_NHR; ++hr) {
     l[hr] += SG_XOR(l[hr], 1);
     l[hr] += SG_XOR(l[hr], 2);
     const int r = g + 8 * hr;

@@ -43,8 +43,22 @@ inline void mma_ptx(float* c, uint4 a, uint2 b) {
   c[2] = c2;
   c[3] = c3;
 }
+// Rows 0..7 only (A's rows 8..15 zero, C's c[2], c[3] neither read nor written): for tiles of
+// at most 8 rows (MMA_NHR 1), so the registers of rows g + 8 (A's a.y, a.w, C's c[2], c[3])
+// are dead and the compiler frees them.
+inline void mma_ptx_lo(float* c, uint4 a, uint2 b) {
+  float c0 = c[0], c1 = c[1], d2, d3;
+  const uint a0 = a.x, a2 = a.z, b0 = b.x, b1 = b.y, z = 0u;
+  asm volatile(MMA_PTX_OP
+               "{%0, %1, %2, %3}, {%4, %5, %6, %5}, {%7, %8}, {%0, %1, %9, %9};"
+               : "+f"(c0), "+f"(c1), "=f"(d2), "=f"(d3)
+               : "r"(a0), "r"(z), "r"(a2), "r"(b0), "r"(b1), "f"(0.0f));
+  c[0] = c0;
+  c[1] = c1;
+}
 #define MMA_SCRATCH_DECL
 #define MMA_SYNC(C, A, B) mma_ptx((C), (A), (B))
+#define MMA_SYNC_LO(C, A, B) mma_ptx_lo((C), (A), (B))
 
 #else
 
@@ -83,8 +97,16 @@ inline void mma_emu(float* c, uint4 a, uint2 b, __local uint* scr) {
     c[q] = acc;
   }
 }
+// Rows 0..7 only (as mma_ptx_lo): rows 8..15 of A taken as zero, c[2], c[3] untouched.
+inline void mma_emu_lo(float* c, uint4 a, uint2 b, __local uint* scr) {
+  float cc[4] = {c[0], c[1], 0.0f, 0.0f};
+  mma_emu(cc, (uint4)(a.x, 0u, a.z, 0u), b, scr);
+  c[0] = cc[0];
+  c[1] = cc[1];
+}
 #define MMA_SCRATCH_DECL __local uint mma_scr[WG / 32 * MMA_WARP_WORDS];
 #define MMA_SYNC(C, A, B) mma_emu((C), (A), (B), mma_scr)
+#define MMA_SYNC_LO(C, A, B) mma_emu_lo((C), (A), (B), mma_scr)
 
 #endif
 

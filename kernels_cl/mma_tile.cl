@@ -3,6 +3,13 @@
 // 8-key blocks as s[NKB][4] (mma_sync.cl's C layout), O as o[NDB][4], and per row its
 // reference max m[2] and partial sum l[2] (over its 4 lanes).
 
+// Row halves a lane holds: 2 (rows g and g + 8), or 1 where a kernel's tile has at most 8
+// rows (decode_mma.cl: its products are mma_sync.cl's MMA_SYNC_LO, and the [2], [3] entries
+// of S and O are never touched, so their registers are free).
+#ifndef MMA_NHR
+#define MMA_NHR 2
+#endif
+
 // ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504 (and bf16's ~3.4e38).
 #define TAU 8.0f
 
@@ -87,7 +94,7 @@ inline uint finite_halves(uint w) {
   UNROLL                                                                  \
   for (int nb_ = 0; nb_ < NKB; ++nb_) {                                   \
     UNROLL                                                                \
-    for (int e_ = 0; e_ < 4; ++e_) {                                      \
+    for (int e_ = 0; e_ < 2 * MMA_NHR; ++e_) {                            \
       const float d_ = S[nb_][e_] * P->scale;                             \
       const float x_ = (FAST) ? (isfinite(d_) ? d_ : NAN)                 \
           : finish_score_r(P, &w, bias, (ROW0) + 8 * (e_ >> 1),           \
@@ -104,7 +111,7 @@ inline uint finite_halves(uint w) {
 // P <= e^TAU stays well inside f16 (and bf16).
 #define MMA_SOFTMAX_TILE(S, MT, M, L, O)                                  \
   UNROLL                                                                  \
-  for (int hr_ = 0; hr_ < 2; ++hr_) {                                     \
+  for (int hr_ = 0; hr_ < MMA_NHR; ++hr_) {                               \
     MT[hr_] = fmax(MT[hr_], SG_XOR(MT[hr_], 1));                          \
     MT[hr_] = fmax(MT[hr_], SG_XOR(MT[hr_], 2));                          \
     if (MT[hr_] > M[hr_] + TAU) {                                         \
@@ -123,7 +130,7 @@ inline uint finite_halves(uint w) {
     UNROLL                                                                \
     for (int nb_ = 0; nb_ < NKB; ++nb_) {                                 \
       UNROLL                                                              \
-      for (int e_ = 0; e_ < 4; ++e_) {                                    \
+      for (int e_ = 0; e_ < 2 * MMA_NHR; ++e_) {                          \
         const float p_ = WEIGHT(S[nb_][e_], mu_[e_ >> 1]);                \
         S[nb_][e_] = p_;                                                  \
         L[e_ >> 1] += p_;                                                 \

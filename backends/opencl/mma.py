@@ -37,11 +37,15 @@ MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit
 # flight but takes 255 registers with spills at head size 128 (ptxas; 190 without): measured
 # on the H100 (GQA 32/8 H=128 f16, decode_fused, 4 warps): L=8192 23.2 vs 25.2 us, L=32768
 # 62.2 vs 69.4 us; kv_tile 32 and 8 warps were slower everywhere.
+# l2_prefetch n (NVIDIA builds): each round prefetches into L2 the chunk n rounds ahead (PTX
+# prefetch.global.L2, no registers held). Off by default: on the H100 (L=32768, after the
+# 8-row products of 2026-11-25) f16 70.9 -> 75.8 us and int4 48.0 -> 53.3 us with 1, slower
+# again with 2; int8 gains (opencl_mma_decode_quantized_tiles).
 DECODE_DEFAULTS: Mapping[str, Any] = {"m_tile": 1, "kv_tile": 16, "wg": 128, "prefetch": 0,
-                                      "mma": "hardware"}
+                                      "l2_prefetch": 0, "mma": "hardware"}
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {
     "m_tile": (1, 2, 4, 8, 16), "kv_tile": (16, 32, 64), "wg": (32, 64, 128, 256),
-    "prefetch": (0, 1)}
+    "prefetch": (0, 1), "l2_prefetch": (0, 1, 2)}
 DECODE_SHRINK = (("wg", 32),)                      # fewer warps, less to merge in local memory
 _MMA_WARP_WORDS = 192                              # mma_sync.cl's exchange per emulated warp
 

@@ -182,14 +182,16 @@ MMA_DECODE_NVIDIA = Rule(
 # Quantized chunks hold half (int8) or a quarter (int4) of f16's raw registers, so they take
 # longer chunks or the next chunk's prefetch where f16 could not (ptxas: 255 registers in
 # every build; these two spill least).
-_QUANT_TILES = {"int8": {"kv_tile": 32}, "int4": {"prefetch": 1}}
+_QUANT_TILES = {"int8": {"kv_tile": 32, "l2_prefetch": 1}, "int4": {"prefetch": 1}}
 MMA_DECODE_QUANT_TILES = Rule(
     "opencl_mma_decode_quantized_tiles",
-    "OpenCL tensor-core decode on quantized K/V: int8 in 32-key chunks, int4 with the next "
-    "chunk prefetched; on the H100 (GQA 32/8 H=128 L=32768, decode_fused, GPU time) int8 "
-    "57.1 us against 61.3 (16-key chunks) and 64.4 (prefetch), int4 46.8 us against 54.4 "
-    "(no prefetch) and 58.5 (32-key chunks); 64-key chunks, 256- or 512-key splits and 2 or 8 "
-    "warps were slower for both (f16; the bf16 twins take the same: to be measured)",
+    "OpenCL tensor-core decode on quantized K/V: int8 in 32-key chunks with the next round's "
+    "chunk prefetched into L2, int4 with the next chunk prefetched into registers; on the "
+    "H100 (GQA 32/8 H=128 L=32768, decode_fused, GPU time, one run) int8 49.8 us against "
+    "53.3 (no L2 prefetch), 55.5 (16-key chunks) and 51.1 (register prefetch), int4 48.0 us "
+    "against 48.0 (no prefetch), 53.9 (with L2 prefetch) and 64.2 (32-key chunks); 64-key "
+    "chunks, 256- or 512-key splits and 2 or 8 warps were slower for both (f16; the bf16 "
+    "twins take the same: to be measured)",
     "params",
     lambda c: _mma_decode(c) and c.spec.kv_dtype in _QUANT_TILES
     and not set(_QUANT_TILES[c.spec.kv_dtype]) & set(c.user),

@@ -54,6 +54,7 @@ class Geometry:
     sg_reqd: bool = False     # intel_reqd_sub_group_size(sg) on the kernel
     rp: int = 0               # sg decode: rows padded to a power of two (RP x KC = 32)
     pf: int = 1               # sg decode: chunks in flight ahead of the one computed
+    pl2: int = 0              # mma decode: rounds ahead whose chunk is prefetched into L2
     cvt_ptx: bool = False     # f16 -> f32 through PTX cvt.f32.f16, mma P -> f16 / bf16 (NVIDIA)
     nv_fence: bool = False    # decode_fused: PTX membar.gl next to the OpenCL fences (NVIDIA)
     mma: int = 0              # matrix-unit kernels: MMA_IMPLS (0: scalar kernels)
@@ -102,7 +103,8 @@ class Geometry:
                 "STAGE_V": int(self.stage_v), "FAST_EXP": int(self.fast_exp),
                 "SG_REQD": int(self.sg_reqd), "RP": self.rp, "PF": self.pf,
                 "CVT_PTX": int(self.cvt_ptx), "NV_FENCE": int(self.nv_fence),
-                **({"MMA": self.mma} if self.mma else {})}
+                **({"MMA": self.mma} if self.mma else {}),
+                **({"PL2": self.pl2} if self.pl2 else {})}
 
 
 def _pow2_floor(n: int) -> int:
@@ -322,5 +324,7 @@ def mma_decode_geometry(spec: AttentionSpec, params: Mapping[str, Any],
     gc = min(spec.group_size, 16 // mq)
     return Geometry(family, wg=wg, gc=gc, mq=mq, tk=tk, kl=min(8, tk), dl=32, hv=spec.head_size_v,
                     pf=_int_param(params, "prefetch", d["prefetch"], lo=0, hi=1),
+                    pl2=_int_param(params, "l2_prefetch", d["l2_prefetch"], pow2=False, lo=0,
+                                   hi=4),
                     nv_fence=family == "decode_fused" and _nv_knob(params, "fence", caps, True),
                     **_mma_build(params, spec, caps, d["mma"]))
