@@ -158,6 +158,25 @@ def test_auto_picks_it_on_nvidia_with_splits_for_two_groups_per_unit(pocl):
     assert attnreg.explain(DECODE, caps=nv, flags={"matrix_units": "off"}).kernel != FUSED
 
 
+def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
+    nv = _nvidia_like(pocl)
+    spec = DECODE.model_copy(update={"past_len": 32767})
+    got = {}
+    for kv in ("int8", "int4"):
+        plan = attnreg.explain(spec.model_copy(update={"kv_dtype": kv}), caps=nv)
+        assert plan.stages[0].kernel == FUSED
+        assert any(f.startswith("opencl_mma_decode_quantized_tiles") for f in plan.rules)
+        got[kv] = plan.stages[0].params
+    assert got["int8"]["kv_tile"] == 32 and got["int8"]["l2_prefetch"] == 1
+    assert got["int4"]["prefetch"] == 1 and got["int4"].get("l2_prefetch", 0) == 0
+    # the knob is validated like every tile (and is only a build option on NVIDIA's builds)
+    g = otiling.mma_decode_geometry(spec, {"l2_prefetch": 2}, nv, "decode_fused")
+    assert g.pl2 == 2 and g.defines()["PL2"] == 2
+    assert "PL2" not in otiling.mma_decode_geometry(spec, {}, nv, "decode_fused").defines()
+    with pytest.raises(attnreg.SpecError, match="l2_prefetch"):
+        otiling.mma_decode_geometry(spec, {"l2_prefetch": 9}, nv, "decode_fused")
+
+
 def test_matrix_units_emulate_runs_it_and_auto_passes_it_over_on_pocl(pocl):
     spec = DECODE.model_copy(update={"past_len": 300, "num_heads": 8, "kv_num_heads": 2,
                                      "head_size": 64})
