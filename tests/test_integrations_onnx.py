@@ -85,6 +85,33 @@ def pick(rng: np.random.Generator, seq: Any) -> Any:
 
 
 # -- GroupQueryAttention ---------------------------------------------------------------------
+def _gqa_feeds(rng: np.random.Generator, dtype: str, attrs: dict[str, Any],
+               shape: tuple[int, int, int, int, int], pbuf: int, with_past: bool,
+               lengths: np.ndarray, total: int) -> list[tuple[str, Any]]:
+    """What both GQA case builders draw alike, in this order: softcap, scale and
+    smooth_softmax into attrs; q, k, v (packed or not); a past of pbuf keys (when with_past,
+    else half the time); seqlens_k and total_sequence_length."""
+    b, s, nq, nkv, h = shape
+    if rng.random() < 0.25:
+        attrs["softcap"] = float(rng.uniform(1, 30))
+    if rng.random() < 0.25:
+        attrs["scale"] = float(rng.uniform(0.02, 0.3))
+    if rng.random() < 0.2:
+        attrs["smooth_softmax"] = 1
+    packed = rng.random() < 0.2
+    q, k, v = rnd(rng, dtype, b, s, nq * h), rnd(rng, dtype, b, s, nkv * h), rnd(rng, dtype, b, s, nkv * h)
+    feeds: list[tuple[str, Any]] = [("query", np.concatenate([q, k, v], -1) if packed else q),
+                                    ("key", None if packed else k), ("value", None if packed else v)]
+    if with_past or rng.random() < 0.5:
+        feeds += [("past_key", rnd(rng, dtype, b, nkv, pbuf, h)),
+                  ("past_value", rnd(rng, dtype, b, nkv, pbuf, h))]
+    else:
+        feeds += [("past_key", None), ("past_value", None)]
+    feeds += [("seqlens_k", (lengths - 1).astype(np.int32)),
+              ("total_sequence_length", np.array(total, np.int32))]
+    return feeds
+
+
 def gqa_case(seed: int) -> tuple[list[tuple[str, Any]], dict[str, Any], np.ndarray, str]:
     rng = np.random.default_rng(1000 + seed)
     dtype = pick(rng, ("float32", "float32", "float16"))
@@ -110,23 +137,7 @@ def gqa_case(seed: int) -> tuple[list[tuple[str, Any]], dict[str, Any], np.ndarr
         attrs["causal"] = 0
     elif rng.random() < 0.35:
         attrs["local_window_size"] = int(rng.integers(1, 21))
-    if rng.random() < 0.25:
-        attrs["softcap"] = float(rng.uniform(1, 30))
-    if rng.random() < 0.25:
-        attrs["scale"] = float(rng.uniform(0.02, 0.3))
-    if rng.random() < 0.2:
-        attrs["smooth_softmax"] = 1
-    packed = rng.random() < 0.2
-    q, k, v = rnd(rng, dtype, b, s, nq * h), rnd(rng, dtype, b, s, nkv * h), rnd(rng, dtype, b, s, nkv * h)
-    feeds: list[tuple[str, Any]] = [("query", np.concatenate([q, k, v], -1) if packed else q),
-                                    ("key", None if packed else k), ("value", None if packed else v)]
-    if pbuf or rng.random() < 0.5:
-        feeds += [("past_key", rnd(rng, dtype, b, nkv, pbuf, h)),
-                  ("past_value", rnd(rng, dtype, b, nkv, pbuf, h))]
-    else:
-        feeds += [("past_key", None), ("past_value", None)]
-    feeds += [("seqlens_k", (lengths - 1).astype(np.int32)),
-              ("total_sequence_length", np.array(total, np.int32))]
+    feeds = _gqa_feeds(rng, dtype, attrs, (b, s, nq, nkv, h), pbuf, bool(pbuf), lengths, total)
     extra: list[tuple[str, Any]] = [("cos_cache", None), ("sin_cache", None), ("position_ids", None),
                                     ("attention_bias", None), ("head_sink", None)]
     if rng.random() < 0.25:
@@ -194,23 +205,8 @@ def gqa_padded_case(seed: int) -> tuple[list[tuple[str, Any]], dict[str, Any], n
             attrs["causal"] = 0
     if attrs.get("causal", 1) and rng.random() < 0.35:
         attrs["local_window_size"] = int(rng.integers(1, 21))
-    if rng.random() < 0.25:
-        attrs["softcap"] = float(rng.uniform(1, 30))
-    if rng.random() < 0.25:
-        attrs["scale"] = float(rng.uniform(0.02, 0.3))
-    if rng.random() < 0.2:
-        attrs["smooth_softmax"] = 1
-    packed = rng.random() < 0.2
-    q, k, v = rnd(rng, dtype, b, s, nq * h), rnd(rng, dtype, b, s, nkv * h), rnd(rng, dtype, b, s, nkv * h)
-    feeds: list[tuple[str, Any]] = [("query", np.concatenate([q, k, v], -1) if packed else q),
-                                    ("key", None if packed else k), ("value", None if packed else v)]
-    if chunk or pbuf or rng.random() < 0.5:
-        feeds += [("past_key", rnd(rng, dtype, b, nkv, pbuf, h)),
-                  ("past_value", rnd(rng, dtype, b, nkv, pbuf, h))]
-    else:
-        feeds += [("past_key", None), ("past_value", None)]
-    feeds += [("seqlens_k", (lengths - 1).astype(np.int32)),
-              ("total_sequence_length", np.array(total, np.int32))]
+    feeds = _gqa_feeds(rng, dtype, attrs, (b, s, nq, nkv, h), pbuf, chunk or bool(pbuf), lengths,
+                       total)
     extra: list[tuple[str, Any]] = [("cos_cache", None), ("sin_cache", None), ("position_ids", None),
                                     ("attention_bias", None), ("head_sink", None),
                                     ("k_scale", None), ("v_scale", None), ("q_norm_weight", None),

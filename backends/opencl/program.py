@@ -42,8 +42,9 @@ FILES = {
 _MMA = ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl", "mma_tile.cl")
 VARIANT_FILES = {
     ("prefill", "mma"): (*_MMA, "flash_prefill_mma.cl"),
-    ("decode_partial", "mma"): (*_MMA, "mma_kvq.cl", "decode_mma.cl"),
-    ("decode_fused", "mma"): (*_MMA, "mma_kvq.cl", "decode_merge.cl", "decode_mma.cl"),
+    ("decode_partial", "mma"): (*_MMA, "mma_kvq.cl", "mma_prefetch.cl", "decode_mma.cl"),
+    ("decode_fused", "mma"): (*_MMA, "mma_kvq.cl", "mma_prefetch.cl", "decode_merge.cl",
+                              "decode_mma.cl"),
 }
 MMA_OUT = {"decode_partial": 1, "decode_fused": 2}
 ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
