@@ -12,8 +12,8 @@
 //     (k 2t, 2t+1, 2t+8, 2t+9 = dims 4h + 0..3 of that run), so a lane's B fragments are one
 //     16-byte load of key 8 nb + g; Q's A fragments use the same order (loaded once).
 //   O += P V: P's A fragments are S's accumulators (keys 16 kc + 2t, +1, +8, +9 of lane t);
-//     lane g's output dims are g NDB .. g NDB + NDB - 1 (block db is dim g NDB + db), so a
-//     lane loads its 4 keys' dims as whole 16-byte runs and pairs them key-wise in registers.
+//     lane g's output dims are the 8-dim runs 64 u + 8 g .. (block db is dim VDIM(g, db)), so
+//     a lane loads its 4 keys' dims as whole 16-byte runs and pairs them key-wise in registers.
 // Non-finite values (CONTRACT): a chunk every row sees multiplies its values unmasked (a NaN
 // v reaches every row, all of which see it). A chunk on an edge (the causal diagonal, the
 // window) zeroes non-finite halves of v, and when a warp found one, the lanes re-read the
@@ -71,7 +71,7 @@
         for (int u = 0; u < NVW / 4; ++u) {                                     \
           AV[kc][kk][u] = (uint4)(0u);                                          \
           if ((CI) < nchunks && j_ < kr.y)                                      \
-            AV[kc][kk][u] = KV_LD16(vb, vsb, VOFF(KOFF(j_)), g * NDB + 8 * u);  \
+            AV[kc][kk][u] = KV_LD16(vb, vsb, VOFF(KOFF(j_)), 64 * u + 8 * g);   \
         }                                                                       \
       }                                                                         \
     }                                                                           \
@@ -95,7 +95,10 @@
 inline uint vword(uint4 x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
 
 #if KV_Q == 0
-#define VDIM(l, db) ((l) * NDB + (db))     // the output dim of lane l's block db
+// The output dim of lane l's block db: lane l's dims are its 8-dim runs 64 u + 8 l .. (u < HV
+// / 64), so the 8 lanes g of a key read 128 contiguous bytes per load (whole sectors; runs of
+// 16 dims per lane, at 32-byte strides, took two loads per sector: 10% slower on the H100).
+#define VDIM(l, db) (64 * ((db) >> 3) + 8 * (l) + ((db) & 7))
 #endif
 #if KV_Q == 1
 #define O_OUT(x) ((x) * vmax)              // P carried v_scale / vmax
@@ -268,7 +271,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
     for (int kc = 0; kc < NKC; ++kc) {
       const uint4 a = MMA_P_FRAGMENT(s, kc);
       UNROLL
-      for (int i = 0; i < NVW; ++i) {     // dims g NDB + 2i (low halves) and + 2i + 1 (high)
+      for (int i = 0; i < NVW; ++i) {     // dims VDIM(g, 2i) (low halves) and VDIM(g, 2i + 1)
         const uint k0 = vword(cv[kc][0][i / 4], i % 4), k1 = vword(cv[kc][1][i / 4], i % 4);
         const uint k8 = vword(cv[kc][2][i / 4], i % 4), k9 = vword(cv[kc][3][i / 4], i % 4);
         MMA_D(o[2 * i], a, (uint2)((k0 & 0xffffu) | (k1 << 16), (k8 & 0xffffu) | (k9 << 16)));

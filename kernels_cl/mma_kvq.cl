@@ -139,13 +139,13 @@ inline uint q4_pair(uint x, uint sh, float2 s2) {
   UNROLL                                                                          \
   for (int i_ = 0; i_ < (N); i_ += (VEC)) {                                       \
     if ((VEC) == 4) {                                                             \
-      const uint4 x_ = *(const __global uint4*)((PTR) + 4 * i_);                  \
+      const uint4 x_ = LDG_V4((const __global uint4*)((PTR) + 4 * i_));          \
       DST[i_] = x_.x; DST[i_ + 1] = x_.y; DST[i_ + 2] = x_.z; DST[i_ + 3] = x_.w; \
     } else if ((VEC) == 2) {                                                      \
-      const uint2 x_ = *(const __global uint2*)((PTR) + 4 * i_);                  \
+      const uint2 x_ = LDG_V2((const __global uint2*)((PTR) + 4 * i_));          \
       DST[i_] = x_.x; DST[i_ + 1] = x_.y;                                         \
     } else {                                                                      \
-      DST[i_] = *(const __global uint*)((PTR) + 4 * i_);                          \
+      DST[i_] = LDG_V1((const __global uint*)((PTR) + 4 * i_));                  \
     }                                                                             \
   }
 
