@@ -49,8 +49,11 @@ def check(params: Any, kernels: Iterable[KernelInfo]) -> dict[str, Any]:
             if not isinstance(value, bool):
                 raise SpecError(field, value, "a bool")
         elif kinds <= {int}:
-            # A parameter declared only as 0/1 is a switch (prefetch); the others are sizes.
-            lo, hi = (0, 1) if known[name] <= {0, 1} and name not in PLANNER_PARAMS else (1, INT_MAX)
+            # A parameter declared only as 0/1 is a switch (prefetch); the others are sizes or
+            # counts, from 0 where a kernel declares 0 (l2_prefetch: off) and from 1 otherwise.
+            own = name not in PLANNER_PARAMS
+            lo = 0 if own and 0 in known[name] else 1
+            hi = 1 if own and known[name] <= {0, 1} else INT_MAX
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise SpecError(field, value, f"an integer in [{lo}, {hi}]")
             value = int(value)

@@ -168,6 +168,7 @@ def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
         assert any(f.startswith("opencl_mma_decode_quantized_tiles") for f in plan.rules)
         got[kv] = plan.stages[0].params
     assert got["int8"]["kv_tile"] == 32 and got["int8"]["l2_prefetch"] == 1
+    assert got["int8"]["prefetch"] == 1
     assert got["int4"]["prefetch"] == 1 and got["int4"].get("l2_prefetch", 0) == 0
     # the knob is validated like every tile (and is only a build option on NVIDIA's builds)
     g = otiling.mma_decode_geometry(spec, {"l2_prefetch": 2}, nv, "decode_fused")
@@ -175,6 +176,13 @@ def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
     assert "PL2" not in otiling.mma_decode_geometry(spec, {}, nv, "decode_fused").defines()
     with pytest.raises(attnreg.SpecError, match="l2_prefetch"):
         otiling.mma_decode_geometry(spec, {"l2_prefetch": 9}, nv, "decode_fused")
+    # through the public params check: 0 (off, the default) is a value a caller may pass; a
+    # negative one is not
+    q = spec.model_copy(update={"kv_dtype": "int8"})
+    plan = attnreg.explain(q, caps=nv, params={"l2_prefetch": 0})
+    assert plan.stages[0].params["l2_prefetch"] == 0
+    with pytest.raises(attnreg.SpecError, match=r"l2_prefetch.*-1"):
+        attnreg.explain(q, caps=nv, params={"l2_prefetch": -1})
 
 
 def test_matrix_units_emulate_runs_it_and_auto_passes_it_over_on_pocl(pocl):

@@ -182,14 +182,18 @@ MMA_DECODE_NVIDIA = Rule(
 # Quantized chunks hold half (int8) or a quarter (int4) of f16's raw registers, so they take
 # longer chunks or the next chunk's prefetch where f16 could not (ptxas: 255 registers in
 # every build; these two spill least).
-_QUANT_TILES = {"int8": {"kv_tile": 32, "l2_prefetch": 1}, "int4": {"prefetch": 1}}
+_QUANT_TILES = {"int8": {"kv_tile": 32, "l2_prefetch": 1, "prefetch": 1},
+                "int4": {"prefetch": 1}}
 MMA_DECODE_QUANT_TILES = Rule(
     "opencl_mma_decode_quantized_tiles",
     "OpenCL tensor-core decode on quantized K/V: int8 in 32-key chunks with the next round's "
-    "chunk prefetched into L2, int4 with the next chunk prefetched into registers; on the "
-    "H100 (GQA 32/8 H=128 L=32768, decode_fused, GPU time, one run) int8 49.8 us against "
-    "53.3 (no L2 prefetch), 55.5 (16-key chunks) and 51.1 (register prefetch), int4 48.0 us "
-    "against 48.0 (no prefetch), 53.9 (with L2 prefetch) and 64.2 (32-key chunks); 64-key "
+    "chunk prefetched into L2 and the next chunk into registers, int4 with the next chunk "
+    "prefetched into registers; on the H100 (GQA 32/8 H=128 L=32768, decode_fused, GPU time, "
+    "one run) int8 49.8 us against 53.3 (no L2 prefetch), 55.5 (16-key chunks) and 51.1 "
+    "(register prefetch alone), int4 48.0 us against 48.0 (no prefetch), 53.9 (with L2 "
+    "prefetch) and 64.2 (32-key chunks); after the loads became L1::no_allocate (2026-11-25) "
+    "int8 with both prefetches 43.5 us against 46.6 (L2 prefetch alone) and 47.4 (16-key "
+    "chunks), int4 48.1 against 56.8 (no prefetch) and 53.8 (both prefetches); 64-key "
     "chunks, 256- or 512-key splits and 2 or 8 warps were slower for both (f16; the bf16 "
     "twins take the same: to be measured)",
     "params",
