@@ -185,6 +185,30 @@ def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
         attnreg.explain(q, caps=nv, params={"l2_prefetch": -1})
 
 
+def test_mid_length_splits_prefetch_two_rounds_into_l2(pocl):
+    nv = _nvidia_like(pocl)
+    # rounds per warp = split_size / (4 warps x 16 keys): L=4096 -> 2, 8192 -> 4, 16384 -> 8,
+    # 32768 -> 16 (opencl_mma_decode_splits' sizes on 132 units)
+    for L, want in ((4096, 0), (8192, 2), (16384, 2), (32768, 0)):
+        for dtype in ("float16", "bfloat16"):
+            spec = DECODE.model_copy(update={"past_len": L - 1, "dtype": dtype})
+            plan = attnreg.explain(spec, caps=nv)
+            st = plan.stages[0]
+            assert st.kernel.endswith(".mma"), (L, dtype, st.kernel)
+            assert st.params.get("l2_prefetch", 0) == want, (L, dtype, st.params)
+            assert (want > 0) == any(f.startswith("opencl_mma_decode_l2_prefetch_mid")
+                                     for f in plan.rules)
+    spec = DECODE.model_copy(update={"past_len": 8191})
+    # the caller's own prefetch choice is kept; quantized K/V keep their own tiles; not off NVIDIA
+    assert attnreg.explain(spec, caps=nv, params={"prefetch": 1}).stages[0].params.get(
+        "l2_prefetch", 0) == 0
+    q = attnreg.explain(spec.model_copy(update={"kv_dtype": "int4"}), caps=nv)
+    assert q.stages[0].params.get("l2_prefetch", 0) == 0
+    other = attnreg.explain(spec, caps=nv.model_copy(update={"vendor": "amd"}),
+                            flags={"matrix_units": "on"}).stages[0]
+    assert other.kernel.endswith(".mma") and other.params.get("l2_prefetch", 0) == 0
+
+
 def test_matrix_units_emulate_runs_it_and_auto_passes_it_over_on_pocl(pocl):
     spec = DECODE.model_copy(update={"past_len": 300, "num_heads": 8, "kv_num_heads": 2,
                                      "head_size": 64})

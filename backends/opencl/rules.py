@@ -201,6 +201,30 @@ MMA_DECODE_QUANT_TILES = Rule(
     and not set(_QUANT_TILES[c.spec.kv_dtype]) & set(c.user),
     lambda c: dict(_QUANT_TILES[str(c.spec.kv_dtype)]))
 
+
+def _mid_rounds(c: Ctx) -> bool:
+    """A float16 / bfloat16 tensor-core decode on NVIDIA whose warps each stream 4..8 rounds
+    of chunks (split_size / (warps x kv_tile)), with no prefetch the caller chose."""
+    if not (_mma_decode(c) and c.spec.kv_dtype is None and c.caps.vendor == "nvidia"
+            and not {"l2_prefetch", "prefetch"} & set(c.user) and "split_size" in c.params):
+        return False
+    assert c.kernel is not None
+    g = tiling.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
+                                    c.kernel.family)
+    rounds = -(-int(c.params["split_size"]) // (g.wg // 32 * g.tk))
+    return 4 <= rounds <= 8
+
+
+MMA_DECODE_MID_L2 = Rule(
+    "opencl_mma_decode_l2_prefetch_mid_splits",
+    "OpenCL tensor-core decode, float16 / bfloat16 K/V on NVIDIA, 4-8 rounds of chunks per "
+    "warp: the chunk two rounds ahead is prefetched into L2; on the H100 (GQA 32/8 H=128, "
+    "decode_fused, GPU time, two rounds in one call) f16 L=8192 (4 rounds) 22.7 vs 23.5 us, "
+    "L=12288 (6) 31.1 vs 33.7, L=16384 (8) 36.4 vs 38.5, bf16 L=8192 23.3 vs 24.9; with "
+    "2 rounds (L=4096) 19.1 vs 18.0 and 16 (L=32768) 68.0 vs 60.6 it was slower, and 3 or 4 "
+    "rounds ahead no better than 2",
+    "params", _mid_rounds, lambda c: {"l2_prefetch": 2})
+
 RULES = (BLOCK_SKIP, UNFUSED_ON_CPU, NVIDIA_TWO_LAUNCH, NVIDIA_FAST_EXP, NVIDIA_F32_SPLITS,
-         MMA_TILES_FIT, MMA_DECODE_QUANT_TILES, MMA_DECODE_SPLITS, MMA_PREFILL_NVIDIA,
-         MMA_DECODE_NVIDIA)
+         MMA_TILES_FIT, MMA_DECODE_QUANT_TILES, MMA_DECODE_SPLITS, MMA_DECODE_MID_L2,
+         MMA_PREFILL_NVIDIA, MMA_DECODE_NVIDIA)
