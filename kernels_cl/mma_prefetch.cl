@@ -82,10 +82,10 @@ inline uint ldg_v1(const __global uint* p) {
 #define LDG_V4(p) ldg_v4(p)
 #define LDG_V2(p) ldg_v2(p)
 #define LDG_V1(p) ldg_v1(p)
-#undef KV_LD16
-#define KV_LD16(p, s, R, D) ldg_v4((const __global uint4*)((p) + (R) + (D)))
 #else
 #define LDG_V4(p) (*(p))
 #define LDG_V2(p) (*(p))
 #define LDG_V1(p) (*(p))
 #endif
+// A run of 8 f16 / bf16 values of K or V (D a multiple of 8) as fragment bits (16 bytes).
+#define KV_LD16(p, s, R, D) LDG_V4((const __global uint4*)((p) + (R) + (D)))

@@ -32,16 +32,15 @@
 
 inline bool half_bad(uint h) { return (h & HALF_EXP) == HALF_EXP; }
 
-// K/V runs of 8 values (D a multiple of 8) as fragment bits, and whether the value at D is
-// non-finite as the mma sees it (V_BAD). Quantized storages (common.cl KV_Q) are fetched raw
-// (KVQ_CODES: the run's codes, one aligned 8-byte load; KVQ_SCALE: its scale's bits, of rows
-// of W values) and converted where they are stored (kvq_h8): each code exactly to f32 (the
-// byte or nibble in the mantissa of 2^23, the offset subtracted), times the scale in f32, then
-// rounded to the fragments' 16-bit type (f16, or bf16) to nearest even as mma_pack_h2 rounds
-// P: a value beyond f16's range becomes inf, and V_BAD says so (the same rounding of the same
-// f32 product).
+// Whether the K/V value at D is non-finite as the mma sees it (V_BAD; the decode's runs of 8
+// values are loaded by mma_prefetch.cl's KV_LD16). Quantized storages (common.cl KV_Q) are
+// fetched raw (KVQ_CODES: the run's codes, one aligned 8-byte load; KVQ_SCALE: its scale's
+// bits, of rows of W values) and converted where they are stored (kvq_h8): each code exactly
+// to f32 (the byte or nibble in the mantissa of 2^23, the offset subtracted), times the scale
+// in f32, then rounded to the fragments' 16-bit type (f16, or bf16) to nearest even as
+// mma_pack_h2 rounds P: a value beyond f16's range becomes inf, and V_BAD says so (the same
+// rounding of the same f32 product).
 #if KV_Q == 0
-#define KV_LD16(p, s, R, D) LD16(p, (R) + (D))
 #define V_BAD(p, s, R, D) half_bad(((const __global ushort*)(p))[(R) + (D)])
 #else
 #define V_BAD(p, s, R, D) half_bad(mma_pack_h2(V_LD1(p, s, R, D), 0.0f))

@@ -10,14 +10,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from tests.onnx_cases import (  # noqa: E402
-    N_CASES,
-    N_MODEL_CASES,
-    check_attention,
-    check_gqa,
-    check_gqa_padded,
-    check_mha,
-)
+from tests.onnx_attention_cases import check_attention, check_mha  # noqa: E402
+from tests.onnx_cases import N_CASES, N_MODEL_CASES, check_gqa, check_gqa_padded  # noqa: E402
 from tests.support import require_devices  # noqa: E402
 
 

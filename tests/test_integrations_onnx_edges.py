@@ -17,13 +17,12 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import attnreg  # noqa: E402
 from attnreg.integrations.onnx import run_node, spec_from_node  # noqa: E402
+from tests.onnx_attention_cases import attention_case, mha_case  # noqa: E402
 from tests.onnx_cases import (  # noqa: E402
     ELEM,
     N_MODEL_CASES,
     assert_close,
-    attention_case,
     gqa_padded_case,
-    mha_case,
     rnd,
     run_both,
 )

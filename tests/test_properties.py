@@ -19,6 +19,7 @@ import attnreg
 from attnreg.kernel import KernelInfo
 from attnreg.tools import conformance as conf
 from attnreg.tools.testing import compare, expected, make_tensors
+from tests.support import HOST_BACKENDS
 
 # ci: 2 examples per (kernel, device) pair: each example compiles its own programs (a few
 # seconds on lavapipe), and the conformance matrix covers the axes systematically; the
@@ -38,7 +39,7 @@ DEVICES = [d for d in attnreg.devices() if d.available]
 # test modules cover them. The dev profile draws on every device.
 _CI = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
 PAIRS = [(k, d) for d in DEVICES for k in attnreg.kernels(d.backend) if k.features <= d.features
-         and not (_CI and d.backend in ("browser", "dawn"))]
+         and not (_CI and d.backend in HOST_BACKENDS)]
 _SESSIONS: dict[str, attnreg.Session] = {}
 
 

@@ -40,7 +40,8 @@ MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit
 # l2_prefetch n (NVIDIA builds): each round prefetches into L2 the chunk n rounds ahead (PTX
 # prefetch.global.L2, no registers held). Off by default: on the H100 (L=32768, after the
 # 8-row products of 2026-11-25) f16 70.9 -> 75.8 us and int4 48.0 -> 53.3 us with 1, slower
-# again with 2; int8 gains (opencl_mma_decode_quantized_tiles).
+# again with 2; int8 gains (opencl_mma_decode_quantized_tiles), and so do f16 / bf16 splits
+# of 4-8 rounds per warp (opencl_mma_decode_l2_prefetch_mid_splits).
 DECODE_DEFAULTS: Mapping[str, Any] = {"m_tile": 1, "kv_tile": 16, "wg": 128, "prefetch": 0,
                                       "l2_prefetch": 0, "mma": "hardware"}
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {

@@ -129,10 +129,15 @@ def _mma_decode(c: Ctx) -> bool:
             and c.kernel.matrix is not None and c.kernel.family in kernels.MMA_DECODES)
 
 
-def _mma_decode_splits(c: Ctx) -> dict[str, int]:
+def _mma_decode_geometry(c: Ctx) -> tiling.Geometry:
+    """The tensor-core decode's geometry with the params chosen so far."""
     assert c.kernel is not None
-    g = tiling.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
-                                    c.kernel.family)
+    return tiling.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
+                                      c.kernel.family)
+
+
+def _mma_decode_splits(c: Ctx) -> dict[str, int]:
+    g = _mma_decode_geometry(c)
     want = max(1, -(-2 * (c.caps.compute_units or 8) // g.n_groups(c.spec)))
     size = -(-c.spec.capacity // want)
     size = -(-size // g.tk) * g.tk
@@ -208,9 +213,7 @@ def _mid_rounds(c: Ctx) -> bool:
     if not (_mma_decode(c) and c.spec.kv_dtype is None and c.caps.vendor == "nvidia"
             and not {"l2_prefetch", "prefetch"} & set(c.user) and "split_size" in c.params):
         return False
-    assert c.kernel is not None
-    g = tiling.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
-                                    c.kernel.family)
+    g = _mma_decode_geometry(c)
     rounds = -(-int(c.params["split_size"]) // (g.wg // 32 * g.tk))
     return 4 <= rounds <= 8
 
