@@ -106,11 +106,86 @@ typedef uint4 gran_t;
       if (j_ + 1 < (T1)) V_GRAN(2 * n + 1, VOFF(KOFF(j_ + 1)), c_);         \
     }                                                                       \
   }
+// prefetch 2 (PF 2, mma_async.cl): two buffers of a K tile (pitch QW) and a V tile kept
+// row-major (pitch VW: rows on distinct banks for ldmatrix), filled by asynchronous copies
+// while the other is computed; no staging registers and no transposing stores. (More buffers
+// of 16-key tiles measured slower on the H100: causal S=2048 295-300 us with 3 or 4 against
+// 268 us with two of 32 keys; so did this loop written for any count: 321 us.) At head sizes
+// up to 128 (QREG) Q's fragments live in registers and its staging words are the buffers'.
+#if PF == 2
+#define QREG (HD <= 128)
+// K's fragments by ldmatrix from rows of KWD words (-D KLDSM=0: the 64-bit reads of prefetch
+// 0 / 1 from rows of QW; on the H100 causal S=2048 264.0 / 264.8 vs 268.5 / 269.3 us).
+#ifndef KLDSM
+#define KLDSM 1
+#endif
+#if KLDSM
+#define KWD (HD / 2 + 4)                    // an odd multiple of 4 words (mma.ldsm_pitch)
+#else
+#define KWD QW
+#endif
+#define KV_BUF (TK * KWD + TK * VW)         // words of one buffer (K tile, then V tile)
+#if QREG
+#define Q_AT 0
+#define SM_WORDS (2 * KV_BUF > R_ROWS * QW ? 2 * KV_BUF : R_ROWS * QW)
+#define Q_FRAG(dc) qf[dc]
+#else
+#define Q_AT (2 * KV_BUF)
+#define SM_WORDS (2 * KV_BUF + R_ROWS * QW)
+#endif
+// Tile [T0, T1) into the buffer at BUF: 16-byte copies, zeros past T1 (nothing beyond read).
+#define NAV ((TK * HV8 + WG - 1) / WG)      // V granules per work-item and tile
+#define ASYNC_TILE(T0, T1, BUF)                                                 \
+  {                                                                             \
+    UNROLL                                                                      \
+    for (int n_ = 0; n_ < NLK; ++n_) {                                          \
+      const int idx_ = lid + n_ * WG, j_ = idx_ / HD8, c_ = idx_ % HD8;         \
+      const bool ok_ = (T0) + j_ < (T1);                                        \
+      if (idx_ < TK * HD8)                                                      \
+        cp_async16((BUF) + j_ * KWD + 4 * c_,                                   \
+                   kb + (ok_ ? KOFF((T0) + j_) + 8 * c_ : 0), ok_);              \
+    }                                                                           \
+    UNROLL                                                                      \
+    for (int n_ = 0; n_ < NAV; ++n_) {                                          \
+      const int idx_ = lid + n_ * WG, j_ = idx_ / HV8, c_ = idx_ % HV8;         \
+      const bool ok_ = (T0) + j_ < (T1);                                        \
+      if (idx_ < TK * HV8)                                                      \
+        cp_async16((BUF) + TK * KWD + j_ * VW + 4 * c_,                         \
+                   vb + (ok_ ? VOFF(KOFF((T0) + j_)) + 8 * c_ : 0), ok_);        \
+    }                                                                           \
+  }
+#else
+#define QREG 0
+#define KLDSM 0
+#endif
+#ifndef Q_FRAG
+#define Q_FRAG(dc) q_frag(Qs, r0, dc, t)
+#endif
+// Q's A fragment of 16-dim chunk DC for rows R0 and R0 + 8 (dims in the order of the note at
+// the top: one 64-bit read per row).
+// With K's fragments by ldmatrix (KLDSM) the dims keep the PTX order (k 2t, 2t + 1 are dims
+// 2t, 2t + 1 of the chunk, k 2t + 8, 2t + 9 dims 2t + 8, 2t + 9) in both operands.
+inline uint4 q_frag(__local const uint* qs, int r0, int dc, int t) {
+#if KLDSM
+  __local const uint* const a = qs + r0 * QW + 8 * dc + t;
+  return (uint4)(a[0], a[8 * QW], a[4], a[8 * QW + 4]);
+#else
+  const uint2 lo = *(__local const uint2*)(qs + r0 * QW + 8 * dc + 2 * t);
+  const uint2 hi = *(__local const uint2*)(qs + (r0 + 8) * QW + 8 * dc + 2 * t);
+  return (uint4)(lo.x, hi.x, lo.y, hi.y);
+#endif
+}
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void flash_prefill(KERNEL_ARGS) {
+#if PF == 2
+  __local uint smem[SM_WORDS] __attribute__((aligned(16)));
+  __local uint* const Qs = smem + Q_AT;
+#else
   __local uint Qs[R_ROWS * QW] __attribute__((aligned(16)));
   __local uint Ks[TK * QW] __attribute__((aligned(16)));
   __local uint Vt[HV * VW] __attribute__((aligned(16)));
+#endif
   __local int vflag;
   SG_SCRATCH_DECL
   MMA_SCRATCH_DECL
@@ -147,6 +222,12 @@ void flash_prefill(KERNEL_ARGS) {
   }
   if (lid == 0) vflag = 0;
   barrier(CLK_LOCAL_MEM_FENCE);
+#if QREG
+  uint4 qf[NDC];                  // this warp's Q fragments, read once (the tile's words are
+  UNROLL                          // the K / V buffers' from here)
+  for (int dc = 0; dc < NDC; ++dc) qf[dc] = q_frag(Qs, r0, dc, t);
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
   float o[NDB][4];
   UNROLL
@@ -160,14 +241,43 @@ void flash_prefill(KERNEL_ARGS) {
   UNROLL
   for (int u = 0; u < VBW; ++u) vbad[0][u] = vbad[1][u] = 0;
 
+  int2 tr = tile_keys(&ts, blk_ids, 0);
+#if PF == 2
+  if (ts.count > 0) ASYNC_TILE(tr.x, tr.y, smem)
+  CP_COMMIT();
+#else
   gran_t pk[NLK], pv[2 * NLV];
   SC_REGS
-  int2 tr = tile_keys(&ts, blk_ids, 0);
 #if PF
   MMA_FETCH(tr.x, tr.y)
 #endif
+#endif
   for (int it = 0; it < ts.count; ++it) {
     const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
+#if PF == 2
+    __local const uint* const Ks = smem + (it & 1) * KV_BUF;
+    __local uint* const Vs = smem + (it & 1) * KV_BUF + TK * KWD;
+    tr = tile_keys(&ts, blk_ids, it + 1);
+    if (it + 1 < ts.count) ASYNC_TILE(tr.x, tr.y, smem + ((it + 1) & 1) * KV_BUF)
+    CP_COMMIT();
+    CP_WAIT(1);                   // this tile's copies (the next tile's may still fly)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (P->has_bias || !all_see(ckeys, t0, t1)) {
+      // Keys some row does not see (masks, or a bias that may be -inf): a non-finite v is
+      // zeroed, as the staged tiles of prefetch 0 / 1 do, and flags the tile (slow path).
+      for (int idx = lid; idx < tn * HV8; idx += WG) {
+        __local uint* const p = Vs + idx / HV8 * VW + 4 * (idx % HV8);
+        const uint4 x = vload4(0, p);
+        const uint4 y = (uint4)(finite_halves(x.x), finite_halves(x.y), finite_halves(x.z),
+                                finite_halves(x.w));
+        if (any(x != y)) {
+          vstore4(y, 0, p);
+          vflag = it + 1;
+        }
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
 #if !PF
     MMA_FETCH(t0, t1)           // fetched here: registers live only until the stores below
 #endif
@@ -203,6 +313,7 @@ void flash_prefill(KERNEL_ARGS) {
 #if PF
     MMA_FETCH(tr.x, tr.y)       // the next tile's loads fly while this one is computed
 #endif
+#endif
 
     // S = Q K^T for this warp's 16 rows and the tile's keys.
     float s[NKB][4];
@@ -213,14 +324,21 @@ void flash_prefill(KERNEL_ARGS) {
     }
     UNROLL
     for (int dc = 0; dc < NDC; ++dc) {
-      const uint2 lo = *(__local const uint2*)(Qs + r0 * QW + 8 * dc + 2 * t);
-      const uint2 hi = *(__local const uint2*)(Qs + (r0 + 8) * QW + 8 * dc + 2 * t);
-      const uint4 a = (uint4)(lo.x, hi.x, lo.y, hi.y);
+      const uint4 a = Q_FRAG(dc);
+#if KLDSM
+      UNROLL
+      for (int nb = 0; nb < NKB; nb += 2) {
+        const uint4 b = k_frag2(Ks, KWD, nb, dc, lane);
+        MMA_SYNC(s[nb], a, b.xy);
+        MMA_SYNC(s[nb + 1], a, b.zw);
+      }
+#else
       UNROLL
       for (int nb = 0; nb < NKB; ++nb) {
         const uint2 b = *(__local const uint2*)(Ks + (8 * nb + g) * QW + 8 * dc + 2 * t);
         MMA_SYNC(s[nb], a, b);
       }
+#endif
     }
 
     // Logits and the tile's max per row (over the row's 4 lanes).
@@ -232,11 +350,20 @@ void flash_prefill(KERNEL_ARGS) {
     UNROLL
     for (int kc = 0; kc < NKC; ++kc) {
       const uint4 a = MMA_P_FRAGMENT(s, kc);
+#if PF == 2
+      UNROLL
+      for (int db = 0; db < NDB; db += 2) {
+        const uint4 b = v_frag2(Vs, kc, db, lane);
+        MMA_SYNC(o[db], a, b.xy);
+        MMA_SYNC(o[db + 1], a, b.zw);
+      }
+#else
       UNROLL
       for (int db = 0; db < NDB; ++db) {
         const uint2 b = *(__local const uint2*)(Vt + (8 * db + g) * VW + 8 * kc + 2 * t);
         MMA_SYNC(o[db], a, b);
       }
+#endif
     }
 
     // A non-finite v in this tile: mark the columns of this lane's rows that see it.

@@ -39,6 +39,14 @@ BUILDS = [(d, "emulate") for d in _devices()] + \
 IDS = [f"{d.slug}-{b}" for d, b in BUILDS]
 
 
+def _nvidia_like(pocl: attnreg.DeviceCaps) -> attnreg.DeviceCaps:
+    """PoCL's caps dressed as the H100's OpenCL: vendor, the probed mma.sync, 132 units."""
+    return pocl.model_copy(update={
+        "vendor": "nvidia", "device_type": "gpu", "compute_units": 132,
+        "features": pocl.features | {mma_probe.FEATURE, otiling.NV_SHUFFLE},
+        "limits": {**pocl.limits, "workgroup_storage": 48 * 1024}})
+
+
 @pytest.fixture(scope="module")
 def pocl() -> attnreg.DeviceCaps:
     for d in require_devices("opencl"):
@@ -203,7 +211,8 @@ def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, shape):
 
 
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
-def test_non_finite_v_poisons_only_the_columns_of_rows_that_see_it(dev, build):
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_non_finite_v_poisons_only_the_columns_of_rows_that_see_it(dev, build, prefetch):
     spec = AttentionSpec(batch=2, seq_len=40, past_len=60, num_heads=4, kv_num_heads=2,
                          head_size=32, dtype="float16", causal=True, return_lse=True,
                          q_layout="BSNH", kv_layout="BSNH")
@@ -212,7 +221,7 @@ def test_non_finite_v_poisons_only_the_columns_of_rows_that_see_it(dev, build):
     t["v"][0, 70, 1, 17] = np.inf
     t["v"][1, 99, 0, 30] = -np.inf         # the last row only
     t["v"][1, 5, 0, 8] = np.nan            # every row
-    got, plan = _run(dev, build, spec, t, kv_tile=16)
+    got, plan = _run(dev, build, spec, t, kv_tile=16, prefetch=prefetch)
     out = got[0]
     assert np.isnan(out[0, 10:, 2:4, 3]).all() and not np.isnan(out[0, :10, 2:4, 3]).any()
     assert np.isnan(out[1, -1, 0:2, 30]).all() and not np.isnan(out[1, :-1, 0:2, 30]).any()
@@ -236,6 +245,11 @@ COVER = [
           head_sink=True, return_lse=True), dict(q_tile=16, kv_tile=64, prefetch=1)),
     (dict(head_size=48, num_heads=14, kv_num_heads=2, q_layout="BNSH", local_window=7,
           alibi_max_bias=4.0, softcap=5.0), dict(q_tile=128, kv_tile=32, prefetch=1)),
+    # prefetch 2's asynchronous tiles: Q in registers (head size <= 128) or in local memory
+    (dict(head_size=112, num_heads=6, kv_num_heads=2, kv_layout="paged", page_size=5,
+          seqlens_k=True, bias=True, softcap=5.0), dict(q_tile=32, kv_tile=32, prefetch=2)),
+    (dict(head_size=192, num_heads=4, kv_num_heads=2, kv_layout="BNSH", local_window=30,
+          head_sink=True, return_lse=True), dict(q_tile=16, kv_tile=16, prefetch=2)),
 ]
 
 
@@ -283,7 +297,12 @@ def test_declared_local_memory_is_what_the_build_uses(pocl):
     check_declared_local_memory(pocl, KERNEL, [
         (AttentionSpec(seq_len=33, past_len=70, num_heads=4, kv_num_heads=2, head_size=h,
                        dtype="float16"), {"q_tile": q, "kv_tile": kv})
-        for h, q, kv in ((64, 64, 32), (256, 32, 16), (80, 128, 64))])
+        for h, q, kv in ((64, 64, 32), (256, 32, 16), (80, 128, 64))] + [
+        # prefetch 2: two buffers of K and row-major V; Q's words shared up to head size 128
+        (AttentionSpec(seq_len=33, past_len=70, num_heads=4, kv_num_heads=2, head_size=h,
+                       v_head_size=hv, dtype="float16"), {"q_tile": q, "kv_tile": kv,
+                                                          "prefetch": 2})
+        for h, hv, q, kv in ((128, 128, 64, 32), (64, 64, 128, 16), (192, 96, 16, 16))])
 
 
 # -- declaration and selection ----------------------------------------------------------
@@ -312,6 +331,33 @@ def test_tiles_shrink_to_fit_local_memory(pocl):
         assert attnreg.registry.get().kernel(KERNEL).storage_need(
             spec, plan.stages[0].params) <= 48 * 1024
     assert got == {128: (64, 32), 256: (32, 16)}
+
+
+def test_async_tiles_where_they_fit_and_wide_rows_on_short_nvidia_grids(pocl):
+    """prefetch 2 for float16 K/V at head sizes <= 128 unless the caller's tiles leave it no
+    room in 48 KiB; on NVIDIA 128-row work-groups where 64-row ones give fewer than two per
+    compute unit (S=512 on 132 units), 64 rows beyond."""
+    nv = _nvidia_like(pocl)
+    got = {}
+    for h, s, kvd, fixed in ((128, 512, None, {}), (128, 2048, None, {}), (64, 2048, None, {}),
+                             (256, 2048, None, {}), (128, 2048, "int8", {}),
+                             (96, 2048, None, {"q_tile": 32, "kv_tile": 64}),
+                             (128, 512, None, {"prefetch": 1})):
+        spec = AttentionSpec(seq_len=s, num_heads=32, kv_num_heads=8, head_size=h,
+                             dtype="float16", kv_dtype=kvd, causal=True)
+        plan = attnreg.explain(spec, caps=nv, kernel=KERNEL, params=fixed)
+        p = plan.stages[0].params
+        got[(h, s, kvd, tuple(fixed))] = (p["prefetch"], p["q_tile"], p["kv_tile"])
+        assert attnreg.registry.get().kernel(KERNEL).storage_need(spec, p) <= 48 * 1024
+    assert got == {(128, 512, None, ()): (2, 128, 32), (128, 2048, None, ()): (2, 64, 32),
+                   (64, 2048, None, ()): (2, 64, 32), (256, 2048, None, ()): (0, 32, 16),
+                   (128, 2048, "int8", ()): (0, 64, 32),
+                   (96, 2048, None, ("q_tile", "kv_tile")): (0, 32, 64),
+                   (128, 512, None, ("prefetch",)): (1, 64, 32)}
+    with pytest.raises(attnreg.NoKernelError, match="prefetch=2 with kv_dtype 'int4'"):
+        attnreg.explain(AttentionSpec(seq_len=64, num_heads=4, kv_num_heads=2, head_size=64,
+                                      dtype="float16", kv_dtype="int4"),
+                        caps=pocl, kernel=KERNEL, params={"mma": "emulate", "prefetch": 2})
 
 
 def test_bad_tiles_are_reasons(pocl):

@@ -31,10 +31,10 @@ from tests.test_opencl_mma import (
     IDS,
     TAU,
     _growing,
+    _nvidia_like,
     check_declared_local_memory,
     pocl,  # noqa: F401  (the fixture)
 )
-from tests.test_opencl_mma_decode import _nvidia_like
 
 BF16 = ml_dtypes.bfloat16
 PREFILL, PARTIAL, FUSED = ("opencl.prefill.bf16.mma", "opencl.decode_partial.bf16.mma",

@@ -21,7 +21,7 @@ from attnreg.backends.opencl import mma_probe
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
 from tests.support import check_close, make_tensors, missing, require_devices
-from tests.test_opencl_mma import BUILDS, IDS, TAU, _growing, check_declared_local_memory
+from tests.test_opencl_mma import BUILDS, IDS, TAU, _growing, _nvidia_like, check_declared_local_memory
 
 PARTIAL, FUSED = "opencl.decode_partial.f16.mma", "opencl.decode_fused.f16.mma"
 ROUTE = {PARTIAL: "split_kv", FUSED: "split_kv_fused"}
@@ -134,14 +134,6 @@ def test_declared_as_matrix_unit_decodes():
 
 DECODE = AttentionSpec(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8,
                        head_size=128, dtype="float16", causal=True)
-
-
-def _nvidia_like(pocl: attnreg.DeviceCaps) -> attnreg.DeviceCaps:
-    """PoCL's caps dressed as the H100's OpenCL: vendor, the probed mma.sync, 132 units."""
-    return pocl.model_copy(update={
-        "vendor": "nvidia", "device_type": "gpu", "compute_units": 132,
-        "features": pocl.features | {mma_probe.FEATURE, otiling.NV_SHUFFLE},
-        "limits": {**pocl.limits, "workgroup_storage": 48 * 1024}})
 
 
 def test_auto_picks_it_on_nvidia_with_splits_for_two_groups_per_unit(pocl):

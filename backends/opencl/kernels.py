@@ -43,6 +43,11 @@ def _mma_checks(family: str, names: tuple[str, ...], defaults: Mapping[str, Any]
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
         why = [f"{n}={params.get(n, defaults[n])} must be one of {choices[n]}"
                for n in names if params.get(n, defaults[n]) not in choices[n]]
+        if family == "prefill" and spec.kv_dtype is not None and params.get("prefetch") == 2:
+            # the asynchronous copies land the bytes as stored: codes are dequantized by the
+            # staging stores of prefetch 0 / 1 (kernels_cl/flash_prefill_mma.cl)
+            why.append(f"prefetch=2 with kv_dtype {spec.kv_dtype!r}: the asynchronous tiles "
+                       "copy float16 / bfloat16 K/V as stored (prefetch 0 or 1 dequantize)")
         if family != "prefill" and spec.kv_dtype == "int4" and \
                 {spec.head_size, spec.head_size_v} - {64, 128, 256}:
             # a lane's q4_0 bytes of a key must lie in one block (kernels_cl/mma_kvq.cl)
@@ -57,7 +62,9 @@ _MMA_DOC = {
                "products (inline PTX; {0} in, f32 accumulators) with S, P and O in registers, "
                "the online softmax (lazy max) between them; q_tile rows (16 per warp) x "
                "kv_tile keys per tile; {0} K/V, or int8 / int4 K/V dequantized to {0} as the "
-               "tiles are staged in local memory",
+               "tiles are staged in local memory; prefetch 2 (float16 / bfloat16 K/V): the "
+               "tiles stream in by asynchronous copies (cp.async) into two buffers, K's and V's "
+               "fragments by ldmatrix",
     "decode_partial": "partial states for the reduce",
     "decode_fused": "in one launch (the last work-group of a row tile merges the splits and "
                     "the sink)",

@@ -27,10 +27,14 @@ assert set(MMA_IMPLS) == set(MMA_BUILDS)
 # (166 vs 243, ptxas) and measured faster where it matters most (H200, causal f16 GQA 32/8
 # H=128 S=2048: 447 vs 480 us; H=256: 1319 vs 1490 us, no spills), 5% slower at S=512 (67 vs
 # 63 us). native_exp weights (FAST_EXP) measured 1-4% slower there, so it is no knob here.
+# prefetch 2 (kernels_cl/mma_async.cl): K and V tiles copied global -> local asynchronously
+# into two buffers (the next tile's copies fly while this one is computed), V's fragments read
+# by transposing loads from its row-major tile, Q's fragments in registers up to head size
+# 128; float16 / bfloat16 K/V only (quantized codes are dequantized as they are staged).
 MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 64, "kv_tile": 32, "prefetch": 0,
                                    "mma": "hardware"}
 MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64, 128),
-                                              "kv_tile": (16, 32, 64), "prefetch": (0, 1)}
+                                              "kv_tile": (16, 32, 64), "prefetch": (0, 1, 2)}
 MMA_SHRINK = (("kv_tile", 16), ("q_tile", 16))     # halved in this order to fit local memory
 # The decode kernels (kernels_cl/decode_mma.cl): at most 16 rows (one M tile), wg / 32 warps
 # each streaming its own chunks of kv_tile keys. prefetch 1 keeps the next chunk's loads in
@@ -59,13 +63,27 @@ def mma_pitch(halves: int) -> int:
     return words + (8 if words % 32 in (0, 16) else 0)
 
 
+def ldsm_pitch(halves: int) -> int:
+    """Row pitch in words of prefetch 2's row-major K and V tiles (rows of ``halves`` values,
+    a multiple of 16): an odd multiple of 4 words, so the 8 16-byte rows of each ldmatrix
+    phase fall on distinct banks."""
+    return halves // 2 + 4
+
+
 def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool,
-                head_size_v: int | None = None) -> int:
+                head_size_v: int | None = None, prefetch: int = 0) -> int:
     """Bytes of local memory of flash_prefill_mma.cl: Q and K tiles, V transposed (its
-    head_size_v rows), the v flag; the emulation adds its fragment exchange and the shuffle
-    scratch."""
-    qw, vw = mma_pitch(head_size), mma_pitch(kv_tile)
-    words = rows * qw + kv_tile * qw + (head_size_v or head_size) * vw + 1
+    head_size_v rows), the v flag; prefetch 2 two buffers of K and V, both row-major at
+    ldsm_pitch (ldmatrix reads them), Q's words
+    shared with them up to head size 128; the emulation adds its fragment exchange and the
+    shuffle scratch."""
+    hv = head_size_v or head_size
+    qw = mma_pitch(head_size)
+    if prefetch == 2:
+        kv = 2 * kv_tile * (ldsm_pitch(head_size) + ldsm_pitch(hv))
+        words = (max(kv, rows * qw) if head_size <= 128 else kv + rows * qw) + 1
+    else:
+        words = rows * qw + kv_tile * qw + hv * mma_pitch(kv_tile) + 1
     if emulate:
         wg = 2 * rows
         words += wg // 32 * _MMA_WARP_WORDS + wg

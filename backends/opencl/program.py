@@ -41,7 +41,7 @@ FILES = {
 # decode_mma.cl is both decode kernels (-D MMA_OUT, below).
 _MMA = ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl", "mma_tile.cl")
 VARIANT_FILES = {
-    ("prefill", "mma"): (*_MMA, "flash_prefill_mma.cl"),
+    ("prefill", "mma"): (*_MMA, "mma_async.cl", "flash_prefill_mma.cl"),
     ("decode_partial", "mma"): (*_MMA, "mma_kvq.cl", "mma_prefetch.cl", "decode_mma.cl"),
     ("decode_fused", "mma"): (*_MMA, "mma_kvq.cl", "mma_prefetch.cl", "decode_merge.cl",
                               "decode_mma.cl"),
@@ -138,7 +138,8 @@ def defines(spec: AttentionSpec, g: tiling.Geometry, bias_f16: bool,
            "BLOCK_SKIP": int(bool(params.get("block_skip"))), **g.defines()}
     if g.mma and g.family == "prefill":
         # local tile pitches in words (mma.mma_pitch; mma.mma_storage counts the same)
-        out.update(QW=mma.mma_pitch(spec.head_size), VW=mma.mma_pitch(g.tk))
+        out.update(QW=mma.mma_pitch(spec.head_size),
+                   VW=mma.ldsm_pitch(spec.head_size_v) if g.pf == 2 else mma.mma_pitch(g.tk))
     elif g.mma:
         out["MMA_OUT"] = MMA_OUT[g.family]
     return out

@@ -116,6 +116,54 @@ def _mma_fit(c: Ctx) -> dict[str, int]:
     return mma.fit_tiles(c.kernel, c.spec, c.params, c.caps.limit("workgroup_storage"), c.user)
 
 
+def _async_tiles(c: Ctx) -> bool:
+    """A tensor-core prefill reading float16 / bfloat16 K/V at head size <= 128 (Q's
+    fragments then stay in registers), its prefetch not the caller's."""
+    if not (c.kernel is not None and c.kernel.backend == kernels.BACKEND
+            and c.kernel.matrix is not None and c.kernel.family == "prefill"
+            and c.spec.kv_dtype is None and c.spec.head_size <= 128
+            and "prefetch" not in c.user):
+        return False
+    # the two buffers must fit local memory with the tiles the caller fixed (the fit rule
+    # halves the others)
+    limit = c.caps.limit("workgroup_storage")
+    p = {**c.kernel.defaults, **c.params, "prefetch": 2}
+    p.update(mma.fit_tiles(c.kernel, c.spec, p, limit, c.user))
+    return limit is None or c.kernel.storage_need(c.spec, p) <= limit
+
+
+MMA_PREFILL_ASYNC = Rule(
+    "opencl_mma_prefill_async_tiles",
+    "OpenCL tensor-core prefill, float16 / bfloat16 K/V, head size <= 128: the K and V tiles "
+    "stream global -> local by asynchronous copies into two buffers while the other is "
+    "computed, V's fragments by transposing loads (prefetch 2); on the H100 (causal f16 GQA "
+    "32/8 H=128, GPU time, one run, after the logits' per-tile choice and ex2 weights) S=2048 "
+    "268.5 vs 377.9 us with prefetch 0, S=512 45.0 vs 55.1 us; bf16 S=2048 "
+    "269 us, H=64 163 us (441 and 283 before this build); head size 256 keeps prefetch 0 (Q's "
+    "fragments would not fit registers, and Q, two K and two V tiles not 48 KiB)",
+    "params", _async_tiles, lambda c: {"prefetch": 2})
+
+
+def _wide_rows(c: Ctx) -> bool:
+    """prefetch 2 on NVIDIA whose 64-row grid gives fewer than two work-groups per compute
+    unit, q_tile not the caller's."""
+    if not (c.caps.vendor == "nvidia" and c.params.get("prefetch") == 2
+            and c.kernel is not None and "q_tile" not in c.user):
+        return False
+    g = tiling.mma_geometry(c.spec, {**c.kernel.defaults, **c.params, "q_tile": 64}, c.caps)
+    return g.n_groups(c.spec) < 2 * (c.caps.compute_units or 1)
+
+
+MMA_PREFILL_WIDE_ROWS = Rule(
+    "opencl_mma_prefill_wide_rows_short_grids",
+    "OpenCL tensor-core prefill with asynchronous tiles on NVIDIA, when 64-row work-groups "
+    "would give fewer than two per compute unit: 128 rows (8 warps) per work-group; on the "
+    "H100 (causal f16 GQA 32/8 H=128, GPU time, one run) S=512 (256 work-groups of 64 rows "
+    "on 132 compute units) 39.5 vs 45.0 us with 64, while S=2048 (1024) was not faster with "
+    "128 (271.0 vs 268.5 us): its 208 registers per work-item leave one work-group of 8 "
+    "warps per compute unit, against three of 4 warps",
+    "params", _wide_rows, lambda c: {"q_tile": 128})
+
 MMA_TILES_FIT = Rule(
     "opencl_mma_tiles_fit_storage",
     "OpenCL tensor-core prefill: kv_tile, then q_tile, halved until the Q, K and transposed V "
@@ -229,5 +277,5 @@ MMA_DECODE_MID_L2 = Rule(
     "params", _mid_rounds, lambda c: {"l2_prefetch": 2})
 
 RULES = (BLOCK_SKIP, UNFUSED_ON_CPU, NVIDIA_TWO_LAUNCH, NVIDIA_FAST_EXP, NVIDIA_F32_SPLITS,
-         MMA_TILES_FIT, MMA_DECODE_QUANT_TILES, MMA_DECODE_SPLITS, MMA_DECODE_MID_L2,
-         MMA_PREFILL_NVIDIA, MMA_DECODE_NVIDIA)
+         MMA_PREFILL_ASYNC, MMA_PREFILL_WIDE_ROWS, MMA_TILES_FIT, MMA_DECODE_QUANT_TILES,
+         MMA_DECODE_SPLITS, MMA_DECODE_MID_L2, MMA_PREFILL_NVIDIA, MMA_DECODE_NVIDIA)

@@ -73,7 +73,7 @@ class Geometry:
         if self.mma:
             emulate = self.mma == MMA_IMPLS["emulate"]
             if self.family == "prefill":
-                return mma_storage(head_size, self.rows, self.tk, emulate, hv)
+                return mma_storage(head_size, self.rows, self.tk, emulate, hv, self.pf)
             return mma_decode_storage(hv, self.rows, self.wg, emulate, self.family)
         flag = 1 if self.family == "decode_fused" else 0       # the "last work-group" word
         emu = self.wg if self.sg_impl == SG_IMPLS["emu"] else 0
@@ -308,7 +308,7 @@ def mma_geometry(spec: AttentionSpec, params: Mapping[str, Any],
     gc = min(_pow2_floor(spec.group_size), nw)
     return Geometry("prefill", wg=32 * nw, gc=gc, mq=br // gc, tk=bc, kl=min(8, bc),
                     dl=min(_pow2_ceil(spec.head_size_v // 4), 32 * nw), hv=spec.head_size_v,
-                    pf=_int_param(params, "prefetch", d["prefetch"], lo=0, hi=1),
+                    pf=_int_param(params, "prefetch", d["prefetch"], pow2=False, lo=0, hi=2),
                     **_mma_build(params, spec, caps, d["mma"]))
 
 
