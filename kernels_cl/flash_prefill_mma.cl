@@ -29,6 +29,11 @@
 // are the dims 4t..4t+3 (A and B agree, so the dot product is unchanged), and V's keys are
 // staged in the same order: every fragment is one 64-bit local read. Row pitches QW and VW
 // (in words, from backends/opencl/mma.py) keep those reads free of bank conflicts.
+// prefetch 2 (-D PF=2, float16 / bfloat16 K/V; layout and copies in mma_async.cl): the tiles
+// are copied global -> local asynchronously into two buffers, the next tile's copies in
+// flight while this one is computed; K and V stay row-major and their fragments come from
+// ldmatrix (dims in the PTX order); a non-finite v is zeroed in local memory, on the tiles
+// some row does not fully see, before the same slow path.
 
 #define NKB (TK / 8)            // 8-key blocks of S per tile
 #define NKC (TK / 16)           // 16-key chunks of P V per tile
@@ -106,67 +111,15 @@ typedef uint4 gran_t;
       if (j_ + 1 < (T1)) V_GRAN(2 * n + 1, VOFF(KOFF(j_ + 1)), c_);         \
     }                                                                       \
   }
-// prefetch 2 (PF 2, mma_async.cl): two buffers of a K tile (pitch QW) and a V tile kept
-// row-major (pitch VW: rows on distinct banks for ldmatrix), filled by asynchronous copies
-// while the other is computed; no staging registers and no transposing stores. (More buffers
-// of 16-key tiles measured slower on the H100: causal S=2048 295-300 us with 3 or 4 against
-// 268 us with two of 32 keys; so did this loop written for any count: 321 us.) At head sizes
-// up to 128 (QREG) Q's fragments live in registers and its staging words are the buffers'.
-#if PF == 2
-#define QREG (HD <= 128)
-// K's fragments by ldmatrix from rows of KWD words (-D KLDSM=0: the 64-bit reads of prefetch
-// 0 / 1 from rows of QW; on the H100 causal S=2048 264.0 / 264.8 vs 268.5 / 269.3 us).
-#ifndef KLDSM
-#define KLDSM 1
-#endif
-#if KLDSM
-#define KWD (HD / 2 + 4)                    // an odd multiple of 4 words (mma.ldsm_pitch)
-#else
-#define KWD QW
-#endif
-#define KV_BUF (TK * KWD + TK * VW)         // words of one buffer (K tile, then V tile)
-#if QREG
-#define Q_AT 0
-#define SM_WORDS (2 * KV_BUF > R_ROWS * QW ? 2 * KV_BUF : R_ROWS * QW)
-#define Q_FRAG(dc) qf[dc]
-#else
-#define Q_AT (2 * KV_BUF)
-#define SM_WORDS (2 * KV_BUF + R_ROWS * QW)
-#endif
-// Tile [T0, T1) into the buffer at BUF: 16-byte copies, zeros past T1 (nothing beyond read).
-#define NAV ((TK * HV8 + WG - 1) / WG)      // V granules per work-item and tile
-#define ASYNC_TILE(T0, T1, BUF)                                                 \
-  {                                                                             \
-    UNROLL                                                                      \
-    for (int n_ = 0; n_ < NLK; ++n_) {                                          \
-      const int idx_ = lid + n_ * WG, j_ = idx_ / HD8, c_ = idx_ % HD8;         \
-      const bool ok_ = (T0) + j_ < (T1);                                        \
-      if (idx_ < TK * HD8)                                                      \
-        cp_async16((BUF) + j_ * KWD + 4 * c_,                                   \
-                   kb + (ok_ ? KOFF((T0) + j_) + 8 * c_ : 0), ok_);              \
-    }                                                                           \
-    UNROLL                                                                      \
-    for (int n_ = 0; n_ < NAV; ++n_) {                                          \
-      const int idx_ = lid + n_ * WG, j_ = idx_ / HV8, c_ = idx_ % HV8;         \
-      const bool ok_ = (T0) + j_ < (T1);                                        \
-      if (idx_ < TK * HV8)                                                      \
-        cp_async16((BUF) + TK * KWD + j_ * VW + 4 * c_,                         \
-                   vb + (ok_ ? VOFF(KOFF((T0) + j_)) + 8 * c_ : 0), ok_);        \
-    }                                                                           \
-  }
-#else
-#define QREG 0
-#define KLDSM 0
-#endif
 #ifndef Q_FRAG
 #define Q_FRAG(dc) q_frag(Qs, r0, dc, t)
 #endif
-// Q's A fragment of 16-dim chunk DC for rows R0 and R0 + 8 (dims in the order of the note at
-// the top: one 64-bit read per row).
-// With K's fragments by ldmatrix (KLDSM) the dims keep the PTX order (k 2t, 2t + 1 are dims
-// 2t, 2t + 1 of the chunk, k 2t + 8, 2t + 9 dims 2t + 8, 2t + 9) in both operands.
+// Q's A fragment of 16-dim chunk DC for rows R0 and R0 + 8: dims in the order of the note at
+// the top (one 64-bit read per row), or with prefetch 2, whose K fragments come from
+// ldmatrix, in the PTX order (k 2t, 2t + 1 are dims 2t, 2t + 1 of the chunk, k 2t + 8,
+// 2t + 9 dims 2t + 8, 2t + 9) in both operands.
 inline uint4 q_frag(__local const uint* qs, int r0, int dc, int t) {
-#if KLDSM
+#if PF == 2
   __local const uint* const a = qs + r0 * QW + 8 * dc + t;
   return (uint4)(a[0], a[8 * QW], a[4], a[8 * QW + 4]);
 #else
@@ -256,7 +209,7 @@ void flash_prefill(KERNEL_ARGS) {
     const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
 #if PF == 2
     __local const uint* const Ks = smem + (it & 1) * KV_BUF;
-    __local uint* const Vs = smem + (it & 1) * KV_BUF + TK * KWD;
+    __local uint* const Vs = smem + (it & 1) * KV_BUF + TK * KW;
     tr = tile_keys(&ts, blk_ids, it + 1);
     if (it + 1 < ts.count) ASYNC_TILE(tr.x, tr.y, smem + ((it + 1) & 1) * KV_BUF)
     CP_COMMIT();
@@ -325,10 +278,10 @@ void flash_prefill(KERNEL_ARGS) {
     UNROLL
     for (int dc = 0; dc < NDC; ++dc) {
       const uint4 a = Q_FRAG(dc);
-#if KLDSM
+#if PF == 2
       UNROLL
       for (int nb = 0; nb < NKB; nb += 2) {
-        const uint4 b = k_frag2(Ks, KWD, nb, dc, lane);
+        const uint4 b = k_frag2(Ks, KW, nb, dc, lane);
         MMA_SYNC(s[nb], a, b.xy);
         MMA_SYNC(s[nb + 1], a, b.zw);
       }

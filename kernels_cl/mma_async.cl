@@ -38,7 +38,8 @@ inline uint4 v_frag2(__local const uint* vs, int kc, int db, int lane) {
 }
 
 // B fragments of S = Q K^T for the 16 dims of chunk DC and the 8-key blocks NB and NB + 1,
-// from K row-major in local memory (rows of KW words, 16-byte aligned): .x, .y for NB, .z, .w for NB + 1.
+// from K row-major in local memory (rows of KW words, 16-byte aligned): .x, .y for NB, .z,
+// .w for NB + 1.
 // Lane l names row l % 8 of matrix l / 8: key 8 (NB + m / 2) + l % 8, dims 16 DC + 8 (m & 1)
 // ..; lane (g, t) receives key g's dims 2t, 2t + 1 (of each 8), B's fragment.
 inline uint4 k_frag2(__local const uint* ks, int kw, int nb, int dc, int lane) {
@@ -74,4 +75,45 @@ inline uint4 v_frag2(__local const uint* vs, int kc, int db, int lane) {
                  v_pair(vs, k0, 8 * db + 8 + g), v_pair(vs, k0 + 8, 8 * db + 8 + g));
 }
 
+#endif
+
+// prefetch 2's layout: two buffers, each a K tile (rows of KW words) then a V tile (rows of
+// VW words), both row-major at backends/opencl/mma.ldsm_pitch (odd multiples of 4 words: the
+// 8 rows of each ldmatrix phase on distinct banks). With QREG (mma.async_q_in_registers) Q's
+// fragments live in registers and Q's staging words are the buffers'; else Q follows them.
+// Measured on the H100 (ci/results/h100_prefill_async.txt): more buffers of 16-key tiles
+// were slower (causal S=2048 295-300 us with 3 or 4 against 268 with two of 32 keys), and so
+// was this loop written for any buffer count (321 us); K's fragments by ldmatrix 264 us
+// against 269 with the 64-bit reads of prefetch 0 / 1.
+#if PF == 2
+#define KV_BUF (TK * KW + TK * VW)          // words of one buffer
+#if QREG
+#define Q_AT 0
+#define SM_WORDS (2 * KV_BUF > R_ROWS * QW ? 2 * KV_BUF : R_ROWS * QW)
+#define Q_FRAG(dc) qf[dc]
+#else
+#define Q_AT (2 * KV_BUF)
+#define SM_WORDS (2 * KV_BUF + R_ROWS * QW)
+#endif
+// Rows [T0, T0 + TK) of K or V (W8 16-byte granules each, row j at OFF(j) of SRC) into DST
+// (rows of PITCH words): zeros past T1, where nothing is read. Expands inside the kernel,
+// whose lid it reads.
+#define ASYNC_ROWS(DST, PITCH, SRC, W8, OFF, T0, T1)                            \
+  UNROLL                                                                        \
+  for (int n_ = 0; n_ < (TK * (W8) + WG - 1) / WG; ++n_) {                      \
+    const int idx_ = lid + n_ * WG, j_ = idx_ / (W8), c_ = idx_ % (W8);         \
+    const bool ok_ = (T0) + j_ < (T1);                                          \
+    if (idx_ < TK * (W8))                                                       \
+      cp_async16((DST) + j_ * (PITCH) + 4 * c_,                                 \
+                 (SRC) + (ok_ ? OFF((T0) + j_) + 8 * c_ : 0), ok_);             \
+  }
+#define ASYNC_VOFF(j) VOFF(KOFF(j))
+// Tile [T0, T1) into the buffer at BUF (the kernel's kb, vb).
+#define ASYNC_TILE(T0, T1, BUF)                                                 \
+  {                                                                             \
+    ASYNC_ROWS((BUF), KW, kb, HD8, KOFF, T0, T1)                                \
+    ASYNC_ROWS((BUF) + TK * KW, VW, vb, HV8, ASYNC_VOFF, T0, T1)                \
+  }
+#else
+#define QREG 0
 #endif

@@ -119,8 +119,7 @@ inline uint finite_halves(uint w) {
 // whatever the logits' magnitude), through PTX ex2.approx in the hardware builds (relative
 // error about 2^-22, far below P's rounding to f16 / bf16; by the PTX ISA ex2(NaN) is NaN and
 // ex2(-inf) is 0, so a NaN logit still poisons its row and a masked one weighs 0), exp2 in
-// the emulation. On the H100 the prefill at S=2048 took 274
-// vs 288 us with it.
+// the emulation. On the H100 the prefill at S=2048 took 274 vs 288 us with it.
 #define MMA_LOG2E 1.4426950408889634f
 #if MMA == 1
 inline float mma_exp2(float x) {
@@ -135,9 +134,8 @@ inline float mma_exp2(float x) {
 // One tile's online softmax, logits s in, weights out; MT is the tile's max per row of this
 // lane (its own keys). The lazy max (as FlashAttention-4): the row max over its 4 lanes moves
 // the reference m only when it exceeds it by more than TAU, rescaling l and O then (from
-// -inf, the first visible logit: O and l are still 0 and alpha is 0); P = exp(x - m) (as
-// mma_exp2 above), so
-// P <= e^TAU stays well inside f16 (and bf16).
+// -inf, the first visible logit: O and l are still 0 and alpha is 0); P = exp(x - m) (by
+// mma_exp2 above), so P <= e^TAU stays well inside f16 (and bf16).
 #define MMA_SOFTMAX_TILE(S, MT, M, L, O)                                  \
   UNROLL                                                                  \
   for (int hr_ = 0; hr_ < MMA_NHR; ++hr_) {                               \

@@ -63,6 +63,12 @@ def mma_pitch(halves: int) -> int:
     return words + (8 if words % 32 in (0, 16) else 0)
 
 
+def async_q_in_registers(head_size: int) -> bool:
+    """Whether prefetch 2 keeps Q's fragments in registers (-D QREG): up to head size 128
+    (32 registers a lane); its staging words are then the K / V buffers'."""
+    return head_size <= 128
+
+
 def ldsm_pitch(halves: int) -> int:
     """Row pitch in words of prefetch 2's row-major K and V tiles (rows of ``halves`` values,
     a multiple of 16): an odd multiple of 4 words, so the 8 16-byte rows of each ldmatrix
@@ -74,14 +80,14 @@ def mma_storage(head_size: int, rows: int, kv_tile: int, emulate: bool,
                 head_size_v: int | None = None, prefetch: int = 0) -> int:
     """Bytes of local memory of flash_prefill_mma.cl: Q and K tiles, V transposed (its
     head_size_v rows), the v flag; prefetch 2 two buffers of K and V, both row-major at
-    ldsm_pitch (ldmatrix reads them), Q's words
-    shared with them up to head size 128; the emulation adds its fragment exchange and the
-    shuffle scratch."""
+    ldsm_pitch (ldmatrix reads them), Q's words shared with them where its fragments live in
+    registers; the emulation adds its fragment exchange and the shuffle scratch."""
     hv = head_size_v or head_size
     qw = mma_pitch(head_size)
     if prefetch == 2:
         kv = 2 * kv_tile * (ldsm_pitch(head_size) + ldsm_pitch(hv))
-        words = (max(kv, rows * qw) if head_size <= 128 else kv + rows * qw) + 1
+        q = rows * qw
+        words = (max(kv, q) if async_q_in_registers(head_size) else kv + q) + 1
     else:
         words = rows * qw + kv_tile * qw + hv * mma_pitch(kv_tile) + 1
     if emulate:

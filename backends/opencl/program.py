@@ -138,8 +138,12 @@ def defines(spec: AttentionSpec, g: tiling.Geometry, bias_f16: bool,
            "BLOCK_SKIP": int(bool(params.get("block_skip"))), **g.defines()}
     if g.mma and g.family == "prefill":
         # local tile pitches in words (mma.mma_pitch; mma.mma_storage counts the same)
-        out.update(QW=mma.mma_pitch(spec.head_size),
-                   VW=mma.ldsm_pitch(spec.head_size_v) if g.pf == 2 else mma.mma_pitch(g.tk))
+        out["QW"] = mma.mma_pitch(spec.head_size)
+        if g.pf == 2:       # row-major K and V tiles for ldmatrix (kernels_cl/mma_async.cl)
+            out.update(KW=mma.ldsm_pitch(spec.head_size), VW=mma.ldsm_pitch(spec.head_size_v),
+                       QREG=int(mma.async_q_in_registers(spec.head_size)))
+        else:
+            out["VW"] = mma.mma_pitch(g.tk)
     elif g.mma:
         out["MMA_OUT"] = MMA_OUT[g.family]
     return out

@@ -117,11 +117,11 @@ def _mma_fit(c: Ctx) -> dict[str, int]:
 
 
 def _async_tiles(c: Ctx) -> bool:
-    """A tensor-core prefill reading float16 / bfloat16 K/V at head size <= 128 (Q's
-    fragments then stay in registers), its prefetch not the caller's."""
+    """A tensor-core prefill reading float16 / bfloat16 K/V whose Q fragments stay in
+    registers (head size <= 128), its prefetch not the caller's."""
     if not (c.kernel is not None and c.kernel.backend == kernels.BACKEND
             and c.kernel.matrix is not None and c.kernel.family == "prefill"
-            and c.spec.kv_dtype is None and c.spec.head_size <= 128
+            and c.spec.kv_dtype is None and mma.async_q_in_registers(c.spec.head_size)
             and "prefetch" not in c.user):
         return False
     # the two buffers must fit local memory with the tiles the caller fixed (the fit rule
