@@ -11,7 +11,7 @@ execute them; a kernel whose device lacks a feature it needs runs under its decl
   around the kernel's tiles, row counts and partial states.
 - covering cells: one per input recipe of ``testing.contract_features`` (``document_features``
   with its document masks for block-skipping kernels) per dtype, while the other axes rotate
-  (_Rotation): q/kv layouts (paged pools with page sizes 16/5/1/32 where the kernel reads
+  (rotation.Rotation): q/kv layouts (paged pools with page sizes 16/5/1/32 where the kernel reads
   them), GQA 1/4/7, head sizes 32..256, seq_len 1..97, and total lengths 1, +-1 around the
   kernel's own kv tiles, and > 1000. Every kernel meets every run-time value; the values
   backends compile into programs (head size, page size) are spread over a family's kernels,
@@ -42,9 +42,10 @@ from ..errors import NoKernelError
 from ..kernel import SPLIT_FAMILIES, KernelInfo
 from ..spec import AttentionSpec
 from . import cells, testing
-from .cells import Case, dtype_rank, emulation_params, kv_tiles, unique, variant_ranks
+from .cells import Case, dtype_rank, emulation_params, everything_fields, unique, variant_ranks
 from .nonfinite_cells import nonfinite_cells
 from .profile_cells import profile_cases
+from .rotation import Rotation
 
 
 @dataclass
@@ -146,7 +147,7 @@ class _Gen:
                 self.add("mqa", {**d, "num_heads": 7, "kv_num_heads": 1}, params=split)
                 self.add("gqa4", {**d, "num_heads": 8, "kv_num_heads": 2}, params=split)
             self.add("mha", {**d, "num_heads": 2, "kv_num_heads": 2}, params=split)
-            everything = _everything(sup)
+            everything = everything_fields(sup)
             self.add("all", {**d, **everything, "q_layout": "BNSH", "kv_layout": "BSNH"},
                      params=split, lengths=(90, 33) if "seqlens_k" in everything else None,
                      rerun=True)
@@ -174,7 +175,7 @@ class _Gen:
                 self.add(f"{kv}-paged16", {**q, **lens, "kv_layout": "paged", "page_size": 16,
                                            "num_pages": 2 * 6 + 3}, params=split,
                          lengths=(96, 40))
-            everything = _everything(sup)
+            everything = everything_fields(sup)
             self.add(f"{kv}-all", {**q, **everything, "past_len": 90 - s, "q_layout": "BNSH",
                                    "kv_layout": "BNSH"}, params=split,
                      lengths=(90, 33) if "seqlens_k" in everything else None)
@@ -204,7 +205,7 @@ class _Gen:
                                    ("v_head_size", hv)) if f in sup}
         if not model:
             return
-        self.add("model-all", {**d, **_everything(sup), **model, "seq_len": s,
+        self.add("model-all", {**d, **everything_fields(sup), **model, "seq_len": s,
                                "past_len": 90 - s, "q_layout": "BNSH", "kv_layout": "BSNH"},
                  params=split, lengths=(90, 33) if "seqlens_k" in sup else None, rerun=True)
         if only_all:
@@ -267,12 +268,12 @@ class _Gen:
 
     # -- covering cells ----------------------------------------------------------------
     def covering_cells(self) -> None:
-        """One cell per recipe and dtype: slot n = dtype x recipe (_Rotation picks its axes)."""
+        """One cell per recipe and dtype: slot n = dtype x recipe (Rotation picks its axes)."""
         k = self.k
         recipes = testing.document_features if k.params.get("block_skip") \
             else testing.contract_features
         n_rec = len(recipes(1, 1, 1, 1))
-        rot = _Rotation(k, self.head() or 1, self.rank)
+        rot = Rotation(k, self.head() or 1, self.rank)
         for dtype in sorted(k.dtypes, key=dtype_rank):
             di = dtype_rank(dtype)[0]
             for fi in range(n_rec):
@@ -369,79 +370,6 @@ class _Gen:
         self.covering_cells()
         nonfinite_cells(self)
         return self.out
-
-
-class _Rotation:
-    """The covering cells' axes for one kernel. What backends compile into a program (head
-    size, GQA group, paged page size) changes with the shape, a few slots apart: most shapes
-    keep the feature cells' head size and contiguous cache (their programs), the new ones
-    take the family's next head size and KV kind (consecutive over its variants and dtypes,
-    so a family meets them all). What kernels read at run time (seq_len, total length,
-    layouts, split size) changes every slot; the variant's rank offsets each axis so that
-    variants do not pair the same values."""
-
-    def __init__(self, k: KernelInfo, base_head: int, rank: int) -> None:
-        self.rank, self.base_head = rank, base_head
-        self.others = [h for h in cells.HEAD_SIZES if k.head_size_ok(h) and h != base_head] \
-            or [base_head]
-        self.groups = cells.GQA if "gqa" in k.supports else (1,)
-        self.kinds = cells.KV_KINDS if "paged" in k.kv_layouts else (0,)
-        self.flat: list[tuple[str, str]] = [
-            lay for lay in cells.LAYOUTS if lay[0] in k.q_layouts and lay[1] in k.kv_layouts
-        ] or [("BSNH", "BSNH")]
-        self.paged_q: list[str] = [q for q in ("BSNH", "BNSH") if q in k.q_layouts]
-        self.totals, self.unit = cells.tile_totals(k), cells.lift_unit(k)
-        self.split_unit = min(kv_tiles(k))
-        self.max_rows = k.max_seq_len
-        self.n_flat = self.n_paged = 0
-
-    def shape(self, shape: int, slot: int) -> tuple[int, int, int]:
-        """(head size, GQA group, page size or 0) of the dtype's ``shape``-th shape; ``slot``
-        numbers the (variant, dtype) within the family."""
-        g = self.groups[(shape + self.rank) % len(self.groups)]
-        new = shape % cells.SHAPES_PER_DTYPE - (cells.SHAPES_PER_DTYPE - cells.NEW_SHAPES)
-        if new < 0:
-            return self.base_head, g, 0
-        j = slot * cells.NEW_SHAPES + new
-        return self.others[j % len(self.others)], g, self.kinds[j % len(self.kinds)]
-
-    def lengths(self, n: int) -> tuple[int, int]:
-        """(seq_len, total length) of slot n; a total below seq_len is lifted by whole tiles
-        (it keeps its tile edge)."""
-        total = self.totals[(n + 5 * self.rank) % len(self.totals)]
-        s = 1 if total == 1 else cells.SEQ_LENS[(3 * n + self.rank) % len(cells.SEQ_LENS)]
-        if total >= cells.BIG_TOTAL:      # long caches with few rows: the decode shape
-            s = min(s, cells.BIG_ROWS)
-        if self.max_rows is not None:
-            s = min(s, self.max_rows)
-        if total < s:
-            total += self.unit * -(-(s - total) // self.unit)
-        return s, total
-
-    def layout(self, page_size: int) -> tuple[str, str, str]:
-        """(q_layout, kv_layout, kv tag for the label): the next flat pair, or a paged pool."""
-        if page_size and self.paged_q:
-            self.n_paged += 1
-            q = self.paged_q[(self.n_paged - 1 + self.rank) % len(self.paged_q)]
-            return q, "paged", f"paged{page_size}"
-        self.n_flat += 1
-        q, kv = self.flat[(self.n_flat - 1 + self.rank) % len(self.flat)]
-        return q, kv, kv.lower()
-
-    def split_factor(self, n: int) -> float:
-        return cells.SPLIT_FACTORS[(n // 2 + self.rank) % len(cells.SPLIT_FACTORS)]
-
-
-def _everything(sup: frozenset[str]) -> dict[str, Any]:
-    """Every contract feature the kernel supports, at once (the "all" cells)."""
-    return {f: v for f, v in (("bias", True), ("seqlens_k", True), ("kv_capacity", 90),
-                              ("local_window", 30), ("softcap", 5.0), ("alibi_max_bias", 4.0),
-                              ("head_sink", True), ("return_lse", True), ("causal", True))
-            if _feature_of(f) in sup}
-
-
-def _feature_of(field_name: str) -> str:
-    return {"alibi_max_bias": "alibi", "kv_capacity": "kv_capacity"}.get(field_name, field_name)
 
 
 def cases(devices: Iterable[DeviceCaps] | None = None, *, backend: str | None = None,

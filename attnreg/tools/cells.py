@@ -163,3 +163,15 @@ def unique(found: Iterable[Case]) -> Iterator[Case]:
         keys.add(c.key)
         n = ids[c.id] = ids.get(c.id, 0) + 1
         yield c if n == 1 else replace(c, label=f"{c.label}-{n}")
+
+
+def everything_fields(sup: frozenset[str]) -> dict[str, Any]:
+    """Every contract feature the kernel supports, at once (the "all" cells)."""
+    return {f: v for f, v in (("bias", True), ("seqlens_k", True), ("kv_capacity", 90),
+                              ("local_window", 30), ("softcap", 5.0), ("alibi_max_bias", 4.0),
+                              ("head_sink", True), ("return_lse", True), ("causal", True))
+            if feature_of(f) in sup}
+
+
+def feature_of(field_name: str) -> str:
+    return {"alibi_max_bias": "alibi", "kv_capacity": "kv_capacity"}.get(field_name, field_name)
