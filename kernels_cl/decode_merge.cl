@@ -5,10 +5,17 @@
 // work-groups to finish, and that one merges all splits and the sink into out/lse with
 // the reduce's rule: M = max(lse_t, sink), w_t = exp(lse_t - M),
 // out = sum_t w_t o_t / (sum_t w_t + exp(sink - M)), lse = M + log(denominator).
-// Ordering: each work-item fences its partial-state stores before the work-group barrier
-// and the ticket (release); the last work-group fences again (acquire) and reads the
-// partials through L2 (ld_part below: never a stale cached line). It resets its ticket to
-// 0, so the scratch and tickets are ready for the next launch without a host fill.
+// Ordering: the work-group barrier, then one work-item fences (release) and takes the
+// ticket; in the last work-group that item fences again (acquire) before the barrier that
+// hands `last` on, and the merge reads the partials through L2 (ld_part below: never a stale
+// cached line). PTX fences are cumulative (they order what the barrier made this item
+// observe), so on NVIDIA one item's membar.gl serves the work-group, as in CUDA's grid sync;
+// OpenCL 1.2's fences order only the item's own accesses, so elsewhere every item fences
+// its stores before the barrier and its loads after it (ITEM_FENCE). On the H100 (GQA 32/8
+// H=128 f16) one fence instead of every warp's: L=2048 15.1-15.9 vs 15.6-16.3 us, L=8192
+// 23.8-24.6 vs 24.6-26.6, three rounds (ci/results/h100_decode_epilogue.txt). The last
+// work-group resets its ticket to 0, so the scratch and tickets are ready for the next
+// launch without a host fill.
 // A padding row (past seqlens_q[b]) takes no sink: its splits are all empty, so it gets out 0
 // and lse -inf (the reduce's rule with seqlens_q).
 
@@ -19,11 +26,16 @@
     mem_fence(CLK_GLOBAL_MEM_FENCE);            \
     asm volatile("membar.gl;" ::: "memory");    \
   } while (0)
+#define ITEM_FENCE()
 #else
 #define GLOBAL_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
+#define ITEM_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
 #endif
 
 #define MB 16                  // splits whose loads are issued together in the merge
+// Unrolled, so that lt[] and ot[] stay registers and a batch's loads are in flight together
+// (NVIDIA's compiler did so unasked: the same times with and without the pragma on the H100).
+#define MB_UNROLL _Pragma("unroll")
 
 // The other work-groups' partial states, read by the last one: through L2 (never a stale L1
 // line). NVIDIA: ld.global.cg (cached in L2 only, and free to be scheduled like any load;
@@ -47,9 +59,20 @@ inline float4 ld_part4(const __global float* p) {
 #define ld_part4(p) (*(const volatile __global float4*)(p))
 #endif
 
-inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
-                           const __global float* o_parts, const __global float* lse_parts,
-                           __global elem_t* out, __global float* lse) {
+// Called, not inlined, for int4 K/V: only the last work-group of a row tile runs the merge,
+// and inlined it changed ptxas's register allocation of the whole kernel. On the H100 (GQA
+// 32/8 H=128 L=32768, int4) the inlined merge left the key loop 168 registers and 168 bytes
+// of spills, 56.0-56.9 us; called, 220 registers, no spills, 44.2-44.9 us. Where nothing
+// spilled the call changed nothing beyond noise (f16 62.0-62.3 vs 61.7-61.8 us inlined, int8
+// 40.7-40.8 vs 41.3-41.6), so the rest stay inlined (ci/results/h100_decode_epilogue.txt).
+#if KV_Q == 2
+__attribute__((noinline))
+#else
+inline
+#endif
+void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
+                    const __global float* o_parts, const __global float* lse_parts,
+                    __global elem_t* out, __global float* lse) {
   const int ns = (int)P->n_splits;
   for (int idx = get_local_id(0); idx < R_ROWS * HV4; idx += WG) {
     const int r = idx / HV4, g = idx % HV4;
@@ -66,16 +89,19 @@ inline void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
     for (int t0 = 0; t0 < ns; t0 += MB) {
       float lt[MB];
       float4 ot[MB];
+      MB_UNROLL
       for (int u = 0; u < MB; ++u) {            // clamped indices: loads issue together
         const int t = min(t0 + u, ns - 1);
         lt[u] = t0 + u < ns ? ld_part(lse_parts + row + t) : -INFINITY;
         ot[u] = ld_part4(o_parts + (row + t) * HV + 4 * g);
       }
       float m2 = mx;
+      MB_UNROLL
       for (int u = 0; u < MB; ++u) m2 = fmax(m2, lt[u]);
       const float mu = SAFE_MAX(m2), f = EXP(mx - mu);
       den *= f;
       num *= f;
+      MB_UNROLL
       for (int u = 0; u < MB; ++u) {
         const float wt = EXP(lt[u] - mu);
         den += wt;
@@ -103,9 +129,10 @@ inline void fused_finish(PARAMS P, const Rows* w, const __global float* sink,
                          const __global float* o_parts, const __global float* lse_parts,
                          __global elem_t* out, __global float* lse,
                          volatile __global uint* tickets, __local int* last) {
-  GLOBAL_FENCE();                                          // release this item's stores
+  ITEM_FENCE();                       // OpenCL 1.2: each item's own stores (not on NVIDIA)
   barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
   if (get_local_id(0) == 0) {
+    GLOBAL_FENCE();                   // release the work-group's stores, then take the ticket
     // Row tile of this work-group: decompose()'s order with the split index taken out.
     const int ns = (int)P->n_splits;
     const int inner = ((int)P->seq_len + MQ - 1) / MQ * (((int)P->group_size + GC - 1) / GC);
@@ -113,11 +140,14 @@ inline void fused_finish(PARAMS P, const Rows* w, const __global float* sink,
     const int tile = gid / (inner * ns) * inner + gid % inner;
     const uint ticket = atomic_inc(&tickets[tile]);
     *last = ticket == (uint)(ns - 1);
-    if (*last) atomic_xchg(&tickets[tile], 0u);           // every split has arrived
+    if (*last) {                      // every split has arrived
+      atomic_xchg(&tickets[tile], 0u);
+      GLOBAL_FENCE();                 // acquire the other splits' stores, for the whole group
+    }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   if (*last) {
-    GLOBAL_FENCE();                                        // acquire the other splits'
+    ITEM_FENCE();
     merge_row_tile(P, w, sink, o_parts, lse_parts, out, lse);
   }
 }
