@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 import attnreg
-from attnreg.tools.bench import _decode, _inputs
+from attnreg.tools.bench import _inputs
+from attnreg.tools.bench_suites import decode_spec
 
 from .opencl_variants import DEADLINE, _safe, _want, time_plan
 
@@ -100,7 +101,7 @@ def main() -> None:
         if a.only not in label and "float16/same auto" not in label:
             continue
         if (dtype, kv) not in cache:
-            spec = _decode(a.L, dtype, kv)
+            spec = decode_spec(a.L, dtype, kv)
             x = _inputs(spec)
             cache[(dtype, kv)] = (spec, x, _want(spec, x))
         spec, x, want = cache[(dtype, kv)]

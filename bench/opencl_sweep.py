@@ -22,7 +22,7 @@ import attnreg
 from attnreg import reference
 from attnreg.backends.opencl import device as ocl_device
 from attnreg.spec import AttentionSpec
-from attnreg.tools import bench as core_bench
+from attnreg.tools import bench_suites
 from attnreg.tools.testing import random_qkv
 
 # Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
@@ -59,7 +59,7 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
     plan = session.plan(spec, kernel=kernel, params=params)
     rt: Any = session.runtime(plan)
     times = rt.timings(plan, inputs, iters=iters, warmup=warmup)
-    _, flops = core_bench.traffic(spec)
+    _, flops = bench_suites.traffic(spec)
     gpu = statistics.median(times["gpu_s"]) * 1e6
     wall = statistics.median(times["wall_s"]) * 1e6
     row: dict[str, Any] = {
@@ -81,7 +81,7 @@ def run(suites: Sequence[str], *, device: str | None = None, sweep: bool = False
         iters: int = 50, check: bool = True, quick: bool = False,
         log: Any = print) -> list[dict[str, Any]]:
     """Every case of the suites (attnreg.tools.bench's tables) on one OpenCL device."""
-    table = core_bench.QUICK if quick else core_bench.SUITES
+    table = bench_suites.QUICK if quick else bench_suites.SUITES
     rows: list[dict[str, Any]] = []
     with attnreg.Session(backend="opencl", device=device) as session:
         dev = session.plan(AttentionSpec()).caps
@@ -108,7 +108,7 @@ def run(suites: Sequence[str], *, device: str | None = None, sweep: bool = False
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="device id or part of its name")
-    ap.add_argument("--suite", action="append", choices=sorted(core_bench.SUITES))
+    ap.add_argument("--suite", action="append", choices=sorted(bench_suites.SUITES))
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEPS variants")
     ap.add_argument("--quick", action="store_true", help="small cases (CPU devices)")
     ap.add_argument("--iters", type=int, default=50)
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--binaries", default=None, help="directory for the built binaries")
     ap.add_argument("--logs", default=None, help="file for the compiler logs")
     a = ap.parse_args(argv)
-    rows = run(a.suite or list(core_bench.SUITES), device=a.device, sweep=a.sweep,
+    rows = run(a.suite or list(bench_suites.SUITES), device=a.device, sweep=a.sweep,
                iters=a.iters, check=not a.no_check, quick=a.quick)
     if a.out:
         with open(a.out, "w") as fh:

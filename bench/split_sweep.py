@@ -11,7 +11,8 @@ import json
 import statistics
 
 import attnreg
-from attnreg.tools.bench import SUITES, time_case
+from attnreg.tools.bench import time_case
+from attnreg.tools.bench_suites import SUITES
 from attnreg.tools.testing import random_qkv
 
 CASES = ("decode-f16-L8192", "decode-f32-L8192", "decode-f16-L32768", "decode-f16-L2048")

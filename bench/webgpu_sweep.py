@@ -22,7 +22,7 @@ import numpy as np
 import attnreg
 from attnreg import reference
 from attnreg.spec import AttentionSpec
-from attnreg.tools import bench as core_bench
+from attnreg.tools import bench_suites
 from attnreg.tools.testing import random_qkv
 
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
@@ -48,7 +48,7 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
     plan = session.plan(spec, op=op, params=params, flags=flags)
     rt: Any = session.runtime(plan)
     times = rt.timings(plan, inputs, iters=iters, warmup=warmup, warmup_s=warmup_s)
-    nbytes, flops = core_bench.traffic(spec)
+    nbytes, flops = bench_suites.traffic(spec)
     gpu = statistics.median(times["gpu_s"]) * 1e6 if times.get("gpu_s") else None
     wall = statistics.median(times["wall_s"]) * 1e6
     basis = gpu if gpu is not None else wall
@@ -70,7 +70,7 @@ def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: b
     """Time every case of the suites (and, with sweep, its parameter variants). Variants are
     timed in ``rounds`` interleaved passes and each keeps its best median, so that a busy
     moment on a shared GPU does not decide a comparison."""
-    table = core_bench.QUICK if quick else core_bench.SUITES
+    table = bench_suites.QUICK if quick else bench_suites.SUITES
     rows = []
     with attnreg.Session(backend="webgpu") as session:
         dev = session.runtime(session.plan(AttentionSpec(), op="attention")).caps
@@ -124,7 +124,7 @@ def _set_checks(mode: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--suite", nargs="*", default=list(core_bench.SUITES))
+    ap.add_argument("--suite", nargs="*", default=list(bench_suites.SUITES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--no-check", action="store_true")

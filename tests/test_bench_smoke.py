@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import attnreg
-from attnreg.tools import bench
+from attnreg.tools import bench_suites
 
 
 def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
@@ -34,9 +34,9 @@ def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
 
 def test_traffic_counts_visible_pairs() -> None:
     spec = attnreg.AttentionSpec(seq_len=4, past_len=0, head_size=8, causal=True)
-    assert bench.visible_pairs(spec) == 1 + 2 + 3 + 4
-    assert bench.visible_pairs(spec.replace(causal=False)) == 16
-    nbytes, flops = bench.traffic(spec)
+    assert bench_suites.visible_pairs(spec) == 1 + 2 + 3 + 4
+    assert bench_suites.visible_pairs(spec.replace(causal=False)) == 16
+    nbytes, flops = bench_suites.traffic(spec)
     assert flops == 4.0 * 8 * 10 and nbytes > 0
 
 

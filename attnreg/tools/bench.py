@@ -1,4 +1,5 @@
-"""`attnreg bench`: named suites timed side by side on every device, with ratios.
+"""`attnreg bench`: the named suites (bench_suites.py) timed side by side on every device and
+beside the peers; bench_report.py prints and plots the rows.
 
 Each case is timed through its runtime's ``timings()`` (inputs uploaded once, no read-back
 per iteration, GPU time from timestamp queries / profiling events where the device has them,
@@ -8,11 +9,9 @@ Reported: medians, effective GB/s (bytes that must move: q, visible k/v, out) an
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,130 +20,12 @@ from .. import api
 from ..caps import DeviceCaps
 from ..errors import NoKernelError, SpecError
 from ..plan import Plan
-from ..quant import kv_bytes_per_token, quantize_kv
+from ..quant import quantize_kv
 from ..session import Session
 from ..spec import AttentionSpec
 from ..tensors import check_tensors
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    spec: AttentionSpec
-    note: str = ""
-
-
-def _decode(L: int, dtype: str = "float16", kv_dtype: str | None = None) -> AttentionSpec:
-    return AttentionSpec(batch=1, seq_len=1, past_len=L - 1, num_heads=32, kv_num_heads=8,
-                         head_size=128, dtype=dtype, causal=True, kv_dtype=kv_dtype)
-
-
-def _storages(cases: list[Case], long: int) -> list[Case]:
-    """The kv-dtypes suite: every float16 case, then again in bfloat16 (the target: within
-    5%), and the long decode with int8 and int4 K/V (the targets: 1.8x and 3x float16);
-    storage_ratios compares each with its float16 twin, measured in the same run."""
-    f16 = [c for c in cases if c.spec.dtype == "float16"]
-    out = f16 + [Case(_bf16_name(c.name), c.spec.replace(dtype="bfloat16"), c.note) for c in f16]
-    return out + [Case(f"decode-f16-{kv}-L{long}", _decode(long, kv_dtype=kv),
-                       f"GQA 32/8 H=128, {kv} K/V") for kv in ("int8", "int4")]
-
-
-def _bf16_name(name: str) -> str:
-    return name.replace("f16", "bf16") if "f16" in name else name + "-bf16"
-
-
-def twin(name: str) -> str | None:
-    """The float16 case a kv-dtypes case is measured against (None: it is one)."""
-    for kv in ("int8", "int4"):
-        if f"-{kv}-" in name:
-            return name.replace(f"-{kv}-", "-")
-    if name.endswith("-bf16"):
-        return name[:-len("-bf16")]
-    return name.replace("bf16", "f16") if "bf16" in name else None
-
-
-def storage_ratios(rows: Sequence[Row]) -> str:
-    """Per backend and device: each bf16 / int8 / int4 case's speed-up over its float16 twin
-    (x = twin's time / the case's; GPU time where measured)."""
-    from .textui import table
-
-    def basis(r: Row) -> float:
-        return r.gpu_us if r.gpu_us is not None else r.wall_us
-
-    ok = [r for r in rows if r.suite == "kv-dtypes" and not r.kernels.startswith(("FAILED", "n/a"))]
-    by = {(r.backend, r.device, r.case): r for r in ok}
-    out = []
-    for r in ok:
-        base = by.get((r.backend, r.device, twin(r.case) or ""))
-        if base is None:
-            continue
-        out.append([f"{r.backend}/{r.device}", r.case, f"{basis(base):.1f}", f"{basis(r):.1f}",
-                    f"{basis(base) / basis(r):.2f}x", f"{r.max_err:.2g}" if r.max_err else "-"])
-    return table(("device", "case", "f16 twin (us)", "this (us)", "speed-up", "max err"), out)
-
-
-SUITES: dict[str, list[Case]] = {
-    "decode": [Case(f"decode-f16-L{L}", _decode(L), "GQA 32/8 H=128") for L in (2048, 8192)]
-    + [Case("decode-f32-L8192", _decode(8192, "float32"), "GQA 32/8 H=128")],
-    "long-context": [Case("decode-f16-L32768", _decode(32768), "GQA 32/8 H=128")],
-    "whisper": [Case("whisper-S4-T1500", AttentionSpec(
-        batch=1, seq_len=4, past_len=1496, num_heads=8, kv_num_heads=8, head_size=64,
-        dtype="float16", causal=False), "cross-attention, 8 heads H=64")],
-    "prefill": [Case(f"prefill-f16-S{S}", AttentionSpec(
-        batch=1, seq_len=S, past_len=0, num_heads=32, kv_num_heads=8, head_size=128,
-        dtype="float16", causal=True), "causal GQA 32/8 H=128") for S in (512, 2048)],
-}
-QUICK: dict[str, list[Case]] = {
-    "decode": [Case("decode-f16-L512", _decode(512)),
-               Case("decode-f32-L512", _decode(512, "float32"))],
-    "whisper": [Case("whisper-S4-T300", AttentionSpec(
-        batch=1, seq_len=4, past_len=296, num_heads=8, kv_num_heads=8, head_size=64,
-        dtype="float16", causal=False))],
-    "prefill": [Case("prefill-f16-S64", AttentionSpec(
-        batch=1, seq_len=64, past_len=0, num_heads=8, kv_num_heads=2, head_size=64,
-        dtype="float16", causal=True))],
-    "long-context": [],
-}
-SUITES["kv-dtypes"] = _storages([c for s in ("decode", "long-context", "whisper", "prefill")
-                                 for c in SUITES[s]], 32768)
-QUICK["kv-dtypes"] = _storages([c for s in ("decode", "whisper", "prefill") for c in QUICK[s]],
-                               512)
-
-
-def visible_pairs(spec: AttentionSpec) -> int:
-    """(query row, key) pairs that are visible, per (batch, head): sets the FLOPs."""
-    L, S = spec.total_len, spec.seq_len
-    total = 0
-    for i in range(S):
-        p = L - S + i
-        hi = p + 1 if spec.causal else L
-        lo = max(0, p - spec.local_window + 1) if spec.local_window > 0 else 0
-        total += max(0, min(hi, L) - lo)
-    return total
-
-
-def traffic(spec: AttentionSpec) -> tuple[float, float]:
-    """(bytes that must move, FLOPs) for one call, no reuse assumed beyond one read of K/V."""
-    e = spec.itemsize
-    q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
-    kv = spec.batch * spec.total_len * kv_bytes_per_token(spec)    # as stored (codes + scales)
-    flops = 4.0 * spec.batch * spec.num_heads * spec.head_size * visible_pairs(spec)
-    return float(2 * q + kv), flops
-
-
-@dataclass
-class Row:
-    suite: str
-    case: str
-    backend: str
-    device: str
-    kernels: str
-    gpu_us: float | None
-    wall_us: float
-    gb_s: float | None
-    tflops: float | None
-    max_err: float | None
-    extra: dict[str, Any] = field(default_factory=dict)
+from .bench_report import Row
+from .bench_suites import QUICK, SUITES, Case, traffic
 
 
 def _inputs(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
@@ -225,45 +106,6 @@ def copy_bandwidth(session: Session, dev: DeviceCaps) -> float | None:
         return float(session.runtime(session.plan(spec)).copy_bandwidth())
     except Exception:            # a missing roof must not stop the bench
         return None
-
-
-def roofline_png(rows: Sequence[Row], path: str) -> str | None:
-    """Effective GB/s against arithmetic intensity (FLOP/byte) per device, with the measured
-    copy bandwidth as the roof. Needs matplotlib (pip install attnreg[bench]); returns the
-    reason when it cannot draw."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'attnreg[bench]')"
-    fig, ax = plt.subplots(figsize=(8, 5))
-    table = {c.name: c.spec for cases in (*SUITES.values(), *QUICK.values()) for c in cases}
-    devices = sorted({(r.backend, r.device) for r in rows if r.suite != "roof"})
-    for backend, dev in devices:
-        pts = [r for r in rows if (r.backend, r.device) == (backend, dev) and r.gb_s
-               and r.case in table]
-        if not pts:
-            continue
-        xs = [traffic(table[r.case])[1] / traffic(table[r.case])[0] for r in pts]
-        line = ax.scatter(xs, [float(r.gb_s or 0) for r in pts], label=f"{backend}/{dev}")
-        for x, r in zip(xs, pts):
-            ax.annotate(r.case, (x, r.gb_s), fontsize=6, alpha=0.7)
-        roof = next((r.gb_s for r in rows if r.suite == "roof" and (r.backend, r.device)
-                     == (backend, dev)), None)
-        if roof:
-            ax.axhline(roof, linestyle="--", color=line.get_facecolor()[0],
-                       label=f"{backend}/{dev} copy roof {roof:.0f} GB/s")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
-    ax.set_ylabel("effective bandwidth (GB/s)")
-    ax.set_title("attnreg bench: effective bandwidth vs arithmetic intensity")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return None
 
 
 def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps: int = 64,
@@ -376,77 +218,3 @@ def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters:
     log(f"  {dev.backend}/{dev.slug} {case.name}: gpu {gpu and f'{gpu:.1f}'} us, wall "
         f"{wall:.1f} us")
     return row
-
-
-def ratios(rows: Sequence[Row]) -> str:
-    """Per case: attnreg's best GPU-time row against each peer (x = peer time / ours)."""
-    from .textui import table
-
-    def basis(r: Row) -> float:
-        return r.gpu_us if r.gpu_us is not None else r.wall_us
-
-    peers = ("ort-webgpu", "torch", "reference")
-    out = []
-    for case in dict.fromkeys(r.case for r in rows if r.suite not in ("roof", "decode-loop")):
-        mine = [r for r in rows if r.case == case and r.backend not in peers
-                and not r.kernels.startswith(("FAILED", "n/a"))]
-        if not mine:
-            continue
-        best = min(mine, key=basis)
-        webgpu = [r for r in mine if r.backend == "webgpu"]
-        hosts: dict[str, str] = {}
-        for r in sorted(mine, key=basis):
-            hosts.setdefault(r.backend, f"{r.backend} {basis(r):.1f}")
-        cells = [case, f"{best.backend}/{best.device} {basis(best):.1f} us",
-                 ", ".join(hosts.values())]
-        for peer in peers:
-            pr = next((r for r in rows if r.case == case and r.backend == peer), None)
-            mine_r = min(webgpu, key=basis) if peer == "ort-webgpu" and webgpu else best
-            if pr is None:
-                cells.append("-")
-                continue
-            flag = "" if pr.extra.get("correct", True) else " (peer WRONG)"
-            cells.append(f"{basis(pr):.1f} us = {basis(pr) / basis(mine_r):.2f}x{flag}")
-        out.append(cells)
-    return table(("case", "attnreg best", "each backend (us)", "ORT WebGPU (vs our webgpu)",
-                  "torch SDPA",
-                  "numpy reference"), out)
-
-
-def format_rows(rows: Sequence[Row]) -> str:
-    from .textui import table
-
-    def f(x: float | None, fmt: str) -> str:
-        return "-" if x is None or x != x else format(x, fmt)
-
-    # Ratios side by side: every row against the numpy reference of the same case.
-    ref = {r.case: r.wall_us for r in rows if r.backend == "reference"}
-    out = []
-    for r in rows:
-        if r.suite == "roof":
-            out.append((r.case, r.backend, r.device, "device-to-device copy", "-", "-",
-                        f(r.gb_s, ".1f"), "-", "-", "-"))
-            continue
-        if r.suite == "decode-loop":
-            e = r.extra
-            parts = ", ".join(f"{k[:-3]} {v:.1f} us" for k, v in e.items()
-                              if k.endswith("_us") and k != "step_waited_us")
-            out.append((r.case, r.backend, r.device, f"{parts}; {e.get('plans')} plan(s)",
-                        "-", f(r.wall_us, ".1f"), "-", "-", "-", "-"))
-            continue
-        basis = r.gpu_us if r.gpu_us is not None else r.wall_us
-        vs = f"{ref[r.case] / basis:.1f}x" if r.case in ref and r.backend != "reference" else "-"
-        out.append((r.case, r.backend, r.device, r.kernels, f(r.gpu_us, ".1f"), f(r.wall_us, ".1f"),
-                    f(r.gb_s, ".1f"), f(r.tflops, ".3f"), vs, f(r.max_err, ".1e")))
-    return table(("case", "backend", "device", "kernels", "gpu us", "wall us", "GB/s", "TFLOP/s",
-                  "vs numpy", "max err"), out)
-
-
-def read_json(path: str) -> list[Row]:
-    with open(path) as fh:
-        return [Row(**r) for r in json.load(fh)]
-
-
-def write_json(rows: Sequence[Row], path: str) -> None:
-    with open(path, "w") as fh:
-        json.dump([asdict(r) for r in rows], fh, indent=2)

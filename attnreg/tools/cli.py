@@ -233,26 +233,26 @@ def cmd_kernels(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from . import bench
+    from . import bench, bench_report
     suites = a.suite or ["decode", "whisper", "prefill"]
     if a.from_json:
-        rows = bench.read_json(a.from_json)
+        rows = bench_report.read_json(a.from_json)
     else:
         rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
                                 iters=a.iters, warmup=a.warmup, peers=a.peers,
                                 gpu_only=a.gpu_only, log=lambda m: print(m, file=sys.stderr))
-    print(bench.format_rows(rows))
+    print(bench_report.format_rows(rows))
     print()
     print("ratios (peer time / attnreg time; > 1 means attnreg is faster):")
-    print(bench.ratios(rows))
+    print(bench_report.ratios(rows))
     if any(r.suite == "kv-dtypes" for r in rows):
         print()
         print("storages (float16 twin's time / this case's; > 1 means faster than float16):")
-        print(bench.storage_ratios(rows))
+        print(bench_report.storage_ratios(rows))
     if a.json:
-        bench.write_json(rows, a.json)
+        bench_report.write_json(rows, a.json)
     if a.png:
-        why = bench.roofline_png(rows, a.png)
+        why = bench_report.roofline_png(rows, a.png)
         print(f"roofline: {why}" if why else f"roofline written to {a.png}")
     return 1 if any(r.kernels.startswith("FAILED") for r in rows) else 0
 
