@@ -80,7 +80,7 @@ def measure(session: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, 
 def run(suites: Sequence[str], *, device: str | None = None, sweep: bool = False,
         iters: int = 50, check: bool = True, quick: bool = False,
         log: Any = print) -> list[dict[str, Any]]:
-    """Every case of the suites (attnreg.tools.bench's tables) on one OpenCL device."""
+    """Every case of the suites (attnreg.tools.bench_suites' tables) on one OpenCL device."""
     table = bench_suites.QUICK if quick else bench_suites.SUITES
     rows: list[dict[str, Any]] = []
     with attnreg.Session(backend="opencl", device=device) as session:

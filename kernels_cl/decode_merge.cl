@@ -33,9 +33,6 @@
 #endif
 
 #define MB 16                  // splits whose loads are issued together in the merge
-// Unrolled, so that lt[] and ot[] stay registers and a batch's loads are in flight together
-// (NVIDIA's compiler did so unasked: the same times with and without the pragma on the H100).
-#define MB_UNROLL _Pragma("unroll")
 
 // The other work-groups' partial states, read by the last one: through L2 (never a stale L1
 // line). NVIDIA: ld.global.cg (cached in L2 only, and free to be scheduled like any load;
@@ -62,7 +59,7 @@ inline float4 ld_part4(const __global float* p) {
 // Called, not inlined, for int4 K/V: only the last work-group of a row tile runs the merge,
 // and inlined it changed ptxas's register allocation of the whole kernel. On the H100 (GQA
 // 32/8 H=128 L=32768, int4) the inlined merge left the key loop 168 registers and 168 bytes
-// of spills, 56.0-56.9 us; called, 220 registers, no spills, 44.2-44.9 us. Where nothing
+// of spills, 56.0-57.3 us; called, 220 registers, no spills, 44.2-46.3 us. Where nothing
 // spilled the call changed nothing beyond noise (f16 62.0-62.3 vs 61.7-61.8 us inlined, int8
 // 40.7-40.8 vs 41.3-41.6), so the rest stay inlined (ci/results/h100_decode_epilogue.txt).
 #if KV_Q == 2
@@ -89,19 +86,16 @@ void merge_row_tile(PARAMS P, const Rows* w, const __global float* sink,
     for (int t0 = 0; t0 < ns; t0 += MB) {
       float lt[MB];
       float4 ot[MB];
-      MB_UNROLL
       for (int u = 0; u < MB; ++u) {            // clamped indices: loads issue together
         const int t = min(t0 + u, ns - 1);
         lt[u] = t0 + u < ns ? ld_part(lse_parts + row + t) : -INFINITY;
         ot[u] = ld_part4(o_parts + (row + t) * HV + 4 * g);
       }
       float m2 = mx;
-      MB_UNROLL
       for (int u = 0; u < MB; ++u) m2 = fmax(m2, lt[u]);
       const float mu = SAFE_MAX(m2), f = EXP(mx - mu);
       den *= f;
       num *= f;
-      MB_UNROLL
       for (int u = 0; u < MB; ++u) {
         const float wt = EXP(lt[u] - mu);
         den += wt;
