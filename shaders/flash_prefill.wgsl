@@ -5,7 +5,7 @@
 //
 // Keys arrive in units of BC keys and are consumed in inner steps of STEP keys (max_k_step:
 // the TR x STEP/NCG scores a lane keeps in private memory). Variants, all from prefix
-// constants (kernels.prefill_consts):
+// constants (tiles.prefill_consts):
 //   STAGE 1 ("workgroup"): a unit is a K/V tile staged in workgroup memory by the whole
 //     workgroup (PREFETCH pipelines the next tile through registers), NSTEP steps per tile;
 //   STAGE 0 ("direct"): a unit is one step; each row group reads the step's K rows and V

@@ -10,8 +10,8 @@ import pytest
 
 import attnreg
 from attnreg import rules
-from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import program as wprogram
+from attnreg.backends.webgpu import tiles as wtiles
 from attnreg.profiles import profiles
 from tests.support import check_close, make_tensors, require_devices
 
@@ -26,16 +26,16 @@ def session():
 
 
 def _wgsl(spec: attnreg.AttentionSpec, params: dict) -> str:
-    p = {**wkernels.PREFILL_DEFAULTS, **params}
-    return wprogram.source("prefill", spec, wkernels.prefill_consts(spec, p, 4), subgroups=True)
+    p = {**wtiles.PREFILL_DEFAULTS, **params}
+    return wprogram.source("prefill", spec, wtiles.prefill_consts(spec, p, 4), subgroups=True)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("head_size", [8, 64, 128])
 def test_every_value_changes_the_kernel(dtype, head_size):
     spec = attnreg.AttentionSpec(seq_len=64, past_len=0, head_size=head_size, dtype=dtype)
-    for name, values in wkernels.PREFILL_CHOICES.items():
-        for staging in wkernels.KV_STAGING:
+    for name, values in wtiles.PREFILL_CHOICES.items():
+        for staging in wtiles.KV_STAGING:
             base = {"kv_staging": staging, "kv_tile": 64}
             texts = {v: _wgsl(spec, {**base, name: v}) for v in values}
             assert len(set(texts.values())) == len(values), (name, staging)
@@ -53,7 +53,7 @@ def test_choices_are_declared_for_tuning():
 # dtype and q_tile rotate over the sets (each set is one compiled kernel: lavapipe compiles
 # take most of the time).
 SWEEP = [dict(zip(("kv_staging", "out_tile", "max_k_step"), v)) for v in itertools.product(
-    wkernels.KV_STAGING, wkernels.OUT_TILE, (8, 16, 32, 64))]
+    wtiles.KV_STAGING, wtiles.OUT_TILE, (8, 16, 32, 64))]
 SWEEP = [{**p, "q_tile": (4, 16)[i % 2], "dtype": ("float16", "float32")[i // 2 % 2]}
          for i, p in enumerate(SWEEP)]
 

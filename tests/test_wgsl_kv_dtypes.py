@@ -19,6 +19,7 @@ import pytest
 import attnreg
 from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import program, wgsl_io
+from attnreg.backends.webgpu import tiles as wtiles
 from attnreg.tools.testing import compare, expected, make_tensors
 from tests.support import require_devices
 
@@ -144,7 +145,7 @@ def test_binding_types_and_helpers():
     assert "var<storage, read> q: array<mat2x4<f16>>;" in q8
     assert "fn i8x4(" in q8 and "fn store_out(" not in q8
     q4 = program.source("prefill", _spec(dtype="bfloat16", kv_dtype="int4"),
-                        wkernels.prefill_consts(_spec(dtype="bfloat16"), {}),
+                        wtiles.prefill_consts(_spec(dtype="bfloat16"), {}),
                         aux=frozenset({"k_scale", "v_scale"}))
     assert "var<storage, read> v_scale: array<u32>;" in q4
     assert "var<storage, read> q: array<vec4<u32>>;" in q4
@@ -167,14 +168,14 @@ def test_staging_sized_in_staged_type():
     """bf16 K/V tiles are staged as bf16 bits: the workgroup storage (and so the fitted
     tiles and the plans) of float16; with quantized K/V they stage dequantized f32, as the
     f32 kernels do."""
-    for fn in (wkernels.prefill_storage, wkernels.decode_storage, wkernels.qk_storage,
-               wkernels.pv_storage):
+    for fn in (wtiles.prefill_storage, wtiles.decode_storage, wtiles.qk_storage,
+               wtiles.pv_storage):
         f32 = fn(_spec(), {})
         assert fn(_spec(dtype="bfloat16"), {}) == fn(_spec(dtype="float16"), {}) < f32
         assert fn(_spec(dtype="bfloat16", kv_dtype="int8"), {}) == f32
         assert fn(_spec(dtype="float32", kv_dtype="int4"), {}) == f32
-    assert wkernels.prefill_consts(_spec(dtype="bfloat16"), {}) == \
-        wkernels.prefill_consts(_spec(dtype="float16"), {})
+    assert wtiles.prefill_consts(_spec(dtype="bfloat16"), {}) == \
+        wtiles.prefill_consts(_spec(dtype="float16"), {})
 
 
 def test_bf16_plans_match_f16():

@@ -20,9 +20,9 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
-from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
+from attnreg.backends.webgpu import tiles as wtiles
 from attnreg.kernel import MODEL_FEATURES
 from attnreg.tensors import check_tensors
 from attnreg.tools.testing import compare, compare_partials, expected, make_tensors
@@ -241,7 +241,7 @@ def test_code_without_the_features_is_unchanged():
     """A spec without kv_start / seqlens_q binds neither tensor and compiles their tests
     away (constant KV_START / Q_ROWS 0); with them the program binds and reads them."""
     spec = attnreg.AttentionSpec(seq_len=3, past_len=20, head_size=64)
-    consts = wkernels.decode_consts(spec, {})
+    consts = wtiles.decode_consts(spec, {})
     plain = program.source("decode_partial", spec, consts)
     for name in ("kv_start", "seqlens_q"):
         assert f"> {name}:" not in plain and f"u32({name}[b])" not in plain

@@ -116,7 +116,8 @@ import numpy as np
 from ..errors import SpecError
 from ..spec import AttentionSpec
 from ._onnx_common import Inputs, NodeRun, read_node
-from ._onnx_ops import ATTENTION_IN, GQA_IN, MHA_IN, map_attention, map_gqa, map_mha
+from ._onnx_gqa import GQA_IN, map_gqa
+from ._onnx_ops import ATTENTION_IN, MHA_IN, map_attention, map_mha
 
 __all__ = ["NodeRun", "run_node", "spec_from_node"]
 

@@ -28,7 +28,7 @@ from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import kernels, mma, wgsl_io
+from . import kernels, mma, tiles, wgsl_io
 
 ENTRY = "main"
 NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium, wgpudawn)
@@ -203,7 +203,7 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
     """The stage's compile-time constants (what its prefix defines)."""
     if "mma" in stage.params:
         return mma.consts(stage.family, spec, stage.params)
-    return kernels.stage_consts(stage.family, spec, stage.params,
+    return tiles.stage_consts(stage.family, spec, stage.params,
                                 subgroup_width=subgroup_width(stage, caps),
                                 bias_shape=bias_shape, op=op)
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from attnreg.rules import Ctx, Rule
 
-from . import kernels, mma, probe
+from . import kernels, mma, probe, tiles
 
 
 def _ours(ctx: Ctx, backend: str = probe.NAME) -> bool:
     k = ctx.kernel
-    return k is not None and k.backend == backend and k.family in kernels.SHRINK
+    return k is not None and k.backend == backend and k.family in tiles.SHRINK
 
 
 def _params(ctx: Ctx) -> dict[str, Any]:

@@ -1,0 +1,183 @@
+"""The WebGPU kernels' tiles: each variant's tunable params (defaults, what `attnreg tune`
+sweeps, the halving order that fits workgroup storage) and the compile-time constants and
+workgroup storage each WGSL program derives from (spec, params). kernels.py declares the
+variants that use them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from attnreg.spec import AttentionSpec
+
+from . import wgsl_io
+
+# prefetch: load the next K/V tile into registers while the current one is computed.
+# max_k_step: keys per inner step (their scores live in private memory); kv_staging:
+# "workgroup" stages kv_tile-key K/V tiles in workgroup memory for the whole workgroup,
+# "direct" lets each row group read K/V straight from memory (no staging, no K/V barriers);
+# out_tile: "registers" keeps the output accumulator in registers, "half_workgroup" moves
+# half of each lane's output columns to workgroup memory.
+PREFILL_DEFAULTS: Mapping[str, Any] = {
+    "q_tile": 32, "kv_tile": 32, "rows_per_thread": 2, "row_lanes": 16, "prefetch": 1,
+    "max_k_step": 32, "kv_staging": "direct", "out_tile": "registers"}
+KV_STAGING = ("direct", "workgroup")
+OUT_TILE = ("registers", "half_workgroup")
+# What `attnreg tune` sweeps (48 combinations, its cap).
+PREFILL_CHOICES: Mapping[str, tuple[Any, ...]] = {
+    "max_k_step": (8, 16, 32, 64), "kv_staging": KV_STAGING, "out_tile": OUT_TILE,
+    "q_tile": (4, 16, 32)}
+# group_tile: query heads of one GQA group per decode workgroup: the whole group reads its
+# K/V once, up to MAX_VECTORS query vectors (heads x m_tile rows) whose accumulators stay in
+# registers; lowered further only when workgroup storage demands it.
+# From H100 sweeps (bench/webgpu_sweep.py): 16-key tiles over 64 lanes (4 lanes per key
+# in QK, 2 PV streams) beat 32x128 by 15-20% in f16 and f32. Kept per dtype for tuning.
+DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
+    "float16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
+    "float32": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
+    "bfloat16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
+}
+DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads": (64, 128)}
+MAX_VECTORS = 16
+REDUCE_THREADS = 256
+# Halving order when a variant's workgroup storage exceeds the device: (param, floor). The
+# last step (kv_tile 4) is for head sizes past 256 in f32 only (512: 4-key tiles of 2 KiB
+# rows), which nothing smaller fits in 32 KiB; every spec that fitted before stops earlier.
+SHRINK = {
+    "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4),
+                ("max_k_step", 8), ("kv_tile", 4)),
+    "decode_partial": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
+    "decode_qk": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
+    "decode_pv": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
+}
+
+
+def _p(params: Mapping[str, Any], defaults: Mapping[str, Any], name: str) -> int:
+    return int(params.get(name, defaults[name]))
+
+
+def _s(params: Mapping[str, Any], defaults: Mapping[str, Any], name: str) -> str:
+    return str(params.get(name, defaults[name]))
+
+
+def _item(spec: AttentionSpec) -> int:
+    """Bytes per staged K/V element (wgsl_io's TS): f16 for float16, the bits of bf16 for
+    bfloat16 K/V as stored (widened where read), f32 for float32 and for bfloat16's
+    dequantized int8/int4 K/V."""
+    return wgsl_io.staged_itemsize(spec)
+
+
+# -- prefill ----------------------------------------------------------------------------
+def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
+                   subgroup_width: int = 1) -> dict[str, int]:
+    """Tiles of the flash prefill (shaders/flash_prefill.wgsl names them)."""
+    d = PREFILL_DEFAULTS
+    br = _p(params, d, "q_tile")
+    stage = _s(params, d, "kv_staging") == "workgroup"
+    step = _p(params, d, "max_k_step")
+    bc = _p(params, d, "kv_tile") if stage else step
+    step = min(step, bc)
+    tr = min(_p(params, d, "rows_per_thread"), br)
+    ncg = min(_p(params, d, "row_lanes"), step)
+    gs = wgsl_io.granule(spec) // 4                   # vec4s per load granule
+    ow = 1 if stage else gs                           # vec4s per output unit
+    nu = spec.head_size_v // 4 // ow                  # output units: v's head
+    ocu = -(-nu // ncg)
+    osl = ocu * ow                                    # output vec4 slots per lane and row
+    half = _s(params, d, "out_tile") == "half_workgroup"
+    osw = (osl + 1) // 2 if half else 0               # of which in workgroup memory
+    return {"BR": br, "BC": bc, "STEP": step, "NSTEP": bc // step, "TR": tr, "NCG": ncg,
+            "SGW": min(subgroup_width, ncg), "PREFETCH": int(bool(_p(params, d, "prefetch"))),
+            "STAGE": int(stage), "KVS": bc if stage else 1, "OUTW": int(half), "OW": ow,
+            "NU": nu, "OCU": ocu, "OSL": osl, "OSR": osl - osw, "OSW": osw,
+            "OSZ": max(1, br * ncg * osw)}
+
+
+def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    # The subgroup variant shuffles over >= 4 lanes (WebGPU's smallest subgroup), so its
+    # cross-lane scratch holds at most NCG/4 values per row.
+    sgw = 4 if params.get("reduction") == "subgroup" else 1
+    c = prefill_consts(spec, params, sgw)
+    hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
+    return (c["BR"] * hv * 16 + c["KVS"] * (hv + 1) * 4 * e + c["KVS"] * vv * 4 * e
+            + c["BR"] * c["STEP"] * 4 + c["BR"] * max(1, c["NCG"] // c["SGW"]) * 4
+            + c["OSZ"] * 16)
+
+
+def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = prefill_consts(spec, params)
+    return c["BR"] // c["TR"] * c["NCG"]
+
+
+# -- decode_partial -----------------------------------------------------------------------
+def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
+                  bias_shape: tuple[int, ...] | None = None, op: str = "attention",
+                  ) -> dict[str, int]:
+    """Tiles of decode_partial and decode_qk. A block-skipping variant over a bias that
+    differs per head takes one head per workgroup (GT 1: one block list per workgroup) and,
+    for op attention, deals the listed blocks out evenly over the splits (BAL)."""
+    d = DECODE_DEFAULTS[spec.dtype]
+    blocks = bool(params.get("block_skip"))
+    gt = min(spec.group_size, _p(params, d, "group_tile"),
+             max(1, MAX_VECTORS // int(params.get("m_tile", 1))))
+    if blocks and bias_shape is not None and bias_shape[1] > 1:
+        gt = 1
+    return {"M": int(params.get("m_tile", 1)), "GT": gt, "BC": _p(params, d, "kv_tile"),
+            "WG": _p(params, d, "threads"), "PREFETCH": int(bool(_p(params, d, "prefetch"))),
+            "BAL": int(blocks and op == "attention")}
+
+
+def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = decode_consts(spec, params)
+    hv, vv, e, r = spec.head_size // 4, spec.head_size_v // 4, _item(spec), c["M"] * c["GT"]
+    hs = max(1, c["WG"] // c["BC"])
+    # q_s holds a query, then the merged output: the longer of the two rows
+    return (r * max(hv, vv) * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * vv * 4 * e
+            + c["BC"] * r * 4 * (1 + hs) + 4 * r * 4)
+
+
+# -- reduce -------------------------------------------------------------------------------
+def reduce_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    return {"WG": REDUCE_THREADS}
+
+
+def reduce_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    vv = spec.head_size_v // 4              # a partial state's vec4s
+    nsg = max(1, REDUCE_THREADS // vv)
+    return REDUCE_THREADS * 4 + 1024 * 4 + nsg * vv * 16 + nsg * 4
+
+
+def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
+                 subgroup_width: int = 1, bias_shape: tuple[int, ...] | None = None,
+                 op: str = "attention") -> dict[str, int]:
+    """The compile-time constants of one stage (what its WGSL prefix defines)."""
+    if family == "prefill":
+        return prefill_consts(spec, params, subgroup_width)
+    if family in ("decode_partial", "decode_qk"):
+        return decode_consts(spec, params, bias_shape, op)
+    if family == "decode_pv":
+        return pv_consts(spec, params)
+    return reduce_consts(spec, params)
+
+
+def pv_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
+    """Tiles of decode_pv: its own rows per workgroup (it reads scores, not the query, so
+    any row tiling works): up to 4 rows sharing each V tile, the GQA group's heads."""
+    d = DECODE_DEFAULTS[spec.dtype]
+    m = 4 if spec.seq_len >= 4 else 2 if spec.seq_len >= 2 else 1
+    return {"M": m, "GT": min(spec.group_size, _p(params, d, "group_tile"), MAX_VECTORS // m),
+            "BC": _p(params, d, "kv_tile"), "WG": _p(params, d, "threads"),
+            "PREFETCH": int(bool(_p(params, d, "prefetch")))}
+
+
+def qk_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = decode_consts(spec, params)
+    hv, e, r = spec.head_size // 4, _item(spec), c["M"] * c["GT"]
+    hs = max(1, c["WG"] // c["BC"])
+    return r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * r * 4 * (1 + hs)
+
+
+def pv_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    c = pv_consts(spec, params)
+    vv, e, r = spec.head_size_v // 4, _item(spec), c["M"] * c["GT"]
+    return c["BC"] * vv * 4 * e + c["BC"] * r * 4 + r * 8 + r * vv * 16
