@@ -67,6 +67,8 @@ def time_plan(s: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, Any]
         "kernel_info": t.get("kernels", {})}
     if want is not None:
         got = s.run(spec, inputs, kernel=kernel, params=params, flags=flags)
+        if isinstance(got, tuple):          # return_lse: (out, lse); want is out
+            got = got[0]
         row["max_err"] = float(np.abs(got.astype(np.float64) - want).max())
     return row
 

@@ -18,7 +18,7 @@ from attnreg.kernel import ALL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
 from attnreg.tools import cells as cmod
 from attnreg.tools import conformance as conf
-from attnreg.tools import testing
+from attnreg.tools import recipes as recipes_mod
 from attnreg.tools.testing import compare, expected, make_tensors
 
 __all__ = ["IN_CI", "CellRunner", "assert_covering", "check_close", "conformance_cells",
@@ -122,8 +122,8 @@ def assert_covering(cells: list[cmod.Case], kernels: list[KernelInfo]) -> None:
     for k in kernels:
         mine = [c for c in cells if c.kernel == k.id]
         assert mine, f"{k.id}: no cells"
-        recipes = testing.document_features if k.params.get("block_skip") \
-            else testing.contract_features
+        recipes = recipes_mod.document_features if k.params.get("block_skip") \
+            else recipes_mod.contract_features
         for dtype in k.dtypes:
             cov = [c for c in covering if c.kernel == k.id and c.spec.dtype == dtype]
             assert {c.feature for c in cov} == {r[0] for r in recipes(1, 1, 1, 1)}, (k.id, dtype)

@@ -9,7 +9,7 @@ execute them; a kernel whose device lacks a feature it needs runs under its decl
 - feature cells: a small base problem with one contract feature (layout, GQA ratio, paged
   KV, ...) changed at a time, and all at once; the full matrix adds head sizes, lengths
   around the kernel's tiles, row counts and partial states.
-- covering cells: one per input recipe of ``testing.contract_features`` (``document_features``
+- covering cells: one per input recipe of ``recipes.contract_features`` (``document_features``
   with its document masks for block-skipping kernels) per dtype, while the other axes rotate
   (rotation.Rotation): q/kv layouts (paged pools with page sizes 16/5/1/32 where the kernel reads
   them), GQA 1/4/7, head sizes 32..256, seq_len 1..97, and total lengths 1, +-1 around the
@@ -41,7 +41,7 @@ from ..caps import DeviceCaps
 from ..errors import NoKernelError
 from ..kernel import SPLIT_FAMILIES, KernelInfo
 from ..spec import AttentionSpec
-from . import cells, testing
+from . import cells, recipes
 from .cells import Case, dtype_rank, emulation_params, everything_fields, unique, variant_ranks
 from .nonfinite_cells import nonfinite_cells
 from .profile_cells import profile_cases
@@ -270,9 +270,9 @@ class _Gen:
     def covering_cells(self) -> None:
         """One cell per recipe and dtype: slot n = dtype x recipe (Rotation picks its axes)."""
         k = self.k
-        recipes = testing.document_features if k.params.get("block_skip") \
-            else testing.contract_features
-        n_rec = len(recipes(1, 1, 1, 1))
+        recipes_of = recipes.document_features if k.params.get("block_skip") \
+            else recipes.contract_features
+        n_rec = len(recipes_of(1, 1, 1, 1))
         rot = Rotation(k, self.head() or 1, self.rank)
         for dtype in sorted(k.dtypes, key=dtype_rank):
             di = dtype_rank(dtype)[0]
@@ -284,7 +284,7 @@ class _Gen:
                 big = s >= cells.BIG_ROWS or total >= cells.BIG_TOTAL
                 nkv = 1 if g == 7 or big else 2
                 b = 2 if h <= 96 and not big else 1
-                tag, changes, make, masked = recipes(b, nkv * g, s, total)[fi]
+                tag, changes, make, masked = recipes_of(b, nkv * g, s, total)[fi]
                 cap = int(changes.get("kv_capacity", total))
                 ql, kl, kv_tag = rot.layout(ps)
                 fields: dict[str, Any] = dict(

@@ -65,7 +65,7 @@ class Case:
     mask_frac: float = 0.0      # fraction of bias entries set to -inf
     bias_f16: bool = False      # bias stored in float16 (float16 specs)
     mask_rows: str = ""         # "corners": batch 0 row 0 and the last row; "first": row 0
-    docs: int = 0               # > 0: a block-diagonal document mask (testing.doc_mask)
+    docs: int = 0               # > 0: a block-diagonal document mask (recipes.doc_mask)
     doc_values: bool = False    # the mask keeps the bias values inside a document
     rerun: bool = False         # also run twice and require bitwise-identical results
     nonfinite: bool = False     # NaN / inf planted (testing.plant_nonfinite; reduce: partials)

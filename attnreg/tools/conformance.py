@@ -26,7 +26,8 @@ from ..tensors import check_tensors
 from .cases import cases, uncovered
 from .cells import Case
 from .profile_cells import PROFILE_SPECS, profile_cases
-from .testing import compare, compare_partials, doc_mask, expected, make_tensors, plant_nonfinite
+from .recipes import doc_mask
+from .testing import compare, compare_partials, expected, make_tensors, plant_nonfinite
 
 __all__ = ["PROFILE_SPECS", "Case", "Result", "cases", "inputs_for", "load_required",
            "markdown", "missing_required", "profile_cases", "run_case", "run_matrix",
