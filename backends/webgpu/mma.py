@@ -18,12 +18,12 @@ from .kernels import (
     KV_DTYPES,
     KV_LAYOUTS,
     _features,
-    _p,
     _thread_check,
     _with_bindings,
     v_head_reasons,
 )
 from .probe import NAME
+from .tiles import _p
 
 # Dawn's subgroup matrices as the H100 has them: 16x16x16 f16 products in f32, 32-lane
 # subgroups. q_tile: query rows per workgroup (16 per subgroup); kv_tile: keys per staged tile.
