@@ -234,3 +234,14 @@ def add_to_report(part: str, results: list[conf.Result]) -> None:
         (REPORT_DIR / "conformance.json").write_text(
             json.dumps([r.as_dict() for r in merged], indent=1))
         (REPORT_DIR / "conformance.md").write_text(conf.markdown(merged))
+
+
+def pocl_cl_device() -> tuple[Any, Any]:
+    """(pyopencl, PoCL's device) for tests that build their own programs on CI's OpenCL."""
+    require_devices("opencl")
+    import pyopencl as cl
+
+    for p in cl.get_platforms():
+        if "portable" in p.name.lower():
+            return cl, p.get_devices()[0]
+    missing("no PoCL platform")

@@ -41,8 +41,12 @@ def test_probe_fills_caps(dev):
                  "buffer_size", "workgroups_per_dim"):
         assert dev.limit(name), name
     assert dev.compute_units and dev.driver
-    assert ("subgroups" in dev.features) == bool(
-        {"cl_khr_subgroups", "cl_intel_subgroups", oprobe.NV_SHUFFLE} & dev.features)
+    # sub-groups count where the extensions are there and run 32 lanes (probed; PoCL 5.0's do
+    # not), or on NVIDIA's warps
+    widths_ok = "not 32-wide" not in dev.extra.get("subgroup_widths", "") and \
+        "failed" not in dev.extra.get("subgroup_widths", "")
+    assert ("subgroups" in dev.features) == (oprobe.NV_SHUFFLE in dev.features or (bool(
+        {"cl_khr_subgroups", "cl_intel_subgroups"} & dev.features) and widths_ok))
     if "pthread" in dev.name or "pocl" in dev.description.lower():
         assert dev.vendor == "pocl" and dev.device_type == "cpu"
 
@@ -66,7 +70,15 @@ def _fake_cl():
     return types.SimpleNamespace(device_type=_Enum)
 
 
-def test_probe_maps_vendor_extensions():
+def test_probe_maps_vendor_extensions(monkeypatch, tmp_path):
+    """Vendors and features from a driver's answers (the driver stood in for; the kernels the
+    probe runs need a real device, so their answers are given: the compiler check's cached
+    verdict, the sub-group width of an Intel GPU)."""
+    monkeypatch.setenv("ATTNREG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(oprobe.compiler_check, "verdict", lambda cl, dev: {"fix": [], "why": "-"})
+    widths = {"Intel(R) OpenCL Graphics": [32, 32, 32], "Portable Computing Language": [64, 128, 256]}
+    monkeypatch.setattr(oprobe, "subgroup_widths",
+                        lambda cl, dev, exts: oprobe.subgroup_verdict(widths[dev.platform_name]))
     nv = types.SimpleNamespace(name="NVIDIA CUDA", vendor="NVIDIA Corporation", version="OpenCL 3.0")
     caps = oprobe.device_caps(_fake_cl(), 1, 0, nv, _FakeDev())
     assert caps.id == "opencl:1:0" and caps.vendor == "nvidia" and caps.architecture == "sm_90"
@@ -76,7 +88,8 @@ def test_probe_maps_vendor_extensions():
                                   version="OpenCL 3.0")
     caps = oprobe.device_caps(_fake_cl(), 0, 2, intel, _FakeDev(
         vendor="Intel(R) Corporation", vendor_id=0x8086,
-        extensions="cl_khr_fp16 cl_khr_subgroups cl_intel_subgroups", sub_group_sizes_intel=[8, 16, 32]))
+        extensions="cl_khr_fp16 cl_khr_subgroups cl_intel_subgroups", sub_group_sizes_intel=[8, 16, 32],
+        platform_name=intel.name))
     assert caps.vendor == "intel" and {"cl_khr_fp16", "subgroups"} <= caps.features
     assert (caps.subgroup_min_size, caps.subgroup_max_size) == (8, 32)
     pocl = types.SimpleNamespace(name="Portable Computing Language", vendor="The pocl project",
@@ -84,6 +97,13 @@ def test_probe_maps_vendor_extensions():
     caps = oprobe.device_caps(_fake_cl(), 0, 0, pocl, _FakeDev(
         type=_Enum.CPU, vendor="AuthenticAMD", vendor_id=0x8086, extensions="cl_khr_fp64"))
     assert caps.vendor == "pocl" and caps.device_type == "cpu" and "subgroups" not in caps.features
+    # PoCL 5.0: sub-group extensions whose sub-groups are the whole work-group
+    caps = oprobe.device_caps(_fake_cl(), 0, 0, pocl, _FakeDev(
+        type=_Enum.CPU, vendor="GenuineIntel", vendor_id=0x8086, platform_name=pocl.name,
+        extensions="cl_khr_subgroups cl_intel_subgroups cl_intel_required_subgroup_size"))
+    assert {"cl_khr_subgroups", "cl_intel_subgroups"} <= caps.features
+    assert "subgroups" not in caps.features and "not 32-wide" in caps.extra["subgroup_widths"]
+    assert any("emulated" in line for line in caps.settings)
 
 
 def test_probe_never_raises(monkeypatch):

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from attnreg.backends.opencl import mma_probe
-from tests.support import missing, require_devices
+from tests.support import pocl_cl_device, require_devices
 
 
 def test_only_nvidia_sm80_and_later_are_tried() -> None:
@@ -22,14 +22,7 @@ def test_only_nvidia_sm80_and_later_are_tried() -> None:
     assert mma_probe.applies("NVIDIA CUDA", "sm_90") is None
 
 
-def _pocl() -> tuple[object, object]:
-    require_devices("opencl")
-    import pyopencl as cl
-
-    for p in cl.get_platforms():
-        if "portable" in p.name.lower():
-            return cl, p.get_devices()[0]
-    missing("no PoCL platform")
+_pocl = pocl_cl_device
 
 
 def test_probe_devices_say_why_there_is_no_mma() -> None:

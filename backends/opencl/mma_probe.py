@@ -13,12 +13,7 @@ kernel needs no cl_khr_fp16 (NVIDIA's OpenCL has none).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import threading
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,11 +41,7 @@ __kernel void mma_probe(__global const uint *a, __global const uint *b, __global
 }
 """
 
-_LOCK = threading.Lock()
-
-
-def _cache_file() -> Path:
-    return cache.root() / "ptx_mma.json"
+CACHE_FILE = "ptx_mma.json"
 
 
 def cache_key(device_name: str, driver: str, platform_version: str) -> str:
@@ -101,23 +92,9 @@ def check(cl: Any, dev: Any, platform: Any, arch: str) -> tuple[bool, str]:
     if skip is not None:
         return False, skip
     key = cache_key(str(dev.name), str(dev.driver_version), str(platform.version))
-    path = _cache_file()
-    with _LOCK:
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cached = {}
-        if key in cached:
-            got = cached[key]
-            return bool(got["ok"]), str(got["why"]) + " (cached)"
+
+    def probe() -> dict[str, Any]:
         why = run_probe(cl, dev)
-        got = {"ok": why is None, "why": why or "mma.sync m16n8k16 f16->f32 ran and was right"}
-        cached[key] = got
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as fh:
-                json.dump(cached, fh, indent=1)
-            os.replace(fh.name, path)
-        except OSError:
-            pass                      # an unwritable cache only costs a probe per process
-        return bool(got["ok"]), str(got["why"])
+        return {"ok": why is None, "why": why or "mma.sync m16n8k16 f16->f32 ran and was right"}
+    got, stored = cache.verdict(CACHE_FILE, key, probe)
+    return bool(got["ok"]), str(got["why"]) + (" (cached)" if stored else "")

@@ -5,14 +5,51 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from attnreg import cache
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
 
-from . import mma_probe
+from . import compiler_check, mma_probe
 from .kernels import BACKEND
 from .tiling import NV_SHUFFLE
 
 # Extensions that decide variants; every extension is listed as a feature anyway.
 SUBGROUP_EXTENSIONS = ("cl_khr_subgroups", "cl_intel_subgroups")
+# The sub-group kernels map 32 values onto 32 lanes: the driver must run sub-groups of 32 at
+# the work-group sizes they use, built as they are (PoCL 5.0's are the whole work-group, 128
+# at 128, even under intel_reqd_sub_group_size(32)).
+SG_WIDTH = 32
+SG_WG = (64, 128, 256)
+SG_KERNEL = "{attr} __kernel void sg_width(__global uint* x) {{ x[0] = get_sub_group_size(); }}"
+
+
+def subgroup_widths(cl: Any, dev: Any, exts: frozenset[str]) -> dict[str, Any]:
+    """The sub-group size the driver reports for the sub-group kernels' work-group sizes,
+    for a kernel built with their sub-group size requirement."""
+    import warnings
+    pragma = "#pragma OPENCL EXTENSION cl_khr_subgroups : enable\n" \
+        if "cl_khr_subgroups" in exts else ""
+    attr = f"__attribute__((intel_reqd_sub_group_size({SG_WIDTH})))" \
+        if "cl_intel_required_subgroup_size" in exts else ""
+    try:
+        ctx = cl.Context([dev])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = cl.Program(ctx, pragma + SG_KERNEL.format(attr=attr)).build()
+        k = cl.Kernel(prog, "sg_width")
+        info = cl.kernel_sub_group_info.MAX_SUB_GROUP_SIZE_FOR_NDRANGE
+        sizes = [int(k.get_sub_group_info(dev, info, (wg,))) for wg in SG_WG]
+    except Exception as exc:
+        return {"ok": False, "why": f"sub-group size query failed: {type(exc).__name__}: "
+                f"{str(exc).strip()[:200]}"}
+    return subgroup_verdict(sizes)
+
+
+def subgroup_verdict(sizes: list[int]) -> dict[str, Any]:
+    """Whether the sub-group kernels may use the driver's sub-groups of these sizes (one per
+    work-group size of SG_WG)."""
+    ok = set(sizes) == {SG_WIDTH}
+    return {"ok": ok, "why": f"sub-group sizes {sizes} at work-groups {list(SG_WG)}"
+            + ("" if ok else f": not {SG_WIDTH}-wide, so the sub-group kernels run emulated")}
 
 
 def _get(dev: Any, name: str, default: Any = None) -> Any:
@@ -61,8 +98,20 @@ def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCap
     if intel_sizes:
         sg_min, sg_max = int(min(intel_sizes)), int(max(intel_sizes))
     mma_ok, mma_why = mma_probe.check(cl, dev, platform, arch)
+    build_fix, optimizer = compiler_check.check(cl, dev, platform)
     if mma_ok:
         features.add(mma_probe.FEATURE)
+    settings: list[str] = []
+    if build_fix:
+        settings.append(f"build options {' '.join(build_fix)} on every program: {optimizer}")
+    widths = ""
+    if NV_SHUFFLE not in features and any(e in exts for e in SUBGROUP_EXTENSIONS):
+        key = f"{dev.name}|{dev.driver_version}|{platform.version}"
+        got, _ = cache.verdict("cl_subgroups.json", key, lambda: subgroup_widths(cl, dev, exts))
+        widths = str(got["why"])
+        if not got["ok"]:                  # the extensions decide no variant (still listed)
+            exts = exts - frozenset(SUBGROUP_EXTENSIONS)
+            settings.append(widths)
     if any(e in exts for e in SUBGROUP_EXTENSIONS) or NV_SHUFFLE in features:
         features.add("subgroups")
     alloc = int(_get(dev, "max_mem_alloc_size", 0) or 0)
@@ -84,11 +133,14 @@ def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCap
         driver=str(_get(dev, "driver_version", "")), backend_type="OpenCL", device_type=dtype,
         features=frozenset(features), limits=limits, subgroup_min_size=sg_min,
         subgroup_max_size=sg_max, compute_units=_get(dev, "max_compute_units"),
+        settings=tuple(settings),
         extra={"platform": platform.name, "platform_index": pi, "device_index": di,
                "opencl_c_version": str(_get(dev, "opencl_c_version", "")),
                "global_mem_size": int(_get(dev, "global_mem_size", 0) or 0),
                "max_clock_mhz": _get(dev, "max_clock_frequency"),
-               "fp16": "cl_khr_fp16" in exts, "ptx_mma": mma_why})
+               "fp16": "cl_khr_fp16" in exts, "ptx_mma": mma_why,
+               "cl_optimizer": optimizer, "cl_build_fix": list(build_fix),
+               **({"subgroup_widths": widths} if widths else {})})
 
 
 def probe() -> list[DeviceCaps]:

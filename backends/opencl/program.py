@@ -20,6 +20,7 @@ import numpy as np
 
 from attnreg import blocks
 from attnreg.backends import common, ports
+from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
@@ -96,6 +97,12 @@ def source(family: str, variant: str) -> str:
 
 def _assemble(family: str, files: tuple[str, ...]) -> str:
     return common.opencl_struct() + signature(family) + "".join(read_file(f) for f in files)
+
+
+def build_fix(caps: DeviceCaps) -> tuple[str, ...]:
+    """Options every build on this device needs (compiler_check.py: -cl-opt-disable where the
+    optimizer miscompiled the check kernel)."""
+    return tuple(caps.extra.get("cl_build_fix", ()))
 
 
 def options(defines: dict[str, int], extra: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -33,9 +33,9 @@ def refusal(kv_dtype: str, dtype: str, head_size: int) -> str | None:
     return None
 
 
-def _kernel(ctx: cl.Context, dev: cl.Device, kv_dtype: str, dtype: str, head_size: int
-            ) -> cl.Kernel:
-    opts = (*program.BASE_OPTIONS, f"-DHD={head_size}", f"-DDT={_DT[dtype]}")
+def _kernel(ctx: cl.Context, dev: cl.Device, kv_dtype: str, dtype: str, head_size: int,
+            fix: tuple[str, ...] = ()) -> cl.Kernel:
+    opts = (*program.BASE_OPTIONS, *fix, f"-DHD={head_size}", f"-DDT={_DT[dtype]}")
     prog = device.build(ctx, dev, f"opencl.quantize_kv.{kv_dtype}",
                         program.read_file("quantize_kv.cl"), opts)
     return cl.Kernel(prog, _ENTRY[kv_dtype])
@@ -43,8 +43,9 @@ def _kernel(ctx: cl.Context, dev: cl.Device, kv_dtype: str, dtype: str, head_siz
 
 def quantize_into(ctx: cl.Context, dev: cl.Device, queue: cl.CommandQueue, mem: DeviceMemory,
                   kv_dtype: str, rows: np.ndarray,
-                  jobs: Sequence[tuple[np.ndarray, Any, Any]]) -> None:
-    """The QuantizingRuntime method (hookspecs.py) on this device."""
+                  jobs: Sequence[tuple[np.ndarray, Any, Any]], fix: tuple[str, ...] = ()) -> None:
+    """The QuantizingRuntime method (hookspecs.py) on this device (``fix``: the build
+    options its compiler needs, program.build_fix)."""
     if not jobs or rows.size == 0:
         return
     r, h = jobs[0][0].shape
@@ -59,7 +60,7 @@ def quantize_into(ctx: cl.Context, dev: cl.Device, queue: cl.CommandQueue, mem: 
         parts.append(raw)
         at += raw.size
     staging = mem.upload_pooled("quant_staging", np.concatenate(parts), private=True)
-    kernel = _kernel(ctx, dev, kv_dtype, jobs[0][0].dtype.name, h)
+    kernel = _kernel(ctx, dev, kv_dtype, jobs[0][0].dtype.name, h, fix)
     count = r if kv_dtype == "int8" else r * (h // 32)
     for off, (_, codes, scales) in zip(offsets, jobs):
         kernel.set_args(staging, np.uint32(r), np.uint32(off), codes, scales)
