@@ -28,9 +28,9 @@ from attnreg.spec import AttentionSpec
 from . import mma, tiling
 
 # family -> source files, in include order (the Params struct and the signature in front)
-_DECODE = ("common.cl", "flash_core.cl", "subgroups.cl", "decode_core.cl")
+_DECODE = ("common.cl", "flash_core.cl", "flash_rows.cl", "subgroups.cl", "decode_core.cl")
 FILES = {
-    "prefill": ("common.cl", "flash_core.cl", "subgroups.cl", "flash_prefill.cl"),
+    "prefill": ("common.cl", "flash_core.cl", "flash_rows.cl", "subgroups.cl", "flash_prefill.cl"),
     "decode_partial": (*_DECODE, "decode_partial.cl"),
     "decode_fused": (*_DECODE, "decode_merge.cl", "decode_fused.cl"),
     "decode_qk": ("common.cl", "flash_core.cl", "decode_qk.cl"),

@@ -1,0 +1,134 @@
+// The flash loop of decode_partial / decode_fused (tiled) and the work-group-memory
+// flash_prefill, after flash_core.cl (its rows, tiles, K/V staging and logits): K (and V)
+// tiles staged in local memory, scores, the row max and probabilities, then P.V into each
+// work-item's accumulators.
+
+// Value of key t0 + jj of the current tile, float4 group g: staged, or read directly.
+#if STAGE_V
+#define PV_VALUE(jj, g) vload4(0, Vs + (jj) * HV + 4 * (g))
+#else
+#define PV_VALUE(jj, g) V_LD4(vb, vsb, VOFF(KOFF(t0 + (jj))), 4 * (g))
+#endif
+
+// The flash loop over the tiles of ts: per tile, stage K (and V), scores into Ss,
+// row max + probabilities into Ps, then P.V into the caller's accumulators. Every
+// work-item runs the same number of iterations (barriers stay uniform). On return each
+// work-item holds, for its P.V rows, acc (unnormalised), l (sum of p) and m (max).
+inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* ids,
+                       const __global int* zero, const __global int* btab,
+                       const __global kv_t* kb, const __global kv_t* vb,
+                       const __global scale_t* ksb, const __global scale_t* vsb,
+                       const __global bias_t* bias,
+                       __local float* Qs, __local float* Ks, __local float* Vs,
+                       __local float* Ss, __local float* Ps, __local float* Mrun,
+                       __local float* Mnew,
+                       float4 acc[PMR][DV], float l[PMR], float m[PMR]) {
+  const int lid = get_local_id(0);
+  const int kl = lid % KL, rl = lid / KL;
+  const int dl = lid % DL, prl = lid / DL;
+  const int2 ckeys = common_keys(P, w);
+  for (int pm = 0; pm < PMR; ++pm) {
+    l[pm] = 0.0f;
+    m[pm] = -INFINITY;
+    for (int dv = 0; dv < DV; ++dv) acc[pm][dv] = (float4)(0.0f);
+  }
+  if (lid < R_ROWS) Mrun[lid] = -INFINITY;
+  kvraw_t pk[NLD], pv[NLDV];
+  int2 tr = tile_keys(&ts, ids, 0);
+  FETCH(tr.x, tr.y)
+  for (int it = 0; it < ts.count; ++it) {
+    const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
+    const bool use_bias = tile_bias(&ts, zero, it);
+    // 1. stage the prefetched tile, then start fetching the next one
+    STORE_TILE(KP)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    tr = tile_keys(&ts, ids, it + 1);
+    FETCH(tr.x, tr.y)
+    // 2. scores: each work-item an MR x NK block (rows strided by RL, keys by KL)
+    float s[MR][NK];
+    for (int a = 0; a < MR; ++a)
+      for (int n = 0; n < NK; ++n) s[a][n] = 0.0f;
+#pragma unroll 4
+    for (int g = 0; g < HD4; ++g) {
+      float4 kv[NK];
+      for (int n = 0; n < NK; ++n) kv[n] = vload4(0, Ks + (kl + n * KL) * KP + 4 * g);
+      for (int a = 0; a < MR; ++a) {
+        int r = rl + a * RL;
+        float4 qv = r < R_ROWS ? vload4(0, Qs + r * KP + 4 * g) : (float4)(0.0f);
+        for (int n = 0; n < NK; ++n) s[a][n] += dot(qv, kv[n]);
+      }
+    }
+    for (int a = 0; a < MR; ++a) {
+      int r = rl + a * RL;
+      if (r < R_ROWS) {
+        for (int n = 0; n < NK; ++n) {
+          int jj = kl + n * KL;
+          Ss[r * TK + jj] = finish_score_r(P, w, bias, r, t0 + jj, t1, ts.kr.y, use_bias,
+                                           s[a][n]);
+        }
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // 3. row max (each work-item redundantly over its rows: no atomics, one barrier).
+    // Rows past R_ROWS are clamped, not branched around: only the stores are guarded.
+    for (int a = 0; a < MR; ++a) {
+      int r = rl + a * RL;
+      int rc = min(r, R_ROWS - 1);
+      float mx = Mrun[rc];
+#pragma unroll 8
+      for (int jj = 0; jj < TK; ++jj) mx = fmax(mx, Ss[rc * TK + jj]);
+      float mu = SAFE_MAX(mx);
+      for (int n = 0; n < NK; ++n) {
+        int jj = kl + n * KL;
+        float p = WEIGHT(Ss[rc * TK + jj], mu);
+        if (r < R_ROWS) Ps[rc * TK + jj] = p;
+      }
+      if (kl == 0 && r < R_ROWS) Mnew[rc] = mx;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // 4. rescale and accumulate P.V for this work-item's rows and float4 dims; a tile on
+    // the causal diagonal or the window's edge adds only the keys each row sees
+    const bool full = MQ == 1 || all_see(ckeys, t0, t1);   // MQ == 1: rows share a position
+    for (int pm = 0; pm < PMR; ++pm) {
+      int r = prl + pm * PRL;
+      if (r < R_ROWS) {
+        float mx = Mnew[r];
+        float alpha = EXP(m[pm] - SAFE_MAX(mx));
+        float ls = 0.0f;
+        float4 a2[DV];
+        for (int dv = 0; dv < DV; ++dv) a2[dv] = acc[pm][dv] * alpha;
+        if (full) {
+#if STAGE_V
+          // zeros were staged past the range (and p is 0 there): a fixed trip count unrolls
+#pragma unroll 8
+          for (int jj = 0; jj < TK; ++jj) {
+#else
+          for (int jj = 0; jj < tn; ++jj) {
+#endif
+            float p = Ps[r * TK + jj];
+            ls += p;
+            for (int dv = 0; dv < DV; ++dv) {
+              int g = dl + dv * DL;
+              if (g < HV4) a2[dv] += p * PV_VALUE(jj, g);
+            }
+          }
+        } else {
+          for (int jj = 0; jj < tn; ++jj) {
+            float p = Ps[r * TK + jj];
+            ls += p;
+            if (!key_seen(P, w, r, t0 + jj)) continue;   // a branch per key, not per element
+            for (int dv = 0; dv < DV; ++dv) {
+              int g = dl + dv * DL;
+              if (g < HV4) a2[dv] += p * PV_VALUE(jj, g);
+            }
+          }
+        }
+        for (int dv = 0; dv < DV; ++dv) acc[pm][dv] = a2[dv];
+        l[pm] = l[pm] * alpha + ls;
+        m[pm] = mx;
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < R_ROWS) Mrun[lid] = Mnew[lid];
+  }
+}
