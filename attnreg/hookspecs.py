@@ -93,6 +93,15 @@ class Runtime(Protocol):
         """Release a buffer from :meth:`alloc`; nothing prepared with it is used again."""
         ...
 
+    def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,
+                  dst_pitch: int) -> None:
+        """Copy ``rows`` rows of ``row_bytes`` bytes from buffer ``src`` (rows ``src_pitch``
+        bytes apart) into buffer ``dst`` (rows ``dst_pitch`` apart), with zeros in the rest
+        of each ``dst`` row; ordered with launches and uploads like :meth:`upload`, on the
+        device (no host transfer). Pitches and sizes may be any byte counts: it widens or
+        narrows a tensor's last axis (attnreg/headpad.py)."""
+        ...
+
     def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
         """Measured copy bandwidth of the device's memory in GB/s (bytes read + written),
         copying ``nbytes``: the roof the bench compares kernels with."""

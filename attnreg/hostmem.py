@@ -46,6 +46,16 @@ class HostMemory:
     def free(self, handle: np.ndarray) -> None:
         self.counters["frees"] += 1
 
+    def copy_rows(self, src: np.ndarray, dst: np.ndarray, rows: int, row_bytes: int,
+                  src_pitch: int, dst_pitch: int) -> None:
+        if rows <= 0:
+            return
+        s = np.lib.stride_tricks.as_strided(src, (rows, row_bytes), (src_pitch, 1))
+        d = np.lib.stride_tricks.as_strided(dst, (rows, dst_pitch), (dst_pitch, 1))
+        d[:, row_bytes:] = 0
+        d[:, :row_bytes] = s
+        self.counters["row_copies"] += 1
+
     def copy_bandwidth(self, nbytes: int = 64 << 20, repeats: int = 5) -> float:
         """Host memory copy GB/s (bytes read + written), median of ``repeats`` copies."""
         src = np.ones(int(nbytes), np.uint8)

@@ -66,6 +66,14 @@ class Plan:
     ignored_flags: Mapping[str, str] = field(default_factory=dict)
     flags: Mapping[str, Any] = field(default_factory=dict)
     split: SplitGeometry | None = None        # the split-KV geometry every stage shares
+    # The spec the caller asked for, when the kernels run ``spec`` with its head sizes padded
+    # by zero columns (attnreg/headpad.py); None when they run the asked spec as it is.
+    request: AttentionSpec | None = None
+
+    @property
+    def asked(self) -> AttentionSpec:
+        """The caller's spec (``request``, or ``spec`` when nothing was padded)."""
+        return self.request if self.request is not None else self.spec
 
     @property
     def backend(self) -> str:
@@ -98,7 +106,7 @@ class Plan:
     def explain(self) -> str:
         """The plan as text a person can read."""
         lines = [
-            f"spec:    {self.spec!r}",
+            f"spec:    {self.asked!r}",
             f"op:      {self.op} (route: {self.route})",
             f"backend: {self.backend}",
             f"device:  {self.device}  vendor={self.caps.vendor}"
@@ -106,6 +114,8 @@ class Plan:
             "kernels: " + " -> ".join(self.kernels),
         ]
         lines[4:4] = [f"         {line}" for line in self.caps.settings]
+        if self.request is not None:
+            lines.insert(1, f"runs as: {self.spec!r} (zero columns added; out cut back)")
         if self.split is not None:
             lines.insert(-1, "split:   " + ", ".join(f"{k}={v}" for k, v in
                                                   sorted(self.split.params.items())))

@@ -32,5 +32,5 @@ class PreparedRun:
                     x.check_live(f"tensors[{name!r}]")
             if self.out is not None:
                 self.out.check_live("out")
-            res = self.runtime.launch(self.plan, self.inputs, self.outputs)
+            res = s._run_plan(self.runtime, self.plan, self.inputs, self.outputs)
         return (res["out"], res["lse"]) if self.plan.spec.return_lse else res["out"]

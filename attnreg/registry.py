@@ -14,7 +14,7 @@ from typing import Any
 import pluggy
 
 from . import flags as flagmod
-from . import hookspecs, rules
+from . import headpad, hookspecs, rules
 from . import params as paramsmod
 from .caps import DeviceCaps, unavailable
 from .errors import NoKernelError, SpecError
@@ -239,16 +239,48 @@ class Registry:
                 continue
             got = DevicePlanner(self.rules(), self.kernels(dev.backend), spec, op, dev, f,
                                 forced_k, dict(params or {}), exclude or {}).run(rejected, tag)
+            run_spec = spec
+            if got is None:
+                run_spec, got = self._plan_padded(spec, op, dev, f, forced_k, params, exclude,
+                                                  rejected, tag)
             if got is not None:
                 for later in devs[i + 1:]:
                     for k in self.kernels(later.backend):
                         rejected.setdefault(f"{k.id}@{later.id}" if later.backend in multi else k.id,
                                             [f"not considered: {dev.label} ranks before "
                                              f"{later.label}"])
-                return Plan(spec=spec, op=op, route=got[0], caps=dev, stages=got[1],
+                return Plan(spec=run_spec, op=op, route=got[0], caps=dev, stages=got[1],
                             rejected=rejected, rules=got[2], ignored_flags=got[3],
-                            flags=flagmod.non_default(f), split=got[4])
+                            flags=flagmod.non_default(f), split=got[4],
+                            request=spec if run_spec is not spec else None)
         raise NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
+
+    def _plan_padded(self, spec: AttentionSpec, op: str, dev: DeviceCaps, f: Mapping[str, Any],
+                     forced_k: KernelInfo | None, params: Mapping[str, Any] | None,
+                     exclude: Mapping[tuple[str, str], str] | None,
+                     rejected: dict[str, list[str]], tag: Any) -> tuple[AttentionSpec, Any]:
+        """The plan of ``spec`` with its head sizes padded (rules.head_padding), when no
+        kernel of the device's backend runs them as they are: (padded spec, planner result),
+        or (spec, None). The rejections and rules shown are the padded plan's."""
+        kernels = self.kernels(dev.backend)
+        for h, hv in rules.head_padding(spec, kernels):
+            try:
+                padded = headpad.padded_spec(spec, h, hv)
+            except SpecError:
+                continue
+            tried: dict[str, list[str]] = {}
+            got = DevicePlanner(self.rules(), kernels, padded, op, dev, f, forced_k,
+                                dict(params or {}), exclude or {}).run(tried, tag)
+            if got is not None:
+                why = (f"head_padding: no {dev.backend} kernel runs head sizes "
+                       f"{spec.head_size}/{spec.head_size_v} (k/v) as they are -> "
+                       f"{headpad.describe(spec, padded)}: q, k, v get zero columns (no dot "
+                       "product or output column changes) and out is cut back")
+                for k in kernels:
+                    rejected.pop(tag(k.id), None)
+                rejected.update(tried)
+                return padded, (got[0], got[1], (why, *got[2]), got[3], got[4])
+        return spec, None
 
 
 def _add_once(table: dict[str, Any], key: str, value: Any, what: str) -> None:

@@ -264,3 +264,27 @@ def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) 
 def device_order(caps: DeviceCaps, priority: int) -> tuple[int, int, int, str]:
     return (0 if caps.available else 1, DEVICE_TYPE_ORDER.get(caps.device_type, 1), -priority,
             caps.id)
+
+
+def head_padding(spec: AttentionSpec, kernels: tuple[KernelInfo, ...] | list[KernelInfo]
+                 ) -> list[tuple[int, int]]:
+    """The (head_size, v_head_size) pairs to try, nearest first, when no kernel of a backend
+    runs ``spec`` at its own head sizes: each size rounded up to the next one some kernel
+    declares (attnreg/headpad.py pads q, k, v with zero columns, which changes no result).
+    int4 K/V never pad: their head sizes are whole q4_0 blocks of 32, which every kernel's
+    step divides."""
+    if spec.kv_dtype == "int4":
+        return []
+
+    def sizes(h: int) -> set[int]:
+        out = {h}
+        for k in kernels:
+            lo, hi, step = k.head_sizes
+            up = max(lo, -(-h // step) * step)
+            if up <= hi and k.head_size_ok(up):
+                out.add(up)
+        return out
+
+    h, hv = spec.head_size, spec.head_size_v
+    pairs = [(a, b) for a in sizes(h) for b in sizes(hv) if (a, b) != (h, hv)]
+    return sorted(pairs, key=lambda p: (p[0] - h + p[1] - hv, p))

@@ -16,6 +16,7 @@ from . import registry as regmod
 from .caps import DeviceCaps
 from .device_tensor import DTYPES, DeviceTensor, KVCache
 from .errors import ClosedError, KernelUnavailable, SpecError
+from .headpad import HeadPadder
 from .hookspecs import Runtime
 from .interrupts import deferred
 from .plan import Plan
@@ -77,6 +78,8 @@ class Session:
         self._home: str | None = None
         self._lock = threading.RLock()
         self.closed = False
+        # padded twins of DeviceTensors for plans that pad head sizes (headpad.py)
+        self._padder = HeadPadder(lambda shape, dtype, dev: self.empty(shape, dtype, device=dev))
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -93,6 +96,7 @@ class Session:
             runtimes = list(self._runtimes.values())
             self._runtimes.clear()
             self._plans.clear()
+            self._padder.clear()
             for rt in runtimes:
                 rt.close()
 
@@ -152,7 +156,7 @@ class Session:
             try:
                 rt = self.runtime(plan)
                 self._check_resident(plan, inputs)
-                return plan, rt.launch(plan, inputs, outputs)
+                return plan, self._run_plan(rt, plan, inputs, outputs)
             except MemoryError:
                 # Host memory (the reference's float64 copies, host-staged inputs): a
                 # request too big for this machine, refused like any other.
@@ -163,6 +167,14 @@ class Session:
                 with self._lock:
                     self._failed[(plan.caps.id, exc.kernel_id)] = f"failed on this device: {exc.reason}"
                     self._plans.clear()
+
+    def _run_plan(self, rt: Runtime, plan: Plan, inputs: Mapping[str, Any],
+                  outputs: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Launch a plan on the caller's tensors: as they are, or, where the plan pads head
+        sizes (plan.request), through their zero-padded twins (headpad.py)."""
+        if plan.request is None:
+            return rt.launch(plan, inputs, outputs)
+        return self._padder.launch(rt, plan, inputs, outputs)
 
     # -- device memory -----------------------------------------------------------------
     def home_device(self, device: str | int | None = None) -> str:

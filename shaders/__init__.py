@@ -7,7 +7,7 @@ from importlib import resources
 
 FAMILIES = ("attn_common", "decode_lanes", "flash_prefill", "decode_partial", "reduce", "decode_qk",
             "decode_pv", "patch16", "copy_bw", "flash_prefill_mma", "mma_hw", "mma_emu",
-            "mma_common", "decode_mma")
+            "mma_common", "decode_mma", "copy_rows")
 
 
 @cache

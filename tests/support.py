@@ -165,7 +165,7 @@ def conformance_cells() -> tuple[cmod.Case, ...]:
 # everything-at-once cells ("all", "int8-all", "model-all", ...) and non-finite cells; so does
 # a kernel run emulated on a device without its feature (OpenCL sub-group and tensor-core
 # kernels on PoCL), whose float16 twin takes every recipe.
-ALL_FEATURE_CELLS = ("all", "model-all", "right-padded", "h320", "h512")
+ALL_FEATURE_CELLS = ("all", "model-all", "right-padded", "h320", "h512", "padded")
 QUICK_FEATURE_DTYPES: dict[str, tuple[str, ...]] = {
     "dawn": (), "browser": (), "webgpu": ("float16",), "opencl": ("float16",)}
 HOST_BACKENDS = ("dawn", "browser")
@@ -180,7 +180,7 @@ def _quick_keeps(c: cmod.Case) -> bool:
         return not (twin and (c.backend in HOST_BACKENDS or c.emulated)) or c.feature == "all"
     if c.spec.dtype in dtypes:
         return True
-    return c.label.endswith("all") if twin else c.label.endswith(ALL_FEATURE_CELLS)
+    return c.label.endswith(("all", "padded")) if twin else c.label.endswith(ALL_FEATURE_CELLS)
 
 
 def module_cells(module: str) -> list[cmod.Case]:

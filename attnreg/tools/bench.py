@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import api
+from .. import api, headpad
 from ..caps import DeviceCaps
 from ..errors import NoKernelError, SpecError
 from ..plan import Plan
@@ -46,6 +46,7 @@ def time_plan(session: Session, plan: Plan, inputs: Mapping[str, Any], iters: in
               warmup: int) -> dict[str, Any]:
     """Per-launch timings of a plan on its session's runtime (inputs bound once)."""
     rt = session.runtime(plan)
+    inputs = headpad.host_inputs(plan, inputs)                 # a padded plan's kernel inputs
     rt.launch(plan, inputs)                                    # compiles, warms caches
     return rt.timings(plan, inputs, iters=iters, warmup=warmup)
 
@@ -54,7 +55,8 @@ def time_case(session: Session, spec: AttentionSpec, inputs: Mapping[str, np.nda
               iters: int, warmup: int) -> tuple[dict[str, list[float]], str]:
     """Per-iteration timings for one spec on the session's device, and the kernels used."""
     _, plan = session.run_with_plan(spec, inputs)              # compiles, warms caches
-    times = session.runtime(plan).timings(plan, inputs, iters=iters, warmup=warmup)
+    times = session.runtime(plan).timings(plan, headpad.host_inputs(plan, inputs), iters=iters,
+                                          warmup=warmup)
     return times, " -> ".join(plan.kernels)
 
 

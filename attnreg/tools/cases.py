@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import headpad
 from .. import registry as regmod
 from ..caps import DeviceCaps
 from ..errors import NoKernelError
@@ -157,6 +158,7 @@ class _Gen:
             if not self.quick or dtype == min(k.dtypes, key=dtype_rank):
                 self.quantized_cells(d, split)
                 self.model_cells(d, split)
+                self.padded_cells(d, split)
             if not self.quick:
                 self.sweeps(d, split)
 
@@ -237,6 +239,31 @@ class _Gen:
                                       "kv_layout": "paged", "page_size": 5, "num_pages": 45,
                                       "seqlens_k": True, "kv_capacity": 96, "causal": True},
                      params=split, lengths=(96, 40))
+
+    def padded_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
+        """Head sizes off the kernel's steps (k 13, v 5: every kernel's step is a power of
+        two >= 4), run through zero padding (attnreg/headpad.py) with the kernel forced:
+        what the padding must keep exact -- the scale of the asked size, zero columns in
+        every layout, the output cut back -- with every feature the kernel has at once."""
+        if self.quick and self.slots.get(d["dtype"], 1) != 0:
+            return      # quick: the padding is the registry's, one cell per family and device
+        sup = self.k.supports
+        fields = {**self.base(), **d, **everything_fields(sup), "head_size": 13,
+                  "past_len": 90 - int(self.base()["seq_len"])}
+        if "v_head_size" in sup:
+            fields["v_head_size"] = 5
+        try:
+            spec = AttentionSpec(**fields)
+        except ValueError:
+            return
+        check = "reduce" if self.k.family == "reduce" else "attention"
+        # the kernel runs it at its own step's sizes (planning it here would cost more)
+        step = self.k.head_sizes[2]
+        up = headpad.padded_spec(spec, -(-13 // step) * step, -(-spec.head_size_v // step) * step)
+        if self.runs(up, {**dict(split), **self.emu}) and self.plannable(up, check, dict(split)):
+            self.emit("padded", spec, dict(split), check=check, feature="head_padding",
+                      lengths=(90, 33) if spec.seqlens_k else None,
+                      mask_frac=0.1 if spec.bias else 0.0)
 
     def sweeps(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
         """Head sizes, row counts and key counts around tile edges (the full matrix)."""
@@ -365,8 +392,9 @@ class _Gen:
         else:
             split = (("split_size", int(self.k.defaults.get("kv_tile", 16))),) \
                 if self.split else ()
-            self.model_cells({"dtype": min(self.k.dtypes, key=dtype_rank)}, split,
-                             only_all=True)
+            first = {"dtype": min(self.k.dtypes, key=dtype_rank)}
+            self.model_cells(first, split, only_all=True)
+            self.padded_cells(first, split)
         self.covering_cells()
         nonfinite_cells(self)
         return self.out

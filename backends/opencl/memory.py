@@ -70,6 +70,20 @@ class DeviceMemory:
         self._pending.clear()
         return out.tobytes()
 
+    def copy_rows(self, src: cl.Buffer, dst: cl.Buffer, rows: int, row_bytes: int,
+                  src_pitch: int, dst_pitch: int) -> None:
+        """Rows of ``row_bytes`` from src into dst at other pitches, zeros in the rest of
+        dst's rows: one fill (only when dst's rows are wider) and one rectangular copy on
+        the queue, any byte pitch."""
+        if rows <= 0:
+            return
+        if dst_pitch > row_bytes:
+            cl.enqueue_fill_buffer(self.queue, dst, np.uint8(0), 0, rows * dst_pitch)
+        cl.enqueue_copy(self.queue, dst, src, src_origin=(0, 0, 0), dst_origin=(0, 0, 0),
+                        region=(row_bytes, rows, 1), src_pitches=(src_pitch, rows * src_pitch),
+                        dst_pitches=(dst_pitch, rows * dst_pitch))
+        self.counters["row_copies"] += 1
+
     def free(self, handle: cl.Buffer) -> None:
         """Release a tensor's buffer once the queue no longer uses it."""
         self.sync()

@@ -100,6 +100,11 @@ class OpenCLRuntime:
         with self._lock:
             self.mem.free(handle)
 
+    def copy_rows(self, src: cl.Buffer, dst: cl.Buffer, rows: int, row_bytes: int,
+                  src_pitch: int, dst_pitch: int) -> None:
+        with self._lock:
+            self.mem.copy_rows(src, dst, rows, row_bytes, src_pitch, dst_pitch)
+
     def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
         with self._lock:
             return self.mem.copy_bandwidth(nbytes)

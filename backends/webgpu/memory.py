@@ -176,6 +176,36 @@ class DeviceMemory:
         q.submit([enc.finish()])
         self.counters["patch16"] += 1
 
+    def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,
+                  dst_pitch: int) -> None:
+        """Rows of ``row_bytes`` from src into dst at other pitches, zeros in the rest of
+        each dst row (shaders/copy_rows.wgsl: one dispatch, one submit, no wait). dst is
+        written in whole words up to its rows' end rounded to a word, which an alloc()
+        buffer always holds."""
+        if rows <= 0:
+            return
+        U = self.wgpu.BufferUsage
+        nwords = cdiv(rows * dst_pitch, _WORD)
+        params = self.buffer("rows_params", 32, U.UNIFORM | U.COPY_DST)
+        q = self.dev.device.queue
+        q.write_buffer(params, 0, struct.pack("<8I", rows, row_bytes, src_pitch, dst_pitch,
+                                              nwords, 0, 0, 0))
+        pipe = self.dev.compile("webgpu.copy_rows", program.load("copy_rows"), _UTILITY_LAYOUT)
+        group = self.dev.device.create_bind_group(layout=self.dev.layout(_UTILITY_LAYOUT)[0], entries=[
+            {"binding": 0, "resource": {"buffer": params}},
+            {"binding": 1, "resource": {"buffer": src}},
+            {"binding": 2, "resource": {"buffer": dst, "offset": 0, "size": nwords * _WORD}}])
+        enc = self.dev.device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, group)
+        groups = cdiv(nwords, 64)
+        x = min(groups, 65535)
+        cp.dispatch_workgroups(x, cdiv(groups, x), 1)
+        cp.end()
+        q.submit([enc.finish()])
+        self.counters["row_copies"] += 1
+
     def download(self, handle: Any, nbytes: int) -> bytes:
         """The first nbytes of a device buffer (one copy, one wait)."""
         return self.read(handle, int(nbytes))

@@ -97,6 +97,9 @@ class WebGpuRuntime:
 
     def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
         return self.memory.copy_bandwidth(nbytes, repeats)
+    def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,
+                  dst_pitch: int) -> None:
+        self.memory.copy_rows(src, dst, rows, row_bytes, src_pitch, dst_pitch)
 
     # -- quantized KV caches (the optional QuantizingRuntime methods; quantize.py) -----------
     def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
