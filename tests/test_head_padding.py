@@ -135,3 +135,11 @@ def test_padding_choices_are_rules() -> None:
     assert attnreg.rules.head_padding(_spec(64, kv_dtype="int4"), ks) == []
     padded = headpad.padded_spec(_spec(10, 5), 16, 8)
     assert (padded.head_size, padded.head_size_v, padded.scale) == (16, 8, 1 / np.sqrt(10))
+
+
+def test_export_refuses_a_padded_plan(tmp_path) -> None:
+    """An exported module binds the web app's buffers as they are: it never pads silently."""
+    from attnreg.backends.browser import export
+    with pytest.raises(attnreg.SpecError, match="head_size=10.*padded to 16/16"):
+        export.export(_spec(10, dtype="float16"), str(tmp_path))
+    assert not list(tmp_path.iterdir())

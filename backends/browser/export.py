@@ -263,6 +263,13 @@ def export(spec: AttentionSpec, out_dir: str, caps: str | DeviceCaps = "browser-
     skip = {(c.id, k.id): "host-cast variant (widens float16 on the host): not exportable"
             for k in reg.kernels(c.backend) if kernels.COMPUTE_DTYPE in k.params}
     plan = reg.plan(spec, caps=c, flags=flags, exclude=skip)
+    if plan.request is not None:
+        # The module binds the web app's buffers as they are; padding them is a copy the
+        # app can make (or avoid) better than a generated module could.
+        raise SpecError("head_size", spec.head_size, f"head sizes an exported kernel takes as "
+                        f"they are: {spec.head_size}/{spec.head_size_v} (k/v) would run padded "
+                        f"to {plan.spec.head_size}/{plan.spec.head_size_v}; export that spec "
+                        "and pass q, k, v with zero columns added")
     progs = program.programs(plan, c, dialect=program.TINT)
     os.makedirs(out_dir, exist_ok=True)
     files: dict[str, str] = {}
