@@ -30,12 +30,16 @@ def _softcap(node: Node) -> float:
     return softcap
 
 
-def _no_qk(node: Node, attr: str, out_name: str) -> None:
+def _no_qk(node: Node, attr: str, out_name: str, modes: int = 1) -> None:
+    """Refuse the score-matrix output; ``attr`` selects what that output would hold (modes
+    0 .. modes-1 are the op's), which, with no such output asked for, changes nothing."""
     if node.wants(3):
         raise SpecError(f"{node.op}.output[3]", node.outputs[3], f"no {out_name} output: attnreg "
                         "never materialises the score matrix, so it cannot produce it")
-    if attr and node.attr(attr, 0, int) != 0:
-        raise SpecError(f"{node.op}.attribute[{attr!r}]", node.attrs[attr], "0 (the default)")
+    if attr and not 0 <= node.attr(attr, 0, int) < modes:
+        raise SpecError(f"{node.op}.attribute[{attr!r}]", node.attrs[attr],
+                        "0 (the default)" if modes == 1 else
+                        f"one of 0..{modes - 1} (what the {out_name} output would hold)")
 
 
 def _past(ins: Inputs, ip: int, b: int, n: int, h: int, dtype: np.dtype,
@@ -58,7 +62,8 @@ def _past(ins: Inputs, ip: int, b: int, n: int, h: int, dtype: np.dtype,
 def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     node.check_attrs(("is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode",
                       "scale", "softcap", "softmax_precision"))
-    _no_qk(node, "qk_matmul_output_mode", "qk_matmul_output")
+    # ONNX: the qk_matmul_output mode picks the scores before / after mask, softcap, softmax
+    _no_qk(node, "qk_matmul_output_mode", "qk_matmul_output", modes=4)
     node.attr("softmax_precision", 1, int)   # attnreg's softmax is float32 or better anyway
     rules: list[str] = []
     q = ins.need(0, FLOATS, (3, 4))

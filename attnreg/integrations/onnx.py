@@ -97,8 +97,10 @@ are all padding gets about the softmax over those padded keys, and an all -inf
 agree (exp(-10000) underflows).
 
 Refused with SpecError (field, value, what is expected): the qk / output_qk /
-qk_matmul_output outputs and a non-zero ``qk_matmul_output_mode`` / ``qk_output`` (attnreg
-never materialises scores); quantized GQA caches (k_scale, v_scale, *_quant_type), the
+qk_matmul_output outputs (attnreg never materialises scores) and a non-zero GQA ``qk_output``;
+Attention's ``qk_matmul_output_mode`` 0-3 only says what qk_matmul_output would hold, so with
+that output not asked for any of them runs (ONNX's own qk_matmul_output node tests pass that
+way, tests/test_integrations_onnx_node_suite.py); quantized GQA caches (k_scale, v_scale, *_quant_type), the
 ``sliding_window_cache`` layout, q/k_norm_weight, ``query_seqlens`` outside ORT's rules;
 MHA's ``past_sequence_length`` shared-buffer mode and ``cache_indirection``, 1-D [3B+2]
 key_padding_mask; integer attn_mask types; unknown attributes; V head size != K head size in
