@@ -41,8 +41,9 @@ DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads":
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor). The
-# last step (kv_tile 4) is for head sizes past 256 in f32 only (512: 4-key tiles of 2 KiB
-# rows), which nothing smaller fits in 32 KiB; every spec that fitted before stops earlier.
+# last step (kv_tile 4) is for head sizes past 256 in f32 only (512, and MLA's q/k 576 with
+# v 512: 4-key tiles of 2 KiB rows), which nothing smaller fits in 32 KiB; every spec that
+# fitted before stops earlier.
 SHRINK = {
     "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4),
                 ("max_k_step", 8), ("kv_tile", 4)),
