@@ -286,6 +286,27 @@ def test_rejections_say_what_does_not_fit():
     assert not d.not_supported_reasons(quant.replace(kv_start=False, seqlens_q=False), ten)
 
 
+def test_decode_tiles_keep_the_gqa_group_where_storage_allows():
+    """MLA's decode (16 heads on one KV head, q/k 576, v 512) in 32 KiB: halving kv_tile to 8
+    makes room for 4 of the group's heads per workgroup, which group_tile takes back (the
+    halving order alone left 1, each head re-reading every K/V tile)."""
+    reg = attnreg.registry.get()
+    mla = attnreg.AttentionSpec(num_heads=16, kv_num_heads=1, head_size=576, v_head_size=512,
+                                dtype="float16", seq_len=1, past_len=40)
+    for kid, want in (("decode_partial.f16.m1", {"group_tile": 4, "kv_tile": 8}),
+                      ("decode_qk.f16.m1", {"group_tile": 4}),
+                      ("decode_pv.f16", {"group_tile": 4})):
+        k = reg.kernel(f"webgpu.{kid}")
+        fit = wkernels.fit_tiles(k, mla, {}, 32768)
+        assert fit == want, (kid, fit)
+        p = {**k.defaults, **fit, **k.params}
+        assert k.storage_need(mla, p) <= 32768 < k.storage_need(mla, {**p, "group_tile": 8})
+    # a spec that fits keeps its tiles; one whose group is 1 has nothing to take back
+    k = reg.kernel("webgpu.decode_partial.f16.m1")
+    assert wkernels.fit_tiles(k, mla.replace(head_size=64, v_head_size=64), {}, 32768) == {}
+    assert wkernels.fit_tiles(k, mla.replace(num_heads=1), {}, 32768) == {"kv_tile": 8}
+
+
 def test_code_without_the_features_is_unchanged():
     """A spec without kv_start / seqlens_q binds neither tensor and compiles their tests
     away (constant KV_START / Q_ROWS 0); with them the program binds and reads them."""

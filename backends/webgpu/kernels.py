@@ -21,6 +21,7 @@ from .tiles import (
     OUT_TILE,
     PREFILL_CHOICES,
     PREFILL_DEFAULTS,
+    REGROW,
     SHRINK,
     _p,
     decode_consts,
@@ -266,6 +267,8 @@ def rehomed(backend: str, host: str, kernels: list[KernelInfo],
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
               limit: int | None) -> dict[str, int]:
-    """Halve the kernel's tiles in SHRINK order until its workgroup storage fits ``limit``;
-    returns the params to set (empty when it already fits or nothing can shrink)."""
-    return common.fit_tiles(kernel, spec, params, limit, SHRINK.get(kernel.family, ()))
+    """Halve the kernel's tiles in SHRINK order until its workgroup storage fits ``limit``,
+    then regrow those REGROW names where room is left; returns the params to set (empty
+    when it already fits or nothing can shrink)."""
+    return common.fit_tiles(kernel, spec, params, limit, SHRINK.get(kernel.family, ()),
+                            regrow=REGROW.get(kernel.family, ()))
