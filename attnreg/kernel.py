@@ -118,6 +118,9 @@ class KernelInfo:
     family: str
     dtypes: frozenset[str]
     head_sizes: tuple[int, int, int] = (1, 1 << 30, 1)          # (min, max, multiple_of)
+    # v's head size (v_head_size, Hv: v, out and the partial states), declared apart from q
+    # and k's: None takes head_sizes (MLA decode runs q/k 576 with v 512).
+    v_head_sizes: tuple[int, int, int] | None = None
     features: frozenset[str] = frozenset()                      # device features required
     supports: frozenset[str] = CORE_FEATURES                    # contract features implemented
     q_layouts: frozenset[str] = frozenset({"BSNH", "BNSH"})
@@ -159,7 +162,13 @@ class KernelInfo:
             name in params and params[name] == value for name, value in self.emulation.items())
 
     def head_size_ok(self, h: int) -> bool:
+        """Whether q and k rows of ``h`` elements (spec.head_size) are in its range."""
         lo, hi, step = self.head_sizes
+        return lo <= h <= hi and h % step == 0
+
+    def v_head_size_ok(self, h: int) -> bool:
+        """Whether v rows of ``h`` elements (spec.head_size_v) are in its v range."""
+        lo, hi, step = self.v_head_sizes or self.head_sizes
         return lo <= h <= hi and h % step == 0
 
     def takes(self, name: str) -> bool:
@@ -205,7 +214,12 @@ class KernelInfo:
             return why + typed
         if not self.head_size_ok(spec.head_size):
             lo, hi, step = self.head_sizes
-            why.append(f"head_size {spec.head_size} outside {lo}..{hi} step {step}")
+            why.append(f"head_size {spec.head_size} outside {lo}..{hi} step {step} "
+                       "(q and k's head size)")
+        if not self.v_head_size_ok(spec.head_size_v):
+            lo, hi, step = self.v_head_sizes or self.head_sizes
+            why.append(f"v_head_size {spec.head_size_v} outside {lo}..{hi} step {step} "
+                       "(v's and out's head size)")
         if spec.q_layout not in self.q_layouts:
             why.append(f"q_layout {spec.q_layout} not in {sorted(self.q_layouts)}")
         if spec.kv_layout not in self.kv_layouts:

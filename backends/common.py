@@ -113,10 +113,12 @@ def opencl_struct(name: str = "Params") -> str:
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
               limit: int | None, order: tuple[tuple[str, int], ...],
-              fixed: frozenset[str] = frozenset()) -> dict[str, int]:
+              fixed: frozenset[str] = frozenset(),
+              regrow: tuple[str, ...] = ()) -> dict[str, int]:
     """Halve the kernel's tiles, in ``order`` (param, floor) and never those in ``fixed``,
-    until its workgroup (local) storage fits ``limit``; the params to set (empty when it
-    already fits or nothing can shrink)."""
+    until its workgroup (local) storage fits ``limit``; then the tiles named in ``regrow``
+    take back, doubling, what later halvings made room for (up to their value before). The
+    params to set (empty when it already fits or nothing can shrink)."""
     p = {**kernel.defaults, **params, **kernel.params}
     if limit is None or kernel.storage_need(spec, p) <= limit:
         return {}
@@ -133,4 +135,13 @@ def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any]
             if kernel.storage_need(spec, {**p, name: cand}) >= need:
                 break
             p[name] = changed[name] = cand
+    if kernel.storage_need(spec, p) > limit:
+        return changed
+    for name in regrow:
+        top = int({**kernel.defaults, **params}.get(name, 0))
+        while name in changed and int(p[name]) < top \
+                and kernel.storage_need(spec, {**p, name: 2 * int(p[name])}) <= limit:
+            p[name] = changed[name] = 2 * int(p[name])
+        if name in changed and changed[name] == top:
+            del changed[name]
     return changed

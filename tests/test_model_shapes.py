@@ -5,6 +5,8 @@ and together, through attention, partial states and the reduce."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,9 @@ CASES = {
               "v_head_size": 8, "kv_layout": "paged", "page_size": 4, "num_pages": 18},
     "int4": {"kv_start": True, "seqlens_q": True, "head_size": 32, "v_head_size": 64,
              "kv_dtype": "int4"},
+    # MLA's decode shape: q/k 576, v 512, one KV head for the group
+    "mla": {"head_size": 576, "v_head_size": 512, "kv_num_heads": 1, "seq_len": 2,
+            "seqlens_k": True, "kv_capacity": 16, "head_sink": True, "return_lse": True},
 }
 
 
@@ -225,3 +230,22 @@ def test_a_kernel_that_does_not_implement_them_says_so() -> None:
     caps = attnreg.devices("reference")[0]
     why = " ".join(k.not_supported_reasons(spec, caps))
     assert "kv_start" in why and "v_head_size" in why
+
+
+def test_head_size_ranges_are_declared_apart_and_reasons_name_which() -> None:
+    """KernelInfo.head_sizes bounds q and k, v_head_sizes v (None: the same range); a
+    refusal says which one is out of range."""
+    caps = attnreg.devices("reference")[0]
+    both = attnreg.KernelInfo(id="toy.both", backend="reference", family="prefill",
+                              dtypes=frozenset({"float32"}), head_sizes=(8, 64, 8),
+                              supports=attnreg.kernel.ALL_FEATURES)
+    apart = dataclasses.replace(both, head_sizes=(8, 576, 8), v_head_sizes=(8, 512, 8))
+    mla = attnreg.AttentionSpec(**{**BASE, "head_size": 576, "v_head_size": 512})
+    assert both.not_supported_reasons(mla, caps) == [
+        "head_size 576 outside 8..64 step 8 (q and k's head size)",
+        "v_head_size 512 outside 8..64 step 8 (v's and out's head size)"]
+    assert not apart.not_supported_reasons(mla, caps)
+    assert apart.not_supported_reasons(mla.replace(v_head_size=576), caps) == [
+        "v_head_size 576 outside 8..512 step 8 (v's and out's head size)"]
+    assert apart.not_supported_reasons(mla.replace(head_size=580), caps) == [
+        "head_size 580 outside 8..576 step 8 (q and k's head size)"]

@@ -313,8 +313,10 @@ def test_declared_as_a_matrix_unit_kernel():
     assert mma_probe.FEATURE in k.features and k.emulation == {"mma": "emulate"}
     assert k.defaults["mma"] == "hardware"
     assert all(k.head_size_ok(h) for h in (16, 32, 80, 128, 256))
-    assert all(k.head_size_ok(h) for h in (320, 512)) and \
-        not any(k.head_size_ok(h) for h in (8, 24, 528))
+    assert all(k.head_size_ok(h) for h in (320, 512, 528, 576)) and \
+        not any(k.head_size_ok(h) for h in (8, 24, 520, 592))
+    # v's rows stop at 512 (q/k 576, v 512: MLA)
+    assert k.v_head_size_ok(512) and not any(k.v_head_size_ok(h) for h in (8, 528, 576))
     others = [o for o in attnreg.kernels("opencl") if o.family == "prefill" and o.matrix is None]
     assert all(k.priority > o.priority for o in others)
 

@@ -128,8 +128,10 @@ def test_declared_as_matrix_unit_decodes():
         assert k.matrix is not None and k.matrix.text() == "ptx_mma f16 16x8x16->f32"
         assert mma_probe.FEATURE in k.features and k.emulation == {"mma": "emulate"}
         assert all(k.head_size_ok(h) for h in (64, 128, 192, 256))
-        assert all(k.head_size_ok(h) for h in (320, 512)) and \
-            not any(k.head_size_ok(h) for h in (32, 80, 96, 576))
+        assert all(k.head_size_ok(h) for h in (320, 512, 576)) and \
+            not any(k.head_size_ok(h) for h in (32, 80, 96, 640))
+        # v's rows stop at 512 (q/k 576, v 512: MLA)
+        assert k.v_head_size_ok(512) and not any(k.v_head_size_ok(h) for h in (32, 576))
 
 
 DECODE = AttentionSpec(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8,

@@ -1,9 +1,10 @@
 """The shapes real models need (CONTRACT: kv_start, seqlens_q, v_head_size, head sizes up to
-512) in every OpenCL kernel family, against the float64 reference on PoCL: each family with
-the features together and alone, v's head size smaller and larger than q/k's, head sizes 320
-and 512, bf16 / int8 / int4 storages, paged pools, partial states reduced on the reference,
-the reduce's padding rows, and the tensor-core kernels' emulated builds (mma=emulate, the
-same indexing as their PTX builds).
+576 for q/k and 512 for v) in every OpenCL kernel family, against the float64 reference on
+PoCL: each family with the features together and alone, v's head size smaller and larger
+than q/k's, head sizes 320 and 512, MLA's q/k 576 with v 512 and one KV head, bf16 / int8 /
+int4 storages, paged pools, partial states reduced on the reference, the reduce's padding
+rows, and the tensor-core kernels' emulated builds (mma=emulate, the same indexing as their
+PTX builds).
 
 make_tensors poisons what no row may read: keys before kv_start[b] and past L_b are NaN, and
 so is q in the padding rows past seqlens_q[b]; a kernel that loads or multiplies them fails.
@@ -38,6 +39,7 @@ MODEL: dict[str, Any] = dict(batch=2, num_heads=8, kv_num_heads=2, head_size=64,
                              seqlens_q=True, head_sink=True, return_lse=True)
 BIG: dict[str, Any] = dict(batch=1, num_heads=2, kv_num_heads=1, seq_len=3, past_len=40)
 PAGED: dict[str, Any] = dict(kv_layout="paged", page_size=16, num_pages=12)
+MLA: dict[str, Any] = dict(num_heads=8, kv_num_heads=1, head_size=576, v_head_size=512)
 # name -> (kernel id, params, spec fields over MODEL, plant visible NaN / inf too)
 CELLS: dict[str, tuple[str, dict[str, Any], dict[str, Any], bool]] = {
     # v's head size smaller / larger than q's, bias, block skipping, bf16
@@ -75,6 +77,18 @@ CELLS: dict[str, tuple[str, dict[str, Any], dict[str, Any], bool]] = {
         dtype="float16", kv_dtype="int4", v_head_size=128, **PAGED), False),
     "mma.decode_fused-bf16-h512": ("decode_fused.bf16.mma", {**MMA, "split_size": 32}, dict(
         dtype="bfloat16", head_size=512, v_head_size=320, seq_len=2), True),
+    # MLA (q/k 576, v 512, one KV head): decode (one row, speculative rows, the unfused pair,
+    # paged pools), prefill, the sub-group and tensor-core builds
+    "mla.decode_fused-paged": ("decode_fused.f16.m1", {"split_size": 16}, dict(
+        **MLA, dtype="float16", seq_len=1, **PAGED), False),
+    "mla.decode_partial.sg-m4": ("decode_partial.bf16.sg.m4", {**EMU, "split_size": 16}, dict(
+        **MLA, dtype="bfloat16", seq_len=4), False),
+    "mla.decode_qk": ("decode_qk.f32.m1", {"split_size": 16}, dict(**MLA, seq_len=1), False),
+    "mla.prefill.sg": ("prefill.f32.sg", EMU, dict(**MLA, seq_len=9, past_len=0), False),
+    "mla.mma.decode_fused": ("decode_fused.f16.mma", {**MMA, "split_size": 32}, dict(
+        **MLA, dtype="float16", seq_len=2), True),
+    "mla.mma.prefill-hv256": ("prefill.bf16.mma", MMA, {
+        **MLA, "dtype": "bfloat16", "seq_len": 9, "past_len": 0, "v_head_size": 256}, False),
 }
 # One feature at a time (the others off): each must work without the rest.
 ALONE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -189,17 +203,45 @@ def test_reduce_padding_rows_take_no_sink(session):
 
 
 # -- declarations, tiles and rejections (no device work) -----------------------------------
-def test_every_kernel_declares_the_model_features_and_head_512():
+def test_every_kernel_declares_the_model_features_and_head_sizes():
+    """q/k to 576 and v to 512, apart (MLA: q/k 576, v 512); the reduce's rows take any
+    multiple of 4 to 1024 (merge_states)."""
     for k in attnreg.kernels("opencl"):
         assert k.supports >= MODEL_FEATURES, k.id
-        assert k.head_size_ok(512), k.id
+        assert k.head_size_ok(512) and k.head_size_ok(576), k.id
+        assert k.v_head_size_ok(512), k.id
+        if k.family != "reduce":
+            assert not k.head_size_ok(592) and not k.v_head_size_ok(576), k.id
 
 
-@pytest.mark.parametrize("h,hv", [(512, 512), (64, 512), (512, 64), (320, 320)])
+def test_every_mla_shape_has_a_kernel():
+    """MLA's shapes and the heads around them plan in every dtype on PoCL and on a device
+    with NVIDIA's 48 KiB, sub-groups and tensor cores (matrix units on or not): variants
+    whose tiles do not fit decline and another variant of the family runs the spec."""
+    assert DEV is not None or pytest.skip("no OpenCL device")
+    nv = DEV.model_copy(update={
+        "limits": {**DEV.limits, "workgroup_storage": 48 * 1024, "invocations": 1024},
+        "features": DEV.features | {mma_probe.FEATURE, "subgroups", tiling.NV_SHUFFLE},
+        "subgroup_min_size": 32, "subgroup_max_size": 32, "vendor": "nvidia",
+        "device_type": "gpu"})
+    reg = attnreg.registry.get()
+    for caps in (DEV, nv):
+        for dtype in ("float16", "bfloat16", "float32"):
+            for h, hv in ((576, 512), (520, 512), (64, 512), (576, 64)):
+                for s, past in ((1, 100), (4, 60), (33, 0)):
+                    spec = AttentionSpec(batch=1, num_heads=16, kv_num_heads=1, head_size=h,
+                                         v_head_size=hv, seq_len=s, past_len=past, dtype=dtype)
+                    for flags in ({}, {"matrix_units": "on"}):
+                        plan = reg.plan(spec, caps=caps, flags=flags)
+                        assert plan.stages, (caps.id, spec)
+
+
+@pytest.mark.parametrize("h,hv", [(512, 512), (64, 512), (512, 64), (320, 320), (576, 512),
+                                  (576, 64)])
 def test_scalar_tiles_fit_48k(h, hv):
-    """Every scalar variant's tiles fit 48 KiB at head sizes to 512 (q/k or v), except the
-    sub-group prefill, whose K tile holds a sub-group's 32 keys: at 512 it needs more, and a
-    48 KiB device rejects it by that storage."""
+    """Every scalar variant's tiles fit 48 KiB at head sizes to 576 (q/k) and 512 (v), except
+    the sub-group prefill, whose K tile holds a sub-group's 32 keys: past q/k 320 it needs
+    more, and a 48 KiB device rejects it by that storage (the tiled prefill runs those)."""
     nv = DEV.model_copy(update={"limits": {**DEV.limits, "workgroup_storage": 48 * 1024}}) \
         if DEV is not None else None
     for k in attnreg.kernels("opencl"):

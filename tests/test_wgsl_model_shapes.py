@@ -1,14 +1,15 @@
 """The shapes real models need (CONTRACT: kv_start, seqlens_q, v_head_size, head sizes up to
-512) in the WGSL kernels, on every WGSL host: webgpu (wgpu-native, naga), dawn (Tint,
+576 for q/k and 512 for v) in the WGSL kernels, on every WGSL host: webgpu (wgpu-native, naga), dawn (Tint,
 in-process) and browser (headless Chromium, the families its runtime binds).
 
 Every family is forced on inputs whose keys before kv_start and past seqlens_k, and whose q
 rows past seqlens_q, are NaN (attnreg.tools.testing.make_tensors; NaN scales for quantized
 K/V), and checked against the float64 reference at the contract tolerance: each feature
 alone and all together, v's head size below and above head_size, head sizes 320 / 512,
-bfloat16 and int8 / int4 K/V, paged KV, the split-KV partial states (reduced on the
-reference) and the reduce's padding rows, and the matrix kernels' emulated builds. The
-generated conformance cells (attnreg.tools.cases model cells) add the per-kernel matrix.
+MLA's q/k 576 with v 512 and one KV head, bfloat16 and int8 / int4 K/V, paged KV, the
+split-KV partial states (reduced on the reference) and the reduce's padding rows, and the
+matrix kernels' emulated builds. The generated conformance cells (attnreg.tools.cases model
+cells) add the per-kernel matrix.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
+from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
 from attnreg.backends.webgpu import tiles as wtiles
@@ -32,6 +34,7 @@ SPLIT = {"flags": {"split_size": 16}}
 ALL = {"kv_start": True, "seqlens_q": True, "seqlens_k": True, "head_sink": True,
        "return_lse": True}
 BASE = {"batch": 3, "num_heads": 4, "kv_num_heads": 2, "head_size": 32}
+MLA = {"batch": 2, "num_heads": 8, "kv_num_heads": 1, "head_size": 576, "v_head_size": 512}
 
 # name -> (kernel id after "<backend>.", spec fields, run keywords). Each row a family with
 # the new features alone or together; S > 1 rows everywhere but decode m1, so padding rows
@@ -80,12 +83,23 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                           "batch": 2, "num_heads": 2, "kv_num_heads": 1,
                                           "head_size": 320, "v_head_size": 160, "seq_len": 5,
                                           "past_len": 20}, {"params": {"mma": "emulate"}}),
+    # MLA (q/k 576, v 512, one KV head): decode, speculative rows, the unfused pair, prefill
+    "mla-decode-paged": ("decode_partial.f16.m1", {**ALL, **MLA, "dtype": "float16",
+                                                   "seq_len": 1, "past_len": 40,
+                                                   "kv_layout": "paged", "page_size": 16,
+                                                   "num_pages": 9, "kv_capacity": 64}, SPLIT),
+    "mla-decode-m4": ("decode_partial.bf16.m4", {**MLA, "dtype": "bfloat16", "seq_len": 4,
+                                                 "past_len": 30, "causal": True}, SPLIT),
+    "mla-unfused": ("decode_qk.f32.m2", {**ALL, **MLA, "seq_len": 2, "past_len": 30}, SPLIT),
+    "mla-prefill": ("prefill.f16.wgmem", {**ALL, **MLA, "dtype": "float16", "seq_len": 9,
+                                          "past_len": 0, "causal": True},
+                    {"params": {"kv_staging": "workgroup"}}),
 }
 # Tint compiles the same WGSL: dawn takes the rows that cover its families and builds once
 # each (a cold compile costs about a second on lavapipe); the browser's runtime binds
 # prefill, decode_partial and the reduce over BSNH / BNSH.
 DAWN = ("prefill-staged-all", "decode-m4-all-paged-int8", "unfused-all-int4",
-        "decode-blocks-all", "mma-decode-all")
+        "decode-blocks-all", "mma-decode-all", "mla-decode-paged")
 BROWSER_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "prefill-all": ("prefill.f32.sg", {**ALL, "seq_len": 6, "past_len": 30, "causal": True,
                                        "v_head_size": 16, "q_layout": "BNSH"}, {}),
@@ -202,6 +216,32 @@ def test_declared_features_and_head_sizes():
         for k in ks:
             if k.family != "reduce":
                 assert k.head_size_ok(512) and k.head_size_ok(320), k.id
+                assert k.v_head_size_ok(512) and not k.v_head_size_ok(520), k.id
+            if k.family != "reduce" and k.matrix is None:
+                # q/k to 576, v to 512, apart (MLA: q/k 576, v 512)
+                assert k.head_size_ok(576) and not k.head_size_ok(584), k.id
+            elif k.matrix is not None:
+                # past 512, Q and K rows need more than 32 KiB at the smallest tiles
+                assert not k.head_size_ok(528), k.id
+
+
+def test_every_mla_shape_has_a_kernel():
+    """MLA's shapes (q/k 576, v 512, one KV head) and the heads around them plan on every
+    WGSL host's device or profile, in every dtype, with or without the matrix units: the
+    matrix variants decline (head size, storage) and the scalar ones run them."""
+    reg = attnreg.registry.get()
+    devices = [*attnreg.profiles().values(), *(d for b in ("dawn", "browser")
+                                               for d in attnreg.devices(b) if d.available)]
+    for caps in (c for c in devices if c.backend in ("webgpu", "dawn", "browser")):
+        for dtype in ("float16", "bfloat16", "float32"):
+            for h, hv in ((576, 512), (520, 512), (64, 512), (576, 64)):
+                for s, past in ((1, 100), (4, 60), (33, 0)):
+                    spec = attnreg.AttentionSpec(batch=1, num_heads=16, kv_num_heads=1,
+                                                 head_size=h, v_head_size=hv, seq_len=s,
+                                                 past_len=past, dtype=dtype)
+                    for flags in ({}, {"matrix_units": "on"}):
+                        plan = reg.plan(spec, caps=caps, flags=flags)
+                        assert plan.stages, (caps.id, spec)
 
 
 def test_rejections_say_what_does_not_fit():
@@ -210,7 +250,16 @@ def test_rejections_say_what_does_not_fit():
     caps = attnreg.profile("lavapipe")
     k = attnreg.registry.get().kernel("webgpu.prefill.f16.sg")
     spec = attnreg.AttentionSpec(head_size=64, v_head_size=12, dtype="float16")
-    assert "v_head_size 12 outside 8..512 step 8" in k.not_supported_reasons(spec, caps)
+    assert "v_head_size 12 outside 8..512 step 8 (v's and out's head size)" in \
+        k.not_supported_reasons(spec, caps)
+    # q/k and v are bounded apart, and the reason names which one is out of range
+    wide = attnreg.AttentionSpec(head_size=584, v_head_size=520, dtype="float16")
+    assert k.not_supported_reasons(wide, caps)[:2] == [
+        "head_size 584 outside 8..576 step 8 (q and k's head size)",
+        "v_head_size 520 outside 8..512 step 8 (v's and out's head size)"]
+    mla = wide.replace(head_size=576, v_head_size=512)
+    fit = wkernels.fit_tiles(k, mla, {}, caps.limit("workgroup_storage"))
+    assert fit and not k.not_supported_reasons(mla, caps, fit)
     m = attnreg.registry.get().kernel("webgpu.prefill.f16.mma")
     big = attnreg.AttentionSpec(head_size=512, dtype="float16", seq_len=16)
     fit = wmma.fit_tiles(m, big, {"mma": "emulate"}, 32768)
@@ -235,6 +284,27 @@ def test_rejections_say_what_does_not_fit():
         "binds 12 storage buffers, device limit is 10 per shader stage "
         "(maxStorageBuffersPerShaderStage)"]
     assert not d.not_supported_reasons(quant.replace(kv_start=False, seqlens_q=False), ten)
+
+
+def test_decode_tiles_keep_the_gqa_group_where_storage_allows():
+    """MLA's decode (16 heads on one KV head, q/k 576, v 512) in 32 KiB: halving kv_tile to 8
+    makes room for 4 of the group's heads per workgroup, which group_tile takes back (the
+    halving order alone left 1, each head re-reading every K/V tile)."""
+    reg = attnreg.registry.get()
+    mla = attnreg.AttentionSpec(num_heads=16, kv_num_heads=1, head_size=576, v_head_size=512,
+                                dtype="float16", seq_len=1, past_len=40)
+    for kid, want in (("decode_partial.f16.m1", {"group_tile": 4, "kv_tile": 8}),
+                      ("decode_qk.f16.m1", {"group_tile": 4}),
+                      ("decode_pv.f16", {"group_tile": 4})):
+        k = reg.kernel(f"webgpu.{kid}")
+        fit = wkernels.fit_tiles(k, mla, {}, 32768)
+        assert fit == want, (kid, fit)
+        p = {**k.defaults, **fit, **k.params}
+        assert k.storage_need(mla, p) <= 32768 < k.storage_need(mla, {**p, "group_tile": 8})
+    # a spec that fits keeps its tiles; one whose group is 1 has nothing to take back
+    k = reg.kernel("webgpu.decode_partial.f16.m1")
+    assert wkernels.fit_tiles(k, mla.replace(head_size=64, v_head_size=64), {}, 32768) == {}
+    assert wkernels.fit_tiles(k, mla.replace(num_heads=1), {}, 32768) == {"kv_tile": 8}
 
 
 def test_code_without_the_features_is_unchanged():

@@ -197,12 +197,13 @@ class _Gen:
                     only_all: bool = False) -> None:
         """The shapes real models need (CONTRACT), where the kernel implements them: every one
         at once with every other feature, right-padded prompt batches (seqlens_q with no past),
-        head sizes 320 and 512; the full matrix adds each alone and their partial states.
+        head sizes 320 and 512, MLA's q/k 576 with v 512; the full matrix adds each alone and
+        their partial states.
         (In the quick matrix, for one dtype of the kernel; ``only_all``: the first cell only.)"""
         sup, base = self.k.supports, self.base()
         s = max(int(base["seq_len"]), 3)
         h = int(base["head_size"])
-        hv = next((x for x in (h + 16, h // 2, h + 8, 2 * h) if self.k.head_size_ok(x)), h)
+        hv = next((x for x in (h + 16, h // 2, h + 8, 2 * h) if self.k.v_head_size_ok(x)), h)
         model = {f: v for f, v in (("kv_start", True), ("seqlens_q", True),
                                    ("v_head_size", hv)) if f in sup}
         if not model:
@@ -218,11 +219,19 @@ class _Gen:
                      lengths=(s, 1))
         for big in (320, 512):
             if self.k.head_size_ok(big):
-                bv = big // 2 if "v_head_size" in model and self.k.head_size_ok(big // 2) \
+                bv = big // 2 if "v_head_size" in model and self.k.v_head_size_ok(big // 2) \
                     else big
                 self.add(f"h{big}", {**d, **model, "head_size": big, "batch": 1,
                                      "num_heads": 2, "seq_len": s, "past_len": 40,
                                      "causal": True, "v_head_size": bv}, params=split, fit=True)
+        mla_k, mla_v = cells.MLA_HEADS
+        if "v_head_size" in model and self.k.family != "reduce" \
+                and self.k.head_size_ok(mla_k) and self.k.v_head_size_ok(mla_v):
+            # MLA's decode shape: q/k past 512, one KV head for the group (the reduce's rows
+            # are v's, which h512 covers)
+            self.add("mla", {**d, **model, "head_size": mla_k, "v_head_size": mla_v,
+                             "batch": 1, "num_heads": 4, "kv_num_heads": 1, "seq_len": s,
+                             "past_len": 24, "causal": True}, params=split, fit=True)
         if self.quick:
             return
         for f, v in model.items():

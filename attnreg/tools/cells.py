@@ -14,6 +14,8 @@ from ..spec import AttentionSpec
 
 HEAD_SIZES = (32, 64, 80, 96, 128, 256)
 SMALL_HEAD = 32
+# MLA's decode shape (DeepSeek-V2/V3): q/k head size 576 (512 latent + 64 rope), v 512.
+MLA_HEADS = (576, 512)
 SEQ_LENS = (1, 2, 3, 4, 5, 33, 97)
 GQA = (1, 4, 7)
 LAYOUTS = (("BSNH", "BNSH"), ("BNSH", "BSNH"), ("BSNH", "BSNH"), ("BNSH", "BNSH"))

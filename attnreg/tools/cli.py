@@ -226,7 +226,11 @@ def cmd_kernels(a: argparse.Namespace) -> int:
     rows = []
     for k in sorted(api.kernels(a.backend), key=lambda k: k.id):
         lo, hi, step = k.head_sizes
-        rows.append((k.id, k.family, ",".join(sorted(k.dtypes)), f"{lo}..{hi}/{step}",
+        heads = f"{lo}..{hi}/{step}"
+        if k.v_head_sizes not in (None, k.head_sizes):
+            vlo, vhi, vstep = k.v_head_sizes
+            heads += f" v {vlo}..{vhi}/{vstep}"
+        rows.append((k.id, k.family, ",".join(sorted(k.dtypes)), heads,
                      ",".join(sorted(k.features)) or "-", k.vendor or "-", k.flag or "-"))
     print(table(("kernel", "family", "dtypes", "head sizes", "needs", "vendor", "opt-in"), rows))
     return 0

@@ -20,14 +20,22 @@ BACKEND = "opencl"
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Quantized K/V storages every K/V reader dequantizes in its loads (common.cl KV_Q).
 KV_DTYPES = frozenset({"int8", "int4"})
-# float4 vectors over the head dimension; up to 512 with tiles shrunk to fit 48 KiB
-# (tiling.py _shrink), v's head size (v_head_size) in the same range
-HEAD_SIZES = (4, 512, 4)
+# float4 vectors over the head dimension, tiles shrunk to fit 48 KiB (tiling.py _shrink):
+# q and k up to 576 (MLA's decode: q/k 576, v 512), v (v_head_size) up to 512, declared
+# apart (v's rows are also accumulated, per lane, in the P.V phase)
+HEAD_SIZES = (4, 576, 4)
+V_HEAD_SIZES = (4, 512, 4)
 # Every kernel implements the contract's features, the shapes real models need included
 # (kv_start, seqlens_q, v_head_size: kernels_cl/flash_core.cl's Rows and VOFF).
 SUPPORTS = CORE_FEATURES | MODEL_FEATURES
-MMA_PREFILL_HEADS = (16, 512, 16)
-MMA_DECODE_HEADS = (64, 512, 64)     # k in 32-dim runs, v in 64-dim runs (decode_mma.cl)
+# Tensor cores: q/k up to 576 and v up to 512 too; whether the tiles fit local memory is
+# checked apart: at 48 KiB (NVIDIA) the prefill's smallest Q, K and transposed V tiles hold
+# head sizes to 496 (q/k 576 with v to 336), the decodes' merge of the warps' O rows takes
+# wg 32 at v 512 (mma.py).
+MMA_PREFILL_HEADS = (16, 576, 16)
+MMA_PREFILL_V_HEADS = (16, 512, 16)
+MMA_DECODE_HEADS = (64, 576, 64)     # k in 32-dim runs, v in 64-dim runs (decode_mma.cl)
+MMA_DECODE_V_HEADS = (64, 512, 64)
 M_TILES = (1, 2, 4)
 # The sg variants' emulation (KernelInfo.emulation): the same kernel code with its shuffles
 # emulated in local memory, so a device without sub-groups (PoCL) still runs it when forced.
@@ -72,7 +80,7 @@ _MMA_DOC = {
 _MMA_DECODE_DOC = ("split-KV decode on tensor cores, {}: a KV head's query heads x m_tile rows "
                    "fill one 16-row M tile; every warp streams its own kv_tile-key chunks from "
                    "global memory straight into mma fragments (no local memory or barrier in "
-                   "the key loop{}); {}, head sizes 64..512 step 64")
+                   "the key loop{}); {}, head sizes 64..576 step 64 (v: 64..512)")
 # What each dtype's tensor-core kernels multiply, and the K/V storages their decodes read.
 _MMA_DTYPE_DOC = {
     "float16": ("f16", "; int8 / int4 K/V dequantized into them", "f16"),
@@ -92,6 +100,7 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
     return KernelInfo(
         id=f"{BACKEND}.{family}.{DTYPES[dtype]}.mma", backend=BACKEND, family=family,
         dtypes=frozenset({dtype}), head_sizes=MMA_PREFILL_HEADS if prefill else MMA_DECODE_HEADS,
+        v_head_sizes=MMA_PREFILL_V_HEADS if prefill else MMA_DECODE_V_HEADS,
         supports=SUPPORTS, kv_layouts=PAGED_OK, features=frozenset({mma_probe.FEATURE}),
         priority=20,
         # the prefills dequantize int8 / int4 granules as they stage the tiles (mma_tile.cl
@@ -113,34 +122,12 @@ def _storage(family: str, variant: str) -> Callable[[AttentionSpec, Mapping[str,
     return need
 
 
-def v_head_reasons(spec: AttentionSpec, heads: tuple[int, int, int]) -> list[str]:
-    """Why v's head size (v_head_size) is outside what a kernel tiles: its head sizes'
-    range and step, as for the head size itself."""
-    lo, hi, step = heads
-    hv = spec.head_size_v
-    if lo <= hv <= hi and hv % step == 0:
-        return []
-    return [f"v_head_size {hv} outside {lo}..{hi} step {step} (v's head size is tiled like "
-            "the head size)"]
-
-
-def _heads(family: str, variant: str) -> tuple[int, int, int]:
-    if family == "reduce":
-        return REDUCE_HEADS
-    if variant == "mma":
-        return MMA_PREFILL_HEADS if family == "prefill" else MMA_DECODE_HEADS
-    return HEAD_SIZES
-
-
 def _checks(family: str, variant: str, block_skip: bool = False
             ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
         if block_skip and not spec.bias:
             return ["block skipping reads the KV blocks a bias leaves visible: spec.bias is "
                     "False (use the ordinary variant)"]
-        hv = v_head_reasons(spec, _heads(family, variant))
-        if hv:
-            return hv
         try:
             g = geometry(family, variant, spec, params, caps)
         except SpecError as exc:
@@ -164,7 +151,7 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
     if block_skip is not None:
         params["block_skip"] = block_skip
     return KernelInfo(id=kid, backend=BACKEND, family=family, dtypes=frozenset({dtype}),
-                      head_sizes=kw.pop("head_sizes", HEAD_SIZES), kv_layouts=PAGED_OK,
+                      head_sizes=HEAD_SIZES, v_head_sizes=V_HEAD_SIZES, kv_layouts=PAGED_OK,
                       kv_dtypes=KV_DTYPES, supports=SUPPORTS,
                       params=params, workgroup_storage=_storage(family, variant),
                       extra_checks=_checks(family, variant, bool(block_skip)),
@@ -178,9 +165,9 @@ def declare() -> list[KernelInfo]:
     also over int8 / int4 K/V); and prefill, decode_partial and decode_fused on tensor
     cores (mma) in f16 and bf16 (also over int8 / int4 K/V). Every one
     implements the shapes real models need (kv_start, seqlens_q, v_head_size) and head sizes
-    up to 512 (the tiles shrink to fit; the sub-group prefill's K tile of 32 keys needs
-    more than 48 KiB above head size 336 at wg 128, which a device's storage limit then
-    rejects)."""
+    up to 576 for q/k and 512 for v (the tiles shrink to fit; the sub-group prefill's K tile
+    of 32 keys needs more than 48 KiB above head size 336 at wg 128, which a device's
+    storage limit then rejects, and the tiled prefill runs those heads)."""
     out: list[KernelInfo] = []
     for dtype, tag in DTYPES.items():
         for variant, feats, prio, doc in (
@@ -240,7 +227,8 @@ def declare() -> list[KernelInfo]:
         # The reduce also serves merge_states, whose head size is anything a caller has.
         out.append(KernelInfo(
             id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce",
-            dtypes=frozenset({dtype}), head_sizes=REDUCE_HEADS, kv_layouts=PAGED_OK,
+            dtypes=frozenset({dtype}), head_sizes=REDUCE_HEADS, v_head_sizes=REDUCE_HEADS,
+            kv_layouts=PAGED_OK,
             supports=SUPPORTS, extra_checks=_checks("reduce", ""),
             doc="merge split-KV partial states and the sink"))
     out.extend(_mma_kernel(f, dtype) for dtype in PTX_MMA_BY_DTYPE

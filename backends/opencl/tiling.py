@@ -20,7 +20,8 @@ from .mma import DECODE_DEFAULTS, MMA_DEFAULTS, MMA_IMPLS, mma_decode_storage, m
 ROWS_MAX = 16                     # decode rows (heads x m_tile) per work-group
 # Local memory every scalar geometry is shrunk to fit without V staging (tiles halved: see
 # _shrink), whatever the device: 48 KiB is NVIDIA's (and most GPUs') per work-group limit,
-# so head sizes up to 512 keep their tiles there; PoCL runs the same geometry.
+# so head sizes up to 576 (q/k) and 512 (v) keep their tiles there; PoCL runs the same
+# geometry.
 STORAGE_BUDGET = 48 * 1024
 # Above this head size (q/k or v) the unfused decode's row tiles hold 8 rows, not 16:
 # decode_qk and decode_pv must tile rows alike, so theirs follow the spec alone.
@@ -249,8 +250,8 @@ def _halve_rows(g: Geometry, floor: int, heads_only: bool = False) -> Geometry |
 
 def _shrink(g: Geometry, spec: AttentionSpec, variant: str) -> Geometry:
     """Halve a scalar geometry's tiles until its local memory (without V staging) fits
-    STORAGE_BUDGET: wide heads (up to 512, q/k or v) then run everywhere the smaller tiles
-    do. Keys per tile first (down to 8), then rows, then keys down to 4; the sub-group
+    STORAGE_BUDGET: wide heads (q/k up to 576, v up to 512) then run everywhere the smaller
+    tiles do. Keys per tile first (down to 8), then rows, then keys down to 4; the sub-group
     variants keep a sub-group's worth of keys and rows, decode_qk / decode_pv their rows
     (they must agree) and the sub-group decode only has rows to halve. Geometries that
     already fit are unchanged; what cannot shrink enough is reported by the storage check."""

@@ -21,6 +21,7 @@ from .tiles import (
     OUT_TILE,
     PREFILL_CHOICES,
     PREFILL_DEFAULTS,
+    REGROW,
     SHRINK,
     _p,
     decode_consts,
@@ -38,12 +39,14 @@ from .tiles import (
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Quantized K/V storages every K/V reader dequantizes in its loads (backends/webgpu/wgsl_io.py).
 KV_DTYPES = frozenset({"int8", "int4"})
-# Every multiple of 8 up to 512: f16 and bf16 load 8 values per granule; O accumulators live in
-# registers, split over a row's lanes (prefill: row_lanes of them, decode: up to 64 PV lanes),
-# so 512 / 4 = 128 vec4 columns are 8 per prefill lane and row, 2 per decode lane and vector.
-# Larger heads need smaller tiles: the tile-fitting rules halve them until the workgroup
-# storage fits. v_head_size (Hv != head_size) takes the same values.
-HEAD_SIZES = (8, 512, 8)
+# Multiples of 8: f16 and bf16 load 8 values per granule. q and k rows up to 576 (MLA's
+# decode: q/k 576, v 512) are only staged and dotted, v rows up to 512 are also accumulated:
+# O accumulators live in registers, split over a row's lanes (prefill: row_lanes of them,
+# decode: up to 64 PV lanes), so 512 / 4 = 128 vec4 columns are 8 per prefill lane and row,
+# 2 per decode lane and vector. Larger heads need smaller tiles: the tile-fitting rules
+# halve them until the workgroup storage fits (tiles.py SHRINK).
+HEAD_SIZES = (8, 576, 8)
+V_HEAD_SIZES = (8, 512, 8)
 M_TILES = (1, 2, 4)
 
 
@@ -92,18 +95,6 @@ def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def v_head_reasons(spec: AttentionSpec, sizes: tuple[int, int, int]) -> list[str]:
-    """Why v's head size (v_head_size, Hv) does not fit a kernel whose rows take ``sizes``
-    (min, max, multiple of): v is loaded in the granules, staged in the tiles and
-    accumulated in the vec4 columns that k's head size needs, so Hv takes the same values
-    (the registry checks only head_size)."""
-    hv = spec.head_size_v
-    lo, hi, step = sizes
-    if lo <= hv <= hi and hv % step == 0:
-        return []
-    return [f"v_head_size {hv} outside {lo}..{hi} step {step}"]
-
-
 def _thread_check(threads: Callable[[AttentionSpec, Mapping[str, Any]], int]
                   ) -> Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]:
     def check(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
@@ -116,9 +107,6 @@ def _thread_check(threads: Callable[[AttentionSpec, Mapping[str, Any]], int]
 
 def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     d = PREFILL_DEFAULTS
-    why = v_head_reasons(spec, HEAD_SIZES)
-    if why:
-        return why
     why = [f"{n}={params.get(n, d[n])!r} is not one of {allowed}" for n, allowed in
            (("kv_staging", KV_STAGING), ("out_tile", OUT_TILE)) if params.get(n, d[n]) not in allowed]
     if why:
@@ -131,14 +119,14 @@ def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, 
 
 def _pv_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = pv_consts(spec, params)
-    why = v_head_reasons(spec, HEAD_SIZES) + [f"{n}={c[k]} must be a power of two" for n, k in
+    why = [f"{n}={c[k]} must be a power of two" for n, k in
            (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
     return why or _thread_check(lambda s, p: pv_consts(s, p)["WG"])(spec, caps, params)
 
 
 def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = decode_consts(spec, params)
-    why = v_head_reasons(spec, HEAD_SIZES) + [f"{n}={c[k]} must be a power of two" for n, k in
+    why = [f"{n}={c[k]} must be a power of two" for n, k in
            (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
     if c["WG"] < c["M"] * c["GT"]:
         why.append(f"threads={c['WG']} < {c['M'] * c['GT']} query vectors per workgroup")
@@ -154,6 +142,7 @@ def _prefill(dtype: str, variant: str, blocks: bool) -> KernelInfo:
     return KernelInfo(
         id=f"{NAME}.prefill.{short}.{variant}" + (".blocks" if blocks else ""), backend=NAME,
         family="prefill", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
+        v_head_sizes=V_HEAD_SIZES,
         features=_features(dtype, *(("subgroups",) if sg else ())), priority=10 if sg else 0,
         kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, supports=ALL_FEATURES,
         params={"reduction": "subgroup" if sg else "workgroup", "block_skip": blocks},
@@ -172,6 +161,7 @@ def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
     return KernelInfo(
         id=f"{NAME}.decode_partial.{short}.m{m}" + (".blocks" if blocks else ""), backend=NAME,
         family="decode_partial", dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES,
+        v_head_sizes=V_HEAD_SIZES,
         features=_features(dtype), kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
         supports=ALL_FEATURES,
         params={"m_tile": m, "block_skip": blocks}, defaults=DECODE_DEFAULTS[dtype],
@@ -184,12 +174,9 @@ def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
                if blocks else "") + _DEQUANT)
 
 
+# The partial states' rows are Hv long: lanes take their vec4 columns (the reduce reads no q
+# or k, so their head size is only bounded alike).
 REDUCE_HEAD_SIZES = (4, 1024, 4)
-
-
-def _reduce_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
-    # the partial states' rows are Hv long: lanes take their vec4 columns
-    return v_head_reasons(spec, REDUCE_HEAD_SIZES)
 
 
 def _block_checks(inner: Callable[[AttentionSpec, DeviceCaps, Mapping[str, Any]], list[str]]
@@ -216,9 +203,9 @@ def declare() -> list[KernelInfo]:
         for m in M_TILES:
             out.append(KernelInfo(
                 id=f"{NAME}.decode_qk.{short}.m{m}", backend=NAME, family="decode_qk",
-                dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
-                kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, params={"m_tile": m},
-                supports=ALL_FEATURES,
+                dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, v_head_sizes=V_HEAD_SIZES,
+                features=_features(dtype), kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
+                params={"m_tile": m}, supports=ALL_FEATURES,
                 defaults=DECODE_DEFAULTS[dtype],
                 choices=DECODE_CHOICES, workgroup_storage=qk_storage,
                 extra_checks=_with_bindings("decode_qk", _decode_checks),
@@ -227,8 +214,9 @@ def declare() -> list[KernelInfo]:
                     + _DEQUANT))
         out.append(KernelInfo(
             id=f"{NAME}.decode_pv.{short}", backend=NAME, family="decode_pv",
-            dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, features=_features(dtype),
-            kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, defaults=DECODE_DEFAULTS[dtype],
+            dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, v_head_sizes=V_HEAD_SIZES,
+            features=_features(dtype), kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
+            defaults=DECODE_DEFAULTS[dtype],
             supports=ALL_FEATURES,
             choices=DECODE_CHOICES, workgroup_storage=pv_storage,
             extra_checks=_with_bindings("decode_pv", _pv_checks),
@@ -240,7 +228,8 @@ def declare() -> list[KernelInfo]:
             # vec4 columns, one workgroup of 256 lanes per row: any multiple of 4 to 1024
             dtypes=frozenset({dtype}), head_sizes=REDUCE_HEAD_SIZES, features=_features(dtype),
             kv_layouts=KV_LAYOUTS, workgroup_storage=reduce_storage,       # reads no K/V
-            supports=ALL_FEATURES, extra_checks=_with_bindings("reduce", _reduce_checks),
+            v_head_sizes=REDUCE_HEAD_SIZES, supports=ALL_FEATURES,
+            extra_checks=lambda spec, caps, params: binding_reasons("reduce", spec, caps, params),
             doc="merges split-KV partial states and the head sink into out and lse (padding "
                 "rows of seqlens_q take no sink)"))
     return out
@@ -278,6 +267,8 @@ def rehomed(backend: str, host: str, kernels: list[KernelInfo],
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],
               limit: int | None) -> dict[str, int]:
-    """Halve the kernel's tiles in SHRINK order until its workgroup storage fits ``limit``;
-    returns the params to set (empty when it already fits or nothing can shrink)."""
-    return common.fit_tiles(kernel, spec, params, limit, SHRINK.get(kernel.family, ()))
+    """Halve the kernel's tiles in SHRINK order until its workgroup storage fits ``limit``,
+    then regrow those REGROW names where room is left; returns the params to set (empty
+    when it already fits or nothing can shrink)."""
+    return common.fit_tiles(kernel, spec, params, limit, SHRINK.get(kernel.family, ()),
+                            regrow=REGROW.get(kernel.family, ()))

@@ -20,7 +20,6 @@ from .kernels import (
     _features,
     _thread_check,
     _with_bindings,
-    v_head_reasons,
 )
 from .probe import NAME
 from .tiles import _p
@@ -36,7 +35,11 @@ MMA_SUBGROUP = 32
 # Multiples of 16 (the matrix tiles) up to 512 for head_size and v_head_size: the
 # accumulators are head_size_v / 16 result tiles per subgroup (prefill) or spread over the
 # subgroups (decode); what the workgroup storage cannot hold at the smallest tiles is
-# rejected with the bytes it needs.
+# rejected with the bytes it needs. q/k rows past 512 (MLA's 576) are not declared: Q and K
+# are staged in f16 whole rows, so at the smallest tiles (16 x 16, one subgroup) q/k 576
+# with v 512 needs 56008 B in either family and any q/k past 512 over 36 KiB: more than
+# WebGPU devices grant (32 KiB on lavapipe, Dawn and browsers, 48 KiB on NVIDIA), so no
+# device could run or check them; the scalar variants run those heads.
 HEAD_SIZES = (16, 512, 16)
 
 
@@ -124,8 +127,7 @@ def _checks(family: str, spec: AttentionSpec, caps: DeviceCaps,
             params: Mapping[str, Any]) -> list[str]:
     prefill = family == "prefill"
     d = MMA_DEFAULTS if prefill else DECODE_DEFAULTS
-    why = v_head_reasons(spec, HEAD_SIZES)
-    why += _prefill_tiles(spec, params) if prefill else _decode_tiles(spec, params)
+    why = _prefill_tiles(spec, params) if prefill else _decode_tiles(spec, params)
     if params.get("mma", d["mma"]) == "hardware" and "subgroup-matrix" in caps.features:
         # The config's own subgroup sizes count (the adapter's range, 4..128 on the H100, is
         # wider): the tiles take lanes 32g..32g+31 of the workgroup as subgroup g.
@@ -175,7 +177,8 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
     defaults, choices, storage, doc = _FAMILIES[family]
     return KernelInfo(
         id=f"{NAME}.{family}.{DTYPES[dtype]}.mma", backend=NAME, family=family,
-        dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, supports=ALL_FEATURES,
+        dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, v_head_sizes=HEAD_SIZES,
+        supports=ALL_FEATURES,
         features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
         kv_dtypes=KV_DTYPES, defaults=defaults, choices=choices, emulation={"mma": "emulate"},
         emulates=frozenset({"subgroup-matrix"}), matrix=SUBGROUP_MATRIX,

@@ -41,8 +41,9 @@ DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads":
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor). The
-# last step (kv_tile 4) is for head sizes past 256 in f32 only (512: 4-key tiles of 2 KiB
-# rows), which nothing smaller fits in 32 KiB; every spec that fitted before stops earlier.
+# last step (kv_tile 4) is for head sizes past 256 in f32 only (512, and MLA's q/k 576 with
+# v 512: 4-key tiles of 2 KiB rows), which nothing smaller fits in 32 KiB; every spec that
+# fitted before stops earlier.
 SHRINK = {
     "prefill": (("kv_tile", 16), ("q_tile", 16), ("kv_tile", 8), ("q_tile", 4),
                 ("max_k_step", 8), ("kv_tile", 4)),
@@ -50,6 +51,12 @@ SHRINK = {
     "decode_qk": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
     "decode_pv": (("kv_tile", 16), ("group_tile", 1), ("kv_tile", 8), ("kv_tile", 4)),
 }
+# Tiles that take back, doubling, what the later halvings made room for: group_tile is how
+# many of a GQA group's heads share each K/V tile, which MLA's groups of 16-128 heads on
+# one KV head depend on (lavapipe, f16 q/k 576 v 512, 64 heads, L=2048, kv_tile 8:
+# group_tile 1 1237 ms, 2 719 ms, 4 372 ms).
+REGROW = {"decode_partial": ("group_tile",), "decode_qk": ("group_tile",),
+          "decode_pv": ("group_tile",)}
 
 
 def _p(params: Mapping[str, Any], defaults: Mapping[str, Any], name: str) -> int:
