@@ -276,15 +276,15 @@ def head_padding(spec: AttentionSpec, kernels: tuple[KernelInfo, ...] | list[Ker
     if spec.kv_dtype == "int4":
         return []
 
-    def sizes(h: int) -> set[int]:
+    def sizes(h: int, v: bool) -> set[int]:
         out = {h}
         for k in kernels:
-            lo, hi, step = k.head_sizes
+            lo, hi, step = (k.v_head_sizes or k.head_sizes) if v else k.head_sizes
             up = max(lo, -(-h // step) * step)
-            if up <= hi and k.head_size_ok(up):
+            if up <= hi:
                 out.add(up)
         return out
 
     h, hv = spec.head_size, spec.head_size_v
-    pairs = [(a, b) for a in sizes(h) for b in sizes(hv) if (a, b) != (h, hv)]
+    pairs = [(a, b) for a in sizes(h, False) for b in sizes(hv, True) if (a, b) != (h, hv)]
     return sorted(pairs, key=lambda p: (p[0] - h + p[1] - hv, p))
