@@ -14,6 +14,7 @@ and dtype.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,8 @@ import pytest
 import attnreg
 from attnreg import reference as ref
 from attnreg.tensors import STORED_AS, accepted_dtypes, check_tensors
-from tests.support import check_close, make_tensors, require_devices
+from attnreg.tools import cases as cases_mod
+from tests.support import _quick_keeps, check_close, make_tensors, require_devices
 
 GPU = ("opencl", "webgpu", "dawn", "browser")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -145,7 +147,7 @@ def test_reduce_takes_the_sink_in_every_accepted_dtype(session: attnreg.Session,
         check_close(spec, got, {**t, "head_sink": sink}, what=f"reduce sink {sink_dtype}")
 
 
-# -- what the checks refuse --------------------------------------------------------------
+# -- what the checks refuse, and the matrix --------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_other_dtype_is_refused(dtype: str) -> None:
     """The table the kernels and the matrix follow is the one the checks enforce."""
@@ -157,3 +159,33 @@ def test_every_other_dtype_is_refused(dtype: str) -> None:
             t[name] = t[name].astype(np.dtype(other))
             with pytest.raises(attnreg.SpecError, match=rf"tensors\['{name}'\]\.dtype"):
                 attnreg.run(spec, t, backend="reference")
+
+
+def _stored_dtype(case: Any, name: str) -> str:
+    return dict(case.stored).get(name, accepted_dtypes(case.spec, name)[0])
+
+
+def test_quick_matrix_reads_every_accepted_dtype() -> None:
+    """Per kernel that reads bias / head_sink, per dtype of the kernel: the quick matrix as
+    CI runs it (tests.support._quick_keeps) has a cell with that tensor stored in every dtype
+    the checks accept, on every available device (a future accepted dtype gets cells too)."""
+    cells = [c for c in cases_mod.cases(quick=True) if _quick_keeps(c)]
+    assert cells
+    have: dict[tuple[str, str, str, str], set[str]] = {}
+    for c in cells:
+        for name in STORED_AS:
+            if getattr(c.spec, name):
+                have.setdefault((c.device, c.kernel, c.spec.dtype, name), set()).add(
+                    _stored_dtype(c, name))
+    missing = {}
+    for (dev, kernel, dtype, name), got in have.items():
+        spec = attnreg.AttentionSpec(**DECODE, dtype=dtype)
+        want = set(accepted_dtypes(spec, name))
+        if got != want:
+            missing[(dev, kernel, dtype, name)] = sorted(want - got)
+    assert not missing, missing
+    # and every kernel that reads the tensor has cells that pass it
+    reg = attnreg.registry.get()
+    lacking = {(c.device, c.kernel, c.spec.dtype, name) for c in cells for name in STORED_AS
+               if name in reg.kernel(c.kernel).supports} - set(have)
+    assert not lacking, sorted(lacking)
