@@ -23,7 +23,7 @@ from .plan import Plan
 from .prepared import PreparedRun
 from .spec import AttentionSpec
 from .states import check_partials, merge_as_reduce, restore_lse, states_layout
-from .tensors import check_tensors
+from .tensors import check_tensors, read_on_host
 
 
 def _freeze(m: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
@@ -344,7 +344,8 @@ class Session:
         self._launch(spec, "attention", inputs, kernel, params, flags, out)   # compile, warm
         plan = self.plan(spec, kernel=kernel, params=params, flags=flags)
         self._check_resident(plan, inputs)                 # ownership/device checks, once
-        return PreparedRun(self, plan, self.runtime(plan), dict(inputs), out)
+        return PreparedRun(self, plan, self.runtime(plan), dict(inputs), out,
+                           read_on_host(tensors, inputs))
 
     @serialized
     def run_with_plan(self, spec: AttentionSpec, tensors: Mapping[str, Any], **kw: Any

@@ -12,6 +12,7 @@ import numpy as np
 from . import reference
 from .errors import SpecError
 from .spec import AttentionSpec
+from .tensors import accepted_dtypes
 
 
 def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
@@ -33,13 +34,17 @@ def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
     # CONTRACT "Non-finite values", propagated as NaN by every reduce).
     out = {"o_parts": np.ascontiguousarray(o), "lse_parts": np.ascontiguousarray(lse)}
     if spec.head_sink:
+        # the dtypes run() accepts for the sink (CONTRACT: float32 or the spec's dtype)
+        allowed = " or ".join(accepted_dtypes(spec, "head_sink"))
         if head_sink is None:
-            raise SpecError("head_sink", None, "a float32 [Nq] array, because spec.head_sink")
+            raise SpecError("head_sink", None, f"a {allowed} [Nq] array, because spec.head_sink")
         sink = np.asarray(head_sink)
-        if sink.dtype != np.float32 or sink.shape != (spec.num_heads,) or not np.isfinite(sink).all():
+        if sink.dtype.name not in accepted_dtypes(spec, "head_sink") \
+                or sink.shape != (spec.num_heads,) or not np.isfinite(sink).all():
             raise SpecError("head_sink", head_sink,
-                            f"a finite float32 array of shape ({spec.num_heads},)")
-        out["head_sink"] = np.ascontiguousarray(sink)
+                            f"a finite {allowed} array of shape ({spec.num_heads},)")
+        # the reduce kernels read float32 sinks: f16 / bf16 -> f32 is exact
+        out["head_sink"] = np.ascontiguousarray(sink, dtype=np.float32)
     elif head_sink is not None:
         raise SpecError("head_sink", head_sink, "None, because spec.head_sink is False")
     if spec.seqlens_q:

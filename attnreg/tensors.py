@@ -65,6 +65,21 @@ _DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "bfloat16", "int32"
                                        "int8", "uint8")}
 INT32_MAX = 2**31 - 1
 
+# The float tensors a caller may store in more than one dtype (CONTRACT: bias and head_sink
+# float32 or the spec's dtype), "dtype" standing for spec.dtype. Every runtime reads each of
+# these as accepted (a bias reaches the runtimes as stored; a head_sink, [Nq] values, is
+# widened to float32 by check_tensors and check_partials, exactly), and the conformance
+# matrix stores each in every dtype listed here (attnreg.tools.cases): a dtype added here
+# gets cells, and a kernel that misreads it fails them. The first entry is what
+# tools.testing.make_tensors stores.
+STORED_AS: dict[str, tuple[str, ...]] = {"bias": ("float32", "dtype"),
+                                         "head_sink": ("float32", "dtype")}
+
+
+def accepted_dtypes(spec: AttentionSpec, name: str) -> tuple[str, ...]:
+    """The dtypes the checks accept for tensor ``name`` (one of STORED_AS) under spec."""
+    return tuple(dict.fromkeys(spec.dtype if d == "dtype" else d for d in STORED_AS[name]))
+
 
 def _check_dtype(name: str, arr: Any, allowed: tuple[str, ...]) -> None:
     # dtype objects compare fast; dtype.name builds a string on every call (hot in a decode loop)
@@ -135,7 +150,7 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
 
     if spec.bias:
         bias = arrays["bias"]
-        _check_dtype("bias", bias, tuple(dict.fromkeys(("float32", spec.dtype))))
+        _check_dtype("bias", bias, accepted_dtypes(spec, "bias"))
         if not bias_shape_ok(spec, tuple(bias.shape)):
             full = (spec.batch, spec.num_heads, spec.seq_len, spec.capacity)
             raise SpecError("tensors['bias'].shape", tuple(bias.shape),
@@ -168,22 +183,37 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
                      "the first existing key of batch b: 0 <= value < L_b")
     if spec.head_sink:
         sink = arrays["head_sink"]
-        _check_dtype("head_sink", sink, tuple(dict.fromkeys(("float32", spec.dtype))))
+        _check_dtype("head_sink", sink, accepted_dtypes(spec, "head_sink"))
         _check_shape("head_sink", sink, (spec.num_heads,), "one sink logit per query head")
-        if _is_device(sink) and sink.dtype != _DTYPE_OBJ["float32"]:
-            sink = sink.numpy()              # [Nq] values: widened on the host below
-        if _is_device(sink):
-            sink = sink.host if sink.host is not None else sink.numpy()
-        if not np.isfinite(sink).all():
-            i = int(np.argmax(~np.isfinite(sink)))
-            raise SpecError(f"tensors['head_sink'][{i}]", float(sink[i]),
-                            "a finite logit (CONTRACT: head_sink values must be finite)")
+        values = host_sink(sink)
         if sink.dtype != _DTYPE_OBJ["float32"]:
-            arrays["head_sink"] = sink.astype(np.float32)   # f16/bf16 -> f32 is exact
+            # the kernels read float32 sinks: [Nq] values, widened here (a DeviceTensor's
+            # again by a prepared run once it is written: PreparedRun)
+            arrays["head_sink"] = values
 
     if spec.kv_layout == "paged":
         _check_block_table(spec, arrays)
     return {n: a if _is_device(a) else np.ascontiguousarray(a) for n, a in arrays.items()}
+
+
+def host_sink(sink: Any) -> np.ndarray:
+    """A head_sink's values as float32 on the host (float16 / bfloat16 -> float32 is exact),
+    checked finite (CONTRACT)."""
+    if _is_device(sink):
+        sink = sink.host if sink.host is not None else sink.numpy()
+    if not np.isfinite(sink).all():
+        i = int(np.argmax(~np.isfinite(sink)))
+        raise SpecError(f"tensors['head_sink'][{i}]", float(sink[i]),
+                        "a finite logit (CONTRACT: head_sink values must be finite)")
+    return np.asarray(sink, dtype=np.float32)
+
+
+def read_on_host(tensors: Mapping[str, Any], checked: Mapping[str, Any]) -> dict[str, Any]:
+    """The DeviceTensors among ``tensors`` that check_tensors replaced by host arrays: a
+    float16 / bfloat16 head_sink (host_sink widens it), the only one."""
+    sink = tensors.get("head_sink")
+    return {"head_sink": sink} if _is_device(sink) and not _is_device(checked.get("head_sink")) \
+        else {}
 
 
 def _check_block_table(spec: AttentionSpec, arrays: dict[str, Any]) -> None:

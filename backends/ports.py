@@ -27,7 +27,9 @@ ACCESS = ("uniform", "read", "rw")
 #           bytes, int4 q4_0 nibble pairs); each language types them per program
 #   scale   k_scale / v_scale of a quantized kv_dtype (float32 per vector for int8, float16
 #           per 32 elements for int4)
-#   bias    float32 in WGSL (a float16 bias is widened on the host), bias_t in OpenCL
+#   bias    float32 in WGSL (a float16 / bfloat16 bias is widened, exactly, on the host or
+#           into a buffer derived from the DeviceTensor), bias_t in OpenCL (the bias's own
+#           dtype: the program is built per bias dtype)
 #   out     the attention output in the spec's dtype (vec4 in WGSL)
 #   f32, f32x2, f32x4, i32, u32, ticket   plain arrays (ticket: OpenCL atomics)
 KINDS = ("params", "kv", "kvc", "scale", "bias", "out", "f32", "f32x2", "f32x4", "i32", "u32",

@@ -283,7 +283,7 @@ def check_declared_local_memory(dev: attnreg.DeviceCaps, kernel_id: str,
     for spec, params in cases:
         params = {"mma": "emulate", **params}
         g = otiling.geometry(k.family, "mma", spec, params)
-        opts = program.options(program.defines(spec, g, False, params))
+        opts = program.options(program.defines(spec, g, None, params))
         prog = cl.Program(ctx, program.source(k.family, "mma")).build(options=list(opts))
         used.append(cl.Kernel(prog, program.ENTRY[k.family]).get_work_group_info(
             cl.kernel_work_group_info.LOCAL_MEM_SIZE, cdev))

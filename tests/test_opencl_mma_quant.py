@@ -155,7 +155,7 @@ def test_decode_fragment_pairs_are_the_rounded_values(pocl, dtype, kv_dtype):  #
     g = otiling.mma_decode_geometry(spec, {"mma": "emulate"})
     ctx, d = odevice.context(pocl)
     prog = cl.Program(ctx, program.source("decode_partial", "mma") + _PAIRS).build(
-        options=list(program.options(program.defines(spec, g, False, {}))), devices=[d])
+        options=list(program.options(program.defines(spec, g, None, {}))), devices=[d])
     got = np.empty(n, np.uint32)
     _call(cl, ctx, prog.pairs, n, (x, s), (got,))
     if kv_dtype == "int8":

@@ -340,12 +340,13 @@ class _Gen:
                     check = "partial"      # the same recipe through the partial route
                 if spec is None or not self.plannable(spec, check, params):
                     continue
-                self.emit(f"s{spec.seq_len}-L{total}-{ql.lower()}-{kv_tag}-{tag}", spec, params,
-                          check=check, kind="covering", feature=tag,
-                          bias_shape=make.get("bias_shape"), mask_frac=make.get("mask_frac", 0.0),
-                          bias_f16=bool(make.get("bias_f16")), docs=int(make.get("docs", 0)),
-                          doc_values=bool(make.get("doc_values")),
-                          mask_rows="first" if masked else "", rerun=tag == "all")
+                for stored in cells.storages(spec, make.get("stored", ())):
+                    self.emit(f"s{spec.seq_len}-L{total}-{ql.lower()}-{kv_tag}-{tag}", spec,
+                              params, check=check, kind="covering", feature=tag,
+                              bias_shape=make.get("bias_shape"),
+                              mask_frac=make.get("mask_frac", 0.0), stored=stored,
+                              docs=int(make.get("docs", 0)), doc_values=bool(make.get("doc_values")),
+                              mask_rows="first" if masked else "", rerun=tag == "all")
 
     def _fit(self, fields: dict[str, Any], params: dict[str, Any]) -> AttentionSpec | None:
         """The rotated spec, with the tunables the rules fit to this device where the

@@ -11,6 +11,7 @@ from typing import Any
 from ..caps import DeviceCaps
 from ..kernel import ROUTES, KernelInfo
 from ..spec import AttentionSpec
+from ..tensors import accepted_dtypes
 
 HEAD_SIZES = (32, 64, 80, 96, 128, 256)
 SMALL_HEAD = 32
@@ -65,7 +66,9 @@ class Case:
     lengths: tuple[int, ...] | None = None
     bias_shape: tuple[int, ...] | None = None   # None: the full [B, Nq, S, C]
     mask_frac: float = 0.0      # fraction of bias entries set to -inf
-    bias_f16: bool = False      # bias stored in float16 (float16 specs)
+    # tensors stored in another dtype than make_tensors gives them, as (name, dtype): one of
+    # the dtypes the checks accept (tensors.STORED_AS; see storages)
+    stored: tuple[tuple[str, str], ...] = ()
     mask_rows: str = ""         # "corners": batch 0 row 0 and the last row; "first": row 0
     docs: int = 0               # > 0: a block-diagonal document mask (recipes.doc_mask)
     doc_values: bool = False    # the mask keeps the bias values inside a document
@@ -94,7 +97,7 @@ class Case:
     def key(self) -> tuple[Any, ...]:
         """What makes two cells the same test (labels and seeds aside)."""
         return (self.device, self.kernel, self.check, self.spec, self.params, self.lengths,
-                self.bias_shape, self.mask_frac, self.bias_f16, self.mask_rows, self.docs,
+                self.bias_shape, self.mask_frac, self.stored, self.mask_rows, self.docs,
                 self.doc_values, self.rerun, self.nonfinite)
 
 
@@ -165,6 +168,17 @@ def unique(found: Iterable[Case]) -> Iterator[Case]:
         keys.add(c.key)
         n = ids[c.id] = ids.get(c.id, 0) + 1
         yield c if n == 1 else replace(c, label=f"{c.label}-{n}")
+
+
+def storages(spec: AttentionSpec, names: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
+    """How a recipe that stores ``names`` (tensors of tensors.STORED_AS) runs under spec: one
+    cell per further dtype the checks accept for them besides make_tensors' own (the table's
+    first), so a dtype the checks come to accept gets its cells; [()] where none is left
+    (a float32 spec): the recipe as made."""
+    extra = {n: accepted_dtypes(spec, n)[1:] for n in names if getattr(spec, n)}
+    count = max((len(d) for d in extra.values()), default=0)
+    return [tuple((n, d[i % len(d)]) for n, d in extra.items() if d)
+            for i in range(count)] or [()]
 
 
 def everything_fields(sup: frozenset[str]) -> dict[str, Any]:

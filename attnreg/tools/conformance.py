@@ -56,7 +56,7 @@ class Result:
 # -- running -----------------------------------------------------------------------------
 def inputs_for(case: Case) -> dict[str, np.ndarray]:
     """The cell's tensors: random, tails past each valid length poisoned, the bias shaped,
-    masked, made a document mask or stored in float16 as the recipe says, and NaN / inf
+    masked, made a document mask, tensors stored in the dtypes the recipe says, and NaN / inf
     planted for non-finite cells (testing.plant_nonfinite)."""
     spec = case.spec
     t = make_tensors(spec, seed=case.seed, lengths=case.lengths, bias_shape=case.bias_shape,
@@ -69,8 +69,8 @@ def inputs_for(case: Case) -> dict[str, np.ndarray]:
             t["bias"][-1, -1, -1, :] = -np.inf
     elif case.mask_rows == "first":
         t["bias"][:, :, 0, :] = -np.inf          # row 0 of every batch and head
-    if case.bias_f16 and spec.dtype == "float16":
-        t["bias"] = t["bias"].astype(np.float16)
+    for name, dtype in case.stored:          # bias / head_sink in another accepted dtype
+        t[name] = t[name].astype(np.dtype(dtype))
     if case.nonfinite and case.check != "reduce":
         plant_nonfinite(spec, t)
     return t

@@ -11,13 +11,15 @@ import numpy as np
 from ..spec import AttentionSpec
 
 # A contract feature as an input recipe: (tag, spec changes, make_tensors keywords plus
-# ``bias_f16`` / ``docs`` / ``doc_values``, whether query row 0 is fully masked).
+# ``stored`` / ``docs`` / ``doc_values``, whether query row 0 is fully masked). ``stored``
+# names tensors held in the other dtypes the checks accept for them (tensors.STORED_AS: the
+# spec's dtype for bias and head_sink), one cell per such dtype (cells.storages).
 Feature = tuple[str, dict[str, Any], dict[str, Any], bool]
 
 
 def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
     """One case per CONTRACT feature for a backend's own case list: (tag, spec changes,
-    make_tensors keywords (+ ``bias_f16``), whether query row 0 is fully masked). b, nq, s, c
+    make_tensors keywords (+ ``stored``), whether query row 0 is fully masked). b, nq, s, c
     are the batch, query heads, query rows and KV capacity, for the broadcast bias shapes."""
     return [
         ("plain", {}, {}, False),
@@ -26,7 +28,7 @@ def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
         ("bias-bcast-b", {"bias": True}, {"bias_shape": (1, nq, s, c)}, False),
         ("bias-bcast-h", {"bias": True}, {"bias_shape": (b, 1, s, c)}, False),
         ("bias-bcast-s", {"bias": True, "causal": False}, {"bias_shape": (b, nq, 1, c)}, False),
-        ("bias-f16-masked", {"bias": True}, {"bias_f16": True, "mask_frac": 0.3}, False),
+        ("bias-masked", {"bias": True}, {"mask_frac": 0.3}, False),
         ("masked-rows-lse", {"bias": True, "return_lse": True}, {}, True),
         ("seqlens-capacity", {"seqlens_k": True, "kv_capacity": c + 13}, {}, False),
         ("capacity", {"kv_capacity": c + 9}, {}, False),
@@ -38,7 +40,11 @@ def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
         ("sink-masked-rows", {"head_sink": True, "bias": True, "return_lse": True}, {}, True),
         ("all", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0, "alibi_max_bias": 4.0,
                  "local_window": 37, "head_sink": True, "return_lse": True, "bias": True},
-         {"bias_shape": (1, nq, s, c + 5)}, False),
+         # bias and head_sink in the spec's dtype here: "all" is the recipe every (kernel,
+         # dtype) keeps in the quick matrix, and its own program on OpenCL (built per bias
+         # dtype) is the one extra build this costs per kernel and dtype
+         {"bias_shape": (1, nq, s, c + 5), "mask_frac": 0.1, "stored": ("bias", "head_sink")},
+         False),
     ]
 
 

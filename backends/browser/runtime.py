@@ -88,7 +88,7 @@ class BrowserRuntime(HostMemory):
         spec = plan.spec
         bias = inputs.get("bias")
         if bias is not None and bias.dtype != np.float32:
-            bias = bias.astype(np.float32)          # float16 -> float32 is exact
+            bias = bias.astype(np.float32)          # float16 / bfloat16 -> float32 is exact
         bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
         progs = self.programs(plan, bias_shape)
         n_splits = program.n_splits(plan)

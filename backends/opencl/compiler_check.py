@@ -52,7 +52,7 @@ def run_once(cl: Any, dev: Any, extra: tuple[str, ...], source: str | None = Non
     """Max abs error of the check kernel's partial states (built with ``extra`` options)
     against the float64 reference; inf when a value is NaN."""
     g = dataclasses.replace(tiling.geometry(FAMILY, "", SPEC, PARAMS), stage_v=True)
-    defines = program.defines(SPEC, g, False, PARAMS)
+    defines = program.defines(SPEC, g, None, PARAMS)
     x = _inputs()
     ctx = cl.Context([dev])
     queue = cl.CommandQueue(ctx)

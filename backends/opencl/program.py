@@ -135,10 +135,14 @@ def stage_params(plan: Plan, stage: Stage, split: Mapping[str, int],
     return params
 
 
-def defines(spec: AttentionSpec, g: tiling.Geometry, bias_f16: bool,
+def defines(spec: AttentionSpec, g: tiling.Geometry, bias_dtype: str | None,
             params: Mapping[str, Any]) -> dict[str, int]:
+    """The -D constants of a stage's program; ``bias_dtype``: the bias as stored (any dtype
+    the checks accept for it; None without a bias), which its reads follow (common.cl)."""
     out = {"IS_F16": int(spec.dtype == "float16"), "IS_BF16": int(spec.dtype == "bfloat16"),
-           "HD": spec.head_size, "HV": spec.head_size_v, "BIAS_F16": int(bias_f16),
+           "HD": spec.head_size, "HV": spec.head_size_v, "BIAS_F16": int(bias_dtype == "float16"),
+           # only where set: the build options of every other program stay as they were
+           **({"BIAS_BF16": 1} if bias_dtype == "bfloat16" else {}),
            # the reduce reads no K/V: one build serves every storage
            "KV_Q": 0 if g.family == "reduce" else KV_Q[spec.kv_dtype],
            "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,

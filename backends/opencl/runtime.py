@@ -212,7 +212,8 @@ class OpenCLRuntime:
         bufs = self._bind_inputs(inputs, private=bool(outputs))
         bias = inputs.get("bias")
         bias_shape = tuple(bias.shape) if bias is not None else None
-        bias_f16 = bias is not None and np.dtype(bias.dtype) == np.float16
+        # the programs read the bias as stored (common.cl): one build per bias dtype
+        bias_dtype = None if bias is None else np.dtype(bias.dtype).name
         lkey = (id(plan), bias_shape)
         hit = self._layouts.get(lkey)
         if hit is None or hit[0] is not plan:
@@ -245,14 +246,14 @@ class OpenCLRuntime:
             if family == "decode_fused":
                 n = program.tiles(spec, g, params) * 4
                 bufs.setdefault("tickets", self.mem.pooled("tickets", n, zeroed=True))
-        key = (id(plan), bias_shape, bias_f16,
+        key = (id(plan), bias_shape, bias_dtype,
                tuple(sorted((n, id(b)) for n, b in bufs.items() if b is not None)))
         prep = self._preps.pop(key, None)
         if prep is None or prep.plan is not plan:
             prep = _Prepared(plan, outputs=outs, keep=list(bufs.values()))
             for stage, family, params, g in staged:
                 k = self._new_kernel(stage.kernel, family, g,
-                                     program.defines(spec, g, bias_f16, params))
+                                     program.defines(spec, g, bias_dtype, params))
                 block = self.mem.param_block(common.pack(spec, params, bias_shape))
                 k.set_args(*program.arguments(family, block, bufs))
                 prep.keep.append(block)

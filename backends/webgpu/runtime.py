@@ -71,7 +71,7 @@ class WebGpuRuntime:
         self.memory = DeviceMemory(self.dev, caps, self._forget)
         self.counters = self.memory.counters
         self._prepared: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
-        # Buffers derived from a DeviceTensor (f32 copy of an f16 bias, block lists):
+        # Buffers derived from a DeviceTensor (f32 copy of an f16 / bf16 bias, block lists):
         # key -> (tensor, version, buffer); rebuilt when the tensor is written.
         self._derived: dict[tuple[Any, ...], tuple[Any, int, Any]] = {}
 
@@ -112,7 +112,9 @@ class WebGpuRuntime:
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, name: str, value: Any) -> Any:
         """The buffer to bind for one input: a DeviceTensor's own buffer, or a staging buffer
-        holding a host array (bias as float32: float16 -> float32 is exact)."""
+        holding a host array. A bias reaches the WGSL kernels as float32 whatever dtype the
+        checks accepted (float32 or the spec's): float16 / bfloat16 -> float32 is exact, and
+        one f32 binding keeps the kernels free of a per-bias-dtype variant."""
         if _is_device(value):
             if name == "bias" and value.dtype != np.float32:
                 return self._derive(("bias32", id(value)), value,
