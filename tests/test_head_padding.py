@@ -140,6 +140,6 @@ def test_padding_choices_are_rules() -> None:
 def test_export_refuses_a_padded_plan(tmp_path) -> None:
     """An exported module binds the web app's buffers as they are: it never pads silently."""
     from attnreg.backends.browser import export
-    with pytest.raises(attnreg.SpecError, match="head_size=10.*padded to 16/16"):
+    with pytest.raises(attnreg.SpecError, match=r"head_size=10.*padded to 16/16"):
         export.export(_spec(10, dtype="float16"), str(tmp_path))
     assert not list(tmp_path.iterdir())
