@@ -8,7 +8,7 @@ from typing import Any
 
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
-from attnreg.kernel import CORE_FEATURES, MODEL_FEATURES, KernelInfo
+from attnreg.kernel import CORE_FEATURES, MODEL_FEATURES, WINDOW_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import mma_probe
@@ -24,8 +24,9 @@ KV_DTYPES = frozenset({"int8", "int4"})
 # (tiling.py _shrink), v's head size (v_head_size) in the same range
 HEAD_SIZES = (4, 512, 4)
 # Every kernel implements the contract's features, the shapes real models need included
-# (kv_start, seqlens_q, v_head_size: kernels_cl/flash_core.cl's Rows and VOFF).
-SUPPORTS = CORE_FEATURES | MODEL_FEATURES
+# (kv_start, seqlens_q, v_head_size: kernels_cl/flash_core.cl's Rows and VOFF), and the
+# right window (flash_core.cl's key ranges and key tests).
+SUPPORTS = CORE_FEATURES | MODEL_FEATURES | WINDOW_FEATURES
 MMA_PREFILL_HEADS = (16, 512, 16)
 MMA_DECODE_HEADS = (64, 512, 64)     # k in 32-dim runs, v in 64-dim runs (decode_mma.cl)
 M_TILES = (1, 2, 4)
