@@ -34,8 +34,13 @@ CORE_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_l
 # The shapes real models need (CONTRACT, [clients]): a kernel lists them in ``supports``
 # once it implements them, so one that does not is passed over with the reason.
 MODEL_FEATURES = frozenset({"v_head_size", "kv_start", "seqlens_q"})
+# Two-sided windows (CONTRACT, [peers]): listed in ``supports`` by the kernels that bound
+# keys on the right too, so a plugin's kernel written before them is passed over with the
+# reason rather than silently ignoring the bound. (Reported only without causal masking,
+# where it can change the result: AttentionSpec.features.)
+WINDOW_FEATURES = frozenset({"right_window"})
 # Every contract feature a spec can use (AttentionSpec.features names them).
-ALL_FEATURES = CORE_FEATURES | MODEL_FEATURES
+ALL_FEATURES = CORE_FEATURES | MODEL_FEATURES | WINDOW_FEATURES
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 # How a matrix-unit kernel's products are built (its param "mma"): on the device's matrix
 # units, or through a software polyfill of the same primitive and tile contract (flag

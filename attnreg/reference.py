@@ -4,7 +4,7 @@ Layout inside this module is canonical: q/out [B, Nq, S, H], k/v [B, Nkv, C, H];
 are grouped as [B, Nkv, G, S, H] so that GQA is a reshape, never a copy of K/V.
 
 Non-finite inputs (CONTRACT "Non-finite values"), with visibility positional (key j is
-visible to row i by L_b, causality and the window alone; a -inf bias masks the key's logit
+visible to row i by L_b, causality and the windows alone; a -inf bias masks the key's logit
 but leaves it visible):
 - what row i cannot see never changes it: invisible keys and values, their bias entries and
   memory past L_b are never multiplied (selected away, not weighted by 0: 0 * NaN = NaN);
@@ -157,6 +157,8 @@ class _Problem:
             visible = visible & (j <= pos)
         if spec.local_window > 0:
             visible = visible & (j > pos - spec.local_window)
+        if spec.right_window >= 0:
+            visible = visible & (j - pos <= spec.right_window)
         return np.where(visible, s, -np.inf), visible
 
 

@@ -62,6 +62,8 @@ EXPECTED: dict[str, str] = {
              "[1.1754944e-38, 3.4028235e38]",
     "softcap": "0 (disabled) or a float in float32's normal range [1.1754944e-38, 3.4028235e38]",
     "local_window": "an integer in [-1, 2**31-1] (-1 or 0 disables)",
+    "right_window": "an integer in [-1, 2**31-1] (-1 disables; 0 hides every key after the "
+                    "query's own position)",
     "alibi_max_bias": "0 (disabled) or a float in float32's normal range "
                       "[1.1754944e-38, 3.4028235e38]",
     "kv_capacity": "None (= total_len) or an integer in [past_len + seq_len, 2**31-1]",
@@ -123,6 +125,10 @@ class AttentionSpec(BaseModel):
     v_head_size: Int | None = Field(None, ge=1, le=INT_MAX)
     kv_start: bool = False
     seqlens_q: bool = False
+    # Two-sided windows (CONTRACT "Every head size, two-sided windows"): keys more than
+    # right_window positions after a row's position are invisible too (local_window stays
+    # the left side); -1 is none, and 0 is meaningful (non-causal, it is exactly causal).
+    right_window: Int = Field(-1, ge=-1, le=INT_MAX)
 
     def __init__(self, **data: Any) -> None:
         unknown = sorted(set(data) - set(type(self).model_fields))
@@ -307,6 +313,11 @@ class AttentionSpec(BaseModel):
             f.add("softcap")
         if self.local_window > 0:
             f.add("local_window")
+        # Under causal masking a right window hides nothing more (j <= p_i already), so it
+        # is a feature only where it can change the result: a kernel that does not
+        # implement it still runs a causal spec that carries one, with the same answer.
+        if self.right_window >= 0 and not self.causal:
+            f.add("right_window")
         if self.alibi_max_bias > 0:
             f.add("alibi")
         if self.kv_capacity is not None and self.kv_capacity != self.total_len:

@@ -29,7 +29,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("scale", "f"), ("softcap", "f"),
     # alibi: slope_h = exp2(alibi_e0 * (h + 1)) if h < alibi_n else exp2(alibi_e1 * (2*(h-n)+1))
     ("has_alibi", "I"), ("alibi_n", "I"), ("alibi_e0", "f"), ("alibi_e1", "f"),
-    ("pad0", "I"),
+    # two-sided windows: key j is invisible to row i past p_i + right_window (-1: none)
+    ("right_window", "i"),
     # paged KV (kv_layout="paged"): key j of batch b lives in page block_table[b, j / page_size]
     ("paged", "I"), ("page_size", "I"), ("pages_per_seq", "I"), ("pad1", "I"),
     # the shapes real models need: kv_start / seqlens_q tensors bound, v's head size (Hv:
@@ -83,7 +84,7 @@ def values(spec: AttentionSpec, params: Mapping[str, Any],
         "scale": spec.effective_scale, "softcap": spec.softcap,
         "has_alibi": int(spec.alibi_max_bias > 0), "alibi_n": n,
         "alibi_e0": -spec.alibi_max_bias / n, "alibi_e1": -spec.alibi_max_bias / 2.0 / n,
-        "pad0": 0,
+        "right_window": spec.right_window,
         "paged": int(spec.kv_layout == "paged"), "page_size": spec.page_size or 0,
         "pages_per_seq": spec.pages_per_seq, "pad1": 0,
         "has_kv_start": int(spec.kv_start), "has_seqlens_q": int(spec.seqlens_q),

@@ -118,6 +118,13 @@ inline int q_rows(PARAMS P, const __global int* seqlens_q, int b) {
   return P->has_seqlens_q ? seqlens_q[b] : (int)P->seq_len;
 }
 
+// min(hi, p + right_window + 1): the end of the keys a row at position p may see on the
+// right (two-sided windows), or hi without a right window. Compared as a difference, so a
+// window near 2**31 never overflows (p >= 0: the S_b rows are the last of L_b >= S_b keys).
+inline int right_end(PARAMS P, int p, int hi) {
+  return (P->right_window >= 0 && P->right_window < hi - p) ? p + P->right_window + 1 : hi;
+}
+
 // Row r of a work-group: query head h0 + r / MQ, query row i0 + r % MQ.
 typedef struct {
   int b, kvh, h0, gcv, i0, L;   // batch, kv head, first head, valid heads, first row, L_b
@@ -135,35 +142,38 @@ inline bool row_live(PARAMS P, const Rows* w, int r) {
 }
 
 // Keys [lo, hi) that any live row of a work-group may see, intersected with [klo, khi):
-// from kv_start to L_b, causality and the window (empty when every row is padding).
+// from kv_start to L_b, causality and the windows (empty when every row is padding).
 // Everything outside is skipped by loop bounds, so memory before kv_start, past L_b (or
-// past the window) is never read, and whole tiles before kv_start are never visited.
+// outside the windows) is never read, and whole tiles outside them are never visited.
 inline int2 key_range(PARAMS P, const Rows* w, int klo, int khi) {
   const int i1 = min(w->i0 + MQ, w->S) - 1;             // the last live row
   const int p0 = w->L - w->S + w->i0, p1 = w->L - w->S + i1;
   int hi = min(khi, w->L);
   if (P->causal) hi = min(hi, p1 + 1);
+  hi = right_end(P, p1, hi);
   int lo = max(klo, w->ks);
   if (P->local_window > 0) lo = max(lo, p0 - P->local_window + 1);
   if (i1 < w->i0) hi = lo;
   return (int2)(lo, hi);
 }
 
-// Whether row r sees key j (positional: kv_start, L_b, causality, the window; a padding
+// Whether row r sees key j (positional: kv_start, L_b, causality, the windows; a padding
 // row sees nothing).
 inline bool key_seen(PARAMS P, const Rows* w, int r, int j) {
   const int i = w->i0 + r % MQ, p = w->L - w->S + i;
   return i < w->S && j >= w->ks && j < w->L && (!P->causal || j <= p)
-      && (P->local_window <= 0 || j > p - P->local_window);
+      && (P->local_window <= 0 || j > p - P->local_window)
+      && (P->right_window < 0 || j - p <= P->right_window);
 }
 
-// Keys [lo, hi) that row r sees (a contiguous range: kv_start, L_b, causality, the window;
+// Keys [lo, hi) that row r sees (a contiguous range: kv_start, L_b, causality, the windows;
 // empty for a padding row). Loops over edge tiles test j against it: two compares per
 // (row, key), hoisted out of the element loop.
 inline int2 row_keys(PARAMS P, const Rows* w, int r) {
   const int i = w->i0 + r % MQ, p = w->L - w->S + i;
   int hi = i < w->S ? w->L : 0, lo = w->ks;
   if (P->causal) hi = min(hi, p + 1);
+  hi = right_end(P, p, hi);
   if (P->local_window > 0) lo = max(lo, p - P->local_window + 1);
   return (int2)(lo, hi);
 }
@@ -171,13 +181,14 @@ inline int2 row_keys(PARAMS P, const Rows* w, int r) {
 // Keys [lo, hi) that every live row of the work-group sees. P.V multiplies a tile's weights
 // with its values unmasked only when the tile lies inside: elsewhere a row's weight of 0 for
 // a key it cannot see would meet that key's value (0 * NaN = NaN), so tiles on the causal
-// diagonal or the window's edge select each contribution by key_seen. (Padding rows may
+// diagonal or either window's edge select each contribution by key_seen. (Padding rows may
 // meet such a product: they are written as 0 and -inf whatever they accumulated.)
 inline int2 common_keys(PARAMS P, const Rows* w) {
   const int i1 = min(w->i0 + MQ, w->S) - 1;
   const int p0 = w->L - w->S + w->i0, p1 = w->L - w->S + i1;
   int hi = w->L;
   if (P->causal) hi = min(hi, p0 + 1);
+  hi = right_end(P, p0, hi);
   int lo = w->ks;
   if (P->local_window > 0) lo = max(lo, p1 - P->local_window + 1);
   return (int2)(lo, hi);
@@ -201,6 +212,7 @@ inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias
   int p = w->L - w->S + i;
   if (P->causal && j > p) return -INFINITY;
   if (P->local_window > 0 && j <= p - P->local_window) return -INFINITY;
+  if (P->right_window >= 0 && j - p > P->right_window) return -INFINITY;
   float s = isfinite(dotv) ? dotv : NAN;
   if (P->softcap > 0.0f) s = P->softcap * tanh(s / P->softcap);
   if (P->has_bias && use_bias)

@@ -86,8 +86,18 @@ fn row_pos(s: Seq, i: u32) -> i32 {
   return i32(s.len) - i32(s.rows) + i32(i);
 }
 
+// min(hi, pos + right_window + 1): the end of the keys a row at pos may see on the right
+// (two-sided windows), or hi without a right window. Compared as a difference, so a window
+// near 2**31 never overflows (pos >= 0: the S_b rows are the last of L_b >= S_b keys).
+fn right_end(pos: i32, hi: i32) -> i32 {
+  if (P.right_window >= 0 && P.right_window < hi - pos) {
+    return pos + P.right_window + 1;
+  }
+  return hi;
+}
+
 // [lo, hi) of the keys that rows i_first..i_last can see: whole tiles outside it are
-// skipped by loop bounds (kv_start, causal diagonal, seqlens_k, local window, padding rows),
+// skipped by loop bounds (kv_start, causal diagonal, seqlens_k, the windows, padding rows),
 // and keys outside it are never loaded (zeros stand in for them).
 fn key_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
   var lo = i32(s.lo);
@@ -102,6 +112,7 @@ fn key_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
   if (P.causal != 0u) {
     hi = min(hi, row_pos(s, last) + 1);
   }
+  hi = right_end(row_pos(s, last), hi);
   if (P.local_window > 0) {
     lo = max(lo, row_pos(s, i_first) - P.local_window + 1);
   }
@@ -112,7 +123,8 @@ fn key_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
 // with its values unmasked only when the tile's loaded keys lie inside it: elsewhere a row's
 // weight of 0 for a key it cannot see would meet that key's value (0 * NaN = NaN), so those
 // tiles (the causal diagonal, the window's edge, any tile of a row tile with a padding row)
-// select each contribution by visibility.
+// select each contribution by visibility. (Either window's edge: the right one is the
+// first row's, the left one the last row's.)
 fn common_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
   if (Q_ROWS == 1u && i_last >= s.rows) {
     return vec2<i32>(0, 0);             // a padding row sees nothing
@@ -121,6 +133,7 @@ fn common_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
   if (P.causal != 0u) {
     hi = min(hi, row_pos(s, i_first) + 1);
   }
+  hi = right_end(row_pos(s, i_first), hi);
   var lo = i32(s.lo);
   if (P.local_window > 0) {
     lo = max(lo, row_pos(s, i_last) - P.local_window + 1);
@@ -238,6 +251,7 @@ fn row_span(pos: i32, s: Seq) -> vec2<i32> {
   if (P.causal != 0u) {
     hi = min(hi, pos + 1);
   }
+  hi = right_end(pos, hi);
   if (P.local_window > 0) {
     lo = max(lo, pos - P.local_window + 1);
   }
@@ -260,6 +274,9 @@ fn key_visible(j: i32, pos: i32, s: Seq) -> bool {
   }
   if (P.local_window > 0) {
     ok = ok && j > pos - P.local_window;
+  }
+  if (P.right_window >= 0) {
+    ok = ok && j - pos <= P.right_window;
   }
   return ok;
 }

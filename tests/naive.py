@@ -1,6 +1,6 @@
 """A deliberately naive, loop-per-row transcription of CONTRACT.md, independent of
 attnreg.reference, used to check the vectorised reference itself. Non-finite values follow
-CONTRACT "Non-finite values": only keys visible by position (L_b, causal, window) are
+CONTRACT "Non-finite values": only keys visible by position (L_b, causal, the left and right windows) are
 looked at; a non-finite q_i or k_j, or a NaN / +inf logit, makes the row NaN; a non-finite
 v_j[d] makes out[d] NaN (a -inf bias masks the logit, not the value)."""
 
@@ -51,6 +51,8 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
                     if spec.causal and j > p:
                         continue
                     if spec.local_window > 0 and j <= p - spec.local_window:
+                        continue
+                    if spec.right_window >= 0 and j > p + spec.right_window:
                         continue
                     qi, kj, vj = q_at(b, h, i), kv_at("k", b, kvh, j), kv_at("v", b, kvh, j)
                     comp_nan |= ~np.isfinite(vj)

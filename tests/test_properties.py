@@ -69,6 +69,7 @@ def spec_for(draw: Any, k: KernelInfo) -> tuple[attnreg.AttentionSpec, dict[str,
             ("head_sink", "head_sink", st.booleans()), ("return_lse", "return_lse", st.booleans()),
             ("softcap", "softcap", st.sampled_from([0.0, 0.0, 2.0, 30.0])),
             ("local_window", "local_window", st.sampled_from([-1, -1, 1, 7, 64])),
+            ("right_window", "right_window", st.sampled_from([-1, -1, 0, 2, 9])),
             ("alibi_max_bias", "alibi", st.sampled_from([0.0, 0.0, 8.0])),
             ("kv_start", "kv_start", st.booleans()), ("seqlens_q", "seqlens_q", st.booleans())):
         if feat in sup:

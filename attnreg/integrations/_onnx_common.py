@@ -187,17 +187,18 @@ def left_padding(visible: np.ndarray, b: int, ends: np.ndarray) -> np.ndarray | 
 def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: np.ndarray,
           kv_layout: str, *, output_shape: tuple[int, ...], scale: float, softcap: float,
           lengths: np.ndarray | None = None, q_lens: np.ndarray | None = None,
-          offsets: np.ndarray | None = None, window: int = -1,
-          visible: np.ndarray | None = None, add: np.ndarray | None = None,
+          offsets: np.ndarray | None = None, causal: bool = True, window: int = -1,
+          right_window: int = -1, visible: np.ndarray | None = None, add: np.ndarray | None = None,
           sink: np.ndarray | None = None, present: tuple[np.ndarray, np.ndarray] | None = None,
           idle: tuple[int, ...] = (), rules: list[str]) -> tuple[AttentionSpec, NodeRun]:
     """The spec and tensors for: keys j < lengths[b] (None: all); batch entry b's first
     q_lens[b] query rows valid (None: all S; the rest are padding, out 0); when ``offsets``
-    is given row i sees j <= i + offsets[b] (ORT's causal frontier) and, with window W > 0,
-    j > i + offsets[b] - W; ``visible`` (bool) and ``add`` (float) broadcast to
-    [B, Nq, S, C]. v's head size may differ from q's and k's (v_head_size).
-    attnreg's own causal / seqlens_k / seqlens_q / kv_start / local_window are used where
-    they say the same thing; anything else becomes a -inf bias."""
+    is given row i is at position p = i + offsets[b] and sees j <= p if ``causal`` (ORT's
+    causal frontier), j > p - W with window W > 0 and j <= p + R with right_window R >= 0;
+    ``visible`` (bool) and ``add`` (float) broadcast to [B, Nq, S, C]. v's head size may
+    differ from q's and k's (v_head_size). attnreg's own causal / seqlens_k / seqlens_q /
+    kv_start / local_window / right_window are used where they say the same thing (the
+    positions are attnreg's bottom-right p_i); anything else becomes a -inf bias."""
     dtype = q.dtype.name
     if dtype not in FLOATS:
         raise SpecError(f"{op}.inputs[query].dtype", dtype, " or ".join(FLOATS))
@@ -262,20 +263,26 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
     if lengths is not None and not use_lens:
         also(j[None, None, None, :] < lengths.reshape(b, 1, 1, 1))
         rules.append("valid lengths outside [S, C]: a -inf bias masks keys j >= length")
-    causal = False
-    win = -1
+    frontier, causal = causal, False
+    win = right = -1
     if offsets is not None:
+        what = " and ".join(w for w, on in (("causal frontier j <= i + offset", frontier),
+                                            ("windows", window > 0 or right_window >= 0)) if on)
         if np.array_equal(offsets, lens - rows):
-            causal, win = True, window
-            rules.append("causal frontier j <= i + offset equals attnreg's bottom-right causal")
+            causal, win, right = frontier, window, right_window
+            rules.append(f"{what}: positions i + offset equal attnreg's bottom-right p_i")
         else:
             i = np.arange(s)[None, None, :, None]
             p = i + offsets.reshape(b, 1, 1, 1)
-            m = j[None, None, None, :] <= p
+            jj = j[None, None, None, :]
+            m = jj <= p if frontier else np.ones((1, 1, 1, cap), bool)
             if window > 0:
-                m &= j[None, None, None, :] > p - window
+                m = m & (jj > p - window)
+            if right_window >= 0:
+                m = m & (jj - p <= right_window)
             also(m)
-            rules.append("causal frontier j <= i + offset (offset != valid length - S): a -inf bias")
+            rules.append(f"{what} at positions i + offset (offset != valid length - S): a -inf "
+                         "bias")
     bias = None
     if vis is not None or add is not None:
         if add is not None:
@@ -298,6 +305,7 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
                          kv_num_heads=nkv, head_size=h, v_head_size=hv if hv != h else None,
                          dtype=dtype, q_layout=q_layout, kv_layout=kv_layout, causal=causal,
                          scale=scale or None, softcap=float(softcap), local_window=win,
+                         right_window=right,
                          kv_capacity=cap, bias=bias is not None,
                          seqlens_k=use_lens and not np.all(lens == cap),
                          head_sink=sink is not None, seqlens_q=padded,

@@ -59,9 +59,28 @@ def _past(ins: Inputs, ip: int, b: int, n: int, h: int, dtype: np.dtype,
     return pk, pv
 
 
+def _windows(node: Node, keys: int, rows: int) -> tuple[int, int]:
+    """Opset 25's ``left_window_size`` / ``right_window_size`` as attnreg's (local_window,
+    right_window). ONNX: a row at position p sees p - left <= j <= p + right (-1: that side
+    unbounded), so its own key is not counted in ``left``; attnreg's local_window W sees
+    j > p - W, W keys ending at the row's own: W = left + 1 (left 0: the row's own key
+    only). right_window = right. A bound no key can reach (|j - p| < keys + rows for every
+    key and position) is no bound: -1."""
+    out = []
+    for name in ("left_window_size", "right_window_size"):
+        size = node.attr(name, -1, int)
+        if size < -1:
+            raise SpecError(f"Attention.attribute[{name!r}]", size, "-1 (that side unbounded) "
+                            "or an integer >= 0 (opset 25)")
+        out.append(-1 if size < 0 or size >= keys + rows else size)
+    left, right = out
+    return (left + 1 if left >= 0 else -1), right
+
+
 def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     node.check_attrs(("is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode",
-                      "scale", "softcap", "softmax_precision"))
+                      "scale", "softcap", "softmax_precision", "left_window_size",
+                      "right_window_size"))
     # ONNX: the qk_matmul_output mode picks the scores before / after mask, softcap, softmax
     _no_qk(node, "qk_matmul_output_mode", "qk_matmul_output", modes=4)
     node.attr("softmax_precision", 1, int)   # attnreg's softmax is float32 or better anyway
@@ -113,12 +132,15 @@ def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
             raise SpecError(ins.field(6), npk.tolist(), f"values in [0, {total}]")
         lengths = npk.astype(np.int64)
     offsets = None
-    if node.attr("is_causal", 0, int):
-        if pk is not None and s == 1 and t_new > 1:
-            raise SpecError("Attention.attribute['is_causal']", 1, "0, or one new key per query "
-                            "row: with past_key, one query row and several new keys, ONNX "
-                            "says row 0 sees keys j <= past while ORT 1.32 attends all keys, "
-                            "so the node is ambiguous and refused")
+    causal = bool(node.attr("is_causal", 0, int))
+    window, right = _windows(node, total, s)
+    if causal and pk is not None and s == 1 and t_new > 1:
+        raise SpecError("Attention.attribute['is_causal']", 1, "0, or one new key per query "
+                        "row: with past_key, one query row and several new keys, ONNX says "
+                        "row 0 sees keys j <= past while ORT 1.32 attends all keys, so the "
+                        "node is ambiguous and refused")
+    if causal or window > 0 or right >= 0:
+        # row i's position p = i + offset: the causal frontier's and the windows' alike
         offsets = (lengths - s) if lengths is not None else np.full(b, past, np.int64)
     visible: np.ndarray | None = None
     add: np.ndarray | None = None
@@ -136,8 +158,8 @@ def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
         else:
             raise SpecError(ins.field(3) + ".dtype", mask.dtype.name, "bool (True = attend) or "
                             "a float mask added to the scores")
-        if not 2 <= mask.ndim <= 4 or mask.shape[-1] > total:
-            raise SpecError(ins.field(3) + ".shape", mask.shape, "2 to 4 dims broadcastable to "
+        if not 1 <= mask.ndim <= 4 or mask.shape[-1] > total:
+            raise SpecError(ins.field(3) + ".shape", mask.shape, "1 to 4 dims broadcastable to "
                             f"[B, Nq, S, total={total}] (a shorter last dim is padded with -inf)")
         if visible is not None and visible.shape[3] < total:
             widths = [(0, 0)] * 3 + [(0, total - visible.shape[3])]
@@ -145,7 +167,8 @@ def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     present = (kk, vv) if kv_layout == "BNSH" and (node.wants(1) or node.wants(2)) else None
     return build("Attention", node, q4, q_layout, kk, vv, kv_layout, output_shape=out_shape,
                  scale=_scale(node), softcap=_softcap(node), lengths=lengths, offsets=offsets,
-                 visible=visible, add=add, present=present, rules=rules)
+                 causal=causal, window=window, right_window=right, visible=visible, add=add,
+                 present=present, rules=rules)
 
 
 def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:

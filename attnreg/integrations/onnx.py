@@ -1,4 +1,4 @@
-"""Run ONNX attention nodes with attnreg: the standard ``Attention`` op (opset 23/24) and
+"""Run ONNX attention nodes with attnreg: the standard ``Attention`` op (opset 23-25) and
 com.microsoft ``GroupQueryAttention`` and ``MultiHeadAttention``, as ONNX Runtime computes them.
 
 >>> spec, how = spec_from_node(node, {name: array, ...})       # doctest: +SKIP
@@ -51,18 +51,30 @@ Mapping rules (checked against onnxruntime 1.32's CPU EP in tests/test_integrati
   nonpad_kv_seqlen[b] - S (Attention with an external cache), or 0 (neither: top-left, also
   when K is longer than Q). attnreg's causal is bottom-right (p_i = L_b - S_b + i); the two
   agree when the new K length equals S (S_b with seqlens_q), and then spec.causal is used;
-  otherwise the frontier becomes a -inf bias. ``is_causal`` (Attention), ``causal`` (GQA,
-  default 1), ``unidirectional`` (MHA: refused unless the new key length equals S, because
-  ORT's mask for cross lengths matches neither alignment). ORT 1.32 departs from ONNX in one
-  case: with past_key, a single query row and several new keys, it attends every key (ONNX: j
-  <= P); that node is refused as ambiguous. Fewer keys than query rows (cross-attention): K/V
-  are padded to S zero keys that the bias masks (attnreg's queries are the last S of >= S
-  keys).
+  otherwise the frontier becomes a -inf bias (with the windows, below). ``is_causal``
+  (Attention), ``causal`` (GQA, default 1), ``unidirectional`` (MHA: refused unless the new
+  key length equals S, because ORT's mask for cross lengths matches neither alignment). ORT
+  1.32 departs from ONNX in one case: with past_key, a single query row and several new keys,
+  it attends every key (ONNX: j <= P); that node is refused as ambiguous. Fewer keys than
+  query rows (cross-attention): K/V are padded to S zero keys that the bias masks (attnreg's
+  queries are the last S of >= S keys).
 - ``local_window_size`` = W > 0 (GQA) is attnreg's ``local_window`` = W: ORT 1.32 keys a row
   at position p to j in (p - W, p], the same as attnreg (measured; older ORT used W + 1 keys).
+- Windows (Attention, opset 25). ONNX: a row at position p = i + offset (offset as for the
+  causal frontier above: P, nonpad_kv_seqlen[b] - S, or 0) sees keys p - left_window_size
+  <= j <= p + right_window_size, each bound only when >= 0 (-1: that side unbounded), with
+  or without ``is_causal`` (which still hides j > p). The row's own key is not counted in
+  ``left_window_size`` but is in attnreg's ``local_window`` (j > p - W: W keys ending at the
+  row's own), so local_window = left_window_size + 1 (0: the row's own key and those to its
+  right only) and right_window = right_window_size (0 with is_causal=0: exactly causal). A
+  bound that no key can reach (at least total + S) is none (-1). When the offset is
+  attnreg's bottom-right one (offset = L_b - S) these are the spec's fields; otherwise the
+  windows (with the causal frontier) become a -inf bias at ONNX's positions. Values below
+  -1 are refused.
 - Masks. Attention's bool ``attn_mask`` (True = attend) becomes a 0/-inf bias, a float one
-  (float32 or the inputs' dtype) is added; a last dim shorter than total is padded with -inf
-  (ONNX; ORT's CPU EP refuses such masks). GQA/MHA ``attention_bias`` [B|1, N|1, S, total] is
+  (float32 or the inputs' dtype) is added; it has 1 to 4 dims, broadcast as numpy does
+  (ONNX), and a last dim shorter than total is padded with -inf (ONNX; ORT's CPU EP refuses
+  such masks). GQA/MHA ``attention_bias`` [B|1, N|1, S, total] is
   the bias (GQA's columns are absolute positions). ``nonpad_kv_seqlen`` and MHA's 1-D
   ``key_padding_mask`` (key lengths) become seqlens_k where every length is in [S, C] (and,
   for MHA, not causal: ORT's MHA keeps the causal offset at P whatever the padding), else a

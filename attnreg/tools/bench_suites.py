@@ -80,6 +80,8 @@ def visible_pairs(spec: AttentionSpec) -> int:
     for i in range(S):
         p = L - S + i
         hi = p + 1 if spec.causal else L
+        if spec.right_window >= 0:
+            hi = min(hi, p + spec.right_window + 1)
         lo = max(0, p - spec.local_window + 1) if spec.local_window > 0 else 0
         total += max(0, min(hi, L) - lo)
     return total

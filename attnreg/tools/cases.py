@@ -159,6 +159,7 @@ class _Gen:
                 self.quantized_cells(d, split)
                 self.model_cells(d, split)
                 self.padded_cells(d, split)
+                self.window_cells(d, split)
             if not self.quick:
                 self.sweeps(d, split)
 
@@ -200,12 +201,8 @@ class _Gen:
         head sizes 320 and 512, MLA's q/k 576 with v 512; the full matrix adds each alone and
         their partial states.
         (In the quick matrix, for one dtype of the kernel; ``only_all``: the first cell only.)"""
-        sup, base = self.k.supports, self.base()
-        s = max(int(base["seq_len"]), 3)
-        h = int(base["head_size"])
-        hv = next((x for x in (h + 16, h // 2, h + 8, 2 * h) if self.k.v_head_size_ok(x)), h)
-        model = {f: v for f, v in (("kv_start", True), ("seqlens_q", True),
-                                   ("v_head_size", hv)) if f in sup}
+        sup = self.k.supports
+        s, model = self.model_fields()
         if not model:
             return
         self.add("model-all", {**d, **everything_fields(sup), **model, "seq_len": s,
@@ -273,6 +270,46 @@ class _Gen:
             self.emit("padded", spec, dict(split), check=check, feature="head_padding",
                       lengths=(90, 33) if spec.seqlens_k else None,
                       mask_frac=0.1 if spec.bias else 0.0)
+
+    def model_fields(self) -> tuple[int, dict[str, Any]]:
+        """The model cells' row count and the model shapes the kernel implements."""
+        base = self.base()
+        s = max(int(base["seq_len"]), 3)
+        h = int(base["head_size"])
+        hv = next((x for x in (h + 16, h // 2, h + 8, 2 * h) if self.k.v_head_size_ok(x)), h)
+        return s, {f: v for f, v in (("kv_start", True), ("seqlens_q", True),
+                                     ("v_head_size", hv)) if f in self.k.supports}
+
+    def window_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
+        """Two-sided windows (CONTRACT [peers]), where the kernel implements them: a right
+        window without causal masking, with the left window, the model shapes and every
+        other feature at once, in the model-all cell's shape (its programs: a run, not a
+        compile), with NaN planted just right of a row's window and around it (a non-finite
+        cell: testing.plant_nonfinite); the full matrix adds right_window 0 alone (exactly
+        causal), with the left window alone, and partial states. (The causal "all" cells
+        carry a right window too, which must change nothing.) Reduce kernels never see
+        positions: none there."""
+        sup = self.k.supports
+        if "right_window" not in sup or self.k.family == "reduce":
+            return
+        # At least 3 rows and right window 1: the first row of a decode row tile cannot see
+        # the last key (a window as wide as the rows would hide nothing from anyone).
+        s, model = self.model_fields()
+        blocks = bool(self.k.params.get("block_skip"))
+        self.add("window2-all", {**d, **everything_fields(sup), **model, "causal": False,
+                                 "right_window": 1, "seq_len": s, "past_len": 90 - s,
+                                 "q_layout": "BNSH", "kv_layout": "BSNH"},
+                 params=split, lengths=(90, 33) if "seqlens_k" in sup else None,
+                 nonfinite=True, docs=2 if blocks else 0, doc_values=blocks,
+                 feature="right_window")
+        if self.quick:
+            return
+        self.add("rightwindow", {**d, "right_window": 0, "seq_len": s}, params=split)
+        self.add("window2", {**d, "right_window": 1, "local_window": 9, "seq_len": s},
+                 params=split)
+        if self.partials_ok():
+            self.add("window2-partials", {**d, "right_window": 1, "local_window": 20,
+                                          "seq_len": s}, params=split, check="partial")
 
     def sweeps(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
         """Head sizes, row counts and key counts around tile edges (the full matrix)."""
@@ -405,6 +442,7 @@ class _Gen:
             first = {"dtype": min(self.k.dtypes, key=dtype_rank)}
             self.model_cells(first, split, only_all=True)
             self.padded_cells(first, split)
+            self.window_cells(first, split)
         self.covering_cells()
         nonfinite_cells(self)
         return self.out

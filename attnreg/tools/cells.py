@@ -182,10 +182,12 @@ def storages(spec: AttentionSpec, names: Iterable[str]) -> list[tuple[tuple[str,
 
 
 def everything_fields(sup: frozenset[str]) -> dict[str, Any]:
-    """Every contract feature the kernel supports, at once (the "all" cells)."""
+    """Every contract feature the kernel supports, at once (the "all" cells). Causal: the
+    right window there must change nothing (tools.cases window_cells run it without)."""
     return {f: v for f, v in (("bias", True), ("seqlens_k", True), ("kv_capacity", 90),
-                              ("local_window", 30), ("softcap", 5.0), ("alibi_max_bias", 4.0),
-                              ("head_sink", True), ("return_lse", True), ("causal", True))
+                              ("local_window", 30), ("right_window", 6), ("softcap", 5.0),
+                              ("alibi_max_bias", 4.0), ("head_sink", True), ("return_lse", True),
+                              ("causal", True))
             if feature_of(f) in sup}
 
 

@@ -38,6 +38,8 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scale", type=float)
     g.add_argument("--softcap", type=float)
     g.add_argument("--local-window", type=int)
+    g.add_argument("--right-window", type=int, help="keys after the query's position it "
+                   "may see (-1: all; non-causal two-sided windows)")
     g.add_argument("--alibi-max-bias", type=float)
     g.add_argument("--kv-capacity", type=int)
     for name in ("bias", "seqlens-k", "head-sink", "return-lse"):
@@ -71,8 +73,8 @@ def spec_from_args(a: argparse.Namespace) -> AttentionSpec:
             raise SpecError("--heads", a.heads, "NQ or NQ/NKV, e.g. 32/8") from None
     for opt in ("batch", "seq_len", "past_len", "head_size", "dtype", "kv_dtype", "q_layout",
                 "kv_layout",
-                "causal", "scale", "softcap", "local_window", "alibi_max_bias", "kv_capacity",
-                "bias", "seqlens_k", "head_sink", "return_lse"):
+                "causal", "scale", "softcap", "local_window", "right_window", "alibi_max_bias",
+                "kv_capacity", "bias", "seqlens_k", "head_sink", "return_lse"):
         v = getattr(a, opt, None)
         if v is not None:
             fields[opt] = v

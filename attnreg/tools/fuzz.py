@@ -38,9 +38,9 @@ from .testing import compare, expected, make_tensors
 NASTY: tuple[Any, ...] = (-1, 0, 2**31, 2**63, 10**12, 1.5, "4", None, True, math.nan, math.inf,
                           -math.inf, 1e-320, 1e39, 1e308, [], {}, (1,), "x")
 FIELDS = ("batch", "seq_len", "past_len", "num_heads", "kv_num_heads", "head_size", "dtype",
-          "q_layout", "kv_layout", "causal", "scale", "softcap", "local_window", "alibi_max_bias",
-          "kv_capacity", "bias", "seqlens_k", "head_sink", "return_lse", "page_size", "num_pages",
-          "kv_dtype", "no_such_field")
+          "q_layout", "kv_layout", "causal", "scale", "softcap", "local_window", "right_window",
+          "alibi_max_bias", "kv_capacity", "bias", "seqlens_k", "head_sink", "return_lse",
+          "page_size", "num_pages", "kv_dtype", "no_such_field")
 
 
 class Finding(Exception):
@@ -57,8 +57,8 @@ def base_fields(rnd: random.Random) -> dict[str, Any]:
                              q_layout=rnd.choice(("BSNH", "BNSH")),
                              kv_layout=rnd.choice(("BSNH", "BNSH", "BNSH", "paged")),
                              causal=rnd.random() < 0.7)
-    for name, value in (("softcap", 30.0), ("local_window", 8), ("alibi_max_bias", 8.0),
-                        ("bias", True), ("seqlens_k", True), ("head_sink", True),
+    for name, value in (("softcap", 30.0), ("local_window", 8), ("right_window", 2),
+                        ("alibi_max_bias", 8.0), ("bias", True), ("seqlens_k", True), ("head_sink", True),
                         ("return_lse", True), ("scale", 0.3)):
         if rnd.random() < 0.15:
             f[name] = value

@@ -32,14 +32,17 @@ def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
         ("masked-rows-lse", {"bias": True, "return_lse": True}, {}, True),
         ("seqlens-capacity", {"seqlens_k": True, "kv_capacity": c + 13}, {}, False),
         ("capacity", {"kv_capacity": c + 9}, {}, False),
-        ("window", {"local_window": 5}, {}, False),
+        # two-sided (CONTRACT [peers]): the random shapes meet both window edges, long
+        # totals included; the causal left window is in "all" and the feature cells
+        ("window2", {"local_window": 5, "right_window": 2, "causal": False}, {}, False),
         ("softcap", {"softcap": 1.5}, {}, False),
         ("alibi", {"alibi_max_bias": 8.0}, {}, False),
         ("alibi-noncausal", {"alibi_max_bias": 8.0, "causal": False}, {}, False),
         ("sink-lse", {"head_sink": True, "return_lse": True}, {}, False),
         ("sink-masked-rows", {"head_sink": True, "bias": True, "return_lse": True}, {}, True),
         ("all", {"seqlens_k": True, "kv_capacity": c + 5, "softcap": 3.0, "alibi_max_bias": 4.0,
-                 "local_window": 37, "head_sink": True, "return_lse": True, "bias": True},
+                 "local_window": 37, "right_window": 3, "head_sink": True, "return_lse": True,
+                 "bias": True},
          # bias and head_sink in the spec's dtype here: "all" is the recipe every (kernel,
          # dtype) keeps in the quick matrix, and its own program on OpenCL (built per bias
          # dtype) is the one extra build this costs per kernel and dtype

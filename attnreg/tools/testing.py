@@ -260,7 +260,7 @@ def compare_partials(spec: AttentionSpec, got: tuple[np.ndarray, np.ndarray],
 def visibility(spec: AttentionSpec, lengths: np.ndarray, starts: Any = None,
                q_lens: Any = None) -> np.ndarray:
     """[B, S, C] bool: key j is visible to query row i of batch b (positional: L_b,
-    kv_start, the row counts, causality, the window; the bias plays no part)."""
+    kv_start, the row counts, causality, the windows; the bias plays no part)."""
     j = np.arange(spec.capacity)[None, None, :]
     L = np.asarray(lengths, np.int64)[:, None, None]
     first = np.zeros_like(L) if starts is None else np.asarray(starts, np.int64)[:, None, None]
@@ -273,6 +273,8 @@ def visibility(spec: AttentionSpec, lengths: np.ndarray, starts: Any = None,
         vis = vis & (j <= pos)
     if spec.local_window > 0:
         vis = vis & (j > pos - spec.local_window)
+    if spec.right_window >= 0:
+        vis = vis & (j - pos <= spec.right_window)
     return vis
 
 
@@ -294,6 +296,9 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
       rows that see it get NaN in those components only;
     - k and v of the key just left of the first row's window, every batch (invisible to
       every row: NaN, -inf);
+    - without causal masking, v of the key just right of the first row's right window,
+      every batch, kv head 0 (NaN in the last component: the later rows that see it get
+      NaN there, the first row must not);
     - bias: NaN and +inf in entries no row sharing them can see, +inf in one entry that
       some row sees;
     - q of the last head of the last batch (NaN), in row 0, or with a bias the first row
@@ -320,6 +325,13 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
             if jw >= 0:
                 t["k"][_kv_index(spec, t, b, 0, jw, 0)] = np.nan
                 t["v"][_kv_index(spec, t, b, nkv - 1, jw, 0)] = -np.inf
+    right: list[tuple[int, int]] = []           # (batch, key) of the right-window plants
+    if spec.right_window >= 0 and not spec.causal:
+        for b, (L, sq) in enumerate(zip(lengths, q_lengths(spec, t))):
+            jr = int(L) - int(sq) + spec.right_window + 1   # p_0 + right_window + 1
+            if jr < int(L):                     # invisible to row 0, visible to later rows
+                t["v"][_kv_index(spec, t, b, 0, jr, hv - 1)] = np.nan
+                right.append((b, jr))
     if spec.bias:
         bias = t["bias"]
         bb, hb, sb = bias.shape[:3]
@@ -328,8 +340,8 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
         seen = np.asarray(seen if bb > 1 else seen.any(axis=0, keepdims=True))  # [bb, sb, C]
         # the k and v planted above are not masked by the bias for the rows that see them
         # (see the note on block-skipping kernels above)
-        for j in (jv, L0 - 1):
-            col = bias[b0 % bb, :, :, j]
+        for b, j in [(b0, jv), (b0, L0 - 1), *right]:
+            col = bias[b % bb, :, :, j]
             col[np.isneginf(col)] = 0.0
         in_range = np.arange(spec.capacity)[None, None, :] < lengths.max()
         hidden = np.argwhere(~seen & in_range)

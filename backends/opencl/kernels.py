@@ -8,7 +8,7 @@ from typing import Any
 
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
-from attnreg.kernel import CORE_FEATURES, MODEL_FEATURES, KernelInfo
+from attnreg.kernel import CORE_FEATURES, MODEL_FEATURES, WINDOW_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
 
 from . import mma_probe
@@ -26,8 +26,9 @@ KV_DTYPES = frozenset({"int8", "int4"})
 HEAD_SIZES = (4, 576, 4)
 V_HEAD_SIZES = (4, 512, 4)
 # Every kernel implements the contract's features, the shapes real models need included
-# (kv_start, seqlens_q, v_head_size: kernels_cl/flash_core.cl's Rows and VOFF).
-SUPPORTS = CORE_FEATURES | MODEL_FEATURES
+# (kv_start, seqlens_q, v_head_size: kernels_cl/flash_core.cl's Rows and VOFF), and the
+# right window (flash_core.cl's key ranges and key tests).
+SUPPORTS = CORE_FEATURES | MODEL_FEATURES | WINDOW_FEATURES
 # Tensor cores: q/k up to 576 and v up to 512 too; whether the tiles fit local memory is
 # checked apart: at 48 KiB (NVIDIA) the prefill's smallest Q, K and transposed V tiles hold
 # head sizes to 496 (q/k 576 with v to 336), the decodes' merge of the warps' O rows takes

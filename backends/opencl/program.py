@@ -200,7 +200,8 @@ def scratch_sizes(plan: Plan, split: Mapping[str, int]) -> dict[str, int]:
 
 def heavy_first(spec: AttentionSpec, g: tiling.Geometry, bl: blocks.BlockList) -> np.ndarray:
     """Prefill work-group order for block skipping: most listed blocks (within the causal
-    bound) first, so the longest work-groups start early and the tail stays short."""
+    and right-window bounds) first, so the longest work-groups start early and the tail
+    stays short."""
     n = g.n_groups(spec)
     gid = np.arange(n)
     rt_n, hc_n = -(-spec.seq_len // g.mq), -(-spec.group_size // g.gc)
@@ -211,9 +212,11 @@ def heavy_first(spec: AttentionSpec, g: tiling.Geometry, bl: blocks.BlockList) -
     hb = bl.bias_heads
     row = ((b if bl.bias_batch > 1 else 0) * hb + (h0 if hb > 1 else 0)) * bl.n_qtiles + rt
     hi = np.full(n, spec.capacity)
+    i1 = np.minimum((rt + 1) * g.mq, spec.seq_len) - 1
     if spec.causal:
-        i1 = np.minimum((rt + 1) * g.mq, spec.seq_len) - 1
         hi = np.minimum(hi, spec.total_len - spec.seq_len + i1 + 1)
+    if spec.right_window >= 0:
+        hi = np.minimum(hi, spec.total_len - spec.seq_len + i1 + 1 + spec.right_window)
     counts = np.array([np.searchsorted(bl.blocks[bl.offsets[r]:bl.offsets[r + 1]] * bl.kv_tile,
                                        h, side="left") for r, h in zip(row, hi)], np.int64)
     return np.argsort(-counts, kind="stable").astype(np.int32)

@@ -45,6 +45,8 @@ def ort_webgpu_supports(spec: AttentionSpec) -> str | None:
         return "non-causal with seqlens_k: ORT WebGPU's MultiHeadAttention has no key_padding_mask"
     if spec.local_window > 0:
         return "non-causal local_window: ORT's MultiHeadAttention has no sliding window"
+    if spec.right_window >= 0:
+        return "non-causal right_window: ORT's MultiHeadAttention has no sliding window"
     if spec.softcap > 0:
         return "non-causal softcap: ORT's MultiHeadAttention has no softcap"
     return None

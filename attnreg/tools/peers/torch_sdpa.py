@@ -78,7 +78,7 @@ class TorchSDPA:
 
     Masks: none for decode, whisper-style non-causal and fresh prefill (``is_causal=True``
     is right when S == L); a boolean bottom-right mask otherwise (past keys, seqlens_k,
-    local_window), built once.
+    local_window, a non-causal right_window), built once.
     """
 
     name = "torch-sdpa"
@@ -156,6 +156,7 @@ class TorchSDPA:
         kwargs: dict[str, Any] = {"scale": float(spec.effective_scale)}
         mask = None
         need_mask = (not uniform or spec.local_window > 0 or spec.bias
+                     or (spec.right_window >= 0 and not spec.causal)
                      or (spec.causal and S > 1 and S != L))
         if need_mask:
             j = np.arange(L)[None, None, :]                          # [1, 1, L]
@@ -167,6 +168,8 @@ class TorchSDPA:
                 vis = vis & (j <= p)
             if spec.local_window > 0:
                 vis = vis & (j > p - spec.local_window)
+            if spec.right_window >= 0:
+                vis = vis & (j - p <= spec.right_window)
             vis4 = vis[:, None]                                      # [B, 1, S, L]
             if spec.bias:
                 bias = np.asarray(t["bias"], dtype=np.float32)[..., :L]
