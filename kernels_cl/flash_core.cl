@@ -121,8 +121,14 @@ inline int q_rows(PARAMS P, const __global int* seqlens_q, int b) {
 // min(hi, p + right_window + 1): the end of the keys a row at position p may see on the
 // right (two-sided windows), or hi without a right window. Compared as a difference, so a
 // window near 2**31 never overflows (p >= 0: the S_b rows are the last of L_b >= S_b keys).
+// RIGHT_WINDOW: built in only for specs with a right window (program.defines), so every
+// other program is the one it was before two-sided windows.
+#ifndef RIGHT_WINDOW
+#define RIGHT_WINDOW 0
+#endif
 inline int right_end(PARAMS P, int p, int hi) {
-  return (P->right_window >= 0 && P->right_window < hi - p) ? p + P->right_window + 1 : hi;
+  return (RIGHT_WINDOW && P->right_window >= 0 && P->right_window < hi - p)
+      ? p + P->right_window + 1 : hi;
 }
 
 // Row r of a work-group: query head h0 + r / MQ, query row i0 + r % MQ.
@@ -163,7 +169,7 @@ inline bool key_seen(PARAMS P, const Rows* w, int r, int j) {
   const int i = w->i0 + r % MQ, p = w->L - w->S + i;
   return i < w->S && j >= w->ks && j < w->L && (!P->causal || j <= p)
       && (P->local_window <= 0 || j > p - P->local_window)
-      && (P->right_window < 0 || j - p <= P->right_window);
+      && (!RIGHT_WINDOW || P->right_window < 0 || j - p <= P->right_window);
 }
 
 // Keys [lo, hi) that row r sees (a contiguous range: kv_start, L_b, causality, the windows;
@@ -212,7 +218,7 @@ inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias
   int p = w->L - w->S + i;
   if (P->causal && j > p) return -INFINITY;
   if (P->local_window > 0 && j <= p - P->local_window) return -INFINITY;
-  if (P->right_window >= 0 && j - p > P->right_window) return -INFINITY;
+  if (RIGHT_WINDOW && P->right_window >= 0 && j - p > P->right_window) return -INFINITY;
   float s = isfinite(dotv) ? dotv : NAN;
   if (P->softcap > 0.0f) s = P->softcap * tanh(s / P->softcap);
   if (P->has_bias && use_bias)

@@ -253,6 +253,8 @@ class _Gen:
         every layout, the output cut back -- with every feature the kernel has at once."""
         if self.quick and self.slots.get(d["dtype"], 1) != 0:
             return      # quick: the padding is the registry's, one cell per family and device
+        if self.k.head_size_ok(13) and self.k.v_head_size_ok(5):
+            return      # takes any head size (the reference): nothing to pad
         sup = self.k.supports
         fields = {**self.base(), **d, **everything_fields(sup), "head_size": 13,
                   "past_len": 90 - int(self.base()["seq_len"])}

@@ -226,10 +226,14 @@ MMA_DECODE_NVIDIA = Rule(
     "38.2 vs 87.8 us; quantized K/V (codes made f16 fragments by byte permutes, L=32768, "
     "tiles of opencl_mma_decode_quantized_tiles): int8 57.1 vs 80.3 us, int4 46.8 vs 102.4 "
     "us; the bf16 twins (mma.sync .bf16; int8 / int4 K/V made bf16 fragments) are chosen "
-    "alike (bf16 twin: to be measured)", "params",
+    "alike (bf16 twin: to be measured); past head size 128 only for groups of 128 query "
+    "heads a KV head or more (ci/results/h100_peers.txt: one KV head, L=4096, tensor-core vs "
+    "sub-group us: H=256 16 heads 95.1 vs 34.3; MLA 576/512 16 heads 494 vs 101, 64 heads 372 "
+    "vs 299, 128 heads 353 vs 554; H=128 16 heads 26.8 vs 41.0)", "params",
     lambda c: _mma_decode(c) and c.flags.get("matrix_units", "auto") == "auto"
     and c.caps.vendor == "nvidia" and "mma" not in c.user
-    and c.kernel is not None and c.kernel.features <= c.caps.features,
+    and c.kernel is not None and c.kernel.features <= c.caps.features
+    and (c.spec.head_size <= 128 or c.spec.group_size >= 128),
     lambda c: {"mma": "hardware"})
 
 # Quantized chunks hold half (int8) or a quarter (int4) of f16's raw registers, so they take
