@@ -2,7 +2,7 @@
 # The README's test command (and CI's, through .ci/run): set up, lint, type-check, test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash ci/setup.sh
+bash ci/setup.sh test
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" PATH="$PWD/.venv/bin:$PATH"
 # CI runs the registry-generated matrix in quick mode: every registered variant on every CI
 # device, every contract feature; the head-size / length / row sweeps are covered by the
