@@ -54,7 +54,7 @@ class HostMemory:
         d = np.lib.stride_tricks.as_strided(dst, (rows, dst_pitch), (dst_pitch, 1))
         d[:, row_bytes:] = 0
         d[:, :row_bytes] = s
-        self.counters["row_copies"] += 1
+        self.counters["copy_rows"] += 1
 
     def copy_bandwidth(self, nbytes: int = 64 << 20, repeats: int = 5) -> float:
         """Host memory copy GB/s (bytes read + written), median of ``repeats`` copies."""

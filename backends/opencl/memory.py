@@ -82,7 +82,7 @@ class DeviceMemory:
         cl.enqueue_copy(self.queue, dst, src, src_origin=(0, 0, 0), dst_origin=(0, 0, 0),
                         region=(row_bytes, rows, 1), src_pitches=(src_pitch, rows * src_pitch),
                         dst_pitches=(dst_pitch, rows * dst_pitch))
-        self.counters["row_copies"] += 1
+        self.counters["copy_rows"] += 1
 
     def free(self, handle: cl.Buffer) -> None:
         """Release a tensor's buffer once the queue no longer uses it."""

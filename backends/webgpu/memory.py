@@ -158,13 +158,23 @@ class DeviceMemory:
         end = cdiv(off + raw.size, _WORD) * _WORD         # the storage-binding limit
         first = (off - base) // _WORD
         nwords = (end - base) // _WORD - first
-        params = self.buffer("patch_params", 16, U.UNIFORM | U.COPY_DST)
-        q.write_buffer(params, 0, struct.pack("<4I", off - base, raw.size, first, nwords))
-        pipe = self.dev.compile("webgpu.patch16", program.load("patch16"), _UTILITY_LAYOUT)
-        group = self.dev.device.create_bind_group(layout=self.dev.layout(_UTILITY_LAYOUT)[0], entries=[
-            {"binding": 0, "resource": {"buffer": params}},
-            {"binding": 1, "resource": {"buffer": src, "offset": 0, "size": padded.size}},
-            {"binding": 2, "resource": {"buffer": dst, "offset": base, "size": end - base}}])
+        self._utility("patch16", struct.pack("<4I", off - base, raw.size, first, nwords),
+                      {"buffer": src, "offset": 0, "size": padded.size},
+                      {"buffer": dst, "offset": base, "size": end - base}, nwords)
+
+    def _utility(self, name: str, block: bytes, src: dict[str, Any], dst: dict[str, Any],
+                 nwords: int) -> None:
+        """One dispatch of a utility kernel (shaders/<name>.wgsl: a uniform block, source
+        words, destination words; one invocation per destination word, 64 a workgroup) in
+        its own submit, ordered with uploads and launches by the queue; nothing waits."""
+        U = self.wgpu.BufferUsage
+        params = self.buffer(f"{name}_params", len(block), U.UNIFORM | U.COPY_DST)
+        self.dev.device.queue.write_buffer(params, 0, block)
+        pipe = self.dev.compile(f"webgpu.{name}", program.load(name), _UTILITY_LAYOUT)
+        group = self.dev.device.create_bind_group(
+            layout=self.dev.layout(_UTILITY_LAYOUT)[0],
+            entries=[{"binding": 0, "resource": {"buffer": params}},
+                     {"binding": 1, "resource": src}, {"binding": 2, "resource": dst}])
         enc = self.dev.device.create_command_encoder()
         cp = enc.begin_compute_pass()
         cp.set_pipeline(pipe)
@@ -173,8 +183,8 @@ class DeviceMemory:
         x = min(groups, 65535)
         cp.dispatch_workgroups(x, cdiv(groups, x), 1)
         cp.end()
-        q.submit([enc.finish()])
-        self.counters["patch16"] += 1
+        self.dev.device.queue.submit([enc.finish()])
+        self.counters[name] += 1
 
     def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,
                   dst_pitch: int) -> None:
@@ -184,27 +194,11 @@ class DeviceMemory:
         buffer always holds."""
         if rows <= 0:
             return
-        U = self.wgpu.BufferUsage
         nwords = cdiv(rows * dst_pitch, _WORD)
-        params = self.buffer("rows_params", 32, U.UNIFORM | U.COPY_DST)
-        q = self.dev.device.queue
-        q.write_buffer(params, 0, struct.pack("<8I", rows, row_bytes, src_pitch, dst_pitch,
-                                              nwords, 0, 0, 0))
-        pipe = self.dev.compile("webgpu.copy_rows", program.load("copy_rows"), _UTILITY_LAYOUT)
-        group = self.dev.device.create_bind_group(layout=self.dev.layout(_UTILITY_LAYOUT)[0], entries=[
-            {"binding": 0, "resource": {"buffer": params}},
-            {"binding": 1, "resource": {"buffer": src}},
-            {"binding": 2, "resource": {"buffer": dst, "offset": 0, "size": nwords * _WORD}}])
-        enc = self.dev.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        cp.set_bind_group(0, group)
-        groups = cdiv(nwords, 64)
-        x = min(groups, 65535)
-        cp.dispatch_workgroups(x, cdiv(groups, x), 1)
-        cp.end()
-        q.submit([enc.finish()])
-        self.counters["row_copies"] += 1
+        self._utility("copy_rows", struct.pack("<8I", rows, row_bytes, src_pitch, dst_pitch,
+                                               nwords, 0, 0, 0),
+                      {"buffer": src}, {"buffer": dst, "offset": 0, "size": nwords * _WORD},
+                      nwords)
 
     def download(self, handle: Any, nbytes: int) -> bytes:
         """The first nbytes of a device buffer (one copy, one wait)."""
