@@ -121,8 +121,8 @@ inline int q_rows(PARAMS P, const __global int* seqlens_q, int b) {
 // min(hi, p + right_window + 1): the end of the keys a row at position p may see on the
 // right (two-sided windows), or hi without a right window. Compared as a difference, so a
 // window near 2**31 never overflows (p >= 0: the S_b rows are the last of L_b >= S_b keys).
-// RIGHT_WINDOW: built in only for specs with a right window (program.defines), so every
-// other program is the one it was before two-sided windows.
+// RIGHT_WINDOW: the right window's tests are built in for specs with a right window, and on
+// CPU devices for every spec (program.window_tests); a GPU's other programs leave them out.
 #ifndef RIGHT_WINDOW
 #define RIGHT_WINDOW 0
 #endif

@@ -165,7 +165,7 @@ def conformance_cells() -> tuple[cmod.Case, ...]:
 # everything-at-once cells ("all", "int8-all", "model-all", ...) and non-finite cells; so does
 # a kernel run emulated on a device without its feature (OpenCL sub-group and tensor-core
 # kernels on PoCL), whose float16 twin takes every recipe.
-ALL_FEATURE_CELLS = ("all", "model-all", "right-padded", "h320", "h512", "padded")
+ALL_FEATURE_CELLS = ("all", "model-all", "right-padded", "h320", "h512", "mla", "padded")
 QUICK_FEATURE_DTYPES: dict[str, tuple[str, ...]] = {
     "dawn": (), "browser": (), "webgpu": ("float16",), "opencl": ("float16",)}
 HOST_BACKENDS = ("dawn", "browser")

@@ -152,8 +152,9 @@ WGSL_KERNELS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("prefill.f16.mma", {"mma": "emulate"}, {}),
     ("decode_partial.f16.mma", {"mma": "emulate"}, {"split_size": 32}),
 )
-DAWN_KERNELS = tuple(k for k in WGSL_KERNELS if k[0] in (
-    "prefill.f32.sg", "decode_partial.f32.m4", "decode_qk.f32.m2", "prefill.f16.mma"))
+# Dawn compiles the very WGSL the webgpu backend runs (one program builder): two families
+# prove its host (every kernel's window cells run on Dawn in the conformance matrix)
+DAWN_KERNELS = tuple(k for k in WGSL_KERNELS if k[0] in ("prefill.f32.sg", "decode_partial.f32.m4"))
 EMU = {"sg_impl": "emu"}
 MMA = {"mma": "emulate"}
 OPENCL_KERNELS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (

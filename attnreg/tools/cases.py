@@ -214,16 +214,19 @@ class _Gen:
             self.add("right-padded", {**d, "seqlens_q": True, "seqlens_k": True, "seq_len": s,
                                       "past_len": 0, "causal": True}, params=split,
                      lengths=(s, 1))
+        mla_k, mla_v = cells.MLA_HEADS
+        mla = "v_head_size" in model and self.k.family != "reduce" \
+            and self.k.head_size_ok(mla_k) and self.k.v_head_size_ok(mla_v)
         for big in (320, 512):
+            if big == 512 and mla and self.quick:
+                continue        # the quick matrix's largest heads are the MLA cell's
             if self.k.head_size_ok(big):
                 bv = big // 2 if "v_head_size" in model and self.k.v_head_size_ok(big // 2) \
                     else big
                 self.add(f"h{big}", {**d, **model, "head_size": big, "batch": 1,
                                      "num_heads": 2, "seq_len": s, "past_len": 40,
                                      "causal": True, "v_head_size": bv}, params=split, fit=True)
-        mla_k, mla_v = cells.MLA_HEADS
-        if "v_head_size" in model and self.k.family != "reduce" \
-                and self.k.head_size_ok(mla_k) and self.k.v_head_size_ok(mla_v):
+        if mla:
             # MLA's decode shape: q/k past 512, one KV head for the group (the reduce's rows
             # are v's, which h512 covers)
             self.add("mla", {**d, **model, "head_size": mla_k, "v_head_size": mla_v,

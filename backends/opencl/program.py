@@ -135,17 +135,24 @@ def stage_params(plan: Plan, stage: Stage, split: Mapping[str, int],
     return params
 
 
+def window_tests(spec: AttentionSpec, caps: DeviceCaps | None) -> bool:
+    """Whether a program carries the right window's tests (flash_core.cl RIGHT_WINDOW): where
+    the spec has one, and on CPU devices always, so that one program serves specs with and
+    without (a CPU device's build costs more than the tests: PoCL builds a program in ~1.3 s);
+    a GPU's programs without a right window leave them out (with them, the H100 tensor-core
+    prefill ran 13% slower, S=2048 264 -> 300 us: ci/results/h100_peers.txt)."""
+    return "right_window" in spec.features or (caps is not None and caps.device_type == "cpu")
+
+
 def defines(spec: AttentionSpec, g: tiling.Geometry, bias_dtype: str | None,
-            params: Mapping[str, Any]) -> dict[str, int]:
+            params: Mapping[str, Any], caps: DeviceCaps | None = None) -> dict[str, int]:
     """The -D constants of a stage's program; ``bias_dtype``: the bias as stored (any dtype
     the checks accept for it; None without a bias), which its reads follow (common.cl)."""
     out = {"IS_F16": int(spec.dtype == "float16"), "IS_BF16": int(spec.dtype == "bfloat16"),
            "HD": spec.head_size, "HV": spec.head_size_v, "BIAS_F16": int(bias_dtype == "float16"),
            # only where set: the build options of every other program stay as they were
            **({"BIAS_BF16": 1} if bias_dtype == "bfloat16" else {}),
-           # the right window's tests only where a spec has one (flash_core.cl): with them in
-           # every build the H100 tensor-core prefill ran 13% slower (S=2048: 264 -> 300 us)
-           **({"RIGHT_WINDOW": 1} if "right_window" in spec.features else {}),
+           **({"RIGHT_WINDOW": 1} if window_tests(spec, caps) else {}),
            # the reduce reads no K/V: one build serves every storage
            "KV_Q": 0 if g.family == "reduce" else KV_Q[spec.kv_dtype],
            "PAGED": int(spec.page_size or 0) if spec.kv_layout == "paged" else 0,

@@ -253,7 +253,7 @@ class OpenCLRuntime:
             prep = _Prepared(plan, outputs=outs, keep=list(bufs.values()))
             for stage, family, params, g in staged:
                 k = self._new_kernel(stage.kernel, family, g,
-                                     program.defines(spec, g, bias_dtype, params))
+                                     program.defines(spec, g, bias_dtype, params, self.caps))
                 block = self.mem.param_block(common.pack(spec, params, bias_shape))
                 k.set_args(*program.arguments(family, block, bufs))
                 prep.keep.append(block)
