@@ -11,7 +11,7 @@ import pytest
 import attnreg
 from attnreg import headpad
 from attnreg.spec import AttentionSpec
-from tests.support import check_close, make_tensors, require_devices
+from tests.support import QUICK, check_close, make_tensors, require_devices
 
 GPU = ("webgpu", "dawn", "opencl")
 
@@ -143,3 +143,27 @@ def test_export_refuses_a_padded_plan(tmp_path) -> None:
     with pytest.raises(attnreg.SpecError, match=r"head_size=10.*padded to 16/16"):
         export.export(_spec(10, dtype="float16"), str(tmp_path))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("backend", ("webgpu", "opencl", "browser"))
+def test_every_head_size_the_reference_takes_plans(backend: str) -> None:
+    """No NoKernelError for any head size of the contract: q/k 1..576 (v alike to 512) and v
+    1..512 beside q/k 64 and 576, in float16 and float32 (planning only: the padded launches
+    themselves run in the tests above and the padded cells). Dawn declares the webgpu
+    backend's kernels."""
+    devs = require_devices(backend)
+    reg = attnreg.registry.get()
+    # the quick matrix (CI): every size to 80 and past 500, between them every 7th (all
+    # residues of the kernels' steps); the full one every size
+    sizes = range(1, 577) if not QUICK else sorted(
+        {*range(1, 81), *range(81, 501, 7), *range(501, 577)})
+    pairs = [(h, None if h <= 512 else 512) for h in sizes] + \
+        [(k, v) for k in (64, 576) for v in sizes if v <= 512]
+    dtypes = [d for d in ("float16", "float32") if d == "float32" or backend == "opencl"
+              or "shader-f16" in devs[0].features]
+    for dtype in dtypes[:1] if QUICK else dtypes:
+        for h, hv in pairs:
+            spec = AttentionSpec(batch=1, seq_len=1, past_len=30, num_heads=2, kv_num_heads=1,
+                                 head_size=h, v_head_size=hv, dtype=dtype)
+            plan = reg.plan(spec, caps=devs[0])
+            assert plan.spec.head_size >= h and plan.spec.head_size_v >= spec.head_size_v
