@@ -59,7 +59,8 @@ def kernels(backend: str | None = None, family: str | None = None) -> list[Kerne
 
 def partial_states(spec: AttentionSpec, tensors: Mapping[str, Any], split_size: int | None = None,
                    backend: str | None = None, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Split-KV partial states per CONTRACT.md, float32."""
+    """Split-KV partial states (docs/contract.md "Split-KV partial states and merging"),
+    float32."""
     return default_session(backend, kw.pop("device", None)).partial_states(
         spec, tensors, split_size=split_size, **kw)
 

@@ -92,10 +92,10 @@ class KVCache:
       it, checks that written pages exist and that one append never writes a slot twice,
       and never changes it.
 
-    ``kv_dtype`` "int8" / "int4" stores quantized K/V (CONTRACT "Storage dtypes and quantized
-    K/V"): k, v hold codes (spec.kv_code_shape / kv_code_dtype) and k_scale, v_scale the
-    scales; ``append`` takes float K/V in ``dtype`` and quantizes it on the device (the
-    runtime's ``quantize_into``) to quantize_kv's codes, give or take one at exact ties.
+    ``kv_dtype`` "int8" / "int4" stores quantized K/V (docs/contract.md "Storage dtypes and
+    quantized K/V"): k, v hold codes (spec.kv_code_shape / kv_code_dtype) and k_scale, v_scale the
+    scales; ``append`` takes float K/V in ``dtype`` and quantizes it on the device (the runtime's
+    ``quantize_into``) to quantize_kv's codes, give or take one at exact ties.
 
     Its :meth:`spec` fixes ``past_len = C - seq_len`` and ``kv_capacity = C`` so the spec,
     and therefore the plan, stay the same for every step of a decode loop.

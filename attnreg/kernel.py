@@ -11,7 +11,7 @@ from typing import Any
 from .caps import DeviceCaps
 from .spec import AttentionSpec
 
-# Contract tolerances (CONTRACT.md): dtype -> (atol, rtol); lse atol per dtype.
+# Contract tolerances (docs/contract.md "Tolerances"): dtype -> (atol, rtol); lse atol per dtype.
 TOLERANCE: Mapping[str, tuple[float, float]] = MappingProxyType(
     {"float32": (2e-5, 1e-4), "float16": (4e-3, 4e-3), "bfloat16": (1.6e-2, 1.6e-2)})
 LSE_ATOL: Mapping[str, float] = MappingProxyType(
@@ -31,13 +31,13 @@ SPLIT_FAMILIES = ("decode_partial", "decode_qk", "decode_fused")
 # Contract features a kernel implements unless it says otherwise.
 CORE_FEATURES = frozenset({"causal", "bias", "seqlens_k", "head_sink", "return_lse", "softcap",
                            "local_window", "alibi", "kv_capacity", "gqa"})
-# The shapes real models need (CONTRACT, [clients]): a kernel lists them in ``supports``
-# once it implements them, so one that does not is passed over with the reason.
+# The shapes real models need (docs/contract.md "Shapes real models need"): a kernel lists them in
+# ``supports`` once it implements them, so one that does not is passed over with the reason.
 MODEL_FEATURES = frozenset({"v_head_size", "kv_start", "seqlens_q"})
-# Two-sided windows (CONTRACT, [peers]): listed in ``supports`` by the kernels that bound
-# keys on the right too, so a plugin's kernel written before them is passed over with the
-# reason rather than silently ignoring the bound. (Reported only without causal masking,
-# where it can change the result: AttentionSpec.features.)
+# Two-sided windows (docs/contract.md "Every head size, two-sided windows"): listed in
+# ``supports`` by the kernels that bound keys on the right too, so a plugin's kernel written
+# before them is passed over with the reason rather than silently ignoring the bound. (Reported
+# only without causal masking, where it can change the result: AttentionSpec.features.)
 WINDOW_FEATURES = frozenset({"right_window"})
 # Every contract feature a spec can use (AttentionSpec.features names them).
 ALL_FEATURES = CORE_FEATURES | MODEL_FEATURES | WINDOW_FEATURES

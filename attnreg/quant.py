@@ -1,5 +1,5 @@
 """The reference K/V quantizer and dequantizer of the contract's quantized caches (kv_dtype
-"int8" / "int4"; CONTRACT "Storage dtypes and quantized K/V"), in numpy.
+"int8" / "int4"; docs/contract.md "Storage dtypes and quantized K/V"), in numpy.
 
 int8: one float32 scale per vector (max|x| / 127), codes round-half-even in [-127, 127].
 int4: ggml's q4_0 block layout: one float16 scale per 32 elements (the element of largest

@@ -1,11 +1,12 @@
-"""The float64 numpy reference: every formula of CONTRACT.md, vectorised over batch and heads.
+"""The float64 numpy reference: every formula of docs/contract.md, vectorised over batch and
+heads.
 
 Layout inside this module is canonical: q/out [B, Nq, S, H], k/v [B, Nkv, C, H]; queries
 are grouped as [B, Nkv, G, S, H] so that GQA is a reshape, never a copy of K/V.
 
-Non-finite inputs (CONTRACT "Non-finite values"), with visibility positional (key j is
-visible to row i by L_b, causality and the windows alone; a -inf bias masks the key's logit
-but leaves it visible):
+Non-finite inputs (docs/contract.md "Non-finite values and scalar fields"), with visibility
+positional (key j is visible to row i by L_b, causality and the windows alone; a -inf bias masks
+the key's logit but leaves it visible):
 - what row i cannot see never changes it: invisible keys and values, their bias entries and
   memory past L_b are never multiplied (selected away, not weighted by 0: 0 * NaN = NaN);
 - a non-finite q_i or k_j of a visible key, or a NaN / +inf logit (a NaN or +inf bias entry)
@@ -31,7 +32,7 @@ _MAX_SCORE_ELEMS = 1 << 23
 
 
 def alibi_slopes(num_heads: int, max_bias: float) -> np.ndarray:
-    """slope_h for every query head (CONTRACT: n = 2**floor(log2(Nq)))."""
+    """slope_h for every query head (docs/contract.md "The math": n = 2**floor(log2(Nq)))."""
     n = 2 ** math.floor(math.log2(num_heads))
     m0 = 2.0 ** (-max_bias / n)
     m1 = 2.0 ** (-max_bias / 2.0 / n)
@@ -282,8 +283,9 @@ def combine(o_parts: np.ndarray, lse_parts: np.ndarray,
 def reduce(spec: AttentionSpec, o_parts: np.ndarray, lse_parts: np.ndarray,
            head_sink: np.ndarray | None = None, seqlens_q: np.ndarray | None = None
            ) -> tuple[np.ndarray, np.ndarray]:
-    """CONTRACT reduce of partial states into (out [B, Nq, S, Hv], lse [B, Nq, S]). Padding
-    rows (i >= seqlens_q[b]) get no sink: out 0, lse -inf (their partials are all empty)."""
+    """The reduce of partial states (docs/contract.md "Split-KV partial states and merging") into
+    (out [B, Nq, S, Hv], lse [B, Nq, S]). Padding rows (i >= seqlens_q[b]) get no sink: out 0, lse
+    -inf (their partials are all empty)."""
     sink = None
     if head_sink is not None:
         sink = np.broadcast_to(np.asarray(head_sink, np.float64)[None, :, None],

@@ -14,9 +14,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from .errors import SpecError
 
 DTYPES = ("float32", "float16", "bfloat16")
-# Kernels compute with int32 indices and float32 scalars (CONTRACT: "Non-finite values and
-# scalar fields"): integer fields and tensor element counts must fit int32, non-zero float
-# fields float32's normal range. Beyond that a kernel would wrap, overflow or flush to zero.
+# Kernels compute with int32 indices and float32 scalars (docs/contract.md "Non-finite values and
+# scalar fields"): integer fields and tensor element counts must fit int32, non-zero float fields
+# float32's normal range. Beyond that a kernel would wrap, overflow or flush to zero.
 INT_MAX = 2**31 - 1
 F32_MAX = 3.4028234663852886e38
 F32_TINY = 1.1754943508222875e-38
@@ -81,7 +81,7 @@ EXPECTED: dict[str, str] = {
 
 
 class AttentionSpec(BaseModel):
-    """What to compute; see CONTRACT.md for the exact math of every field.
+    """What to compute; see docs/contract.md for the exact math of every field.
 
     Frozen and validated: any bad field raises :class:`attnreg.SpecError` naming it.
 
@@ -112,22 +112,22 @@ class AttentionSpec(BaseModel):
     seqlens_k: bool = False
     head_sink: bool = False
     return_lse: bool = False
-    # Quantized K/V (CONTRACT "Storage dtypes and quantized K/V"): int8 codes with a float32
-    # scale per vector, or int4 q4_0 blocks (uint8 pairs) with a float16 scale per 32.
+    # Quantized K/V (docs/contract.md "Storage dtypes and quantized K/V"): int8 codes with a
+    # float32 scale per vector, or int4 q4_0 blocks (uint8 pairs) with a float16 scale per 32.
     kv_dtype: Literal["int8", "int4"] | None = None
     # Paged KV cache (kv_layout="paged"): k/v are page pools [num_pages, page_size, Nkv, H]
     # and a block_table [B, ceil(C / page_size)] int32 maps each sequence's pages.
     page_size: Int | None = Field(None, ge=1, le=INT_MAX)
     num_pages: Int | None = Field(None, ge=1, le=INT_MAX)
-    # Shapes real models need (CONTRACT "Shapes real models need"): v and out with their own
-    # head size (Hv); left padding as a per-batch first key (kv_start tensor); per-batch query
+    # Shapes real models need (docs/contract.md "Shapes real models need"): v and out with their
+    # own head size (Hv); left padding as a per-batch first key (kv_start tensor); per-batch query
     # row counts (seqlens_q tensor: rows past S_b are padding, out 0 and lse -inf).
     v_head_size: Int | None = Field(None, ge=1, le=INT_MAX)
     kv_start: bool = False
     seqlens_q: bool = False
-    # Two-sided windows (CONTRACT "Every head size, two-sided windows"): keys more than
-    # right_window positions after a row's position are invisible too (local_window stays
-    # the left side); -1 is none, and 0 is meaningful (non-causal, it is exactly causal).
+    # Two-sided windows (docs/contract.md "Every head size, two-sided windows"): keys more than
+    # right_window positions after a row's position are invisible too (local_window stays the left
+    # side); -1 is none, and 0 is meaningful (non-causal, it is exactly causal).
     right_window: Int = Field(-1, ge=-1, le=INT_MAX)
 
     def __init__(self, **data: Any) -> None:

@@ -1,6 +1,7 @@
 """Attention states (o, lse) between kernels: the checks on split-KV partial states handed
-to a reduce, and merge_states (CONTRACT), which merges states over disjoint key sets in numpy
-or, through Session.merge_states, as one reduce on a device."""
+to a reduce, and merge_states (docs/contract.md "Split-KV partial states and merging"), which
+merges states over disjoint key sets in numpy or, through Session.merge_states, as one reduce on a
+device."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from .tensors import accepted_dtypes
 
 def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
                    head_sink: Any, seqlens_q: Any = None) -> dict[str, np.ndarray]:
-    """Validate partial states for the reduce (CONTRACT shapes, float32), and the head sink
-    and query row counts it takes (padding rows get no sink)."""
+    """Validate partial states for the reduce (shapes of docs/contract.md "Split-KV partial states
+    and merging", float32), and the head sink and query row counts it takes (padding rows get no
+    sink)."""
     o = np.asarray(o_parts) if hasattr(o_parts, "__array__") else o_parts
     lse = np.asarray(lse_parts) if hasattr(lse_parts, "__array__") else lse_parts
     if not isinstance(o, np.ndarray) or o.dtype != np.float32 or o.ndim != 5:
@@ -31,10 +33,11 @@ def check_partials(spec: AttentionSpec, o_parts: Any, lse_parts: Any,
     if not isinstance(lse, np.ndarray) or lse.dtype != np.float32 or lse.shape != o.shape[:4]:
         raise SpecError("lse_parts", lse_parts, f"a float32 array of shape {o.shape[:4]}")
     # lse values: finite, -inf (an empty split, its o ignored) or NaN/+inf (a poisoned row:
-    # CONTRACT "Non-finite values", propagated as NaN by every reduce).
+    # docs/contract.md "Non-finite values and scalar fields", propagated as NaN by every reduce).
     out = {"o_parts": np.ascontiguousarray(o), "lse_parts": np.ascontiguousarray(lse)}
     if spec.head_sink:
-        # the dtypes run() accepts for the sink (CONTRACT: float32 or the spec's dtype)
+        # the dtypes run() accepts for the sink (docs/contract.md "Tensors": float32 or the spec's
+        # dtype)
         allowed = " or ".join(accepted_dtypes(spec, "head_sink"))
         if head_sink is None:
             raise SpecError("head_sink", None, f"a {allowed} [Nq] array, because spec.head_sink")

@@ -65,13 +65,12 @@ _DTYPE_OBJ = {n: np.dtype(n) for n in ("float32", "float16", "bfloat16", "int32"
                                        "int8", "uint8")}
 INT32_MAX = 2**31 - 1
 
-# The float tensors a caller may store in more than one dtype (CONTRACT: bias and head_sink
-# float32 or the spec's dtype), "dtype" standing for spec.dtype. Every runtime reads each of
-# these as accepted (a bias reaches the runtimes as stored; a head_sink, [Nq] values, is
-# widened to float32 by check_tensors and check_partials, exactly), and the conformance
-# matrix stores each in every dtype listed here (attnreg.tools.cases): a dtype added here
-# gets cells, and a kernel that misreads it fails them. The first entry is what
-# tools.testing.make_tensors stores.
+# The float tensors a caller may store in more than one dtype (docs/contract.md "Tensors": bias
+# and head_sink float32 or the spec's dtype), "dtype" standing for spec.dtype. Every runtime reads
+# each of these as accepted (a bias reaches the runtimes as stored; a head_sink, [Nq] values, is
+# widened to float32 by check_tensors and check_partials, exactly), and the conformance matrix
+# stores each in every dtype listed here (attnreg.tools.cases): a dtype added here gets cells, and
+# a kernel that misreads it fails them. The first entry is what tools.testing.make_tensors stores.
 STORED_AS: dict[str, tuple[str, ...]] = {"bias": ("float32", "dtype"),
                                          "head_sink": ("float32", "dtype")}
 
@@ -142,7 +141,8 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
     if spec.kv_dtype is not None:
         for name, shape in (("k_scale", spec.kv_scale_shape), ("v_scale", spec.v_scale_shape)):
             # NaN/inf scales are allowed: they make the dequantized values non-finite, which
-            # CONTRACT "Non-finite values" then governs like any non-finite k or v.
+            # docs/contract.md "Non-finite values and scalar fields" then governs like any
+            # non-finite k or v.
             _check_dtype(name, arrays[name], (spec.kv_scale_dtype,))
             _check_shape(name, arrays[name], shape,
                          f"kv_dtype={spec.kv_dtype}: " + ("one scale per vector" if
@@ -156,7 +156,8 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
             raise SpecError("tensors['bias'].shape", tuple(bias.shape),
                             f"4 dims broadcastable to [B, Nq, S, C] = {full} "
                             "(B, Nq, S may each be 1; C must be full)")
-        # NaN/inf are allowed: CONTRACT "Non-finite values" fixes what they do (-inf masks).
+        # NaN/inf are allowed: docs/contract.md "Non-finite values and scalar fields" fixes what
+        # they do (-inf masks).
     if spec.seqlens_k:
         sk = arrays["seqlens_k"]
         _check_dtype("seqlens_k", sk, ("int32",) if _is_device(sk) else ("int32", "int64"))
@@ -198,13 +199,13 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
 
 def host_sink(sink: Any) -> np.ndarray:
     """A head_sink's values as float32 on the host (float16 / bfloat16 -> float32 is exact),
-    checked finite (CONTRACT)."""
+    checked finite (docs/contract.md "Non-finite values and scalar fields")."""
     if _is_device(sink):
         sink = sink.host if sink.host is not None else sink.numpy()
     if not np.isfinite(sink).all():
         i = int(np.argmax(~np.isfinite(sink)))
         raise SpecError(f"tensors['head_sink'][{i}]", float(sink[i]),
-                        "a finite logit (CONTRACT: head_sink values must be finite)")
+                        "a finite logit (docs/contract.md: head_sink values must be finite)")
     return np.asarray(sink, dtype=np.float32)
 
 

@@ -75,7 +75,7 @@ ATTN_IN = (
     Port("k_scale", "read", "scale", when="quant"),
     Port("v_scale", "read", "scale", when="quant"),
     # the shapes real models need: left padding (first existing key per batch entry) and
-    # per-batch query row counts (CONTRACT "Shapes real models need")
+    # per-batch query row counts (docs/contract.md "Shapes real models need")
     Port("kv_start", "read", "i32", when="kv_start"),
     Port("seqlens_q", "read", "i32", when="seqlens_q"),
 )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up of the optional comparison peers for `attnreg bench` (attnreg/peers/):
+# Idempotent set-up of the optional comparison peers for `attnreg bench` (attnreg/tools/peers/):
 #   - onnxruntime-webgpu 1.27.0 and onnx (the ONNX Runtime WebGPU EP peer),
 #   - libvulkan-dev (headers) and attnreg's lavapipe pass-through ICD (`attnreg vk-shim`,
 #     attnreg/vkshim.py) that lets Dawn, inside onnxruntime-webgpu, accept Debian 12's Mesa

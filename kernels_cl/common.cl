@@ -220,12 +220,12 @@ typedef float bias_t;
 // -inf never meets -inf in a subtraction: an all-masked running max subtracts 0.
 #define SAFE_MAX(m) ((m) == -INFINITY ? 0.0f : (m))
 
-// Non-finite values (CONTRACT): a NaN logit poisons its row, whatever fmax (which drops
-// NaN) does with it: its weight is NaN, so the row's sum and output are NaN. The programs
-// are built without -cl-finite-math-only / -cl-fast-relaxed-math, so isnan and friends are
-// real tests and exp(NaN) is NaN; native_exp's special cases are the implementation's, so
-// with FAST_EXP the weight of a NaN logit is made NaN explicitly (a test per weight cost
-// PoCL ~15% of a prefill, so only there). An inf in an output (a visible v of inf) is
+// Non-finite values (docs/contract.md "Non-finite values and scalar fields"): a NaN logit poisons
+// its row, whatever fmax (which drops NaN) does with it: its weight is NaN, so the row's sum and
+// output are NaN. The programs are built without -cl-finite-math-only / -cl-fast-relaxed-math, so
+// isnan and friends are real tests and exp(NaN) is NaN; native_exp's special cases are the
+// implementation's, so with FAST_EXP the weight of a NaN logit is made NaN explicitly (a test per
+// weight cost PoCL ~15% of a prefill, so only there). An inf in an output (a visible v of inf) is
 // written as NaN.
 #if FAST_EXP
 #define WEIGHT(s, mu) (isnan(s) ? (s) : EXP((s) - (mu)))

@@ -1,8 +1,9 @@
 // The split-KV decode tile shared by decode_partial and decode_fused: one work-group's
 // partial state -- GC query heads of one GQA group x MQ (= m_tile) query rows over one KV
-// split -- written in the CONTRACT format: o_parts [B,Nq,S,T,H] and lse_parts [B,Nq,S,T],
-// float32, o = 0 and lse = -inf where the split has no visible key (and for padding rows,
-// past seqlens_q[b], selected whatever they accumulated). o's rows are HV long.
+// split -- written in the format of docs/contract.md "Split-KV partial states and merging":
+// o_parts [B,Nq,S,T,H] and lse_parts [B,Nq,S,T], float32, o = 0 and lse = -inf where the split
+// has no visible key (and for padding rows, past seqlens_q[b], selected whatever they
+// accumulated). o's rows are HV long.
 // Two variants (-D SG_IMPL): 0 work-group memory and barriers per tile; otherwise every
 // sub-group streams its own key chunks with no barrier in the loop (see below).
 // With BLOCK_SKIP (tiled variant only) a split is a share of the row tile's listed blocks

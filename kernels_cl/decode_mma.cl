@@ -14,18 +14,18 @@
 //   O += P V: P's A fragments are S's accumulators (keys 16 kc + 2t, +1, +8, +9 of lane t);
 //     lane g's output dims are the 8-dim runs 64 u + 8 g .. (block db is dim VDIM(g, db)), so
 //     a lane loads its 4 keys' dims as whole 16-byte runs and pairs them key-wise in registers.
-// Non-finite values (CONTRACT): a chunk every row sees multiplies its values unmasked (a NaN
-// v reaches every row, all of which see it). A chunk on an edge (the causal diagonal, the
-// window) zeroes non-finite halves of v, and when a warp found one, the lanes re-read the
-// chunk and set to NaN the output columns of their rows that see such a key (NaN stays NaN
-// through every later rescale and product).
+// Non-finite values (docs/contract.md "Non-finite values and scalar fields"): a chunk every row
+// sees multiplies its values unmasked (a NaN v reaches every row, all of which see it). A chunk
+// on an edge (the causal diagonal, the window) zeroes non-finite halves of v, and when a warp
+// found one, the lanes re-read the chunk and set to NaN the output columns of their rows that see
+// such a key (NaN stays NaN through every later rescale and product).
 // The chunk l2_prefetch rounds ahead is prefetched into L2 (mma_prefetch.cl, NVIDIA builds).
 // Quantized K/V (KV_Q 1, 2) are fetched raw and made fragments where they are multiplied, in
 // the dims order and with the scales that mma_kvq.cl describes.
-// The shapes real models need (CONTRACT): keys before kv_start[b] are outside every split's
-// key range (never loaded; a split wholly before it is empty), padding rows (past
-// seqlens_q[b]) load no q and are written as o 0 and lse -inf, and V, O and the partial
-// states have HV (v_head_size) dims: Q K^T runs over HD, P V over HV.
+// The shapes real models need (docs/contract.md "Shapes real models need"): keys before
+// kv_start[b] are outside every split's key range (never loaded; a split wholly before it is
+// empty), padding rows (past seqlens_q[b]) load no q and are written as o 0 and lse -inf, and V,
+// O and the partial states have HV (v_head_size) dims: Q K^T runs over HD, P V over HV.
 
 #if HD % 32 || HV % 64
 #error "decode_mma.cl loads 32-dim runs of k and 64-dim runs of v"

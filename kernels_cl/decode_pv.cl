@@ -1,9 +1,9 @@
 // decode_pv: the second kernel of the unfused decode. Per work-group (the same row tiling
 // as decode_qk, so the same key range per row): p_j = exp(s_j - m_t) / l_t from the
-// scores and statistics decode_qk wrote, times V, into the CONTRACT partial states
-// o_parts [B,Nq,S,T,Hv] and lse_parts [B,Nq,S,T] (lse_t = m_t + log l_t; o = 0 and
-// lse = -inf for a split without visible keys, padding rows included: decode_qk gave them
-// no visible key). The reduce then merges the splits.
+// scores and statistics decode_qk wrote, times V, into the partial states of docs/contract.md
+// "Split-KV partial states and merging": o_parts [B,Nq,S,T,Hv] and lse_parts [B,Nq,S,T] (lse_t =
+// m_t + log l_t; o = 0 and lse = -inf for a split without visible keys, padding rows included:
+// decode_qk gave them no visible key). The reduce then merges the splits.
 // Probabilities of a TK-key tile are staged in local memory; DL lanes own float4 dims,
 // WG / DL key lanes take every (WG / DL)-th key of the tile, and merge at the end.
 

@@ -106,11 +106,11 @@ inline int valid_len(PARAMS P, const __global int* seqlens, int b) {
   return P->has_seqlens ? seqlens[b] : (int)P->total_len;
 }
 
-// The shapes real models need (CONTRACT): batch b's first existing key kv_start[b] (left
-// padding: keys before it are never loaded) and its query row count S_b = seqlens_q[b]
-// (rows past it are padding: they see nothing, take no sink, and are written as out 0 and
-// lse -inf). Without the tensors: key 0 and seq_len rows, so p_i = L_b - S_b + i is the
-// usual L_b - seq_len + i.
+// The shapes real models need (docs/contract.md "Shapes real models need"): batch b's first
+// existing key kv_start[b] (left padding: keys before it are never loaded) and its query row
+// count S_b = seqlens_q[b] (rows past it are padding: they see nothing, take no sink, and are
+// written as out 0 and lse -inf). Without the tensors: key 0 and seq_len rows, so p_i = L_b - S_b
+// + i is the usual L_b - seq_len + i.
 inline int first_key(PARAMS P, const __global int* kv_start, int b) {
   return P->has_kv_start ? kv_start[b] : 0;
 }
@@ -209,7 +209,7 @@ inline bool all_see(int2 ckeys, int a, int b) {
 // ALiBi is taken relative to kref - 1 (the end of the row tile's key range); use_bias 0
 // skips the bias of a block the block list marks all-zero. A visible key's score is NaN
 // where q.k is not finite (q or k not finite) or the logit is NaN or +inf: the row turns
-// NaN (CONTRACT); a -inf bias masks the key.
+// NaN (docs/contract.md "Non-finite values and scalar fields"); a -inf bias masks the key.
 inline float finish_score_r(PARAMS P, const Rows* w, const __global bias_t* bias,
                             int r, int j, int jend, int kref, bool use_bias, float dotv) {
   const int khi = kref;

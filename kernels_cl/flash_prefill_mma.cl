@@ -13,13 +13,14 @@
 // The running max is lazy (as FlashAttention-4): a row keeps its reference max m until a
 // tile's max exceeds it by more than TAU, so P <= e^TAU stays well inside f16 and O and l are
 // rescaled only on those tiles.
-// Non-finite values (CONTRACT): keys no row of the work-group sees are never loaded
-// (zeros); a non-finite v is staged as 0 (0 * NaN never reaches a row that does not see it)
-// and flags its tile, whose slow path marks, per lane, the output columns of its rows that
-// see it (re-read from global memory); they are written as NaN.
-// The shapes real models need (CONTRACT): keys before kv_start[b] are outside the key range
-// (never loaded), padding rows (past seqlens_q[b]) load no q and are written as out 0 and
-// lse -inf, and V, O and out have HV (v_head_size) dims: Q K^T runs over HD, P V over HV.
+// Non-finite values (docs/contract.md "Non-finite values and scalar fields"): keys no row of the
+// work-group sees are never loaded (zeros); a non-finite v is staged as 0 (0 * NaN never reaches
+// a row that does not see it) and flags its tile, whose slow path marks, per lane, the output
+// columns of its rows that see it (re-read from global memory); they are written as NaN.
+// The shapes real models need (docs/contract.md "Shapes real models need"): keys before
+// kv_start[b] are outside the key range (never loaded), padding rows (past seqlens_q[b]) load no
+// q and are written as out 0 and lse -inf, and V, O and out have HV (v_head_size) dims: Q K^T
+// runs over HD, P V over HV.
 // Quantized K/V (common.cl KV_Q 1: int8, 2: int4 q4_0): a granule of 8 values is fetched as
 // its raw codes (8 bytes) and scale bits (a word), and dequantized only where it is stored to
 // local memory (mma_tile.cl kvq_h8: exact codes times the scale in f32, rounded to f16 / bf16

@@ -25,10 +25,11 @@ fn neg_inf() -> f32 {
   return bitcast<f32>(bits);
 }
 
-// Non-finite values (CONTRACT): what a row sees poisons it, what it cannot see never
-// reaches it. WGSL lets implementations assume there is no NaN or inf (lavapipe folds
-// x * 0.0 and x - x to 0, turns NaN != 0 false and drops NaN in max and clamp), so NaN is
-// tested and made with integer bit tests and selects, never float compares or arithmetic.
+// Non-finite values (docs/contract.md "Non-finite values and scalar fields"): what a row sees
+// poisons it, what it cannot see never reaches it. WGSL lets implementations assume there is no
+// NaN or inf (lavapipe folds x * 0.0 and x - x to 0, turns NaN != 0 false and drops NaN in max
+// and clamp), so NaN is tested and made with integer bit tests and selects, never float compares
+// or arithmetic.
 fn nan_f32() -> f32 {
   let bits = 0x7fc00000u;       // through a let, as neg_inf
   return bitcast<f32>(bits);

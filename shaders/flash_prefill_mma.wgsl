@@ -10,9 +10,10 @@
 // The running max is lazy (as FlashAttention-4): a row keeps its reference max m until a
 // tile's max exceeds it by more than TAU, so P <= e^TAU stays well inside f16 and O needs
 // rescaling (through workgroup memory: the tiles are opaque) only on those rare tiles.
-// Non-finite values (CONTRACT): keys no row of the workgroup sees are never loaded (zeros);
-// a non-finite v is staged as 0 (so 0 * NaN never reaches rows that do not see it) and a
-// slow path marks, per lane, the output columns of its row that see it, written as NaN.
+// Non-finite values (docs/contract.md "Non-finite values and scalar fields"): keys no row of the
+// workgroup sees are never loaded (zeros); a non-finite v is staged as 0 (so 0 * NaN never
+// reaches rows that do not see it) and a slow path marks, per lane, the output columns of its row
+// that see it, written as NaN.
 // Prefix constants: BR, BC, NSG, WG (32 NSG), NDC (HD/16: QK's depth tiles), NOC (VD/16:
 // output column tiles), NKC (BC/16), QST, KST, VST, SST, PST, HALF (BC/2), VW (words of a
 // lane's column mask).

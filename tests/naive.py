@@ -1,8 +1,9 @@
-"""A deliberately naive, loop-per-row transcription of CONTRACT.md, independent of
+"""A deliberately naive, loop-per-row transcription of docs/contract.md, independent of
 attnreg.reference, used to check the vectorised reference itself. Non-finite values follow
-CONTRACT "Non-finite values": only keys visible by position (L_b, causal, the left and right windows) are
-looked at; a non-finite q_i or k_j, or a NaN / +inf logit, makes the row NaN; a non-finite
-v_j[d] makes out[d] NaN (a -inf bias masks the logit, not the value)."""
+docs/contract.md "Non-finite values and scalar fields": only keys visible by position (L_b,
+causal, the left and right windows) are looked at; a non-finite q_i or k_j, or a NaN / +inf logit,
+makes the row NaN; a non-finite v_j[d] makes out[d] NaN (a -inf bias masks the logit, not the
+value)."""
 
 from __future__ import annotations
 

@@ -88,7 +88,8 @@ CASES: list[tuple[str, Callable[[attnreg.Session], Any], str]] = [
     ("v-short", _run(v=lambda t: t["v"][:, :, :19]), "tensors['v'].shape"),
     ("q-extra-dim", _run(q=lambda t: t["q"][None]), "tensors['q'].shape"),
     ("seqlens-float", _run(seqlens_k=np.array([20, 9], np.float32)), "tensors['seqlens_k'].dtype"),
-    # int64 lengths are read (CONTRACT [clients]) after a range check, never wrapped to int32
+    # int64 lengths are read (docs/contract.md "Shapes real models need") after a range check,
+    # never wrapped to int32
     ("seqlens-int64-huge", _run(seqlens_k=np.array([20, 2**32 + 9], np.int64)),
      "tensors['seqlens_k'][1]"),
     ("seqlens-over-capacity", _run(seqlens_k=np.array([21, 9], np.int32)), "tensors['seqlens_k'][0]"),

@@ -1,4 +1,4 @@
-"""Inputs as real clients hold them (CONTRACT "Shapes real models need"): DLPack and
+"""Inputs as real clients hold them (docs/contract.md "Shapes real models need"): DLPack and
 __array__ CPU arrays read without a copy, int64 index tensors, head_sink in the spec's dtype.
 Every result is compared with the float64 reference on the plain numpy inputs."""
 

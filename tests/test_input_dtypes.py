@@ -1,6 +1,6 @@
-"""Every tensor is read in the dtype the tensor checks accepted for it (CONTRACT "[peers]":
-bias float32 or the spec's dtype, head_sink float32 or the spec's dtype), on every GPU
-backend, as host arrays and as DeviceTensors, against the float64 reference.
+"""Every tensor is read in the dtype the tensor checks accepted for it (docs/contract.md "Every
+head size, two-sided windows": bias float32 or the spec's dtype, head_sink float32 or the spec's
+dtype), on every GPU backend, as host arrays and as DeviceTensors, against the float64 reference.
 
 ONNX's own node tests found a bfloat16 bias that the checks accepted and the OpenCL kernels
 read as float32 (wrong values, and reads past the end of the bias buffer: NaN outputs). The

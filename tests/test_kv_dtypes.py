@@ -1,4 +1,4 @@
-"""Storage dtypes (CONTRACT "Storage dtypes and quantized K/V"): attnreg.quantize_kv /
+"""Storage dtypes (docs/contract.md "Storage dtypes and quantized K/V"): attnreg.quantize_kv /
 dequantize_kv, the reference quantizer of int8 and int4 K/V, checked element by element
 against the contract's words (the int4 nibble layout is decoded here by a plain loop,
 independently); spec.kv_dtype and dtype="bfloat16" through the tensor checks and the

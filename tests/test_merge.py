@@ -63,9 +63,9 @@ def test_shared_prefix_cascade_equals_full_attention(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_merge_propagates_nan_of_nonempty_states_only(backend: str) -> None:
-    """CONTRACT non-finite values: a NaN or inf in the o of a state with a finite lse reaches
-    the merged o as NaN, even where its weight underflows to 0; the o of an empty state
-    (lse -inf) is ignored, NaN and inf included; lse is not touched by o."""
+    """docs/contract.md "Non-finite values and scalar fields": a NaN or inf in the o of a state
+    with a finite lse reaches the merged o as NaN, even where its weight underflows to 0; the o of
+    an empty state (lse -inf) is ignored, NaN and inf included; lse is not touched by o."""
     rng = np.random.default_rng(4)
     o = [rng.standard_normal((3, 8)).astype(np.float32) for _ in range(3)]
     lse = [np.array([0.5, 1.0, -0.2], np.float32), np.array([-200.0, 0.3, -np.inf], np.float32),

@@ -1,7 +1,7 @@
-"""The shapes real models need (CONTRACT "Shapes real models need"), on the host side: the
-spec fields v_head_size, kv_start and seqlens_q, their tensors' checks, and the float64
-reference against the naive loop transcription (tests/naive.py) with each of them, alone
-and together, through attention, partial states and the reduce."""
+"""The shapes real models need (docs/contract.md "Shapes real models need"), on the host side: the
+spec fields v_head_size, kv_start and seqlens_q, their tensors' checks, and the float64 reference
+against the naive loop transcription (tests/naive.py) with each of them, alone and together,
+through attention, partial states and the reduce."""
 
 from __future__ import annotations
 

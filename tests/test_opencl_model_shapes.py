@@ -1,10 +1,10 @@
-"""The shapes real models need (CONTRACT: kv_start, seqlens_q, v_head_size, head sizes up to
-576 for q/k and 512 for v) in every OpenCL kernel family, against the float64 reference on
-PoCL: each family with the features together and alone, v's head size smaller and larger
-than q/k's, head sizes 320 and 512, MLA's q/k 576 with v 512 and one KV head, bf16 / int8 /
-int4 storages, paged pools, partial states reduced on the reference, the reduce's padding
-rows, and the tensor-core kernels' emulated builds (mma=emulate, the same indexing as their
-PTX builds).
+"""The shapes real models need (docs/contract.md "Shapes real models need": kv_start, seqlens_q,
+v_head_size, head sizes up to 576 for q/k and 512 for v) in every OpenCL kernel family, against
+the float64 reference on PoCL: each family with the features together and alone, v's head size
+smaller and larger than q/k's, head sizes 320 and 512, MLA's q/k 576 with v 512 and one KV head,
+bf16 / int8 / int4 storages, paged pools, partial states reduced on the reference, the reduce's
+padding rows, and the tensor-core kernels' emulated builds (mma=emulate, the same indexing as
+their PTX builds).
 
 make_tensors poisons what no row may read: keys before kv_start[b] and past L_b are NaN, and
 so is q in the padding rows past seqlens_q[b]; a kernel that loads or multiplies them fails.

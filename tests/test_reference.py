@@ -1,4 +1,4 @@
-"""The float64 reference against a naive per-row transcription of CONTRACT.md."""
+"""The float64 reference against a naive per-row transcription of docs/contract.md."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def test_paged_block_table_is_checked() -> None:
     check_tensors(spec, ok)
 
 
-# -- non-finite values (CONTRACT "Non-finite values"): positional visibility --------------
+# -- non-finite values (docs/contract.md "Non-finite values and scalar fields"): positional visibility
 NONFINITE = {
     "causal": {},
     "everything": FEATURES["everything"],

@@ -254,7 +254,7 @@ def test_reduce_many_splits_with_empty_ones(session):
     lse = (rng.standard_normal((1, 2, 2, t)) * 3).astype(np.float32)
     lse[..., ::3] = -np.inf
     o[..., ::3, :] = np.nan
-    sink = np.array([0.5, -80.0], np.float32)        # head_sink must be finite (CONTRACT)
+    sink = np.array([0.5, -80.0], np.float32)        # head_sink must be finite (docs/contract.md)
     out, l_out = session.reduce_states(spec, o, lse, sink, kernel="webgpu.reduce.f32")
     want, want_lse = ref.reduce(spec, np.nan_to_num(o), lse, sink)
     np.testing.assert_allclose(out, ref.out_layout(spec, want), atol=2e-5, rtol=1e-4)

@@ -1,6 +1,7 @@
-"""The shapes real models need (CONTRACT: kv_start, seqlens_q, v_head_size, head sizes up to
-576 for q/k and 512 for v) in the WGSL kernels, on every WGSL host: webgpu (wgpu-native, naga), dawn (Tint,
-in-process) and browser (headless Chromium, the families its runtime binds).
+"""The shapes real models need (docs/contract.md "Shapes real models need": kv_start, seqlens_q,
+v_head_size, head sizes up to 576 for q/k and 512 for v) in the WGSL kernels, on every WGSL host:
+webgpu (wgpu-native, naga), dawn (Tint, in-process) and browser (headless Chromium, the families
+its runtime binds).
 
 Every family is forced on inputs whose keys before kv_start and past seqlens_k, and whose q
 rows past seqlens_q, are NaN (attnreg.tools.testing.make_tensors; NaN scales for quantized

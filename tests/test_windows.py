@@ -1,12 +1,12 @@
-"""Two-sided windows (CONTRACT "Every head size, two-sided windows"): ``right_window`` in the
-spec (keys more than right_window positions after a row's position are invisible; the left
+"""Two-sided windows (docs/contract.md "Every head size, two-sided windows"): ``right_window`` in
+the spec (keys more than right_window positions after a row's position are invisible; the left
 side stays ``local_window``), the float64 reference against the naive loop transcription
-(tests/naive.py), the kernels' parameter block, and every WGSL and OpenCL kernel family
-forced on narrow two-sided windows over long sequences whose keys and bias entries outside
-the windows are NaN (a kernel that loads and weights them, or misses a tile inside them,
-fails), on rows that see no key at all (out 0, lse -inf), block-skip lists clipped to the
-windows, and windows near 2**31 (no int32 overflow). The conformance matrix's window cells
-(attnreg.tools.cases window_cells) add every kernel variant.
+(tests/naive.py), the kernels' parameter block, and every WGSL and OpenCL kernel family forced on
+narrow two-sided windows over long sequences whose keys and bias entries outside the windows are
+NaN (a kernel that loads and weights them, or misses a tile inside them, fails), on rows that see
+no key at all (out 0, lse -inf), block-skip lists clipped to the windows, and windows near 2**31
+(no int32 overflow). The conformance matrix's window cells (attnreg.tools.cases window_cells) add
+every kernel variant.
 """
 
 from __future__ import annotations

@@ -102,11 +102,11 @@ are 0 in attnreg. ORT's CPU EP computes a right-padded first prompt's padding ro
 ordinary row at position i over the L_b valid keys (not 0) and leaves the padding rows' K/V
 in present beyond L_b (attnreg: 0 there); with ``query_seqlens`` ORT's padding rows are
 unspecified (our runs saw 0 and other values). A query row with no visible key is 0 in
-attnreg (CONTRACT). The standard Attention op and GQA give 0 too, but ORT's MHA adds
-``mask_filter_value`` (-10000) for key_padding_mask instead of masking, so a row whose keys
-are all padding gets about the softmax over those padded keys, and an all -inf
-``attention_bias`` row gives NaN; attnreg gives 0 in both cases. Rows with a visible key
-agree (exp(-10000) underflows).
+attnreg (docs/contract.md "The math"). The standard Attention op and GQA give 0 too, but ORT's MHA
+adds ``mask_filter_value`` (-10000) for key_padding_mask instead of masking, so a row whose keys
+are all padding gets about the softmax over those padded keys, and an all -inf ``attention_bias``
+row gives NaN; attnreg gives 0 in both cases. Rows with a visible key agree (exp(-10000)
+underflows).
 
 Refused with SpecError (field, value, what is expected): the qk / output_qk /
 qk_matmul_output outputs (attnreg never materialises scores) and a non-zero GQA ``qk_output``;

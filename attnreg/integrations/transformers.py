@@ -18,9 +18,9 @@ an attention function registered alone gets ``attention_mask=None``, so a padded
 be silently wrong. Ours asks transformers' own ``sdpa_mask`` for the exact boolean mask
 [B, 1, S, L] (never its "skip the mask" shortcuts), so padding, sliding windows, packed
 sequences and overlays are what eager would see, then describes it for attnreg and checks
-the description: it computes the visibility the description gives under CONTRACT.md and
-keeps it only if it equals the mask element for element. What it cannot describe falls
-back to an additive -inf bias holding the whole mask, so no mask is ever approximated.
+the description: it computes the visibility the description gives under docs/contract.md and keeps
+it only if it equals the mask element for element. What it cannot describe falls back to an
+additive -inf bias holding the whole mask, so no mask is ever approximated.
 The mask tensor (contiguous, so generate's ``.contiguous()`` keeps it) carries the
 description as an attribute; the attention functions of all layers of a forward read it.
 

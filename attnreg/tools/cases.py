@@ -196,11 +196,11 @@ class _Gen:
 
     def model_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...],
                     only_all: bool = False) -> None:
-        """The shapes real models need (CONTRACT), where the kernel implements them: every one
-        at once with every other feature, right-padded prompt batches (seqlens_q with no past),
-        head sizes 320 and 512, MLA's q/k 576 with v 512; the full matrix adds each alone and
-        their partial states.
-        (In the quick matrix, for one dtype of the kernel; ``only_all``: the first cell only.)"""
+        """The shapes real models need (docs/contract.md "Shapes real models need"), where the
+        kernel implements them: every one at once with every other feature, right-padded prompt
+        batches (seqlens_q with no past), head sizes 320 and 512, MLA's q/k 576 with v 512; the
+        full matrix adds each alone and their partial states. (In the quick matrix, for one dtype
+        of the kernel; ``only_all``: the first cell only.)"""
         sup = self.k.supports
         s, model = self.model_fields()
         if not model:
@@ -286,14 +286,14 @@ class _Gen:
                                      ("v_head_size", hv)) if f in self.k.supports}
 
     def window_cells(self, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:
-        """Two-sided windows (CONTRACT [peers]), where the kernel implements them: a right
-        window without causal masking, with the left window, the model shapes and every
-        other feature at once, in the model-all cell's shape (its programs: a run, not a
-        compile), with NaN planted just right of a row's window and around it (a non-finite
-        cell: testing.plant_nonfinite); the full matrix adds right_window 0 alone (exactly
-        causal), with the left window alone, and partial states. (The causal "all" cells
-        carry a right window too, which must change nothing.) Reduce kernels never see
-        positions: none there."""
+        """Two-sided windows (docs/contract.md "Every head size, two-sided windows"), where the
+        kernel implements them: a right window without causal masking, with the left window, the
+        model shapes and every other feature at once, in the model-all cell's shape (its programs:
+        a run, not a compile), with NaN planted just right of a row's window and around it (a
+        non-finite cell: testing.plant_nonfinite); the full matrix adds right_window 0 alone
+        (exactly causal), with the left window alone, and partial states. (The causal "all" cells
+        carry a right window too, which must change nothing.) Reduce kernels never see positions:
+        none there."""
         sup = self.k.supports
         if "right_window" not in sup or self.k.family == "reduce":
             return

@@ -1,4 +1,5 @@
-"""Non-finite conformance cells (CONTRACT "Non-finite values"), for attnreg.tools.cases.
+"""Non-finite conformance cells (docs/contract.md "Non-finite values and scalar fields"), for
+attnreg.tools.cases.
 
 Per (kernel, dtype) one cell with every feature the kernel implements, causal, several query
 rows (a key can be visible to the last row only), seqlens_k, a window and a bias, and NaN /

@@ -1,6 +1,6 @@
-"""The CONTRACT's features as input recipes: one case per feature for a backend's own case
-list and for the covering conformance cells (cases.py), and the block-diagonal document
-masks that block-skipping kernels are tested with."""
+"""The contract's features (docs/contract.md) as input recipes: one case per feature for a
+backend's own case list and for the covering conformance cells (cases.py), and the block-diagonal
+document masks that block-skipping kernels are tested with."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ Feature = tuple[str, dict[str, Any], dict[str, Any], bool]
 
 
 def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
-    """One case per CONTRACT feature for a backend's own case list: (tag, spec changes,
-    make_tensors keywords (+ ``stored``), whether query row 0 is fully masked). b, nq, s, c
-    are the batch, query heads, query rows and KV capacity, for the broadcast bias shapes."""
+    """One case per contract feature (docs/contract.md) for a backend's own case list: (tag, spec
+    changes, make_tensors keywords (+ ``stored``), whether query row 0 is fully masked). b, nq, s,
+    c are the batch, query heads, query rows and KV capacity, for the broadcast bias shapes."""
     return [
         ("plain", {}, {}, False),
         ("noncausal", {"causal": False}, {}, False),
@@ -32,8 +32,9 @@ def contract_features(b: int, nq: int, s: int, c: int) -> list[Feature]:
         ("masked-rows-lse", {"bias": True, "return_lse": True}, {}, True),
         ("seqlens-capacity", {"seqlens_k": True, "kv_capacity": c + 13}, {}, False),
         ("capacity", {"kv_capacity": c + 9}, {}, False),
-        # two-sided (CONTRACT [peers]): the random shapes meet both window edges, long
-        # totals included; the causal left window is in "all" and the feature cells
+        # two-sided (docs/contract.md "Every head size, two-sided windows"): the random shapes
+        # meet both window edges, long totals included; the causal left window is in "all" and the
+        # feature cells
         ("window2", {"local_window": 5, "right_window": 2, "causal": False}, {}, False),
         ("softcap", {"softcap": 1.5}, {}, False),
         ("alibi", {"alibi_max_bias": 8.0}, {}, False),

@@ -256,7 +256,7 @@ def compare_partials(spec: AttentionSpec, got: tuple[np.ndarray, np.ndarray],
     return worst, ""
 
 
-# -- non-finite values (CONTRACT "Non-finite values") -------------------------------------
+# -- non-finite values (docs/contract.md "Non-finite values and scalar fields") -----------------
 def visibility(spec: AttentionSpec, lengths: np.ndarray, starts: Any = None,
                q_lens: Any = None) -> np.ndarray:
     """[B, S, C] bool: key j is visible to query row i of batch b (positional: L_b,
@@ -305,10 +305,11 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
       that sees a key the bias does not mask.
 
     Memory past each L_b is NaN already (make_tensors). Which rows turn NaN follows from
-    the reference (CONTRACT: visible NaN / +inf poison their rows). The planted q, k and v
-    that rows see sit where their bias does not mask them: a block-skipping kernel never
-    reads a block its bias masks whole (-inf), so a NaN there cannot reach its rows, though
-    visibility is positional (the reference, and every other kernel, poison them)."""
+    the reference (docs/contract.md "Non-finite values and scalar fields": visible NaN / +inf
+    poison their rows). The planted q, k and v that rows see sit where their bias does not mask
+    them: a block-skipping kernel never reads a block its bias masks whole (-inf), so a NaN there
+    cannot reach its rows, though visibility is positional (the reference, and every other kernel,
+    poison them)."""
     lengths = valid_lengths(spec, t)
     vis = visibility(spec, lengths, kv_starts(spec, t), q_lengths(spec, t))
     nkv, h = spec.kv_num_heads, spec.head_size

@@ -247,7 +247,7 @@ attention.dispatch(pass, {{{args}, out{lse}}});   // GPUBuffers
 pass.end();
 ```
 
-Math: CONTRACT.md of attnreg (the float64 reference is the judge): out and lse follow the
+Math: attnreg's docs/contract.md (the float64 reference is the judge): out and lse follow the
 contract for this spec, a row with no visible key gives out = 0 and lse = -inf.
 """
 

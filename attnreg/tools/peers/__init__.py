@@ -1,6 +1,6 @@
 """Comparison peers for `attnreg bench`: what users would run instead of attnreg.
 
-Two optional peers, each computing the same contract math (CONTRACT.md) for an
+Two optional peers, each computing the same contract math (docs/contract.md) for an
 :class:`attnreg.AttentionSpec`, timed the way a real decode loop pays for it:
 
 * :class:`OrtWebGPUAttention` -- ONNX Runtime's WebGPU execution provider (package
