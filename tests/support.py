@@ -33,7 +33,7 @@ QUICK = os.environ.get("ATTNREG_CONFORMANCE", "full") == "quick"
 REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.parent / "out")
 # Backends whose cells run in their own test module: pytest-xdist's loadfile mode keeps a
 # module on one worker, so the cells spread over the workers and each module's sessions reuse
-# their compiled programs. Every other backend's cells run in tests/test_conformance.py.
+# their compiled programs. Every other backend's cells run in tests/conformance/test_conformance.py.
 CELL_MODULES = {"webgpu": "test_webgpu", "opencl": "test_opencl", "dawn": "test_dawn"}
 
 
@@ -61,6 +61,24 @@ def require_devices(backend: str) -> list[attnreg.DeviceCaps]:
             pytest.fail(f"backend {backend} has no device in CI: {why}")
         pytest.skip(f"backend {backend} has no device: {why}")
     return devs
+
+
+# The OpenCL device the OpenCL tests use: the first available one, or the one whose id or
+# name contains $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` on the GPU machine).
+OPENCL_DEVICE_ENV = "ATTNREG_OPENCL_DEVICE"
+
+
+@functools.cache
+def opencl_device() -> attnreg.DeviceCaps | None:
+    """The OpenCL tests' device (OPENCL_DEVICE_ENV), None where there is none."""
+    try:
+        devs = [d for d in attnreg.devices("opencl") if d.available]
+    except Exception:
+        return None
+    want = os.environ.get(OPENCL_DEVICE_ENV, "").lower()
+    if want:
+        devs = [d for d in devs if want in d.id.lower() or want in d.name.lower()]
+    return devs[0] if devs else None
 
 
 def prefill_rejection_when_tint_fails(monkeypatch: pytest.MonkeyPatch, backend: str,

@@ -1,7 +1,7 @@
 """The conformance matrix, generated from the registry (attnreg.tools.cases): every kernel
-variant on every available device, forced, against the float64 reference. The WebGPU and
-OpenCL cells run in tests/test_webgpu.py and tests/test_opencl.py (tests.support.CELL_MODULES),
-the others here; together they write out/conformance.{json,md}.
+variant on every available device, forced, against the float64 reference. The WebGPU, Dawn
+and OpenCL cells run in modules of their own (tests.support.CELL_MODULES), the others here;
+together they write out/conformance.{json,md}.
 
 ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (the default is the full matrix).
 """
@@ -18,7 +18,7 @@ from attnreg.tools import conformance as conf
 from tests.support import IN_CI, CellRunner, conformance_cells, module_cells
 from tests.toy_plugin import ToyPlugin
 
-REQUIRED = conf.load_required(str(Path(__file__).parent.parent / "ci" / "required_matrix.json"))
+REQUIRED = conf.load_required(str(Path(__file__).parents[2] / "ci" / "required_matrix.json"))
 DEVICES = attnreg.devices()
 CASES = module_cells("test_conformance")
 

@@ -2,8 +2,8 @@
 the float64 reference, PoCL in CI), their axis coverage, the sub-group kernels' emulation on
 a device without sub-groups, and document masks that really skip blocks.
 
-The device is the first available OpenCL device, or the one whose id or name contains
-$ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` on the GPU machine).
+The device is tests.support.opencl_device(): the first available OpenCL device, or the one whose
+id or name contains $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` on the GPU machine).
 """
 
 from __future__ import annotations
@@ -16,24 +16,17 @@ import pytest
 import attnreg
 from attnreg import blocks
 from attnreg.tools import cases, conformance
-from tests.support import CellRunner, assert_covering, module_cells, require_devices
+from tests.support import (
+    OPENCL_DEVICE_ENV,
+    CellRunner,
+    assert_covering,
+    module_cells,
+    opencl_device,
+    require_devices,
+)
 
-DEVICE_ENV = "ATTNREG_OPENCL_DEVICE"
 CELLS = module_cells("test_opencl")
-
-
-def _device() -> attnreg.DeviceCaps | None:
-    try:
-        devs = [d for d in attnreg.devices("opencl") if d.available]
-    except Exception:
-        return None
-    want = os.environ.get(DEVICE_ENV, "").lower()
-    if want:
-        devs = [d for d in devs if want in d.id.lower() or want in d.name.lower()]
-    return devs[0] if devs else None
-
-
-DEV = _device()
+DEV = opencl_device()
 SLUG = DEV.slug if DEV is not None else "nodevice"
 
 
@@ -54,7 +47,8 @@ def test_cell(runner: CellRunner, case: cases.Case) -> None:
 def dev() -> attnreg.DeviceCaps:
     require_devices("opencl")
     if DEV is None:
-        pytest.fail(f"no OpenCL device matches ${DEVICE_ENV}={os.environ.get(DEVICE_ENV)!r}")
+        pytest.fail(f"no OpenCL device matches ${OPENCL_DEVICE_ENV}="
+                    f"{os.environ.get(OPENCL_DEVICE_ENV)!r}")
     return DEV
 
 

@@ -46,7 +46,7 @@ def test_kv_quant_quality_orders_the_storages() -> None:
     hurt int4 more than random data does."""
     r = subprocess.run([sys.executable, "-m", "bench.kv_quant_quality", "--length", "512",
                         "--seeds", "1"], capture_output=True, text=True, timeout=300,
-                       cwd=Path(__file__).resolve().parents[1])
+                       cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stdout + r.stderr
     rel = {(ln.split()[0], ln.split()[1]): float(ln.split()[4]) for ln in r.stdout.splitlines()
            if ln.split()[:1] in (["random"], ["outliers"])}

@@ -1,7 +1,7 @@
 """The browser backend: WebGPU in headless Chromium (Dawn + Tint, SwiftShader in CI).
 
 Kernel results are judged against the float64 reference only; the conformance matrix
-(tests/test_conformance.py) gives every browser kernel its cells. Here: the adapter probe,
+(tests/conformance/test_conformance.py) gives every browser kernel its cells. Here: the adapter probe,
 the page protocol, one browser per Session and no process outliving it (also after
 timeouts and crashes), Tint rejections becoming KernelUnavailable, host-cast float16.
 """

@@ -278,11 +278,11 @@ print("wrong results:", bad)
 
 
 def test_prefill_and_reduce_keep_memory_flat() -> None:
-    """The lavapipe leak (tests/test_soak.py KNOWN_LEAKS) is confined to the decode kernels:
+    """The lavapipe leak (tests/core/test_soak.py KNOWN_LEAKS) is confined to the decode kernels:
     prefill and reduce on dawn grow nothing over 150 runs."""
     import gc
 
-    from tests.test_soak import rss_mib
+    from tests.core.test_soak import rss_mib
 
     dev = require_devices("dawn")[0]
     pre = attnreg.AttentionSpec(batch=1, seq_len=64, past_len=0, num_heads=4, kv_num_heads=2,

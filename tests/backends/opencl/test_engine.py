@@ -17,8 +17,9 @@ from attnreg.backends.opencl import program as oprogram
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.kernel import TOLERANCE
 from attnreg.tensors import check_tensors
-from tests.support import check_close, make_tensors, require_devices
-from tests.test_opencl import DEV
+from tests.support import check_close, make_tensors, opencl_device, require_devices
+
+DEV = opencl_device()
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +143,7 @@ def test_kernel_table():
 
 def test_sg_variant_rejected_with_reason_without_subgroups(dev):
     if "subgroups" in dev.features:
-        pytest.skip("this device has sub-groups: the sg variant runs in test_opencl.py")
+        pytest.skip("this device has sub-groups: the sg variant runs in test_opencl_cells.py")
     with pytest.raises(attnreg.NoKernelError, match=r"lacks feature.*subgroups"):
         attnreg.explain(_spec(seq_len=64, past_len=0), backend="opencl",
                         kernel="opencl.prefill.f32.sg", device=dev.id)

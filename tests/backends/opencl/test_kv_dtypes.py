@@ -7,7 +7,7 @@ conversions of kernels_cl/common.cl on their own: bfloat16 rounding of every spe
 and the dequantizing loads against attnreg.dequantize_kv.
 
 The sub-group kernels run with their shuffles emulated (sg_impl=emu) where the device has
-none (PoCL); the device is the one tests/test_opencl.py picks ($ATTNREG_OPENCL_DEVICE).
+none (PoCL); the device is tests.support.opencl_device() ($ATTNREG_OPENCL_DEVICE).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import pytest
 import attnreg
 from attnreg.quant import dequantize_kv, quantize_kv
 from attnreg.spec import AttentionSpec
-from tests.support import check_close, make_tensors, require_devices
-from tests.test_opencl import DEV
+from tests.support import check_close, make_tensors, opencl_device, require_devices
+
+DEV = opencl_device()
 
 TAGS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 COMBOS = [("bfloat16", None), ("float16", "int8"), ("float16", "int4"), ("float32", "int8"),
@@ -67,7 +68,7 @@ EXTRAS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 EXTRA_COMBOS = [("bfloat16", None), ("float16", "int8"), ("bfloat16", "int4")]
 # The tensor-core decodes dequantize into their f16 fragments; their emulated build
 # (mma=emulate) runs the same indexing on any device. (The tensor-core prefills and the bf16
-# decodes: tests/test_opencl_mma_quant.py.)
+# decodes: tests/backends/opencl/test_mma_quant.py.)
 MMA = {"mma": "emulate", "split_size": 32}
 MMA_FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "mma.decode_fused": ("decode_fused.{t}.mma", dict(seq_len=1, return_lse=True), MMA),

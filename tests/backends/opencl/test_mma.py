@@ -2,9 +2,9 @@
 
 Its primitive (kernels_cl/mma_sync.cl) against numpy; the kernel's lazy max (logits that
 grow by more than TAU across tiles) and non-finite v path, paged caches, head sizes and tile
-choices (which the generated cells of test_opencl.py do not all reach) against the float64
-reference; and how the flag matrix_units selects it. PoCL runs the emulated build; a device
-where the probe found mma.sync (the H100) runs the hardware build too.
+choices (which the generated cells of conformance/test_opencl_cells.py do not all reach)
+against the float64 reference; and how the flag matrix_units selects it. PoCL runs the
+emulated build; a device where the probe found mma.sync (the H100) runs the hardware build too.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ against the float64 reference where bf16 differs from f16 (values beyond f16's r
 finite, the non-finite tests read bf16's exponent), the lazy max and the non-finite v paths;
 the declarations and the selection. PoCL runs the emulated build; a device where the probe
 found mma.sync (the H100) runs the hardware build too. The generated conformance cells of
-test_opencl.py cover the contract features.
+tests/conformance/test_opencl_cells.py cover the contract features.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from attnreg.backends.opencl import device as odevice
 from attnreg.backends.opencl import mma as omma
 from attnreg.backends.opencl import mma_probe, program
 from attnreg.spec import AttentionSpec
-from tests.support import check_close, make_tensors
-from tests.test_opencl_mma import (
+from tests.backends.opencl.test_mma import (
     BUILDS,
     CHECK_SOURCE,
     IDS,
@@ -35,6 +34,7 @@ from tests.test_opencl_mma import (
     check_declared_local_memory,
     pocl,  # noqa: F401  (the fixture)
 )
+from tests.support import check_close, make_tensors
 
 BF16 = ml_dtypes.bfloat16
 PREFILL, PARTIAL, FUSED = ("opencl.prefill.bf16.mma", "opencl.decode_partial.bf16.mma",
@@ -253,7 +253,7 @@ def test_declared_as_the_f16_kernels_bf16_twins():
 
 
 def test_quantized_kv_in_bf16_selects_the_twins_as_the_f16_kernels(pocl):  # noqa: F811
-    """int8 / int4 K/V (tests/test_opencl_mma_quant.py) in bf16: the same choice and tiles as
+    """int8 / int4 K/V (tests/backends/opencl/test_mma_quant.py) in bf16: the same choice and tiles as
     the f16 kernels (the quantized decode's tiles rule included)."""
     nv = _nvidia_like(pocl)
     nv = nv.model_copy(update={"features": nv.features | {"subgroups"}})

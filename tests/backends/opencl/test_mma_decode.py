@@ -20,8 +20,15 @@ import attnreg
 from attnreg.backends.opencl import mma_probe
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
+from tests.backends.opencl.test_mma import (
+    BUILDS,
+    IDS,
+    TAU,
+    _growing,
+    _nvidia_like,
+    check_declared_local_memory,
+)
 from tests.support import check_close, make_tensors, missing, require_devices
-from tests.test_opencl_mma import BUILDS, IDS, TAU, _growing, _nvidia_like, check_declared_local_memory
 
 PARTIAL, FUSED = "opencl.decode_partial.f16.mma", "opencl.decode_fused.f16.mma"
 ROUTE = {PARTIAL: "split_kv", FUSED: "split_kv_fused"}

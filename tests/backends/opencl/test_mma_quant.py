@@ -1,5 +1,5 @@
 """Quantized K/V (int8, int4) in the OpenCL tensor-core kernels beyond the f16 decodes
-(those: tests/test_opencl_kv_dtypes.py): the prefills (opencl.prefill.f16.mma,
+(those: tests/backends/opencl/test_kv_dtypes.py): the prefills (opencl.prefill.f16.mma,
 opencl.prefill.bf16.mma: kernels_cl/flash_prefill_mma.cl with mma_tile.cl's kvq_h8), which
 dequantize each granule of 8 values as they stage the K and V tiles in local memory, and the
 bf16 decodes (opencl.decode_partial.bf16.mma, opencl.decode_fused.bf16.mma: mma_kvq.cl's
@@ -30,8 +30,8 @@ from attnreg.backends.opencl import program
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.quant import dequantize_kv, quantize_kv
 from attnreg.spec import AttentionSpec
+from tests.backends.opencl.test_mma import BUILDS, IDS, pocl  # noqa: F401  (the fixture)
 from tests.support import check_close, make_tensors
-from tests.test_opencl_mma import BUILDS, IDS, pocl  # noqa: F401  (the fixture)
 
 PREFILL = {"float16": "opencl.prefill.f16.mma", "bfloat16": "opencl.prefill.bf16.mma"}
 PARTIAL, FUSED = "opencl.decode_partial.bf16.mma", "opencl.decode_fused.bf16.mma"
@@ -296,7 +296,7 @@ def test_bf16_decode_reads_quantized_kv(dev, build, name, kernel, fields, inputs
 def test_bf16_decode_nan_scales_on_the_causal_edge(dev, build, kv_dtype):
     """NaN scales of keys on the causal edge of a multi-row tile reach only the rows (and,
     for v, the columns) that see them (int4: the bf16 build's own V_BAD; int8's path is the
-    f16 decode's, tests/test_opencl_kv_dtypes.py)."""
+    f16 decode's, tests/backends/opencl/test_kv_dtypes.py)."""
     spec = AttentionSpec(batch=2, seq_len=4, past_len=96, num_heads=4, kv_num_heads=2,
                          head_size=64, dtype="bfloat16", kv_dtype=kv_dtype, causal=True,
                          return_lse=True, q_layout="BSNH", kv_layout="BSNH")

@@ -9,7 +9,7 @@ their PTX builds).
 make_tensors poisons what no row may read: keys before kv_start[b] and past L_b are NaN, and
 so is q in the padding rows past seqlens_q[b]; a kernel that loads or multiplies them fails.
 The sub-group kernels run with their shuffles emulated (sg_impl=emu) where the device has
-none; the device is the one tests/test_opencl.py picks.
+none; the device is tests.support.opencl_device().
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from attnreg.kernel import MODEL_FEATURES, TOLERANCE
 from attnreg.spec import AttentionSpec
 from attnreg.tensors import check_tensors
 from attnreg.tools.testing import compare, compare_partials, plant_nonfinite
-from tests.support import check_close, make_tensors, require_devices
-from tests.test_opencl import DEV
+from tests.support import check_close, make_tensors, opencl_device, require_devices
+
+DEV = opencl_device()
 
 EMU = {"sg_impl": "emu"}
 MMA = {"mma": "emulate"}

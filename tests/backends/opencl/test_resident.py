@@ -9,8 +9,9 @@ import pyopencl as cl
 import pytest
 
 import attnreg
-from tests.support import check_close, make_tensors, require_devices
-from tests.test_opencl import DEV
+from tests.support import check_close, make_tensors, opencl_device, require_devices
+
+DEV = opencl_device()
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ from attnreg.backends.opencl import probe as oprobe
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
 from attnreg.tools.testing import packed_docs
-from tests.support import check_close, make_tensors, require_devices
-from tests.test_opencl import DEV
+from tests.support import check_close, make_tensors, opencl_device, require_devices
+
+DEV = opencl_device()
 
 
 @pytest.fixture(scope="module")
