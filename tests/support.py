@@ -34,7 +34,7 @@ REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.
 # Backends whose cells run in their own test module: pytest-xdist's loadfile mode keeps a
 # module on one worker, so the cells spread over the workers and each module's sessions reuse
 # their compiled programs. Every other backend's cells run in tests/conformance/test_conformance.py.
-CELL_MODULES = {"webgpu": "test_webgpu", "opencl": "test_opencl", "dawn": "test_dawn"}
+CELL_MODULES = {"webgpu": "test_webgpu_cells", "opencl": "test_opencl_cells", "dawn": "test_dawn_cells"}
 
 
 def check_close(spec: AttentionSpec, got: Any, tensors: dict[str, np.ndarray],
@@ -202,10 +202,15 @@ def _quick_keeps(c: cmod.Case) -> bool:
 
 
 def module_cells(module: str) -> list[cmod.Case]:
-    """The cells a test module runs (CELL_MODULES)."""
+    """The cells a test module of tests/conformance/ runs (CELL_MODULES)."""
     return [c for c in conformance_cells()
             if CELL_MODULES.get(c.backend, "test_conformance") == module
             and (not QUICK or _quick_keeps(c))]
+
+
+def parametrize_cells(cells: list[cmod.Case]) -> pytest.MarkDecorator:
+    """A matrix module's test_cell, one test a cell, named by the cell's id."""
+    return pytest.mark.parametrize("case", cells, ids=[c.id for c in cells])
 
 
 class CellRunner:
@@ -224,6 +229,11 @@ class CellRunner:
         r = conf.run_case(case, s)
         self.results.append(r)
         return r
+
+    def check(self, case: cmod.Case) -> None:
+        """Run a cell; it must pass."""
+        r = self.run(case)
+        assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
 
     def close(self) -> None:
         for s in self.sessions.values():

@@ -8,14 +8,13 @@ ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (the default is the full m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import attnreg
 from attnreg.tools import conformance as conf
-from tests.support import IN_CI, CellRunner, conformance_cells, module_cells
+from tests.support import IN_CI, CellRunner, conformance_cells, module_cells, parametrize_cells
 from tests.toy_plugin import ToyPlugin
 
 REQUIRED = conf.load_required(str(Path(__file__).parents[2] / "ci" / "required_matrix.json"))
@@ -23,17 +22,9 @@ DEVICES = attnreg.devices()
 CASES = module_cells("test_conformance")
 
 
-@pytest.fixture(scope="module")
-def runner() -> Iterator[CellRunner]:
-    cell_runner = CellRunner("conformance")
-    yield cell_runner
-    cell_runner.close()
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@parametrize_cells(CASES)
 def test_cell(runner: CellRunner, case: conf.Case) -> None:
-    r = runner.run(case)
-    assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
+    runner.check(case)
 
 
 def test_cells_are_distinct() -> None:

@@ -9,7 +9,6 @@ id or name contains $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,25 +21,18 @@ from tests.support import (
     assert_covering,
     module_cells,
     opencl_device,
+    parametrize_cells,
     require_devices,
 )
 
-CELLS = module_cells("test_opencl")
+CELLS = module_cells("test_opencl_cells")
 DEV = opencl_device()
 SLUG = DEV.slug if DEV is not None else "nodevice"
 
 
-@pytest.fixture(scope="module")
-def runner() -> Iterator[CellRunner]:
-    cell_runner = CellRunner("opencl")
-    yield cell_runner
-    cell_runner.close()
-
-
-@pytest.mark.parametrize("case", CELLS, ids=[c.id for c in CELLS])
+@parametrize_cells(CELLS)
 def test_cell(runner: CellRunner, case: cases.Case) -> None:
-    r = runner.run(case)
-    assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
+    runner.check(case)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The dawn backend (wgpudawn: Dawn + Tint in-process; lavapipe through attnreg's Vulkan shim in
-CI): its conformance cells against the float64 reference, the toggles as data, the shim,
-probe failures that become unavailable devices (never crashes), Tint compile failures that
-re-plan, and nothing experimental without the opt-in."""
+CI): the toggles as data, the shim, probe failures that become unavailable devices (never
+crashes), Tint compile failures that re-plan, and nothing experimental without the opt-in.
+Its conformance cells run in tests/conformance/test_dawn_cells.py."""
 
 from __future__ import annotations
 
@@ -19,23 +19,12 @@ from attnreg.backends.dawn import probe as dprobe
 from attnreg.backends.dawn import toggles
 from attnreg.backends.webgpu import program
 from tests.support import (
-    CellRunner,
     check_close,
     make_tensors,
     missing,
-    module_cells,
     prefill_rejection_when_tint_fails,
     require_devices,
 )
-
-CELLS = module_cells("test_dawn")
-
-
-@pytest.fixture(scope="module")
-def runner():
-    cell_runner = CellRunner("dawn")
-    yield cell_runner
-    cell_runner.close()
 
 
 @pytest.fixture(scope="module")
@@ -43,19 +32,6 @@ def session():
     require_devices("dawn")
     with attnreg.Session(backend="dawn") as s:
         yield s
-
-
-@pytest.mark.parametrize("case", CELLS, ids=[c.id for c in CELLS])
-def test_cell(runner, case):
-    r = runner.run(case)
-    assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
-
-
-def test_every_dawn_kernel_has_cells() -> None:
-    require_devices("dawn")
-    ids = {k.id for k in attnreg.kernels() if k.backend == "dawn"}
-    covered = {c.kernel for c in CELLS}
-    assert ids and ids <= covered, sorted(ids - covered)
 
 
 # -- the device and what it was set up with ----------------------------------------------------

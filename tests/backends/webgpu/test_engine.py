@@ -1,7 +1,6 @@
-"""WebGPU backend on the local adapter (lavapipe in CI): the unified conformance generator's
-WebGPU cells (attnreg.tools.cases; every kernel against the float64 reference) and their axis
-coverage, plus the engineering promises (routing without subgroups, compile-failure
-fallback, caches, grid folding, limits)."""
+"""WebGPU backend on the local adapter (lavapipe in CI): the engineering promises (routing
+without subgroups, compile-failure fallback, caches, grid folding, limits), against the
+float64 reference. Its conformance cells run in tests/conformance/test_webgpu_cells.py."""
 
 from __future__ import annotations
 
@@ -16,17 +15,8 @@ from attnreg import reference as ref
 from attnreg.backends.webgpu import device as wdevice
 from attnreg.backends.webgpu import probe as wprobe
 from attnreg.backends.webgpu import program as wprogram
-from attnreg.tools import cases, testing
-from tests.support import (
-    CellRunner,
-    assert_covering,
-    check_close,
-    make_tensors,
-    module_cells,
-    require_devices,
-)
-
-CELLS = module_cells("test_webgpu")
+from attnreg.tools import testing
+from tests.support import check_close, make_tensors, require_devices
 
 
 def _slug() -> str:
@@ -45,31 +35,6 @@ def session():
     require_devices("webgpu")
     with attnreg.Session(backend="webgpu") as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def runner():
-    cell_runner = CellRunner("webgpu")
-    yield cell_runner
-    cell_runner.close()
-
-
-@pytest.mark.parametrize("case", CELLS, ids=[c.id for c in CELLS])
-def test_cell(runner, case):
-    r = runner.run(case)
-    assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
-
-
-def test_cells_cover_every_axis_value():
-    """What CI runs (the quick matrix) on the WebGPU device: every head size 32..256, seq_len,
-    GQA ratio, layout pair, tile-edge and > 1000 total, contract feature per (kernel, dtype),
-    page size and document mask (tests.support.assert_covering)."""
-    devs = require_devices("webgpu")[:1]
-    cells = cases.cases(devs, quick=True)
-    kernels = [k for k in attnreg.kernels("webgpu") if k.features <= devs[0].features]
-    assert_covering(cells, kernels)
-    ids = {c.id for c in cells}
-    assert f"webgpu-{SLUG}-decode_partial-f16-m4-gqa4-h32-gqa4" in ids
 
 
 def test_probe_caps():
