@@ -81,6 +81,17 @@ def opencl_device() -> attnreg.DeviceCaps | None:
     return devs[0] if devs else None
 
 
+def require_opencl_device() -> attnreg.DeviceCaps:
+    """opencl_device(); skip where OpenCL has no device (fail in CI), fail where none matches
+    $ATTNREG_OPENCL_DEVICE."""
+    require_devices("opencl")
+    dev = opencl_device()
+    if dev is None:
+        pytest.fail(f"no OpenCL device matches ${OPENCL_DEVICE_ENV}="
+                    f"{os.environ.get(OPENCL_DEVICE_ENV)!r}")
+    return dev
+
+
 def prefill_rejection_when_tint_fails(monkeypatch: pytest.MonkeyPatch, backend: str,
                                       spec: AttentionSpec, seed: int) -> str:
     """Break flash_prefill's WGSL for Tint, run ``spec`` on ``backend`` (checked against the

@@ -8,26 +8,20 @@ id or name contains $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import attnreg
 from attnreg import blocks
 from attnreg.tools import cases, conformance
 from tests.support import (
-    OPENCL_DEVICE_ENV,
     CellRunner,
     assert_covering,
     module_cells,
-    opencl_device,
     parametrize_cells,
-    require_devices,
+    require_opencl_device,
 )
 
 CELLS = module_cells("test_opencl_cells")
-DEV = opencl_device()
-SLUG = DEV.slug if DEV is not None else "nodevice"
 
 
 @parametrize_cells(CELLS)
@@ -37,11 +31,7 @@ def test_cell(runner: CellRunner, case: cases.Case) -> None:
 
 @pytest.fixture(scope="module")
 def dev() -> attnreg.DeviceCaps:
-    require_devices("opencl")
-    if DEV is None:
-        pytest.fail(f"no OpenCL device matches ${OPENCL_DEVICE_ENV}="
-                    f"{os.environ.get(OPENCL_DEVICE_ENV)!r}")
-    return DEV
+    return require_opencl_device()
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +87,10 @@ def test_block_skip_cells_skip_blocks(cells):
     assert skipped >= 2 and zero >= 1
 
 
-def test_cell_ids_read_like_sentences(cells):
+def test_cell_ids_read_like_sentences(dev, cells):
     names = [c.id for c in cells]
     assert len(names) == len(set(names))
-    assert f"opencl-{SLUG}-decode_partial-f16-m4-gqa4-h32-gqa4" in names
-    assert any(n.startswith(f"opencl-{SLUG}-decode_partial-f32-m1-gqa") and n.endswith("-partial")
+    assert f"opencl-{dev.slug}-decode_partial-f16-m4-gqa4-h32-gqa4" in names
+    assert any(n.startswith(f"opencl-{dev.slug}-decode_partial-f32-m1-gqa") and n.endswith("-partial")
                for n in names)
     assert all(" " not in n for n in names)

@@ -26,7 +26,7 @@ from attnreg.tensors import check_tensors, kv_starts, q_lengths, valid_lengths
 from attnreg.tools.recipes import doc_mask
 from attnreg.tools.testing import compare, expected, make_tensors, plant_nonfinite, visibility
 from tests.naive import naive_attention
-from tests.support import opencl_device, require_devices
+from tests.support import require_devices, require_opencl_device
 
 BASE: dict[str, Any] = dict(batch=2, seq_len=6, past_len=13, num_heads=4, kv_num_heads=2,
                             head_size=16, causal=False)
@@ -253,10 +253,7 @@ def test_dawn() -> None:
 
 @pytest.fixture(scope="module")
 def opencl() -> Iterator[attnreg.Session]:
-    require_devices("opencl")
-    DEV = opencl_device()
-    assert DEV is not None
-    with attnreg.Session(backend="opencl", device=DEV.id) as s:
+    with attnreg.Session(backend="opencl", device=require_opencl_device().id) as s:
         yield s
 
 

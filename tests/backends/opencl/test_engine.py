@@ -17,16 +17,7 @@ from attnreg.backends.opencl import program as oprogram
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.kernel import TOLERANCE
 from attnreg.tensors import check_tensors
-from tests.support import check_close, make_tensors, opencl_device, require_devices
-
-DEV = opencl_device()
-
-
-@pytest.fixture(scope="module")
-def dev() -> attnreg.DeviceCaps:
-    require_devices("opencl")
-    assert DEV is not None
-    return DEV
+from tests.support import check_close, make_tensors
 
 
 def _spec(**kw) -> attnreg.AttentionSpec:

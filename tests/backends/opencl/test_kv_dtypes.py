@@ -12,7 +12,6 @@ none (PoCL); the device is tests.support.opencl_device() ($ATTNREG_OPENCL_DEVICE
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -22,9 +21,7 @@ import pytest
 import attnreg
 from attnreg.quant import dequantize_kv, quantize_kv
 from attnreg.spec import AttentionSpec
-from tests.support import check_close, make_tensors, opencl_device, require_devices
-
-DEV = opencl_device()
+from tests.support import check_close, make_tensors
 
 TAGS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 COMBOS = [("bfloat16", None), ("float16", "int8"), ("float16", "int4"), ("float32", "int8"),
@@ -85,19 +82,6 @@ CELLS = [(f, d, q) for f in FAMILIES for d, q in COMBOS] + \
     [(f, d, q) for f in EXTRAS for d, q in EXTRA_COMBOS] + \
     [(f, d, q) for f in MMA_FAMILIES for d, q in MMA_COMBOS]
 ALL = {**FAMILIES, **EXTRAS, **MMA_FAMILIES}
-
-
-@pytest.fixture(scope="module")
-def dev() -> attnreg.DeviceCaps:
-    require_devices("opencl")
-    assert DEV is not None
-    return DEV
-
-
-@pytest.fixture(scope="module")
-def session(dev: attnreg.DeviceCaps) -> Iterator[attnreg.Session]:
-    with attnreg.Session(backend="opencl", device=dev.id) as s:
-        yield s
 
 
 def _spec(dtype: str, kv_dtype: str | None, fields: dict[str, Any]) -> AttentionSpec:

@@ -1,16 +1,20 @@
-"""The OpenCL tensor-core prefill (opencl.prefill.f16.mma, kernels_cl/flash_prefill_mma.cl).
+"""The OpenCL tensor-core prefill (opencl.prefill.f16.mma and its bfloat16 twin
+opencl.prefill.bf16.mma, kernels_cl/flash_prefill_mma.cl; the twin is the same source built
+with -D IS_BF16=1: its fragments hold bf16 bits, mma.sync multiplies .bf16, P is rounded to bf16).
 
-Its primitive (kernels_cl/mma_sync.cl) against numpy; the kernel's lazy max (logits that
-grow by more than TAU across tiles) and non-finite v path, paged caches, head sizes and tile
-choices (which the generated cells of conformance/test_opencl_cells.py do not all reach)
-against the float64 reference; and how the flag matrix_units selects it. PoCL runs the
-emulated build; a device where the probe found mma.sync (the H100) runs the hardware build too.
+Its primitive (kernels_cl/mma_sync.cl, both element types) against numpy; the kernel's lazy
+max (logits that grow by more than TAU across tiles) and non-finite v path, paged caches,
+head sizes and tile choices (which the generated cells of conformance/test_opencl_cells.py do
+not all reach) against the float64 reference; and how the flag matrix_units selects it. PoCL
+runs the emulated build; a device where the probe found mma.sync (the H100) runs the hardware
+build too. What only the bfloat16 twins have: test_mma_bf16.py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -18,41 +22,24 @@ import attnreg
 from attnreg.backends.opencl import device as odevice
 from attnreg.backends.opencl import mma as omma
 from attnreg.backends.opencl import mma_probe, program
-from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
-from tests.support import check_close, make_tensors, missing, require_devices
+from tests.backends.opencl.mma_support import (
+    BUILDS,
+    HUGE,
+    IDS,
+    TAU,
+    check_declared_local_memory,
+    check_non_finite_v,
+    growing,
+    nvidia_like,
+    run,
+)
+from tests.support import check_close, make_tensors
 
 KERNEL = "opencl.prefill.f16.mma"
-TAU = 8.0                      # flash_prefill_mma.cl's lazy-max threshold
-
-
-def _devices() -> list[attnreg.DeviceCaps]:
-    try:
-        return [d for d in attnreg.devices("opencl") if d.available]
-    except Exception:
-        return []
-
-
-# (device, build): every device runs the emulation; the probed ones the hardware build too.
-BUILDS = [(d, "emulate") for d in _devices()] + \
-    [(d, "hardware") for d in _devices() if mma_probe.FEATURE in d.features]
-IDS = [f"{d.slug}-{b}" for d, b in BUILDS]
-
-
-def _nvidia_like(pocl: attnreg.DeviceCaps) -> attnreg.DeviceCaps:
-    """PoCL's caps dressed as the H100's OpenCL: vendor, the probed mma.sync, 132 units."""
-    return pocl.model_copy(update={
-        "vendor": "nvidia", "device_type": "gpu", "compute_units": 132,
-        "features": pocl.features | {mma_probe.FEATURE, otiling.NV_SHUFFLE},
-        "limits": {**pocl.limits, "workgroup_storage": 48 * 1024}})
-
-
-@pytest.fixture(scope="module")
-def pocl() -> attnreg.DeviceCaps:
-    for d in require_devices("opencl"):
-        if d.vendor == "pocl":
-            return d
-    missing("no PoCL device")
+PREFILL = {"float16": KERNEL, "bfloat16": "opencl.prefill.bf16.mma"}
+ELEMENT = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+TAGS = {"float16": "f16", "bfloat16": "bf16"}
 
 
 # -- the primitive -----------------------------------------------------------------------
@@ -87,21 +74,23 @@ __kernel void pack_check(__global const float* x, __global uint* y) {
 """
 
 
-def _program(dev: attnreg.DeviceCaps, build: str) -> tuple[Any, Any, Any]:
+def _program(dev: attnreg.DeviceCaps, build: str, dtype: str) -> tuple[Any, Any, Any]:
     import pyopencl as cl
 
     ctx, _ = odevice.context(dev)
     hw = build == "hardware"
-    opts = ["-cl-std=CL1.2", "-DWG=64", f"-DMMA={omma.MMA_IMPLS[build]}",
-            f"-DCVT_PTX={int(hw)}"]
+    opts = ["-cl-std=CL1.2", "-DWG=64", *(["-DIS_BF16=1"] if dtype == "bfloat16" else []),
+            f"-DMMA={omma.MMA_IMPLS[build]}", f"-DCVT_PTX={int(hw)}"]
     prog = cl.Program(ctx, program.read_file("mma_sync.cl") + CHECK_SOURCE).build(options=opts)
     return cl, ctx, prog
 
 
 def _product(dev: attnreg.DeviceCaps, build: str, a: np.ndarray, b: np.ndarray,
              c: np.ndarray) -> np.ndarray:
-    """D = A B + C for two warps' problems (a [2,16,16], b [2,16,8] f16; c [2,16,8] f32)."""
-    cl, ctx, prog = _program(dev, build)
+    """D = A B + C for two warps' problems (a [2,16,16], b [2,16,8] f16 or bf16, the
+    program's element type that of a; c [2,16,8] f32)."""
+    dtype = "bfloat16" if a.dtype == ELEMENT["bfloat16"] else "float16"
+    cl, ctx, prog = _program(dev, build, dtype)
     queue = cl.CommandQueue(ctx)
     mf = cl.mem_flags
     bt = np.ascontiguousarray(b.transpose(0, 2, 1))           # column-major: k runs fastest
@@ -115,25 +104,33 @@ def _product(dev: attnreg.DeviceCaps, build: str, a: np.ndarray, b: np.ndarray,
     return d
 
 
+# (dtype, seed); per dtype the scales of A and B and the atol: bf16's magnitudes lie far beyond
+# f16's range, so only a bf16 reading of the bits gets them right.
+PRODUCTS = [("float16", s) for s in range(4)] + [("bfloat16", s) for s in range(3)]
+SCALES = {"float16": (1.0, 1.0, 1e-4), "bfloat16": (1e6, 1e-3, 1e-3)}
+
+
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
-@pytest.mark.parametrize("seed", range(4))
-def test_primitive_is_the_matrix_product(dev, build, seed):
+@pytest.mark.parametrize(("dtype", "seed"), PRODUCTS, ids=[f"{TAGS[d]}-{s}" for d, s in PRODUCTS])
+def test_primitive_is_the_matrix_product(dev, build, dtype, seed):
     rng = np.random.default_rng(seed)
-    a = rng.standard_normal((2, 16, 16)).astype(np.float16)
-    b = rng.standard_normal((2, 16, 8)).astype(np.float16)
+    sa, sb, atol = SCALES[dtype]
+    a = (rng.standard_normal((2, 16, 16)) * sa).astype(ELEMENT[dtype])
+    b = (rng.standard_normal((2, 16, 8)) * sb).astype(ELEMENT[dtype])
     c = (rng.standard_normal((2, 16, 8)) * (seed % 2)).astype(np.float32)
     got = _product(dev, build, a, b, c)
     want = a.astype(np.float64) @ b.astype(np.float64) + c
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
-def test_primitive_keeps_non_finite_values_in_their_row_and_column(dev, build):
+@pytest.mark.parametrize("dtype", list(ELEMENT), ids=list(TAGS.values()))
+def test_primitive_keeps_non_finite_values_in_their_row_and_column(dev, build, dtype):
     """The kernel relies on it: a NaN / inf in q (a row of A) or k (a column of B) reaches
     only that row or column of S."""
     rng = np.random.default_rng(9)
-    a = rng.standard_normal((2, 16, 16)).astype(np.float16)
-    b = rng.standard_normal((2, 16, 8)).astype(np.float16)
+    a = rng.standard_normal((2, 16, 16)).astype(ELEMENT[dtype])
+    b = rng.standard_normal((2, 16, 8)).astype(ELEMENT[dtype])
     a[0, 3, 5], a[1, 12, 0] = np.nan, np.inf
     b[0, 7, 6], b[1, 2, 1] = -np.inf, np.nan
     got = _product(dev, build, a, b, np.zeros((2, 16, 8), np.float32))
@@ -142,15 +139,29 @@ def test_primitive_keeps_non_finite_values_in_their_row_and_column(dev, build):
     assert np.array_equal(~np.isfinite(got), bad)
 
 
+# P's rounding per element type: (edge values, the decades of the random ones, a tail that
+# makes the count even). bf16's edges: halfway cases, values beyond f16's range (HUGE), its
+# largest finite values, subnormals.
+PACK = {
+    "float16": ([0.0, -0.0, 1.0, 65504.0, 65519.0, 65520.0, 1e9, -1e9, np.inf, -np.inf, 6.1e-5,
+                 6.0e-5, 3e-8, 2.98e-8, 1e-10, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 2980.96],
+                (-8, 5), [np.nan, 1.0]),
+    "bfloat16": ([0.0, -0.0, 1.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-8 + 2.0**-20,
+                  65504.0, 65520.0, 1e9, -1e9, HUGE, 3.3895314e38, 3.3961776e38,
+                  float(np.finfo(np.float32).max), np.inf, -np.inf, 1.2e-38, 1e-40, -3e-42,
+                  1e-45, 2980.96, 0.5], (-40, 38), [np.nan, 1.0, -np.nan, 2.0]),
+}
+
+
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
-def test_pack_rounds_to_nearest_even_f16(dev, build):
-    cl, ctx, prog = _program(dev, build)
+@pytest.mark.parametrize("dtype", list(ELEMENT), ids=list(TAGS.values()))
+def test_pack_rounds_to_nearest_even(dev, build, dtype):
+    cl, ctx, prog = _program(dev, build, dtype)
     rng = np.random.default_rng(3)
-    edges = [0.0, -0.0, 1.0, 65504.0, 65519.0, 65520.0, 1e9, -1e9, np.inf, -np.inf, 6.1e-5,
-             6.0e-5, 3e-8, 2.98e-8, 1e-10, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 2980.96]
+    edges, (lo, hi), tail = PACK[dtype]
     x = np.concatenate([np.array(edges, np.float32),
-                        (rng.standard_normal(2000) * 10.0 ** rng.integers(-8, 5, 2000))
-                        .astype(np.float32), [np.nan, 1.0]]).astype(np.float32)
+                        (rng.standard_normal(2000) * 10.0 ** rng.integers(lo, hi, 2000))
+                        .astype(np.float32), tail]).astype(np.float32)
     queue = cl.CommandQueue(ctx)
     mf = cl.mem_flags
     xb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
@@ -159,73 +170,54 @@ def test_pack_rounds_to_nearest_even_f16(dev, build):
     prog.pack_check(queue, (y.size,), None, xb, yb)
     cl.enqueue_copy(queue, y, yb)
     queue.finish()
-    got = y.view(np.uint16).view(np.float16)        # little-endian: lo, hi in order
+    got = y.view(np.uint16).view(ELEMENT[dtype])    # little-endian: lo, hi in order
     with np.errstate(over="ignore"):
-        want = x.astype(np.float16)
+        want = x.astype(ELEMENT[dtype])
     assert np.array_equal(np.isnan(got), np.isnan(want))
     ok = ~np.isnan(want)
     assert np.array_equal(got[ok].view(np.uint16), want[ok].view(np.uint16))
 
 
 # -- the kernel --------------------------------------------------------------------------
-def _run(dev: attnreg.DeviceCaps, build: str, spec: AttentionSpec, t: dict[str, np.ndarray],
-         **params: Any) -> tuple[Any, attnreg.Plan]:
-    with attnreg.Session(backend="opencl", device=dev.id) as s:
-        return s.run_with_plan(spec, t, kernel=KERNEL, params={"mma": build, **params})
-
-
-def _growing(spec: AttentionSpec, seed: int, shape: str) -> dict[str, np.ndarray]:
-    """q and k along one direction, k scaled by a profile over the key position: logits of
-    about 0.4 per key step, so a 32-key tile's max moves by ~13 > TAU ("up": every tile of a
-    row rescales), or down from the start ("down": none after the first), or up in steps
-    with dips between ("saw": some tiles rescale, others stay within TAU)."""
-    t = make_tensors(spec, seed=seed)
-    rng = np.random.default_rng(seed)
-    h, c = spec.head_size, spec.capacity
-    u = rng.choice([-1.0, 1.0], h)
-    j = np.arange(c, dtype=np.float64)
-    prof = {"up": j, "down": c - 1 - j, "saw": np.abs((j % 96) - 48.0) + j / 2}[shape]
-    k = 0.05 * prof[:, None] * u + 0.05 * rng.standard_normal((c, h))
-    q = u + 0.1 * rng.standard_normal((spec.seq_len, h))
-    t["k"][:] = k[None, :, None, :].astype(np.float16)           # BSNH [B, C, Nkv, H]
-    t["q"][:] = q[None, :, None, :].astype(np.float16)           # BSNH [B, S, N, H]
-    return t
+LAZY = [("float16", "up"), ("float16", "down"), ("float16", "saw"), ("bfloat16", "up"),
+        ("bfloat16", "saw")]
 
 
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
-@pytest.mark.parametrize("shape", ["up", "down", "saw"])
-def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, shape):
+@pytest.mark.parametrize(("dtype", "shape"), LAZY, ids=[f"{TAGS[d]}-{s}" for d, s in LAZY])
+def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, dtype, shape):
     spec = AttentionSpec(batch=1, seq_len=48, past_len=208, num_heads=2, kv_num_heads=1,
-                         head_size=64, dtype="float16", causal=True, return_lse=True,
+                         head_size=64, dtype=dtype, causal=True, return_lse=True,
                          q_layout="BSNH", kv_layout="BSNH")
-    t = _growing(spec, 11, shape)
+    t = growing(spec, 11, shape)
     logits = (t["q"][0, :, 0].astype(np.float64) @ t["k"][0, :, 0].astype(np.float64).T) \
         * spec.effective_scale
+    assert np.ptp(logits[-1]) > 4 * TAU
     ref, moves = -np.inf, 0          # the last row's reference max, as the kernel keeps it
     for top in logits[-1, :256].reshape(-1, 32).max(axis=1):
         if top > ref + TAU:
             ref, moves = top, moves + 1
     assert moves == {"up": 8, "down": 1, "saw": 3}[shape]
-    got, plan = _run(dev, build, spec, t, kv_tile=32)
+    got, plan = run(dev, build, PREFILL[dtype], spec, t, kv_tile=32)
     check_close(spec, got, t, what=f"{plan.kernel} {shape}")
 
 
+# (head size, dtype, the first row that sees the NaN / inf, their columns, params)
+NON_FINITE_V = {
+    "f16-prefetch0": (32, "float16", 10, (3, 17, 30), dict(kv_tile=16, prefetch=0)),
+    "f16-prefetch2": (32, "float16", 10, (3, 17, 30), dict(kv_tile=16, prefetch=2)),
+    "bf16": (64, "bfloat16", 2, (3, 40, 63), {}),
+}
+
+
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
-@pytest.mark.parametrize("prefetch", [0, 2])
-def test_non_finite_v_poisons_only_the_columns_of_rows_that_see_it(dev, build, prefetch):
+@pytest.mark.parametrize("case", list(NON_FINITE_V))
+def test_non_finite_v_poisons_only_the_columns_of_rows_that_see_it(dev, build, case):
+    h, dtype, first_row, cols, params = NON_FINITE_V[case]
     spec = AttentionSpec(batch=2, seq_len=40, past_len=60, num_heads=4, kv_num_heads=2,
-                         head_size=32, dtype="float16", causal=True, return_lse=True,
+                         head_size=h, dtype=dtype, causal=True, return_lse=True,
                          q_layout="BSNH", kv_layout="BSNH")
-    t = make_tensors(spec, seed=4)
-    t["v"][0, 70, 1, 3] = np.nan           # rows i >= 10 of kv head 1 see it
-    t["v"][0, 70, 1, 17] = np.inf
-    t["v"][1, 99, 0, 30] = -np.inf         # the last row only
-    t["v"][1, 5, 0, 8] = np.nan            # every row
-    got, plan = _run(dev, build, spec, t, kv_tile=16, prefetch=prefetch)
-    out = got[0]
-    assert np.isnan(out[0, 10:, 2:4, 3]).all() and not np.isnan(out[0, :10, 2:4, 3]).any()
-    assert np.isnan(out[1, -1, 0:2, 30]).all() and not np.isnan(out[1, :-1, 0:2, 30]).any()
-    check_close(spec, got, t, what=plan.kernel)
+    check_non_finite_v(dev, build, PREFILL[dtype], spec, first_row, cols, **params)
 
 
 # Shapes the generated cells leave to this file: paged caches (page sizes 1, 5, 16, 32),
@@ -250,15 +242,23 @@ COVER = [
           seqlens_k=True, bias=True, softcap=5.0), dict(q_tile=32, kv_tile=32, prefetch=2)),
     (dict(head_size=192, num_heads=4, kv_num_heads=2, kv_layout="BNSH", local_window=30,
           head_sink=True, return_lse=True), dict(q_tile=16, kv_tile=16, prefetch=2)),
+    # the bfloat16 twin: a paged cache that fits 48 KiB emulated, and head size 256
+    (dict(head_size=128, num_heads=8, kv_num_heads=2, kv_layout="paged", page_size=16,
+          seqlens_k=True, bias=True, head_sink=True, return_lse=True, dtype="bfloat16"),
+     dict(q_tile=64, kv_tile=32, prefetch=1)),
+    (dict(head_size=256, num_heads=8, kv_num_heads=2, q_layout="BNSH", kv_layout="BNSH",
+          local_window=20, alibi_max_bias=8.0, softcap=5.0, return_lse=True, dtype="bfloat16"),
+     dict(q_tile=32, kv_tile=16)),
 ]
 
 
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
 @pytest.mark.parametrize(("fields", "params"), COVER,
-                         ids=[f"h{f['head_size']}-{f.get('kv_layout', 'BSNH')}" for f, _ in COVER])
+                         ids=[f"{TAGS[f.get('dtype', 'float16')]}-h{f['head_size']}"
+                              f"-{f.get('kv_layout', 'BSNH')}" for f, _ in COVER])
 def test_contract_on_paged_caches_head_sizes_and_tiles(dev, build, fields, params):
-    f: dict[str, Any] = dict(batch=2, seq_len=37, past_len=90, dtype="float16", causal=True,
-                             **fields)
+    f: dict[str, Any] = {**dict(batch=2, seq_len=37, past_len=90, dtype="float16", causal=True),
+                         **fields}
     if f.get("seqlens_k"):
         f["kv_capacity"] = 140
     if f.get("kv_layout") == "paged":
@@ -266,43 +266,27 @@ def test_contract_on_paged_caches_head_sizes_and_tiles(dev, build, fields, param
     spec = AttentionSpec(**f)
     t = make_tensors(spec, seed=len(fields), mask_frac=0.1 if spec.bias else 0.0,
                      lengths=(140, 61) if spec.seqlens_k else None)
-    got, plan = _run(dev, build, spec, t, **params)
+    got, plan = run(dev, build, PREFILL[spec.dtype], spec, t, **params)
     assert {k: plan.stages[0].params[k] for k in params} == params
     check_close(spec, got, t, what=f"{plan.kernel} {params}")
 
 
-def check_declared_local_memory(dev: attnreg.DeviceCaps, kernel_id: str,
-                                cases: list[tuple[AttentionSpec, dict[str, Any]]]) -> None:
-    """Build the emulated program of ``kernel_id`` for each (spec, params) on ``dev``: the
-    local memory the build uses is what the kernel declares."""
-    import pyopencl as cl
-
-    k = attnreg.registry.get().kernel(kernel_id)
-    ctx, cdev = odevice.context(dev)
-    used, declared = [], []
-    for spec, params in cases:
-        params = {"mma": "emulate", **params}
-        g = otiling.geometry(k.family, "mma", spec, params)
-        opts = program.options(program.defines(spec, g, None, params))
-        prog = cl.Program(ctx, program.source(k.family, "mma")).build(options=list(opts))
-        used.append(cl.Kernel(prog, program.ENTRY[k.family]).get_work_group_info(
-            cl.kernel_work_group_info.LOCAL_MEM_SIZE, cdev))
-        declared.append(k.storage_need(spec, params))
-    if not any(used):          # PoCL's "cpu" driver (the GPU machine's) reports 0
-        missing(f"{dev.name} does not report the local memory a kernel uses")
-    assert used == declared
+# (head size, v's, q_tile, kv_tile, prefetch) per dtype; prefetch 2: two buffers of K and
+# row-major V, Q's words shared up to head size 128
+LOCAL_MEMORY = {
+    "float16": [(64, 64, 64, 32, None), (256, 256, 32, 16, None), (80, 80, 128, 64, None),
+                (128, 128, 64, 32, 2), (64, 64, 128, 16, 2), (192, 96, 16, 16, 2)],
+    "bfloat16": [(64, 64, 64, 32, None), (256, 256, 32, 16, None)],
+}
 
 
-def test_declared_local_memory_is_what_the_build_uses(pocl):
-    check_declared_local_memory(pocl, KERNEL, [
+@pytest.mark.parametrize("dtype", list(LOCAL_MEMORY), ids=list(TAGS.values()))
+def test_declared_local_memory_is_what_the_build_uses(pocl, dtype):
+    check_declared_local_memory(pocl, PREFILL[dtype], [
         (AttentionSpec(seq_len=33, past_len=70, num_heads=4, kv_num_heads=2, head_size=h,
-                       dtype="float16"), {"q_tile": q, "kv_tile": kv})
-        for h, q, kv in ((64, 64, 32), (256, 32, 16), (80, 128, 64))] + [
-        # prefetch 2: two buffers of K and row-major V; Q's words shared up to head size 128
-        (AttentionSpec(seq_len=33, past_len=70, num_heads=4, kv_num_heads=2, head_size=h,
-                       v_head_size=hv, dtype="float16"), {"q_tile": q, "kv_tile": kv,
-                                                          "prefetch": 2})
-        for h, hv, q, kv in ((128, 128, 64, 32), (64, 64, 128, 16), (192, 96, 16, 16))])
+                       **({} if p is None else {"v_head_size": hv}), dtype=dtype),
+         {"q_tile": q, "kv_tile": kv, **({} if p is None else {"prefetch": p})})
+        for h, hv, q, kv, p in LOCAL_MEMORY[dtype]])
 
 
 # -- declaration and selection ----------------------------------------------------------
@@ -339,7 +323,7 @@ def test_async_tiles_where_they_fit_and_wide_rows_on_short_nvidia_grids(pocl):
     """prefetch 2 for float16 K/V at head sizes <= 128 unless the caller's tiles leave it no
     room in 48 KiB; on NVIDIA 128-row work-groups where 64-row ones give fewer than two per
     compute unit (S=512 on 132 units), 64 rows beyond."""
-    nv = _nvidia_like(pocl)
+    nv = nvidia_like(pocl)
     got = {}
     for h, s, kvd, fixed in ((128, 512, None, {}), (128, 2048, None, {}), (64, 2048, None, {}),
                              (256, 2048, None, {}), (128, 2048, "int8", {}),
@@ -372,22 +356,24 @@ SPEC = AttentionSpec(seq_len=64, num_heads=8, kv_num_heads=2, head_size=64, dtyp
                      causal=True)
 
 
-def _plan(dev: attnreg.DeviceCaps, matrix_units: str) -> attnreg.Plan:
+def _plan(dev: attnreg.DeviceCaps, matrix_units: str, dtype: str = "float16") -> attnreg.Plan:
     # route=prefill: PoCL has no sub-groups, so its rules would start with split-KV
     flags = {"matrix_units": matrix_units, "route": "prefill"}
     with attnreg.Session(backend="opencl", device=dev.id, flags=flags) as s:
-        return s.plan(SPEC)
+        return s.plan(SPEC.replace(dtype=dtype))
 
 
-def test_matrix_units_emulate_picks_the_emulated_build(pocl):
-    plan = _plan(pocl, "emulate")
-    assert plan.kernel == KERNEL and plan.stages[0].params["mma"] == "emulate"
-    t = make_tensors(SPEC, seed=2)
+@pytest.mark.parametrize("dtype", list(PREFILL), ids=list(TAGS.values()))
+def test_matrix_units_emulate_picks_the_emulated_build(pocl, dtype):
+    plan = _plan(pocl, "emulate", dtype)
+    assert plan.kernel == PREFILL[dtype] and plan.stages[0].params["mma"] == "emulate"
+    spec = SPEC.replace(dtype=dtype)
+    t = make_tensors(spec, seed=2)
     with attnreg.Session(backend="opencl", device=pocl.id,
                          flags={"matrix_units": "emulate", "route": "prefill"}) as s:
-        got, ran = s.run_with_plan(SPEC, t)
-    assert ran.kernel == KERNEL
-    check_close(SPEC, got, t, what=ran.kernel)
+        got, ran = s.run_with_plan(spec, t)
+    assert ran.kernel == PREFILL[dtype] and ran.stages[0].params["mma"] == "emulate"
+    check_close(spec, got, t, what=ran.kernel)
 
 
 def test_matrix_units_off_rejects_it_naming_the_flag(pocl):
@@ -396,7 +382,8 @@ def test_matrix_units_off_rejects_it_naming_the_flag(pocl):
     assert any("matrix_units=off" in r for r in plan.rejected[KERNEL])
 
 
-def test_matrix_units_auto_does_not_choose_it_on_pocl(pocl):
-    plan = _plan(pocl, "auto")
-    assert plan.kernel != KERNEL and plan.kernel.startswith("opencl.prefill.")
-    assert any("matrix_units=auto" in r for r in plan.rejected[KERNEL])
+@pytest.mark.parametrize("dtype", list(PREFILL), ids=list(TAGS.values()))
+def test_matrix_units_auto_does_not_choose_it_on_pocl(pocl, dtype):
+    plan = _plan(pocl, "auto", dtype)
+    assert plan.kernel != PREFILL[dtype] and plan.kernel.startswith("opencl.prefill.")
+    assert any("matrix_units=auto" in r for r in plan.rejected[PREFILL[dtype]])

@@ -1,5 +1,6 @@
 """The OpenCL tensor-core split-KV decode (opencl.decode_partial.f16.mma,
-opencl.decode_fused.f16.mma: kernels_cl/decode_mma.cl).
+opencl.decode_fused.f16.mma: kernels_cl/decode_mma.cl), and where they are the same tests,
+their bfloat16 twins (opencl.decode_partial.bf16.mma, opencl.decode_fused.bf16.mma).
 
 Against the float64 reference: every contract feature over several splits, paged caches,
 each head size the kernel takes, GQA groups that fill the 16-row M tile or need head chunks,
@@ -20,33 +21,23 @@ import attnreg
 from attnreg.backends.opencl import mma_probe
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
-from tests.backends.opencl.test_mma import (
+from tests.backends.opencl.mma_support import (
     BUILDS,
     IDS,
     TAU,
-    _growing,
-    _nvidia_like,
     check_declared_local_memory,
+    check_non_finite_v,
+    growing,
+    nvidia_like,
+    run,
 )
-from tests.support import check_close, make_tensors, missing, require_devices
+from tests.support import check_close, make_tensors
 
 PARTIAL, FUSED = "opencl.decode_partial.f16.mma", "opencl.decode_fused.f16.mma"
-ROUTE = {PARTIAL: "split_kv", FUSED: "split_kv_fused"}
-
-
-@pytest.fixture(scope="module")
-def pocl() -> attnreg.DeviceCaps:
-    for d in require_devices("opencl"):
-        if d.vendor == "pocl":
-            return d
-    missing("no PoCL device")
-
-
-def _run(dev: attnreg.DeviceCaps, build: str, kernel: str, spec: AttentionSpec,
-         t: dict[str, np.ndarray], split_size: int = 64, **params: Any) -> tuple[Any, Any]:
-    flags = {"route": ROUTE[kernel], "split_size": split_size}
-    with attnreg.Session(backend="opencl", device=dev.id, flags=flags) as s:
-        return s.run_with_plan(spec, t, kernel=kernel, params={"mma": build, **params})
+# (family, dtype) -> kernel
+DECODES = {(f, d): f"opencl.{f}.{t}.mma" for f in ("decode_partial", "decode_fused")
+           for d, t in (("float16", "f16"), ("bfloat16", "bf16"))}
+TAGS = {"float16": "f16", "bfloat16": "bf16"}
 
 
 # (spec fields, params): every feature of the contract over several splits of 64 keys.
@@ -80,52 +71,57 @@ def test_contract_over_splits_layouts_and_head_sizes(dev, build, kernel, fields,
     spec = AttentionSpec(**f)
     t = make_tensors(spec, seed=len(fields), mask_frac=0.1 if spec.bias else 0.0,
                      lengths=(260, 77) if spec.seqlens_k else None)
-    got, plan = _run(dev, build, kernel, spec, t, **params)
+    got, plan = run(dev, build, kernel, spec, t, **params)
     assert plan.stages[0].kernel == kernel and plan.stages[0].params["n_splits"] > 2
     assert {k: plan.stages[0].params[k] for k in params} == params
     check_close(spec, got, t, what=f"{kernel} {build} {params}")
 
 
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
+@pytest.mark.parametrize("dtype", list(TAGS), ids=list(TAGS.values()))
 @pytest.mark.parametrize("shape", ["up", "saw"])
-def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, shape):
+def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, dtype, shape):
     spec = AttentionSpec(batch=1, seq_len=1, past_len=255, num_heads=2, kv_num_heads=1,
-                         head_size=64, dtype="float16", causal=True, return_lse=True,
+                         head_size=64, dtype=dtype, causal=True, return_lse=True,
                          q_layout="BSNH", kv_layout="BSNH")
-    t = _growing(spec, 11, shape)
+    t = growing(spec, 11, shape)
     logits = (t["q"][0, :, 0].astype(np.float64) @ t["k"][0, :, 0].astype(np.float64).T) \
         * spec.effective_scale
     assert np.ptp(logits[-1]) > 4 * TAU
     # one split of 256 keys, one warp: 16 chunks of 16 keys in a row
-    got, plan = _run(dev, build, FUSED, spec, t, split_size=256, wg=32)
+    got, plan = run(dev, build, DECODES["decode_fused", dtype], spec, t, split_size=256, wg=32)
     check_close(spec, got, t, what=f"{plan.kernel} {shape}")
 
 
+# the float16 decodes with 4-row tiles on a 100-key cache, the bfloat16 twins with their
+# defaults on 200 keys: the causal edge of a multi-row tile, where rows i >= 2 see the key
+NON_FINITE_V = {"float16": (96, dict(m_tile=4)), "bfloat16": (196, {})}
+
+
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
-@pytest.mark.parametrize("kernel", [PARTIAL, FUSED], ids=["partial", "fused"])
-def test_non_finite_v_on_the_causal_edge_reaches_only_rows_that_see_it(dev, build, kernel):
-    spec = AttentionSpec(batch=2, seq_len=4, past_len=96, num_heads=4, kv_num_heads=2,
-                         head_size=64, dtype="float16", causal=True, return_lse=True,
+@pytest.mark.parametrize(("family", "dtype"), list(DECODES),
+                         ids=[f"{f.split('_')[1]}-{TAGS[d]}" for f, d in DECODES])
+def test_non_finite_v_on_the_causal_edge_reaches_only_rows_that_see_it(dev, build, family,
+                                                                        dtype):
+    past_len, params = NON_FINITE_V[dtype]
+    spec = AttentionSpec(batch=2, seq_len=4, past_len=past_len, num_heads=4, kv_num_heads=2,
+                         head_size=64, dtype=dtype, causal=True, return_lse=True,
                          q_layout="BSNH", kv_layout="BSNH")
-    t = make_tensors(spec, seed=4)
-    t["v"][0, 98, 1, 3] = np.nan           # rows i >= 2 of kv head 1 see it
-    t["v"][0, 98, 1, 40] = np.inf
-    t["v"][1, 99, 0, 63] = -np.inf         # the last row only
-    t["v"][1, 5, 0, 8] = np.nan            # every row
-    got, plan = _run(dev, build, kernel, spec, t, m_tile=4)
-    out = got[0]
-    assert np.isnan(out[0, 2:, 2:4, 3]).all() and not np.isnan(out[0, :2, 2:4, 3]).any()
-    assert np.isnan(out[1, -1, 0:2, 63]).all() and not np.isnan(out[1, :-1, 0:2, 63]).any()
-    assert np.isnan(out[1, :, 0:2, 8]).all()
-    check_close(spec, got, t, what=plan.stages[0].kernel)
+    check_non_finite_v(dev, build, DECODES[family, dtype], spec, 2, (3, 40, 63), **params)
 
 
-@pytest.mark.parametrize("kernel", [PARTIAL, FUSED], ids=["partial", "fused"])
-def test_declared_local_memory_is_what_the_build_uses(pocl, kernel):
-    check_declared_local_memory(pocl, kernel, [
+# (head size, m_tile, wg) per dtype
+LOCAL_MEMORY = {"float16": [(64, 1, 128), (256, 4, 64), (128, 16, 256)],
+                "bfloat16": [(128, 4, 128)]}
+
+
+@pytest.mark.parametrize(("family", "dtype"), list(DECODES),
+                         ids=[f"{f.split('_')[1]}-{TAGS[d]}" for f, d in DECODES])
+def test_declared_local_memory_is_what_the_build_uses(pocl, family, dtype):
+    check_declared_local_memory(pocl, DECODES[family, dtype], [
         (AttentionSpec(seq_len=4, past_len=70, num_heads=8, kv_num_heads=2, head_size=h,
-                       dtype="float16"), {"m_tile": m, "wg": wg, "n_splits": 2})
-        for h, m, wg in ((64, 1, 128), (256, 4, 64), (128, 16, 256))])
+                       dtype=dtype), {"m_tile": m, "wg": wg, "n_splits": 2})
+        for h, m, wg in LOCAL_MEMORY[dtype]])
 
 
 # -- declaration and selection ----------------------------------------------------------
@@ -146,7 +142,7 @@ DECODE = AttentionSpec(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8,
 
 
 def test_auto_picks_it_on_nvidia_with_splits_for_two_groups_per_unit(pocl):
-    nv = _nvidia_like(pocl)
+    nv = nvidia_like(pocl)
     got = {}
     for L, want in ((8192, 256), (32768, 1008)):
         spec = DECODE.model_copy(update={"past_len": L - 1})
@@ -160,7 +156,7 @@ def test_auto_picks_it_on_nvidia_with_splits_for_two_groups_per_unit(pocl):
 
 
 def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
-    nv = _nvidia_like(pocl)
+    nv = nvidia_like(pocl)
     spec = DECODE.model_copy(update={"past_len": 32767})
     got = {}
     for kv in ("int8", "int4"):
@@ -187,7 +183,7 @@ def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
 
 
 def test_mid_length_splits_prefetch_two_rounds_into_l2(pocl):
-    nv = _nvidia_like(pocl)
+    nv = nvidia_like(pocl)
     # rounds per warp = split_size / (4 warps x 16 keys): L=4096 -> 2, 8192 -> 4, 16384 -> 8,
     # 32768 -> 16 (opencl_mma_decode_splits' sizes on 132 units)
     for L, want in ((4096, 0), (8192, 2), (16384, 2), (32768, 0)):

@@ -30,7 +30,7 @@ from attnreg.backends.opencl import program
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.quant import dequantize_kv, quantize_kv
 from attnreg.spec import AttentionSpec
-from tests.backends.opencl.test_mma import BUILDS, IDS, pocl  # noqa: F401  (the fixture)
+from tests.backends.opencl.mma_support import BUILDS, IDS
 from tests.support import check_close, make_tensors
 
 PREFILL = {"float16": "opencl.prefill.f16.mma", "bfloat16": "opencl.prefill.bf16.mma"}
@@ -90,7 +90,7 @@ def _stage(dev: attnreg.DeviceCaps, dtype: str, kv_dtype: str, codes: np.ndarray
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"], ids=["f16", "bf16"])
 @pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
-def test_staging_rounds_the_dequantized_values(pocl, dtype, kv_dtype):  # noqa: F811
+def test_staging_rounds_the_dequantized_values(pocl, dtype, kv_dtype):
     """kvq_h8 gives exactly dequantize_kv's value rounded to the fragments' type (to nearest
     even; beyond f16's range inf, NaN scales NaN), for every code, and V_BAD says which of
     them the mma would see as non-finite."""
@@ -137,7 +137,7 @@ __kernel void pairs(const __global uint* x, const __global ushort* s, __global u
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"], ids=["f16", "bf16"])
 @pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
-def test_decode_fragment_pairs_are_the_rounded_values(pocl, dtype, kv_dtype):  # noqa: F811
+def test_decode_fragment_pairs_are_the_rounded_values(pocl, dtype, kv_dtype):
     """The decodes' B fragment pairs from raw codes: int8 codes exactly (their scales go to
     the scores and P), int4 code * scale rounded to the fragments' type (to nearest even),
     over every byte / nibble and scales from subnormal to non-finite."""
@@ -315,7 +315,7 @@ def test_bf16_decode_nan_scales_on_the_causal_edge(dev, build, kv_dtype):
     assert np.isnan(out[1, 3, 0:2]).all() and not np.isnan(out[1, :3]).any()
 
 
-def test_declarations(pocl):  # noqa: F811
+def test_declarations(pocl):
     """Both prefills and the bf16 decodes read int8 and int4; the prefills at any head size
     the storage allows (int4: whole 32-blocks; the decodes' narrower int4 head sizes are
     theirs alone)."""

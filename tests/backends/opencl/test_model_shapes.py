@@ -14,7 +14,6 @@ none; the device is tests.support.opencl_device().
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from attnreg.kernel import MODEL_FEATURES, TOLERANCE
 from attnreg.spec import AttentionSpec
 from attnreg.tensors import check_tensors
 from attnreg.tools.testing import compare, compare_partials, plant_nonfinite
-from tests.support import check_close, make_tensors, opencl_device, require_devices
+from tests.support import check_close, make_tensors, opencl_device
 
 DEV = opencl_device()
 
@@ -107,14 +106,6 @@ PARTIALS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "mma.decode_partial": ("decode_partial.f16.mma", MMA, dict(dtype="float16",
                                                                v_head_size=128, **PAGED)),
 }
-
-
-@pytest.fixture(scope="module")
-def session() -> Iterator[attnreg.Session]:
-    require_devices("opencl")
-    assert DEV is not None
-    with attnreg.Session(backend="opencl", device=DEV.id) as s:
-        yield s
 
 
 def _padding_rows(spec: AttentionSpec, t: dict[str, np.ndarray], got: Any) -> None:

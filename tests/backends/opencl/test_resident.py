@@ -6,19 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyopencl as cl
-import pytest
 
 import attnreg
-from tests.support import check_close, make_tensors, opencl_device, require_devices
-
-DEV = opencl_device()
-
-
-@pytest.fixture(scope="module")
-def dev() -> attnreg.DeviceCaps:
-    require_devices("opencl")
-    assert DEV is not None
-    return DEV
+from tests.support import check_close, make_tensors
 
 
 def _counting_sync(rt, monkeypatch) -> list[int]:

@@ -12,16 +12,7 @@ from attnreg.backends.opencl import probe as oprobe
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
 from attnreg.tools.testing import packed_docs
-from tests.support import check_close, make_tensors, opencl_device, require_devices
-
-DEV = opencl_device()
-
-
-@pytest.fixture(scope="module")
-def dev() -> attnreg.DeviceCaps:
-    require_devices("opencl")
-    assert DEV is not None
-    return DEV
+from tests.support import check_close, make_tensors
 
 
 def _tickets(rt) -> np.ndarray:
