@@ -55,6 +55,22 @@ def run(dev: attnreg.DeviceCaps, build: str, kernel: str, spec: AttentionSpec,
         return s.run_with_plan(spec, t, kernel=kernel, params={"mma": build, **params})
 
 
+def cache_inputs(base: dict[str, Any], fields: dict[str, Any], capacity: int,
+                 short: int) -> tuple[AttentionSpec, dict[str, np.ndarray]]:
+    """The spec of ``fields`` over ``base`` (with seqlens_k: a cache of ``capacity`` keys,
+    batch entries of ``capacity`` and ``short`` keys; paged: a pool that holds both and three
+    pages more) and its inputs, seeded by len(fields), a tenth of a bias masked."""
+    f = {**base, **fields}
+    if f.get("seqlens_k"):
+        f["kv_capacity"] = capacity
+    if f.get("kv_layout") == "paged":
+        f["num_pages"] = 2 * -(-capacity // f["page_size"]) + 3
+    spec = AttentionSpec(**f)
+    t = make_tensors(spec, seed=len(fields), mask_frac=0.1 if spec.bias else 0.0,
+                     lengths=(capacity, short) if spec.seqlens_k else None)
+    return spec, t
+
+
 def growing(spec: AttentionSpec, seed: int, shape: str) -> dict[str, np.ndarray]:
     """q and k along one direction, k scaled by a profile over the key position: logits of
     about 0.4 per key step, so a 32-key tile's max moves by ~13 > TAU ("up": every tile of a
@@ -71,6 +87,20 @@ def growing(spec: AttentionSpec, seed: int, shape: str) -> dict[str, np.ndarray]
     t["k"][:] = k[None, :, None, :].astype(np.float16)           # BSNH [B, C, Nkv, H]
     t["q"][:] = q[None, :, None, :].astype(np.float16)           # BSNH [B, S, N, H]
     return t
+
+
+def growing_logits(seq_len: int, past_len: int, dtype: str,
+                   shape: str) -> tuple[AttentionSpec, dict[str, np.ndarray], np.ndarray]:
+    """(spec, inputs, logits of KV head 0 in float64) of ``growing`` on one batch entry, two
+    query heads of one KV head at head size 64; the last row's logits span more than 4 TAU."""
+    spec = AttentionSpec(batch=1, seq_len=seq_len, past_len=past_len, num_heads=2,
+                         kv_num_heads=1, head_size=64, dtype=dtype, causal=True,
+                         return_lse=True, q_layout="BSNH", kv_layout="BSNH")
+    t = growing(spec, 11, shape)
+    logits = (t["q"][0, :, 0].astype(np.float64) @ t["k"][0, :, 0].astype(np.float64).T) \
+        * spec.effective_scale
+    assert np.ptp(logits[-1]) > 4 * TAU
+    return spec, t, logits
 
 
 def check_non_finite_v(dev: attnreg.DeviceCaps, build: str, kernel: str, spec: AttentionSpec,

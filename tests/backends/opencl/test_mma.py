@@ -28,9 +28,10 @@ from tests.backends.opencl.mma_support import (
     HUGE,
     IDS,
     TAU,
+    cache_inputs,
     check_declared_local_memory,
     check_non_finite_v,
-    growing,
+    growing_logits,
     nvidia_like,
     run,
 )
@@ -186,13 +187,7 @@ LAZY = [("float16", "up"), ("float16", "down"), ("float16", "saw"), ("bfloat16",
 @pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
 @pytest.mark.parametrize(("dtype", "shape"), LAZY, ids=[f"{TAGS[d]}-{s}" for d, s in LAZY])
 def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, dtype, shape):
-    spec = AttentionSpec(batch=1, seq_len=48, past_len=208, num_heads=2, kv_num_heads=1,
-                         head_size=64, dtype=dtype, causal=True, return_lse=True,
-                         q_layout="BSNH", kv_layout="BSNH")
-    t = growing(spec, 11, shape)
-    logits = (t["q"][0, :, 0].astype(np.float64) @ t["k"][0, :, 0].astype(np.float64).T) \
-        * spec.effective_scale
-    assert np.ptp(logits[-1]) > 4 * TAU
+    spec, t, logits = growing_logits(48, 208, dtype, shape)
     ref, moves = -np.inf, 0          # the last row's reference max, as the kernel keeps it
     for top in logits[-1, :256].reshape(-1, 32).max(axis=1):
         if top > ref + TAU:
@@ -257,15 +252,8 @@ COVER = [
                          ids=[f"{TAGS[f.get('dtype', 'float16')]}-h{f['head_size']}"
                               f"-{f.get('kv_layout', 'BSNH')}" for f, _ in COVER])
 def test_contract_on_paged_caches_head_sizes_and_tiles(dev, build, fields, params):
-    f: dict[str, Any] = {**dict(batch=2, seq_len=37, past_len=90, dtype="float16", causal=True),
-                         **fields}
-    if f.get("seqlens_k"):
-        f["kv_capacity"] = 140
-    if f.get("kv_layout") == "paged":
-        f["num_pages"] = 2 * -(-140 // f["page_size"]) + 3
-    spec = AttentionSpec(**f)
-    t = make_tensors(spec, seed=len(fields), mask_frac=0.1 if spec.bias else 0.0,
-                     lengths=(140, 61) if spec.seqlens_k else None)
+    spec, t = cache_inputs(dict(batch=2, seq_len=37, past_len=90, dtype="float16", causal=True),
+                           fields, 140, 61)
     got, plan = run(dev, build, PREFILL[spec.dtype], spec, t, **params)
     assert {k: plan.stages[0].params[k] for k in params} == params
     check_close(spec, got, t, what=f"{plan.kernel} {params}")

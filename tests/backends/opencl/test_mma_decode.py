@@ -12,25 +12,14 @@ declared local memory against the build's, and how the rules select and size it.
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import pytest
 
 import attnreg
 from attnreg.backends.opencl import mma_probe
 from attnreg.backends.opencl import tiling as otiling
 from attnreg.spec import AttentionSpec
-from tests.backends.opencl.mma_support import (
-    BUILDS,
-    IDS,
-    TAU,
-    check_declared_local_memory,
-    check_non_finite_v,
-    growing,
-    nvidia_like,
-    run,
-)
+from tests.backends.opencl import mma_support
+from tests.backends.opencl.mma_support import BUILDS, IDS
 from tests.support import check_close, make_tensors
 
 PARTIAL, FUSED = "opencl.decode_partial.f16.mma", "opencl.decode_fused.f16.mma"
@@ -62,16 +51,9 @@ COVER = [
                          ids=[f"h{f['head_size']}-g{f['num_heads'] // f['kv_num_heads']}"
                               f"-s{f['seq_len']}" for f, _ in COVER])
 def test_contract_over_splits_layouts_and_head_sizes(dev, build, kernel, fields, params):
-    f: dict[str, Any] = dict(batch=2, past_len=200, dtype="float16", causal=True, **fields)
-    f["past_len"] -= f["seq_len"]
-    if f.get("seqlens_k"):
-        f["kv_capacity"] = 260
-    if f.get("kv_layout") == "paged":
-        f["num_pages"] = 2 * -(-260 // f["page_size"]) + 3
-    spec = AttentionSpec(**f)
-    t = make_tensors(spec, seed=len(fields), mask_frac=0.1 if spec.bias else 0.0,
-                     lengths=(260, 77) if spec.seqlens_k else None)
-    got, plan = run(dev, build, kernel, spec, t, **params)
+    base = dict(batch=2, past_len=200 - fields["seq_len"], dtype="float16", causal=True)
+    spec, t = mma_support.cache_inputs(base, fields, 260, 77)
+    got, plan = mma_support.run(dev, build, kernel, spec, t, **params)
     assert plan.stages[0].kernel == kernel and plan.stages[0].params["n_splits"] > 2
     assert {k: plan.stages[0].params[k] for k in params} == params
     check_close(spec, got, t, what=f"{kernel} {build} {params}")
@@ -81,15 +63,9 @@ def test_contract_over_splits_layouts_and_head_sizes(dev, build, kernel, fields,
 @pytest.mark.parametrize("dtype", list(TAGS), ids=list(TAGS.values()))
 @pytest.mark.parametrize("shape", ["up", "saw"])
 def test_lazy_max_rescales_when_the_logits_grow_past_tau(dev, build, dtype, shape):
-    spec = AttentionSpec(batch=1, seq_len=1, past_len=255, num_heads=2, kv_num_heads=1,
-                         head_size=64, dtype=dtype, causal=True, return_lse=True,
-                         q_layout="BSNH", kv_layout="BSNH")
-    t = growing(spec, 11, shape)
-    logits = (t["q"][0, :, 0].astype(np.float64) @ t["k"][0, :, 0].astype(np.float64).T) \
-        * spec.effective_scale
-    assert np.ptp(logits[-1]) > 4 * TAU
+    spec, t, _ = mma_support.growing_logits(1, 255, dtype, shape)
     # one split of 256 keys, one warp: 16 chunks of 16 keys in a row
-    got, plan = run(dev, build, DECODES["decode_fused", dtype], spec, t, split_size=256, wg=32)
+    got, plan = mma_support.run(dev, build, DECODES["decode_fused", dtype], spec, t, split_size=256, wg=32)
     check_close(spec, got, t, what=f"{plan.kernel} {shape}")
 
 
@@ -107,7 +83,7 @@ def test_non_finite_v_on_the_causal_edge_reaches_only_rows_that_see_it(dev, buil
     spec = AttentionSpec(batch=2, seq_len=4, past_len=past_len, num_heads=4, kv_num_heads=2,
                          head_size=64, dtype=dtype, causal=True, return_lse=True,
                          q_layout="BSNH", kv_layout="BSNH")
-    check_non_finite_v(dev, build, DECODES[family, dtype], spec, 2, (3, 40, 63), **params)
+    mma_support.check_non_finite_v(dev, build, DECODES[family, dtype], spec, 2, (3, 40, 63), **params)
 
 
 # (head size, m_tile, wg) per dtype
@@ -118,7 +94,7 @@ LOCAL_MEMORY = {"float16": [(64, 1, 128), (256, 4, 64), (128, 16, 256)],
 @pytest.mark.parametrize(("family", "dtype"), list(DECODES),
                          ids=[f"{f.split('_')[1]}-{TAGS[d]}" for f, d in DECODES])
 def test_declared_local_memory_is_what_the_build_uses(pocl, family, dtype):
-    check_declared_local_memory(pocl, DECODES[family, dtype], [
+    mma_support.check_declared_local_memory(pocl, DECODES[family, dtype], [
         (AttentionSpec(seq_len=4, past_len=70, num_heads=8, kv_num_heads=2, head_size=h,
                        dtype=dtype), {"m_tile": m, "wg": wg, "n_splits": 2})
         for h, m, wg in LOCAL_MEMORY[dtype]])
@@ -142,7 +118,7 @@ DECODE = AttentionSpec(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8,
 
 
 def test_auto_picks_it_on_nvidia_with_splits_for_two_groups_per_unit(pocl):
-    nv = nvidia_like(pocl)
+    nv = mma_support.nvidia_like(pocl)
     got = {}
     for L, want in ((8192, 256), (32768, 1008)):
         spec = DECODE.model_copy(update={"past_len": L - 1})
@@ -156,7 +132,7 @@ def test_auto_picks_it_on_nvidia_with_splits_for_two_groups_per_unit(pocl):
 
 
 def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
-    nv = nvidia_like(pocl)
+    nv = mma_support.nvidia_like(pocl)
     spec = DECODE.model_copy(update={"past_len": 32767})
     got = {}
     for kv in ("int8", "int4"):
@@ -183,7 +159,7 @@ def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
 
 
 def test_mid_length_splits_prefetch_two_rounds_into_l2(pocl):
-    nv = nvidia_like(pocl)
+    nv = mma_support.nvidia_like(pocl)
     # rounds per warp = split_size / (4 warps x 16 keys): L=4096 -> 2, 8192 -> 4, 16384 -> 8,
     # 32768 -> 16 (opencl_mma_decode_splits' sizes on 132 units)
     for L, want in ((4096, 0), (8192, 2), (16384, 2), (32768, 0)):
