@@ -14,35 +14,22 @@ from tests.onnx_attention_cases import check_attention, check_mha  # noqa: E402
 from tests.onnx_cases import N_CASES, N_MODEL_CASES, check_gqa, check_gqa_padded  # noqa: E402
 from tests.support import require_devices  # noqa: E402
 
-
-@pytest.mark.parametrize("seed", range(N_CASES))
-def test_gqa_matches_onnxruntime(seed: int) -> None:
-    check_gqa(seed)
-
-
-@pytest.mark.parametrize("seed", range(N_MODEL_CASES))
-def test_gqa_right_padded_matches_onnxruntime(seed: int) -> None:
-    check_gqa_padded(seed)
-
-
-@pytest.mark.parametrize("seed", range(N_CASES))
-def test_attention_matches_onnxruntime(seed: int) -> None:
-    check_attention(seed)
+# op -> (how many seeded cases, the check); "-model": the mappings onto seqlens_q (GQA's
+# right-padded first prompts), v_head_size and kv_start (Attention / MHA left padding)
+OPS = {
+    "gqa": (N_CASES, check_gqa),
+    "gqa-right-padded": (N_MODEL_CASES, check_gqa_padded),
+    "attention": (N_CASES, check_attention),
+    "attention-model": (N_MODEL_CASES, lambda seed: check_attention(seed, model=True)),
+    "mha": (N_CASES, check_mha),
+    "mha-model": (N_MODEL_CASES, lambda seed: check_mha(seed, model=True)),
+}
+RUNS = [(op, seed) for op, (n, _) in OPS.items() for seed in range(n)]
 
 
-@pytest.mark.parametrize("seed", range(N_MODEL_CASES))
-def test_attention_v_head_size_and_left_padding_match_onnxruntime(seed: int) -> None:
-    check_attention(seed, model=True)
-
-
-@pytest.mark.parametrize("seed", range(N_CASES))
-def test_mha_matches_onnxruntime(seed: int) -> None:
-    check_mha(seed)
-
-
-@pytest.mark.parametrize("seed", range(N_MODEL_CASES))
-def test_mha_v_head_size_and_left_padding_match_onnxruntime(seed: int) -> None:
-    check_mha(seed, model=True)
+@pytest.mark.parametrize(("op", "seed"), RUNS, ids=[f"{op}-{seed}" for op, seed in RUNS])
+def test_matches_onnxruntime(op: str, seed: int) -> None:
+    OPS[op][1](seed)
 
 
 # -- GPU backends (lavapipe, PoCL in CI) -----------------------------------------------------

@@ -1,9 +1,10 @@
 """The browser backend: WebGPU in headless Chromium (Dawn + Tint, SwiftShader in CI).
 
 Kernel results are judged against the float64 reference only; the conformance matrix
-(tests/conformance/test_conformance.py) gives every browser kernel its cells. Here: the adapter probe,
-the page protocol, one browser per Session and no process outliving it (also after
-timeouts and crashes), Tint rejections becoming KernelUnavailable, host-cast float16.
+(tests/conformance/test_conformance.py) gives every browser kernel its cells, and
+tests/backends/wgsl/test_tint.py shows Tint's rejections re-planned. Here: the adapter probe,
+the page protocol, one browser per Session and no process outliving it (also after timeouts
+and crashes), host-cast float16.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from attnreg.backends.webgpu import program
 from tests.support import (
     check_close,
     make_tensors,
-    prefill_rejection_when_tint_fails,
     require_devices,
 )
 
@@ -312,12 +312,3 @@ def test_float16_runs_through_the_host_cast_variants(session: attnreg.Session) -
     out, plan = session.run_with_plan(spec, t)
     assert out.dtype == np.float16 and ".cast32." in plan.kernel
     check_close(spec, out, t, what=plan.kernel)
-
-
-def test_a_kernel_tint_rejects_is_replanned_with_the_message(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    require_devices("browser")
-    spec = attnreg.AttentionSpec(batch=1, seq_len=64, past_len=0, num_heads=2, kv_num_heads=2,
-                                 head_size=32, causal=True)
-    why = prefill_rejection_when_tint_fails(monkeypatch, "browser", spec, seed=2)
-    assert "WGSL compile failed in Chromium (Tint)" in why and "undefined_in_tint" in why

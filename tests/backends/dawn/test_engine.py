@@ -1,7 +1,8 @@
 """The dawn backend (wgpudawn: Dawn + Tint in-process; lavapipe through attnreg's Vulkan shim in
 CI): the toggles as data, the shim, probe failures that become unavailable devices (never
-crashes), Tint compile failures that re-plan, and nothing experimental without the opt-in.
-Its conformance cells run in tests/conformance/test_dawn_cells.py."""
+crashes), and nothing experimental without the opt-in. Its conformance cells run in
+tests/conformance/test_dawn_cells.py, Tint compile failures that re-plan in
+tests/backends/wgsl/test_tint.py."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from tests.support import (
     check_close,
     make_tensors,
     missing,
-    prefill_rejection_when_tint_fails,
     require_devices,
 )
 
@@ -76,15 +76,6 @@ def test_programs_are_built_for_tint(session: attnreg.Session) -> None:
     plan = session.plan(spec, flags={"force_kernel": "dawn.prefill.f32.sg"})
     (prog,) = program.programs(plan, plan.caps, dialect=ddevice.get(plan.caps).dialect)
     assert prog.wgsl.lstrip().startswith("enable subgroups;"), prog.wgsl[:80]
-
-
-def test_a_kernel_tint_rejects_is_replanned_with_the_message(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    require_devices("dawn")
-    spec = attnreg.AttentionSpec(batch=1, seq_len=48, past_len=0, num_heads=2, kv_num_heads=2,
-                                 head_size=40, causal=True)
-    why = prefill_rejection_when_tint_fails(monkeypatch, "dawn", spec, seed=3)
-    assert "WGSL compile failed" in why and "undefined_in_tint" in why
 
 
 def test_results_equal_the_webgpu_backend_on_the_same_adapter() -> None:

@@ -24,21 +24,28 @@ def _kernel(plan: attnreg.Plan) -> tuple[str, object]:
     return st.kernel, st.params.get("mma")
 
 
+# the split-KV decode partials on subgroup matrices (shaders/decode_mma.wgsl)
+DECODE = attnreg.AttentionSpec(batch=2, seq_len=3, past_len=150, num_heads=8, kv_num_heads=2,
+                               head_size=32, dtype="float16", causal=True, return_lse=True)
+FAMILIES = {"prefill": SPEC, "decode_partial": DECODE}
+
+
 @pytest.mark.parametrize("backend", ["webgpu", "dawn"])
-def test_flag_selects_the_build(backend: str) -> None:
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_flag_selects_the_build(backend: str, family: str) -> None:
     require_devices(backend)
-    mma = f"{backend}.prefill.f16.mma"
-    emu = attnreg.Session(backend=backend, flags={"matrix_units": "emulate"}).plan(SPEC)
+    spec, mma = FAMILIES[family], f"{backend}.{family}.f16.mma"
+    emu = attnreg.Session(backend=backend, flags={"matrix_units": "emulate"}).plan(spec)
     assert _kernel(emu) == (mma, "emulate")
     assert "matrix_units_emulate" in emu.explain()
     for mode, needle in (("auto", "matrix_units=auto: no rule measured"),
                          ("off", "matrix_units=off"),
                          ("on", "device lacks feature(s) subgroup-matrix")):
-        plan = attnreg.Session(backend=backend, flags={"matrix_units": mode}).plan(SPEC)
+        plan = attnreg.Session(backend=backend, flags={"matrix_units": mode}).plan(spec)
         assert plan.stages[0].kernel != mma, mode
         assert needle in "\n".join(plan.rejected[mma]), (mode, plan.rejected[mma])
     # an f32 spec never gets a matrix variant (f16 products would break its tolerance)
-    f32 = SPEC.replace(dtype="float32")
+    f32 = spec.replace(dtype="float32")
     plan = attnreg.Session(backend=backend, flags={"matrix_units": "emulate"}).plan(f32)
     assert plan.stages[0].params.get("mma") is None
 
@@ -136,21 +143,12 @@ def test_export_for_the_subgroup_matrix_profile(tmp_path) -> None:  # type: igno
 
 
 # -- the split-KV decode partials on subgroup matrices (shaders/decode_mma.wgsl) -------------
-DECODE = attnreg.AttentionSpec(batch=2, seq_len=3, past_len=150, num_heads=8, kv_num_heads=2,
-                               head_size=32, dtype="float16", causal=True, return_lse=True)
-
-
 @pytest.mark.parametrize("backend", ["webgpu", "dawn"])
-def test_decode_flag_selects_the_build(backend: str) -> None:
+def test_decode_rows_fill_the_m_tile(backend: str) -> None:
     require_devices(backend)
-    mma = f"{backend}.decode_partial.f16.mma"
     emu = attnreg.Session(backend=backend, flags={"matrix_units": "emulate"}).plan(DECODE)
-    assert _kernel(emu) == (mma, "emulate")
     # the query heads x rows fill the M tile: 4 heads x 4 rows
     assert emu.stages[0].params["m_tile"] == 4
-    auto = attnreg.Session(backend=backend).plan(DECODE)
-    assert auto.stages[0].kernel != mma
-    assert "matrix_units=auto: no rule measured" in "\n".join(auto.rejected[mma])
 
 
 @pytest.mark.parametrize("backend", ["webgpu", "dawn"])
