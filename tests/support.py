@@ -33,8 +33,8 @@ QUICK = os.environ.get("ATTNREG_CONFORMANCE", "full") == "quick"
 REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.parent / "out")
 # Backends whose cells run in their own test module: pytest-xdist's loadfile mode keeps a
 # module on one worker, so the cells spread over the workers and each module's sessions reuse
-# their compiled programs. Every other backend's cells run in tests/test_conformance.py.
-CELL_MODULES = {"webgpu": "test_webgpu", "opencl": "test_opencl", "dawn": "test_dawn"}
+# their compiled programs. Every other backend's cells run in tests/conformance/test_conformance.py.
+CELL_MODULES = {"webgpu": "test_webgpu_cells", "opencl": "test_opencl_cells", "dawn": "test_dawn_cells"}
 
 
 def check_close(spec: AttentionSpec, got: Any, tensors: dict[str, np.ndarray],
@@ -61,6 +61,35 @@ def require_devices(backend: str) -> list[attnreg.DeviceCaps]:
             pytest.fail(f"backend {backend} has no device in CI: {why}")
         pytest.skip(f"backend {backend} has no device: {why}")
     return devs
+
+
+# The OpenCL device the OpenCL tests use: the first available one, or the one whose id or
+# name contains $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` on the GPU machine).
+OPENCL_DEVICE_ENV = "ATTNREG_OPENCL_DEVICE"
+
+
+@functools.cache
+def opencl_device() -> attnreg.DeviceCaps | None:
+    """The OpenCL tests' device (OPENCL_DEVICE_ENV), None where there is none."""
+    try:
+        devs = [d for d in attnreg.devices("opencl") if d.available]
+    except Exception:
+        return None
+    want = os.environ.get(OPENCL_DEVICE_ENV, "").lower()
+    if want:
+        devs = [d for d in devs if want in d.id.lower() or want in d.name.lower()]
+    return devs[0] if devs else None
+
+
+def require_opencl_device() -> attnreg.DeviceCaps:
+    """opencl_device(); skip where OpenCL has no device (fail in CI), fail where none matches
+    $ATTNREG_OPENCL_DEVICE."""
+    require_devices("opencl")
+    dev = opencl_device()
+    if dev is None:
+        pytest.fail(f"no OpenCL device matches ${OPENCL_DEVICE_ENV}="
+                    f"{os.environ.get(OPENCL_DEVICE_ENV)!r}")
+    return dev
 
 
 def prefill_rejection_when_tint_fails(monkeypatch: pytest.MonkeyPatch, backend: str,
@@ -184,10 +213,15 @@ def _quick_keeps(c: cmod.Case) -> bool:
 
 
 def module_cells(module: str) -> list[cmod.Case]:
-    """The cells a test module runs (CELL_MODULES)."""
+    """The cells a test module of tests/conformance/ runs (CELL_MODULES)."""
     return [c for c in conformance_cells()
             if CELL_MODULES.get(c.backend, "test_conformance") == module
             and (not QUICK or _quick_keeps(c))]
+
+
+def parametrize_cells(cells: list[cmod.Case]) -> pytest.MarkDecorator:
+    """A matrix module's test_cell, one test a cell, named by the cell's id."""
+    return pytest.mark.parametrize("case", cells, ids=[c.id for c in cells])
 
 
 class CellRunner:
@@ -206,6 +240,11 @@ class CellRunner:
         r = conf.run_case(case, s)
         self.results.append(r)
         return r
+
+    def check(self, case: cmod.Case) -> None:
+        """Run a cell; it must pass."""
+        r = self.run(case)
+        assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
 
     def close(self) -> None:
         for s in self.sessions.values():

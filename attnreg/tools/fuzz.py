@@ -8,7 +8,7 @@ calls, and the parent reports the call it was on.
     python -m attnreg.tools.fuzz --backend webgpu --calls 2000      # the local profile
     python -m attnreg.tools.fuzz --calls 300                        # every available backend
 
-tests/test_fuzz.py drives :func:`one_call` with hypothesis (bounded, in CI).
+tests/core/test_fuzz.py drives :func:`one_call` with hypothesis (bounded, in CI).
 """
 
 from __future__ import annotations
