@@ -1,5 +1,5 @@
 """How each OpenCL family is built and launched: its source (with the kernel signature
-generated from backends/ports.py), build options, the stage parameters, grid and kernel
+generated from attnreg/ports.py), build options, the stage parameters, grid and kernel
 arguments of one plan stage, and the scratch each route needs.
 
 Sources are read with importlib.resources from ``attnreg.kernels_cl`` (never from a path
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from attnreg import blocks
-from attnreg.backends import common, ports
+from attnreg import blocks, ports
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
@@ -56,7 +56,7 @@ EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosi
 # scales per vector, int4 q4_0 blocks + float16 scales per 32 elements.
 KV_Q = {None: 0, "int8": 1, "int4": 2}
 
-# OpenCL C spelling of each port kind (backends/ports.py); elem_t (q, out), kv_t (k, v as
+# OpenCL C spelling of each port kind (attnreg/ports.py); elem_t (q, out), kv_t (k, v as
 # stored), scale_t (k_scale, v_scale), bias_t and PARAMS are defined by common.cl, which
 # precedes the first use of the signature.
 _CL_TYPES = {"kv": "elem_t", "kvc": "kv_t", "scale": "scale_t", "bias": "bias_t",
