@@ -64,10 +64,7 @@ def variant_aux(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> 
     """The optional inputs a variant of ``family`` binds for ``spec`` (attnreg/ports.py):
     the paged block table, the masked-block list, the scales of quantized K/V, the kv_start
     and seqlens_q tensors."""
-    return ports.aux_inputs(family, paged=spec.kv_layout == "paged",
-                            block_skip=bool(params.get("block_skip")),
-                            quant=spec.kv_dtype is not None, kv_start=spec.kv_start,
-                            seqlens_q=spec.seqlens_q)
+    return ports.aux_inputs(family, spec, params)
 
 
 def binding_reasons(family: str, spec: AttentionSpec, caps: DeviceCaps,
