@@ -202,6 +202,12 @@ def ports(family: str, lang: str, aux: frozenset[str] | None = None) -> tuple[Po
     return tuple(p for p in out if p.when not in SPECIALISED or p.name in aux)
 
 
+def named(name: str) -> Port:
+    """The port of buffer ``name`` (as the first family declaring it has it: one name is one
+    buffer, of one kind, shape and condition, in every family)."""
+    return next(p for ps in TABLE.values() for p in ps if p.name == name)
+
+
 def aux_inputs(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> frozenset[str]:
     """The SPECIALISED inputs a WGSL variant of ``family`` binds for ``spec``."""
     return frozenset(p.name for p in TABLE[family]
