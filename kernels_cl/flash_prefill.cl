@@ -7,7 +7,7 @@
 // the key loop is bounded by key_range(). With BLOCK_SKIP the loop visits only the listed
 // blocks of the work-group's row tile (and work-groups run heaviest first, by wg_order).
 
-// The kernel arguments (KERNEL_ARGS) come from backends/ports.py; the block table, block
+// The kernel arguments (KERNEL_ARGS) come from attnreg/ports.py; the block table, block
 // lists and order may be NULL.
 
 // This work-group's rows, key range and tiles.

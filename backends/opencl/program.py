@@ -1,6 +1,6 @@
 """How each OpenCL family is built and launched: its source (with the kernel signature
-generated from backends/ports.py), build options, the stage parameters, grid and kernel
-arguments of one plan stage, and the scratch each route needs.
+generated from attnreg/ports.py), build options, the stage parameters, grid and kernel
+arguments of one plan stage.
 
 Sources are read with importlib.resources from ``attnreg.kernels_cl`` (never from a path
 relative to the checkout). Arguments follow the family's port table; a buffer that a spec
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from attnreg import blocks
-from attnreg.backends import common, ports
+from attnreg import blocks, ports
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
@@ -56,7 +56,7 @@ EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosi
 # scales per vector, int4 q4_0 blocks + float16 scales per 32 elements.
 KV_Q = {None: 0, "int8": 1, "int4": 2}
 
-# OpenCL C spelling of each port kind (backends/ports.py); elem_t (q, out), kv_t (k, v as
+# OpenCL C spelling of each port kind (attnreg/ports.py); elem_t (q, out), kv_t (k, v as
 # stored), scale_t (k_scale, v_scale), bias_t and PARAMS are defined by common.cl, which
 # precedes the first use of the signature.
 _CL_TYPES = {"kv": "elem_t", "kvc": "kv_t", "scale": "scale_t", "bias": "bias_t",
@@ -189,23 +189,6 @@ def arguments(family: str, block: Any, b: Mapping[str, Any]) -> list[Any]:
     name (``b`` maps names to buffers; an absent one is NULL)."""
     return [block if p.kind == "params" else b.get(p.name)
             for p in ports.ports(family, ports.OPENCL)]
-
-
-def scratch_sizes(plan: Plan, split: Mapping[str, int]) -> dict[str, int]:
-    """Bytes of the buffers a plan's stages pass between each other (sized per plan)."""
-    spec = plan.spec
-    fams = {s.family for s in plan.stages}
-    out: dict[str, int] = {}
-    if not split or plan.op == "reduce":
-        return out
-    rows = spec.batch * spec.num_heads * spec.seq_len * int(split["n_splits"])
-    if fams & {"decode_partial", "decode_pv", "decode_fused"}:
-        out["o_parts"] = rows * spec.head_size_v * 4
-        out["lse_parts"] = rows * 4
-    if "decode_qk" in fams:
-        out["scores"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
-        out["stats"] = 2 * rows * 4
-    return out
 
 
 def heavy_first(spec: AttentionSpec, g: tiling.Geometry, bl: blocks.BlockList) -> np.ndarray:

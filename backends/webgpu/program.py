@@ -8,7 +8,7 @@ it) is decided here, by ``dialect``, once for every host.
 
 A module is a generated prefix (compute type, load granule, the stage's constants, the row
 reductions, the parameter block of backends/common.py, the binding declarations of
-backends/ports.py typed by the stored dtypes, the load/store helpers of wgsl_io.py, the
+attnreg/ports.py typed by the stored dtypes, the load/store helpers of wgsl_io.py, the
 paged/block-list memory helpers) followed by the family's files from shaders/. Variants
 differ only in that prefix.
 """
@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attnreg.backends import common, ports
+from attnreg import ports
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
@@ -209,7 +210,7 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
 
 
 def declarations(family: str, aux: frozenset[str], spec: AttentionSpec) -> str:
-    """The binding declarations of a family's variant, from backends/ports.py; element
+    """The binding declarations of a family's variant, from attnreg/ports.py; element
     types per the spec's stored dtypes (backends/webgpu/wgsl_io.py)."""
     lines = []
     for i, p in enumerate(ports.ports(family, ports.WGSL, aux)):
