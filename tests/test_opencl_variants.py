@@ -159,10 +159,17 @@ def test_ptx_knobs_only_on_nvidia(dev):
     nv = dev.model_copy(update={"features": dev.features | {"subgroups", oprobe.NV_SHUFFLE},
                                 "vendor": "nvidia"})
     g = otiling.geometry("decode_fused", "sg", spec, {}, nv)
-    assert g.cvt_ptx is otiling.CVT_PTX_DEFAULT and g.nv_fence
+    assert not g.cvt_ptx and not g.nv_fence          # "auto": the portable OpenCL C ...
+    plan = attnreg.explain(spec, caps=nv, kernel="opencl.decode_fused.f16.sg.m1")
+    assert plan.params["cvt"] == "ptx" and plan.params["fence"] == "ptx"   # ... the rules: PTX
+    g = otiling.geometry("decode_fused", "sg", spec, plan.params, nv)
+    assert g.cvt_ptx and g.nv_fence
     g = otiling.geometry("decode_fused", "sg", spec, {"cvt": "cl", "fence": "cl"}, nv)
     assert not g.cvt_ptx and not g.nv_fence
-    assert not otiling.geometry("decode_fused", "sg", spec.replace(dtype="float32"), {}, nv).cvt_ptx
+    f32 = attnreg.explain(spec.replace(dtype="float32"), caps=nv,
+                          kernel="opencl.decode_fused.f32.sg.m1")
+    assert "cvt" not in f32.params
+    assert not otiling.geometry("decode_fused", "sg", f32.spec, f32.params, nv).cvt_ptx
     mine = otiling.geometry("decode_fused", "", spec, {"cvt": "ptx", "fence": "ptx"}, dev)
     assert not mine.cvt_ptx and not mine.nv_fence            # never inline PTX off NVIDIA
     with pytest.raises(attnreg.SpecError, match="cvt"):
