@@ -7,7 +7,7 @@ from __future__ import annotations
 from attnreg.plan import SplitGeometry
 from attnreg.rules import RULE_NUMBERS, Ctx, Rule
 
-from . import kernels, mma, tiling
+from . import kernels, mma, probe, tiles
 
 # The ci/results/ files the rules cite (RULE_NUMBERS: measurements kept only as numbers).
 SPLIT_SWEEP = "ci/results/h100_split_sweep.txt"
@@ -24,7 +24,7 @@ SKIP_MIN_ROWS = 16
 
 
 def _ours(ctx: Ctx) -> bool:
-    return ctx.caps.backend == kernels.BACKEND
+    return ctx.caps.backend == probe.NAME
 
 
 def _skip_pays(ctx: Ctx) -> bool:
@@ -46,7 +46,7 @@ BLOCK_SKIP = Rule(
     "flag block_skip with a bias: 'on' visits only the KV blocks the bias's block list keeps, "
     "'auto' does so from 16 query rows (where it measured faster), and 'off', no bias or "
     "partial states run dense", "params",
-    lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    lambda c: c.kernel is not None and c.kernel.backend == probe.NAME
     and "block_skip" in c.kernel.params and "block_skip" not in c.user, _block_skip,
     measured=(RULE_NUMBERS,))
 
@@ -71,16 +71,16 @@ NVIDIA_TWO_LAUNCH = Rule(
     "NVIDIA OpenCL, one query row, L >= 8192 with GQA group >= 8 or head size <= 64: the "
     "two-launch decode beats decode_fused, whose last work-group's merge of many splits is "
     "latency-bound there", "route_refine",
-    lambda c: _decode_row(c) and tiling.nv_platform(c.caps)
+    lambda c: _decode_row(c) and tiles.nv_platform(c.caps)
     and c.params.get("route") == "split_kv_fused" and c.spec.total_len >= 8192
     and (c.spec.group_size >= 8 or c.spec.head_size <= 64),
     lambda c: {"route": "split_kv"}, measured=(RULE_NUMBERS,))
 
 
 def _nv_fused(c: Ctx) -> bool:
-    return (c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    return (c.kernel is not None and c.kernel.backend == probe.NAME
             and c.kernel.family == "decode_fused" and c.kernel.matrix is None
-            and tiling.nv_platform(c.caps))
+            and tiles.nv_platform(c.caps))
 
 
 NVIDIA_FAST_EXP = Rule(
@@ -93,10 +93,10 @@ NVIDIA_FAST_EXP = Rule(
 
 def _converts_halves(c: Ctx) -> bool:
     """An OpenCL kernel on NVIDIA's OpenCL that converts 16-bit values: float16 loads, or a
-    tensor-core build's float16 / bfloat16 fragments (tiling.py: CVT_PTX)."""
+    tensor-core build's float16 / bfloat16 fragments (tiles.py: CVT_PTX)."""
     k = c.kernel
-    return (k is not None and k.backend == kernels.BACKEND and k.family != "reduce"
-            and tiling.nv_platform(c.caps) and "cvt" not in c.user
+    return (k is not None and k.backend == probe.NAME and k.family != "reduce"
+            and tiles.nv_platform(c.caps) and "cvt" not in c.user
             and (c.spec.dtype == "float16" if k.matrix is None else
                  c.spec.dtype in ("float16", "bfloat16") and c.params.get("mma") != "emulate"))
 
@@ -112,8 +112,8 @@ NVIDIA_PTX_FENCE = Rule(
     "opencl_nvidia_ptx_fence",
     "NVIDIA OpenCL one-launch decode: one work-item's PTX membar.gl, cumulative, orders its "
     "work-group's partial states before the ticket, where OpenCL 1.2 fences every item",
-    "params", lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
-    and c.kernel.family == "decode_fused" and tiling.nv_platform(c.caps)
+    "params", lambda c: c.kernel is not None and c.kernel.backend == probe.NAME
+    and c.kernel.family == "decode_fused" and tiles.nv_platform(c.caps)
     and "fence" not in c.user,
     lambda c: {"fence": "ptx"}, measured=(DECODE_EPILOGUE,))
 
@@ -146,7 +146,7 @@ def _async_tiles(c: Ctx) -> bool:
     """A tensor-core prefill reading float16 / bfloat16 K/V whose Q fragments stay in
     registers (head size <= 128; at 256 neither would Q's fragments fit registers nor Q, two K
     and two V tiles 48 KiB), its prefetch not the caller's."""
-    if not (c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    if not (c.kernel is not None and c.kernel.backend == probe.NAME
             and c.kernel.matrix is not None and c.kernel.family == "prefill"
             and c.spec.kv_dtype is None and mma.async_q_in_registers(c.spec.head_size)
             and "prefetch" not in c.user):
@@ -173,7 +173,7 @@ def _wide_rows(c: Ctx) -> bool:
     if not (c.caps.vendor == "nvidia" and c.params.get("prefetch") == 2
             and c.kernel is not None and "q_tile" not in c.user):
         return False
-    g = tiling.mma_geometry(c.spec, {**c.kernel.defaults, **c.params, "q_tile": 64}, c.caps)
+    g = tiles.mma_geometry(c.spec, {**c.kernel.defaults, **c.params, "q_tile": 64}, c.caps)
     return g.n_groups(c.spec) < 2 * (c.caps.compute_units or 1)
 
 
@@ -188,18 +188,18 @@ MMA_TILES_FIT = Rule(
     "opencl_mma_tiles_fit_storage",
     "OpenCL tensor-core prefill: kv_tile, then q_tile, halved until the Q, K and transposed V "
     "tiles fit the device's local memory", "params",
-    lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    lambda c: c.kernel is not None and c.kernel.backend == probe.NAME
     and c.kernel.matrix is not None and bool(_mma_fit(c)), _mma_fit)
 
 def _mma_decode(c: Ctx) -> bool:
-    return (c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    return (c.kernel is not None and c.kernel.backend == probe.NAME
             and c.kernel.matrix is not None and c.kernel.family in kernels.MMA_DECODES)
 
 
-def _mma_decode_geometry(c: Ctx) -> tiling.Geometry:
+def _mma_decode_geometry(c: Ctx) -> tiles.Geometry:
     """The tensor-core decode's geometry with the params chosen so far."""
     assert c.kernel is not None
-    return tiling.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
+    return tiles.mma_decode_geometry(c.spec, {**c.kernel.defaults, **c.params}, c.caps,
                                       c.kernel.family)
 
 
@@ -224,7 +224,7 @@ MMA_PREFILL_NVIDIA = Rule(
     "NVIDIA with PTX mma.sync (probed): the tensor-core flash prefill, several times faster than "
     "the sub-group prefill (its bf16 and int8 / int4 K/V builds chosen alike, not yet "
     "measured)", "params",
-    lambda c: c.kernel is not None and c.kernel.backend == kernels.BACKEND
+    lambda c: c.kernel is not None and c.kernel.backend == probe.NAME
     and c.kernel.matrix is not None and c.kernel.family == "prefill"
     and c.flags.get("matrix_units", "auto") == "auto" and c.caps.vendor == "nvidia"
     and "mma" not in c.user and c.kernel.features <= c.caps.features,

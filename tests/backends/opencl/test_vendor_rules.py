@@ -10,7 +10,7 @@ import pytest
 import attnreg
 from attnreg.backends.opencl import mma_probe
 from attnreg.backends.opencl import probe as oprobe
-from attnreg.backends.opencl import tiling as otiling
+from attnreg.backends.opencl import tiles as otiles
 from attnreg.spec import AttentionSpec
 
 DECODE = AttentionSpec(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8, head_size=128,
@@ -35,10 +35,10 @@ def test_nvidia_settings_are_rules_in_explain() -> None:
     assert "opencl_nvidia_ptx_cvt: " in text and "-> cvt=ptx" in text
     assert "opencl_nvidia_ptx_fence: " in text and "-> fence=ptx" in text
     assert "(measured: ci/results/h100_decode_epilogue.txt)" in text
-    g = otiling.geometry("decode_fused", "sg", DECODE, plan.params, nv)
+    g = otiles.geometry("decode_fused", "sg", DECODE, plan.params, nv)
     assert g.cvt_ptx and g.nv_fence
     # no rule, no PTX: "auto" is the portable OpenCL C
-    bare = otiling.geometry("decode_fused", "sg", DECODE, {}, nv)
+    bare = otiles.geometry("decode_fused", "sg", DECODE, {}, nv)
     assert not bare.cvt_ptx and not bare.nv_fence
 
 
