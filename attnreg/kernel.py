@@ -26,6 +26,11 @@ ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     # split-KV in one launch: the last workgroup of each row merges the splits
     "split_kv_fused": ("decode_fused",),
 })
+# Routes of op "partial" (partial states, no reduce): the split-KV routes without their reduce.
+PARTIAL_ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "partial": ROUTES["split_kv"][:1],
+    "partial_unfused": ROUTES["split_kv_unfused"][:2],
+})
 # Families that cut the KV range into splits (the plan's SplitGeometry comes from them).
 SPLIT_FAMILIES = ("decode_partial", "decode_qk", "decode_fused")
 # Contract features a kernel implements unless it says otherwise.

@@ -75,7 +75,7 @@
 #endif
 
 // Registers -> local tiles (K with pitch KPITCH, V with pitch HV), converted (dequantized)
-// to f32: staging is 4 bytes a value whatever the storage (tiling.py counts it so).
+// to f32: staging is 4 bytes a value whatever the storage (tiles.py counts it so).
 #if HV == HD
 #define STORE_TILE(KPITCH)                                              \
   for (int n = 0; n < NLD; ++n) {                                       \

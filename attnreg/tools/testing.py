@@ -268,14 +268,7 @@ def visibility(spec: AttentionSpec, lengths: np.ndarray, starts: Any = None,
         else np.asarray(q_lens, np.int64)[:, None, None]
     rows = np.arange(spec.seq_len)[None, :, None]
     pos = L - sq + rows
-    vis = (j < L) & (j >= first) & (rows < sq)
-    if spec.causal:
-        vis = vis & (j <= pos)
-    if spec.local_window > 0:
-        vis = vis & (j > pos - spec.local_window)
-    if spec.right_window >= 0:
-        vis = vis & (j - pos <= spec.right_window)
-    return vis
+    return ref.within_reach(spec, (j < L) & (j >= first) & (rows < sq), j, pos)
 
 
 def _kv_index(spec: AttentionSpec, t: Mapping[str, np.ndarray], b: int, n: int, j: int,

@@ -15,7 +15,7 @@ from . import kernels, probe, rules
 class OpenCLBackend:
     """pyopencl platforms and devices; programs built once per device and shared."""
 
-    name = kernels.BACKEND
+    name = probe.NAME
     priority = 5
 
     def probe(self) -> list[DeviceCaps]:

@@ -25,7 +25,8 @@ from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import mma, tiling
+from . import mma
+from .tiles import Geometry
 
 # family -> source files, in include order (the Params struct and the signature in front)
 _DECODE = ("common.cl", "flash_core.cl", "flash_rows.cl", "subgroups.cl", "decode_core.cl")
@@ -144,7 +145,7 @@ def window_tests(spec: AttentionSpec, caps: DeviceCaps | None) -> bool:
     return "right_window" in spec.features or (caps is not None and caps.device_type == "cpu")
 
 
-def defines(spec: AttentionSpec, g: tiling.Geometry, bias_dtype: str | None,
+def defines(spec: AttentionSpec, g: Geometry, bias_dtype: str | None,
             params: Mapping[str, Any], caps: DeviceCaps | None = None) -> dict[str, int]:
     """The -D constants of a stage's program; ``bias_dtype``: the bias as stored (any dtype
     the checks accept for it; None without a bias), which its reads follow (common.cl)."""
@@ -170,7 +171,7 @@ def defines(spec: AttentionSpec, g: tiling.Geometry, bias_dtype: str | None,
     return out
 
 
-def global_size(family: str, spec: AttentionSpec, g: tiling.Geometry,
+def global_size(family: str, spec: AttentionSpec, g: Geometry,
                 params: Mapping[str, Any]) -> int:
     if family == "reduce":
         return spec.batch * spec.num_heads * spec.seq_len * g.wg
@@ -179,7 +180,7 @@ def global_size(family: str, spec: AttentionSpec, g: tiling.Geometry,
     return g.n_groups(spec, int(params["n_splits"])) * g.wg
 
 
-def tiles(spec: AttentionSpec, g: tiling.Geometry, params: Mapping[str, Any]) -> int:
+def tiles(spec: AttentionSpec, g: Geometry, params: Mapping[str, Any]) -> int:
     """decode_fused's row tiles (one ticket each)."""
     return g.n_groups(spec, int(params["n_splits"])) // int(params["n_splits"])
 
@@ -191,7 +192,7 @@ def arguments(family: str, block: Any, b: Mapping[str, Any]) -> list[Any]:
             for p in ports.ports(family, ports.OPENCL)]
 
 
-def heavy_first(spec: AttentionSpec, g: tiling.Geometry, bl: blocks.BlockList) -> np.ndarray:
+def heavy_first(spec: AttentionSpec, g: Geometry, bl: blocks.BlockList) -> np.ndarray:
     """Prefill work-group order for block skipping: most listed blocks (within the causal
     and right-window bounds) first, so the longest work-groups start early and the tail
     stays short."""

@@ -30,7 +30,7 @@ from attnreg.device_tensor import DeviceTensor
 from attnreg.errors import KernelUnavailable
 from attnreg.plan import Plan, Stage
 
-from . import device, kernels, program, quantize, tiling
+from . import device, kernels, program, quantize, tiles
 from .memory import DeviceMemory, raw_bytes
 
 
@@ -54,7 +54,7 @@ class _Prepared:
 class _Layout:
     """What a plan launches, worked out once per (plan, bias shape)."""
 
-    stages: list[tuple[Stage, str, dict[str, Any], tiling.Geometry]]
+    stages: list[tuple[Stage, str, dict[str, Any], tiles.Geometry]]
     written: dict[str, int]                          # bytes of each buffer the stages write
     results: dict[str, tuple[tuple[int, ...], Any]]  # shape, dtype of each buffer read back
 
@@ -127,7 +127,7 @@ class OpenCLRuntime:
                             program.source(family, _variant(kernel_id)[1]),
                             program.options(defines, program.build_fix(self.caps)))
 
-    def _new_kernel(self, kernel_id: str, family: str, g: tiling.Geometry,
+    def _new_kernel(self, kernel_id: str, family: str, g: tiles.Geometry,
                     defines: dict[str, int]) -> cl.Kernel:
         prog = self._program(kernel_id, family, defines)
         k = cl.Kernel(prog, program.ENTRY[family])
@@ -136,13 +136,13 @@ class OpenCLRuntime:
             self._checked.add((prog.int_ptr, kernel_id))
         return k
 
-    def _check_kernel(self, kernel_id: str, k: cl.Kernel, g: tiling.Geometry) -> None:
+    def _check_kernel(self, kernel_id: str, k: cl.Kernel, g: tiles.Geometry) -> None:
         info = cl.kernel_work_group_info
         allowed = k.get_work_group_info(info.WORK_GROUP_SIZE, self.device)
         if allowed < g.wg:
             raise KernelUnavailable(kernel_id, f"compiled kernel allows {allowed} work-items "
                                     f"per work-group, geometry needs {g.wg}")
-        if g.sg_impl in (tiling.SG_IMPLS["khr"], tiling.SG_IMPLS["intel"]):
+        if g.sg_impl in (tiles.SG_IMPLS["khr"], tiles.SG_IMPLS["intel"]):
             # The code assumes sub-groups of exactly g.sg work-items; ask the driver.
             try:
                 got = k.get_sub_group_info(
@@ -173,7 +173,7 @@ class OpenCLRuntime:
                 self.mem.upload_pooled(name, np.asarray(x), private=private)
         return bufs
 
-    def _block_lists(self, plan: Plan, stage: Stage, g: tiling.Geometry, bias: Any,
+    def _block_lists(self, plan: Plan, stage: Stage, g: tiles.Geometry, bias: Any,
                      bufs: dict[str, Any]) -> None:
         """Block-list buffers (and the prefill order) for a block-skipping stage. A
         DeviceTensor bias's lists are built and uploaded once per bias version."""
@@ -208,7 +208,7 @@ class OpenCLRuntime:
             family, variant = _variant(stage.kernel)
             params = program.stage_params(plan, stage, split, bias_shape)
             stages.append((stage, family, params,
-                           tiling.geometry(family, variant, spec, params, self.caps)))
+                           tiles.geometry(family, variant, spec, params, self.caps)))
         n = int(split.get("n_splits", 1))
         written = ports.written([family for _, family, _, _ in stages], spec, ports.OPENCL)
         # decode_fused's tickets, one per row tile of its geometry, are sized in _prepare

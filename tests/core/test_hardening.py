@@ -142,6 +142,79 @@ def test_interrupt_inside_webgpu_readback_leaves_the_runtime_usable(dev: attnreg
 
 
 # -- 2b/4. a SIGINT storm over a decode loop -----------------------------------------------
+class _SigintStorm:
+    """SIGINT to this process at random intervals from a thread. The test's own bookkeeping
+    must not be interrupted: the handler raises KeyboardInterrupt only while a library call
+    runs (``armed``); the session's deferral holds it and delivers it through the handler
+    when the call is complete."""
+
+    def __init__(self, interval: list[float]) -> None:
+        self.interval = interval
+        self.armed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def handler(self, signum: int, frame: Any) -> None:
+        if self.armed:
+            raise KeyboardInterrupt
+
+    def _run(self) -> None:
+        r, pid = np.random.default_rng(4), os.getpid()
+        while not self._stop.wait(float(r.uniform(*self.interval))):
+            os.kill(pid, signal.SIGINT)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def widen(self) -> None:
+        """Each interrupt widens the interval, so steps get through on a loaded machine."""
+        self.interval[:] = [1.25 * self.interval[0], 1.25 * self.interval[1]]
+
+
+def _step_time(s: attnreg.Session) -> float:
+    """One decode step's time on the session's device (after its compile)."""
+    like = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=31, num_heads=4,
+                                 kv_num_heads=2, head_size=16)      # a step's size
+    qkv = {n: np.ones(shape, np.float32) for n, shape in
+           (("q", like.q_shape), ("k", like.kv_shape), ("v", like.kv_shape))}
+    s.run(like, qkv)                                                # compiles
+    t0 = time.monotonic()
+    s.run(like, qkv)
+    return time.monotonic() - t0
+
+
+def _storm_step(s: attnreg.Session, cache: Any, rng: np.random.Generator, storm: _SigintStorm,
+                k_host: np.ndarray, v_host: np.ndarray) -> bool:
+    """One append and run under the storm; True if it completed, False if interrupted. The
+    host copy follows the cache: an append happened whole (the interrupt came after it) or
+    not at all."""
+    before = cache.lengths.copy()
+    kn = rng.standard_normal((2, 1, 2, 16)).astype(np.float32)
+    vn = rng.standard_normal((2, 1, 2, 16)).astype(np.float32)
+    done = False
+    try:
+        storm.armed = True
+        cache.append(kn, vn)
+        spec = cache.spec(num_heads=4)
+        out = s.run(spec, cache.tensors(np.ones(spec.q_shape, np.float32)))
+        storm.armed = False
+        done = True
+        assert np.isfinite(out).all()
+    except KeyboardInterrupt:
+        storm.armed = False
+        storm.widen()
+    if not np.array_equal(cache.lengths, before):
+        assert np.array_equal(cache.lengths, before + 1)
+        for b in range(2):
+            k_host[b, before[b]] = kn[b, 0]
+            v_host[b, before[b]] = vn[b, 0]
+    return done
+
+
 @pytest.mark.parametrize("dev", DEVICES, ids=IDS)
 def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps) -> None:
     """Ctrl-C every few milliseconds during appends, runs and read-backs: each interrupt
@@ -150,28 +223,10 @@ def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach only the main thread")
     rng = np.random.default_rng(3)
-    stop = threading.Event()
-    pid = os.getpid()
-
     # Intervals around one step's time (measured below, before the storm): from 1 ms on
     # webgpu/opencl to tens of milliseconds in the browser.
-    interval = [0.001, 0.006]
-
-    def storm() -> None:
-        r = np.random.default_rng(4)
-        while not stop.wait(float(r.uniform(*interval))):
-            os.kill(pid, signal.SIGINT)
-
-    # The test's own bookkeeping must not be interrupted: SIGINT raises KeyboardInterrupt
-    # only while a library call runs (armed); the session's deferral holds it and delivers
-    # it through this handler when the call is complete.
-    armed = [False]
-
-    def handler(signum: int, frame: Any) -> None:
-        if armed[0]:
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, handler)
+    storm = _SigintStorm([0.001, 0.006])
+    previous = signal.signal(signal.SIGINT, storm.handler)
     try:
         with _session(dev) as s:
             # room for many steps: a fast backend (reference) must meet several interrupts
@@ -179,49 +234,23 @@ def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps
             cache = s.kv_cache(batch=2, kv_num_heads=2, head_size=16, capacity=512,
                                dtype="float32")
             k_host, v_host = _host_cache(cache)
-            like = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=31, num_heads=4,
-                                         kv_num_heads=2, head_size=16)      # a step's size
-            qkv = {n: np.ones(shape, np.float32) for n, shape in
-                   (("q", like.q_shape), ("k", like.kv_shape), ("v", like.kv_shape))}
-            s.run(like, qkv)                                                # compiles
-            t0 = time.monotonic()
-            s.run(like, qkv)
-            step = time.monotonic() - t0
-            interval[:] = [max(0.001, 0.3 * step), max(0.006, 1.5 * step)]
+            step = _step_time(s)
+            storm.interval[:] = [max(0.001, 0.3 * step), max(0.006, 1.5 * step)]
             interrupts = steps = 0
-            thread = threading.Thread(target=storm, daemon=True)
-            thread.start()
+            storm.start()
             deadline = time.monotonic() + 5.0
             try:
                 # Past the deadline only while too few steps completed (a loaded machine), up
-                # to 15 s more; each interrupt widens the storm's interval, so steps get through.
+                # to 15 s more.
                 while (time.monotonic() < deadline or steps < 3) \
                         and time.monotonic() < deadline + 15.0 \
                         and cache.lengths.max() < cache.capacity - 1:
-                    before = cache.lengths.copy()
-                    kn = rng.standard_normal((2, 1, 2, 16)).astype(np.float32)
-                    vn = rng.standard_normal((2, 1, 2, 16)).astype(np.float32)
-                    try:
-                        armed[0] = True
-                        cache.append(kn, vn)
-                        spec = cache.spec(num_heads=4)
-                        out = s.run(spec, cache.tensors(np.ones(spec.q_shape, np.float32)))
-                        armed[0] = False
+                    if _storm_step(s, cache, rng, storm, k_host, v_host):
                         steps += 1
-                        assert np.isfinite(out).all()
-                    except KeyboardInterrupt:
-                        armed[0] = False
+                    else:
                         interrupts += 1
-                        interval[:] = [1.25 * interval[0], 1.25 * interval[1]]
-                    # An append happened whole (the interrupt came after it) or not at all.
-                    if not np.array_equal(cache.lengths, before):
-                        assert np.array_equal(cache.lengths, before + 1)
-                        for b in range(2):
-                            k_host[b, before[b]] = kn[b, 0]
-                            v_host[b, before[b]] = vn[b, 0]
             finally:
-                stop.set()
-                thread.join()
+                storm.stop()
             _check_cache_step(s, cache, k_host, v_host, rng, "after the storm")
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -12,7 +12,7 @@ import numpy as np
 import attnreg
 from attnreg.backends.opencl import device as odevice
 from attnreg.backends.opencl import mma_probe, program
-from attnreg.backends.opencl import tiling as otiling
+from attnreg.backends.opencl import tiles as otiles
 from attnreg.spec import AttentionSpec
 from tests.support import check_close, make_tensors, missing
 
@@ -40,7 +40,7 @@ def nvidia_like(pocl: attnreg.DeviceCaps) -> attnreg.DeviceCaps:
     """PoCL's caps dressed as the H100's OpenCL: vendor, the probed mma.sync, 132 units."""
     return pocl.model_copy(update={
         "vendor": "nvidia", "device_type": "gpu", "compute_units": 132,
-        "features": pocl.features | {mma_probe.FEATURE, otiling.NV_SHUFFLE},
+        "features": pocl.features | {mma_probe.FEATURE, otiles.NV_SHUFFLE},
         "limits": {**pocl.limits, "workgroup_storage": 48 * 1024}})
 
 
@@ -137,7 +137,7 @@ def check_declared_local_memory(dev: attnreg.DeviceCaps, kernel_id: str,
     used, declared = [], []
     for spec, params in cases:
         params = {"mma": "emulate", **params}
-        g = otiling.geometry(k.family, "mma", spec, params)
+        g = otiles.geometry(k.family, "mma", spec, params)
         opts = program.options(program.defines(spec, g, None, params))
         prog = cl.Program(ctx, program.source(k.family, "mma")).build(options=list(opts))
         used.append(cl.Kernel(prog, program.ENTRY[k.family]).get_work_group_info(

@@ -14,7 +14,7 @@ from attnreg.backends.opencl import device as odevice
 from attnreg.backends.opencl import mma_probe
 from attnreg.backends.opencl import probe as oprobe
 from attnreg.backends.opencl import program as oprogram
-from attnreg.backends.opencl import tiling as otiling
+from attnreg.backends.opencl import tiles as otiles
 from attnreg.kernel import TOLERANCE
 from attnreg.tensors import check_tensors
 from tests.support import check_close, make_tensors
@@ -128,7 +128,7 @@ def test_kernel_table():
     spec = _spec(head_size=128, seq_len=4, dtype="float16")
     need = attnreg.registry.get().kernel("opencl.decode_partial.f16.m4").storage_need(
         spec, {"m_tile": 4, "kv_tile": 32})
-    g = otiling.geometry("decode_partial", "", spec, {"m_tile": 4, "kv_tile": 32})
+    g = otiles.geometry("decode_partial", "", spec, {"m_tile": 4, "kv_tile": 32})
     assert need == g.storage(128) > 0 and g.rows == 16
 
 

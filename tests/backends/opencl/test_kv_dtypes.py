@@ -146,7 +146,7 @@ def test_nan_scale_of_a_visible_key_reaches_the_rows_that_see_it(session, family
 
 def test_head_size_256_reads_v_unstaged(dev):
     """What the h256 cases are for: the device-dependent geometry leaves V unstaged there."""
-    from attnreg.backends.opencl import tiling
+    from attnreg.backends.opencl import tiles
 
     for name, variant in (("h256.prefill.sg", "sg"), ("h256.decode_partial.m1", "")):
         template, fields, params = EXTRAS[name]
@@ -154,7 +154,7 @@ def test_head_size_256_reads_v_unstaged(dev):
                       if k.id == "opencl." + template.format(t="bf16"))
         spec = _spec("bfloat16", "int4", fields)
         p = {**kernel.defaults, **params, **kernel.params}
-        assert not tiling.geometry(kernel.family, variant, spec, p, dev).stage_v, name
+        assert not tiles.geometry(kernel.family, variant, spec, p, dev).stage_v, name
 
 
 def test_declarations():

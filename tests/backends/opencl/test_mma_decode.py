@@ -16,7 +16,7 @@ import pytest
 
 import attnreg
 from attnreg.backends.opencl import mma_probe
-from attnreg.backends.opencl import tiling as otiling
+from attnreg.backends.opencl import tiles as otiles
 from attnreg.spec import AttentionSpec
 from tests.backends.opencl import mma_support
 from tests.backends.opencl.mma_support import BUILDS, IDS
@@ -144,11 +144,11 @@ def test_quantized_tiles_on_nvidia_and_the_l2_prefetch_knob(pocl):
     assert got["int8"]["prefetch"] == 1
     assert got["int4"]["prefetch"] == 1 and got["int4"].get("l2_prefetch", 0) == 0
     # the knob is validated like every tile (and is only a build option on NVIDIA's builds)
-    g = otiling.mma_decode_geometry(spec, {"l2_prefetch": 2}, nv, "decode_fused")
+    g = otiles.mma_decode_geometry(spec, {"l2_prefetch": 2}, nv, "decode_fused")
     assert g.pl2 == 2 and g.defines()["PL2"] == 2
-    assert "PL2" not in otiling.mma_decode_geometry(spec, {}, nv, "decode_fused").defines()
+    assert "PL2" not in otiles.mma_decode_geometry(spec, {}, nv, "decode_fused").defines()
     with pytest.raises(attnreg.SpecError, match="l2_prefetch"):
-        otiling.mma_decode_geometry(spec, {"l2_prefetch": 9}, nv, "decode_fused")
+        otiles.mma_decode_geometry(spec, {"l2_prefetch": 9}, nv, "decode_fused")
     # through the public params check: 0 (off, the default) is a value a caller may pass; a
     # negative one is not
     q = spec.model_copy(update={"kv_dtype": "int8"})

@@ -27,7 +27,7 @@ import pytest
 import attnreg
 from attnreg.backends.opencl import device as odevice
 from attnreg.backends.opencl import program
-from attnreg.backends.opencl import tiling as otiling
+from attnreg.backends.opencl import tiles as otiles
 from attnreg.quant import dequantize_kv, quantize_kv
 from attnreg.spec import AttentionSpec
 from tests.backends.opencl.mma_support import BUILDS, IDS
@@ -152,7 +152,7 @@ def test_decode_fragment_pairs_are_the_rounded_values(pocl, dtype, kv_dtype):
     # the emulated decode's whole program (mma_kvq.cl needs flash_core.cl's rows), and the probe
     spec = AttentionSpec(seq_len=1, past_len=63, num_heads=8, kv_num_heads=2, head_size=64,
                          dtype=dtype, kv_dtype=kv_dtype)
-    g = otiling.mma_decode_geometry(spec, {"mma": "emulate"})
+    g = otiles.mma_decode_geometry(spec, {"mma": "emulate"})
     ctx, d = odevice.context(pocl)
     prog = cl.Program(ctx, program.source("decode_partial", "mma") + _PAIRS).build(
         options=list(program.options(program.defines(spec, g, None, {}))), devices=[d])

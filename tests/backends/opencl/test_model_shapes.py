@@ -22,7 +22,7 @@ import pytest
 import attnreg
 from attnreg import reference as ref
 from attnreg.backends.opencl import kernels as cl_kernels
-from attnreg.backends.opencl import mma_probe, tiling
+from attnreg.backends.opencl import mma_probe, tiles
 from attnreg.kernel import MODEL_FEATURES, TOLERANCE
 from attnreg.spec import AttentionSpec
 from attnreg.tensors import check_tensors
@@ -227,7 +227,7 @@ def _nvidia_like() -> attnreg.DeviceCaps:
     assert DEV is not None or pytest.skip("no OpenCL device")
     return DEV.model_copy(update={
         "limits": {**DEV.limits, "workgroup_storage": 48 * 1024, "invocations": 1024},
-        "features": DEV.features | {mma_probe.FEATURE, "subgroups", tiling.NV_SHUFFLE},
+        "features": DEV.features | {mma_probe.FEATURE, "subgroups", tiles.NV_SHUFFLE},
         "subgroup_min_size": 32, "subgroup_max_size": 32, "vendor": "nvidia",
         "device_type": "gpu"})
 
@@ -264,15 +264,15 @@ def test_scalar_tiles_fit_48k(h, hv):
             if "m_tile" in p:
                 p["m_tile"] = m
             need = k.storage_need(spec, p)
-            g = tiling.geometry(k.family, cl_kernels.variant_of(k), spec, p)
+            g = tiles.geometry(k.family, cl_kernels.variant_of(k), spec, p)
             assert need == g.storage(h) and g.hv == hv
             if k.family == "prefill" and ".sg" in k.id and h > 320:
-                assert need > tiling.STORAGE_BUDGET
+                assert need > tiles.STORAGE_BUDGET
                 if nv is not None:
                     why = k.not_supported_reasons(spec, nv, p)
                     assert any("workgroup storage" in w for w in why), why
             else:
-                assert need <= tiling.STORAGE_BUDGET, (k.id, m, need)
+                assert need <= tiles.STORAGE_BUDGET, (k.id, m, need)
 
 
 def test_unfused_pair_tiles_rows_alike():
@@ -281,8 +281,8 @@ def test_unfused_pair_tiles_rows_alike():
         spec = AttentionSpec(batch=1, seq_len=3, num_heads=16, kv_num_heads=1, head_size=h,
                              v_head_size=hv, past_len=60)
         for m in (1, 2, 4):
-            qk = tiling.geometry("decode_qk", "", spec, {"m_tile": m, "kv_tile": 64})
-            pv = tiling.geometry("decode_pv", "", spec, {"m_tile": m})
+            qk = tiles.geometry("decode_qk", "", spec, {"m_tile": m, "kv_tile": 64})
+            pv = tiles.geometry("decode_pv", "", spec, {"m_tile": m})
             assert (qk.gc, qk.mq) == (pv.gc, pv.mq)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import attnreg
 from attnreg.backends.opencl import probe as oprobe
-from attnreg.backends.opencl import tiling as otiling
+from attnreg.backends.opencl import tiles as otiles
 from attnreg.spec import AttentionSpec
 from attnreg.tools.testing import packed_docs
 from tests.support import check_close, make_tensors
@@ -150,15 +150,22 @@ def test_ptx_knobs_only_on_nvidia(dev):
     spec = AttentionSpec(seq_len=1, past_len=63, head_size=64, dtype="float16")
     nv = dev.model_copy(update={"features": dev.features | {"subgroups", oprobe.NV_SHUFFLE},
                                 "vendor": "nvidia"})
-    g = otiling.geometry("decode_fused", "sg", spec, {}, nv)
-    assert g.cvt_ptx is otiling.CVT_PTX_DEFAULT and g.nv_fence
-    g = otiling.geometry("decode_fused", "sg", spec, {"cvt": "cl", "fence": "cl"}, nv)
+    g = otiles.geometry("decode_fused", "sg", spec, {}, nv)
+    assert not g.cvt_ptx and not g.nv_fence          # "auto": the portable OpenCL C ...
+    plan = attnreg.explain(spec, caps=nv, kernel="opencl.decode_fused.f16.sg.m1")
+    assert plan.params["cvt"] == "ptx" and plan.params["fence"] == "ptx"   # ... the rules: PTX
+    g = otiles.geometry("decode_fused", "sg", spec, plan.params, nv)
+    assert g.cvt_ptx and g.nv_fence
+    g = otiles.geometry("decode_fused", "sg", spec, {"cvt": "cl", "fence": "cl"}, nv)
     assert not g.cvt_ptx and not g.nv_fence
-    assert not otiling.geometry("decode_fused", "sg", spec.replace(dtype="float32"), {}, nv).cvt_ptx
-    mine = otiling.geometry("decode_fused", "", spec, {"cvt": "ptx", "fence": "ptx"}, dev)
+    f32 = attnreg.explain(spec.replace(dtype="float32"), caps=nv,
+                          kernel="opencl.decode_fused.f32.sg.m1")
+    assert "cvt" not in f32.params
+    assert not otiles.geometry("decode_fused", "sg", f32.spec, f32.params, nv).cvt_ptx
+    mine = otiles.geometry("decode_fused", "", spec, {"cvt": "ptx", "fence": "ptx"}, dev)
     assert not mine.cvt_ptx and not mine.nv_fence            # never inline PTX off NVIDIA
     with pytest.raises(attnreg.SpecError, match="cvt"):
-        otiling.geometry("decode_fused", "", spec, {"cvt": "fast"}, dev)
+        otiles.geometry("decode_fused", "", spec, {"cvt": "fast"}, dev)
 
 
 def test_nvidia_rules_from_the_h100_measurements(dev):
@@ -173,7 +180,7 @@ def test_nvidia_rules_from_the_h100_measurements(dev):
     target = attnreg.explain(decode(8192), caps=nv)          # the issue-4 decode
     assert target.kernels == ("opencl.decode_fused.f16.sg.m1",)
     assert target.params["fast_exp"] is True and target.params["n_splits"] == 64
-    assert otiling.geometry("decode_fused", "sg", decode(8192), target.params, nv).cvt_ptx
+    assert otiles.geometry("decode_fused", "sg", decode(8192), target.params, nv).cvt_ptx
     f32 = attnreg.explain(decode(8192, "float32"), caps=nv)
     assert f32.params["split_size"] == 256 and f32.params["n_splits"] == 32
     assert attnreg.explain(decode(2048, "float32"), caps=nv).params["n_splits"] == 16

@@ -30,10 +30,6 @@ SG_EMULATED = 8                   # sub-group size of the local-memory emulation
 SG_IMPLS = {"khr": 1, "intel": 2, "nv": 3, "emu": 9}
 DECODES = ("decode_partial", "decode_fused", "decode_qk", "decode_pv")
 NV_SHUFFLE = "nv_warp_shuffle"    # probe.py's feature for NVIDIA's OpenCL (inline PTX)
-# cvt="auto" on NVIDIA: PTX cvt.f32.f16 instead of the bit-manipulating conversion. Measured
-# on the H100 (GQA 32/8 H=128 f16 decode_fused): 26.6 vs 34.0 us at L=8192, 68.2 vs 86.6 us
-# at L=32768, 16.5 vs 18.2 us at L=2048; every f16 conformance case passed with it.
-CVT_PTX_DEFAULT = True
 _F32 = 4
 
 
@@ -154,11 +150,14 @@ def nv_platform(caps: DeviceCaps | None) -> bool:
     return caps is not None and NV_SHUFFLE in caps.features
 
 
-def _nv_knob(params: Mapping[str, Any], name: str, caps: DeviceCaps | None, auto: bool) -> bool:
+def _ptx_knob(params: Mapping[str, Any], name: str, caps: DeviceCaps | None) -> bool:
+    """Whether the PTX form of a knob (params "cvt", "fence") is built: "ptx" on NVIDIA's
+    OpenCL, where the rules choose it (rules.py: opencl_nvidia_ptx_*); "auto" and "cl" build
+    the portable OpenCL C, and no other platform has PTX."""
     v = params.get(name, "auto")
     if v not in ("auto", "ptx", "cl"):
         raise SpecError(f"params[{name!r}]", v, "'auto', 'ptx' or 'cl'")
-    return nv_platform(caps) and (auto if v == "auto" else v == "ptx")
+    return nv_platform(caps) and v == "ptx"
 
 
 def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str, Any],
@@ -223,9 +222,9 @@ def geometry(family: str, variant: str, spec: AttentionSpec, params: Mapping[str
     if params.get("fast_exp"):
         changes["fast_exp"] = True
     if spec.dtype == "float16":
-        changes["cvt_ptx"] = _nv_knob(params, "cvt", caps, CVT_PTX_DEFAULT)
+        changes["cvt_ptx"] = _ptx_knob(params, "cvt", caps)
     if family == "decode_fused":
-        changes["nv_fence"] = _nv_knob(params, "fence", caps, True)
+        changes["nv_fence"] = _ptx_knob(params, "fence", caps)
     if changes:
         g = Geometry(**{**g.__dict__, **changes})
     if g.rows > g.wg:
@@ -295,7 +294,7 @@ def _mma_build(params: Mapping[str, Any], spec: AttentionSpec, caps: DeviceCaps 
     emulate = build == "emulate"
     return {"mma": MMA_IMPLS[build], "sg": 32, "sg_impl": SG_IMPLS["emu" if emulate else "nv"],
             "cvt_ptx": not emulate and spec.dtype in ("float16", "bfloat16")
-            and _nv_knob(params, "cvt", caps, True)}
+            and _ptx_knob(params, "cvt", caps)}
 
 
 def mma_geometry(spec: AttentionSpec, params: Mapping[str, Any],
@@ -327,5 +326,5 @@ def mma_decode_geometry(spec: AttentionSpec, params: Mapping[str, Any],
                     pf=_int_param(params, "prefetch", d["prefetch"], lo=0, hi=1),
                     pl2=_int_param(params, "l2_prefetch", d["l2_prefetch"], pow2=False, lo=0,
                                    hi=4),
-                    nv_fence=family == "decode_fused" and _nv_knob(params, "fence", caps, True),
+                    nv_fence=family == "decode_fused" and _ptx_knob(params, "fence", caps),
                     **_mma_build(params, spec, caps, d["mma"]))
