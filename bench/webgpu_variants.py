@@ -30,7 +30,7 @@ import numpy as np
 
 import attnreg
 from attnreg.spec import AttentionSpec
-from attnreg.tools.testing import compare, expected, make_tensors
+from attnreg.testing import compare, expected, make_tensors
 
 STAGES = ("check", "copy", "overhead", "blocks", "crossover")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import compare, expected
+from attnreg.testing import compare, expected
 from tests.support import require_devices
 
 BACKENDS = ("reference", "webgpu", "dawn", "opencl")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import compare, expected, make_tensors
+from attnreg.testing import compare, expected, make_tensors
 
 DEVICES = [d for d in attnreg.devices() if d.available]
 IDS = [f"{d.backend}-{d.slug}" for d in DEVICES]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import compare, expected
+from attnreg.testing import compare, expected
 from tests.support import check_close, make_tensors, require_devices
 
 

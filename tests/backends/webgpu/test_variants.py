@@ -11,7 +11,7 @@ import pytest
 import attnreg
 from attnreg import reference as ref
 from attnreg.tensors import check_tensors
-from attnreg.tools.testing import compare_partials
+from attnreg.testing import compare_partials
 from tests.support import check_close, make_tensors, require_devices
 
 
