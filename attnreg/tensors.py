@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .device_tensor import DeviceTensor
 from .errors import SpecError
 from .spec import AttentionSpec
 
@@ -21,7 +22,7 @@ def _wants(spec: AttentionSpec, name: str) -> bool:
 
 
 def _is_device(value: Any) -> bool:
-    return hasattr(value, "handle") and hasattr(value, "device_id") and hasattr(value, "shape")
+    return isinstance(value, DeviceTensor)
 
 
 def _as_array(name: str, value: Any) -> Any:

@@ -36,7 +36,7 @@ STAGES = ("check", "copy", "overhead", "blocks", "crossover")
 
 
 def _runtime(s: attnreg.Session) -> Any:
-    return s._device_runtime(s.home_device())
+    return s.device_runtime(s.home_device())
 
 
 def gpu_us(s: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, Any], *,

@@ -19,7 +19,7 @@ def session():
 
 
 def _runtime(s: attnreg.Session):
-    rt = s._device_runtime(s.home_device())
+    rt = s.device_runtime(s.home_device())
     assert hasattr(rt, "alloc"), "the WebGPU runtime keeps tensors on the device"
     return rt
 

@@ -141,7 +141,7 @@ def test_device_bias_block_lists_are_built_once(session):
     t = make_tensors(spec, 7)
     bias = session.tensor(packed_bias(lengths))
     t["bias"] = packed_bias(lengths)
-    rt = session._device_runtime(session.home_device())
+    rt = session.device_runtime(session.home_device())
     kid = "webgpu.prefill.f32.sg.blocks"
     check_close(spec, session.run(spec, {**t, "bias": bias}, kernel=kid), t)
     allocs = rt.counters["allocs"]
