@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .device_tensor import DeviceTensor
 from .errors import SpecError
 from .spec import AttentionSpec
 
@@ -21,7 +22,7 @@ def _wants(spec: AttentionSpec, name: str) -> bool:
 
 
 def _is_device(value: Any) -> bool:
-    return hasattr(value, "handle") and hasattr(value, "device_id") and hasattr(value, "shape")
+    return isinstance(value, DeviceTensor)
 
 
 def _as_array(name: str, value: Any) -> Any:
@@ -70,7 +71,7 @@ INT32_MAX = 2**31 - 1
 # each of these as accepted (a bias reaches the runtimes as stored; a head_sink, [Nq] values, is
 # widened to float32 by check_tensors and check_partials, exactly), and the conformance matrix
 # stores each in every dtype listed here (attnreg.tools.cases): a dtype added here gets cells, and
-# a kernel that misreads it fails them. The first entry is what tools.testing.make_tensors stores.
+# a kernel that misreads it fails them. The first entry is what testing.make_tensors stores.
 STORED_AS: dict[str, tuple[str, ...]] = {"bias": ("float32", "dtype"),
                                          "head_sink": ("float32", "dtype")}
 

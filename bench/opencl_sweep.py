@@ -22,8 +22,8 @@ import attnreg
 from attnreg import reference
 from attnreg.backends.opencl import device as ocl_device
 from attnreg.spec import AttentionSpec
+from attnreg.testing import random_qkv
 from attnreg.tools import bench_suites
-from attnreg.tools.testing import random_qkv
 
 # Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
 SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {

@@ -22,8 +22,8 @@ import numpy as np
 import attnreg
 from attnreg import reference
 from attnreg.spec import AttentionSpec
+from attnreg.testing import random_qkv
 from attnreg.tools import bench_suites
-from attnreg.tools.testing import random_qkv
 
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attnreg
+from attnreg import testing
 from attnreg.backends.webgpu import program
-from attnreg.tools import testing
 
 QK_PF = "acc = mm_qk(acc, sg * 16u * QST + dc * 16u, kc * 16u * KST + dc * 16u);"
 PV_PF = "acc = mm_pv(acc, sg * 16u * PST + kc * 16u, kc * 16u * VST + c * 16u);"

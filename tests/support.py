@@ -16,10 +16,10 @@ import pytest
 import attnreg
 from attnreg.kernel import ALL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
+from attnreg.testing import compare, expected, make_tensors
 from attnreg.tools import cells as cmod
 from attnreg.tools import conformance as conf
 from attnreg.tools import recipes as recipes_mod
-from attnreg.tools.testing import compare, expected, make_tensors
 
 __all__ = ["IN_CI", "CellRunner", "assert_covering", "check_close", "conformance_cells",
            "expected", "make_tensors", "missing", "module_cells", "prefill_rejection_when_tint_fails",

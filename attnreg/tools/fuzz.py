@@ -33,7 +33,7 @@ from .. import reference as ref
 from ..errors import SpecError
 from ..kernel import LSE_ATOL
 from ..tensors import check_tensors
-from .testing import compare, expected, make_tensors
+from ..testing import compare, expected, make_tensors
 
 NASTY: tuple[Any, ...] = (-1, 0, 2**31, 2**63, 10**12, 1.5, "4", None, True, math.nan, math.inf,
                           -math.inf, 1e-320, 1e39, 1e308, [], {}, (1,), "x")

@@ -28,7 +28,7 @@ from attnreg.errors import NoKernelError, SpecError
 from attnreg.kernel import binding_bytes
 from attnreg.plan import Plan
 from attnreg.spec import AttentionSpec
-from attnreg.tools.testing import compare, expected, make_tensors
+from attnreg.testing import compare, expected, make_tensors
 
 from . import kernels
 from .host import BrowserError, BrowserHost

@@ -84,6 +84,11 @@ class BrowserRuntime(HostMemory):
         self.browsers_started += 1
         return host
 
+    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
+        return ("the browser keeps DeviceTensors on the host and sends them with each "
+                "launch: it has no on-device quantizer (the reference, webgpu, dawn and "
+                "opencl backends have one)")
+
     # -- a plan as one job -------------------------------------------------------------------
     def programs(self, plan: Plan, bias_shape: tuple[int, ...] | None = None
                  ) -> list[program.Program]:

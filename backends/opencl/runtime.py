@@ -88,6 +88,10 @@ class OpenCLRuntime:
         """A device buffer for a DeviceTensor."""
         return self.mem.alloc(nbytes)
 
+    def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
+                      tensor_bytes: int) -> str | None:
+        return self.mem.write_refusal(itemsize, offset_bytes, nbytes, tensor_bytes)
+
     def upload(self, handle: cl.Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
         """Host array -> buffer at a byte offset, ordered with the launches."""
         with self._lock:
@@ -111,7 +115,7 @@ class OpenCLRuntime:
         with self._lock:
             return self.mem.copy_bandwidth(nbytes)
 
-    # -- quantized KV caches (the optional QuantizingRuntime methods; quantize.py) -------
+    # -- quantized KV caches (the Runtime contract's quantize methods; quantize.py) --------
     def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
         return quantize.refusal(kv_dtype, dtype, head_size)
 

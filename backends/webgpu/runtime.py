@@ -81,6 +81,10 @@ class WebGpuRuntime:
     def alloc(self, nbytes: int) -> Any:
         return self.memory.alloc(nbytes)
 
+    def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
+                      tensor_bytes: int) -> str | None:
+        return self.memory.write_refusal(itemsize, offset_bytes, nbytes, tensor_bytes)
+
     def upload(self, handle: Any, array: np.ndarray, offset_bytes: int = 0) -> None:
         self.memory.upload(handle, array, offset_bytes)
 
@@ -96,7 +100,7 @@ class WebGpuRuntime:
                   dst_pitch: int) -> None:
         self.memory.copy_rows(src, dst, rows, row_bytes, src_pitch, dst_pitch)
 
-    # -- quantized KV caches (the optional QuantizingRuntime methods; quantize.py) -----------
+    # -- quantized KV caches (the Runtime contract's quantize methods; quantize.py) ----------
     def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
         return quantize.refusal(kv_dtype, dtype, head_size)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import make_tensors
+from attnreg.testing import make_tensors
 from tests.support import check_close
 
 DEVICES = [d for d in attnreg.devices() if d.available]

@@ -12,7 +12,7 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
-from attnreg.tools.testing import make_tensors
+from attnreg.testing import make_tensors
 from tests.support import IN_CI, check_close
 
 BACKENDS = ("reference", "webgpu", "opencl", "browser", "dawn")

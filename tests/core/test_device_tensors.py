@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import compare, expected
+from attnreg.testing import compare, expected
 
 DEVICES = [d for d in attnreg.devices() if d.available]
 IDS = [f"{d.backend}-{d.slug}" for d in DEVICES]

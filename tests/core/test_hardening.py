@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import compare, expected, make_tensors
+from attnreg.testing import compare, expected, make_tensors
 
 DEVICES = [d for d in attnreg.devices() if d.available]
 IDS = [f"{d.backend}-{d.slug}" for d in DEVICES]
@@ -121,7 +121,7 @@ def test_interrupt_inside_webgpu_readback_leaves_the_runtime_usable(dev: attnreg
     data = np.arange(64, dtype=np.float32)
     with _session(dev) as s:
         t = s.tensor(data)
-        rt = s._device_runtime(t.device_id)
+        rt = s.device_runtime(t.device_id)
         hits = 0
         # Every line up to 150, then a sample: the wait for the map is a polling loop whose
         # line count grows with the time the copy takes.

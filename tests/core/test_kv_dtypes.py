@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools import testing
+from attnreg import testing
 
 
 def test_int8_per_vector_scale_and_error_bound() -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg.testing import compare, expected, make_tensors
 from attnreg.tools import conformance as conf
-from attnreg.tools.testing import compare, expected, make_tensors
 
 DEVICES = [d for d in attnreg.devices() if d.available and d.backend != "reference"]
 PAIRS = [(k, d) for d in DEVICES for k in attnreg.kernels(d.backend)

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import attnreg
 from attnreg.kernel import KernelInfo
+from attnreg.testing import compare, expected, make_tensors
 from attnreg.tools import conformance as conf
-from attnreg.tools.testing import compare, expected, make_tensors
 from tests.support import HOST_BACKENDS
 
 # ci: 2 examples per (kernel, device) pair: each example compiles its own programs (a few

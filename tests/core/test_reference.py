@@ -10,7 +10,7 @@ import pytest
 import attnreg
 from attnreg import reference as ref
 from attnreg.tensors import check_tensors
-from attnreg.tools.testing import plant_nonfinite
+from attnreg.testing import plant_nonfinite
 from tests.naive import naive_attention
 from tests.support import make_tensors
 

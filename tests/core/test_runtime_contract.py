@@ -1,6 +1,8 @@
-"""Every backend's runtime implements the whole runtime contract (attnreg.Runtime): memory
-round trips, launches into device outputs, timings, the copy roof and counters -- checked on
-each backend's real device, against the float64 reference."""
+"""Every backend's runtime implements the whole runtime contract (attnreg.Runtime, with its
+memory half attnreg.memory.Memory): memory round trips, launches into device outputs,
+timings, the copy roof and counters, and refusals that the Session honours (a write the
+memory cannot make, a K/V storage it cannot quantize into) -- checked on each backend's real
+device, against the float64 reference."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg.memory import Memory
 from tests.support import check_close, make_tensors, require_devices
 
 BACKENDS = ("reference", "webgpu", "opencl", "browser", "dawn")
@@ -24,9 +27,10 @@ def session(request: pytest.FixtureRequest):
 
 def test_runtime_is_the_protocol(session: attnreg.Session) -> None:
     rt = session.runtime(session.plan(SPEC))
-    assert isinstance(rt, attnreg.Runtime)
+    assert isinstance(rt, attnreg.Runtime) and isinstance(rt, Memory)
+    assert session.device_runtime(rt.caps.id) is rt
     for name in ("launch", "timings", "alloc", "upload", "download", "free", "copy_bandwidth",
-                 "close"):
+                 "close", "copy_rows", "write_refusal", "quantize_refusal", "quantize_into"):
         assert callable(getattr(type(rt), name, None)), name
     assert isinstance(rt.counters, dict)
 
@@ -63,3 +67,43 @@ def test_timings_and_roof(session: attnreg.Session) -> None:
     assert len(times["wall_s"]) == 3 and all(x > 0 for x in times["wall_s"])
     assert all(x > 0 for x in times.get("gpu_s", [1.0]))
     assert 0.01 < rt.copy_bandwidth(nbytes=4 << 20) < 1e5
+
+
+def test_quantizes_or_says_why(session: attnreg.Session) -> None:
+    """quantize_refusal decides: None, and a quantized cache is made and appended to; words,
+    and the cache is refused with a SpecError that carries them."""
+    rt = session.device_runtime(session.home_device())
+    shape = dict(batch=1, kv_num_heads=2, head_size=64, capacity=8)
+    for kv_dtype in ("int8", "int4"):
+        why = rt.quantize_refusal(kv_dtype, "float16", 64)
+        if why is None:
+            cache = session.kv_cache(**shape, kv_dtype=kv_dtype)
+            cache.append(*(np.ones((1, 3, 2, 64), np.float16),) * 2)
+            assert list(cache.lengths) == [3]
+        else:
+            assert isinstance(why, str) and why
+            with pytest.raises(attnreg.SpecError, match="kv_dtype") as err:
+                session.kv_cache(**shape, kv_dtype=kv_dtype)
+            assert why in str(err.value)
+
+
+def test_writes_or_says_why(session: attnreg.Session) -> None:
+    """write_refusal decides where a write may go: None, and the bytes land there; words,
+    and the write is refused with them, leaving the tensor as it was. A write of 2-byte
+    elements and one that reaches the tensor's end go through on every runtime."""
+    t = session.tensor(np.arange(13, dtype=np.uint8))
+    why = t.memory.write_refusal(1, 1, 2, 13)
+    if why is None:
+        t.write(np.full(2, 99, np.uint8), 1)
+        assert list(t.numpy()[:4]) == [0, 99, 99, 3]
+    else:
+        with pytest.raises(attnreg.SpecError, match="offset_elems") as err:
+            t.write(np.full(2, 99, np.uint8), 1)
+        assert why in str(err.value) and list(t.numpy()[:4]) == [0, 1, 2, 3]
+    assert t.memory.write_refusal(1, 8, 5, 13) is None
+    t.write(np.full(5, 7, np.uint8), 8)
+    assert list(t.numpy()[7:]) == [7] * 6
+    h = session.tensor(np.zeros(7, np.float16))
+    assert h.memory.write_refusal(2, 2, 6, 14) is None
+    h.write(np.ones(3, np.float16), 1)
+    assert list(h.numpy()) == [0, 1, 1, 1, 0, 0, 0]

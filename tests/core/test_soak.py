@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import compare, expected, make_tensors
+from attnreg.testing import compare, expected, make_tensors
 
 DEVICES = [d for d in attnreg.devices() if d.available]
 IDS = [f"{d.backend}-{d.slug}" for d in DEVICES]
@@ -69,7 +69,7 @@ def test_decode_loop_soak(dev: attnreg.DeviceCaps, request: pytest.FixtureReques
             run()
             if step == 20:                      # warm: everything allocated once
                 gc.collect()
-                rt = s._device_runtime(out.device_id)
+                rt = s.device_runtime(out.device_id)
                 rss0, live0 = rss_mib(), live_buffers(rt)
             if step % 50 == 7 or step == steps - 1:
                 host = {"q": q, "k": k_host, "v": v_host,

@@ -23,8 +23,8 @@ from attnreg.backends import common
 from attnreg.errors import SpecError
 from attnreg.spec import INT_MAX, AttentionSpec
 from attnreg.tensors import check_tensors, kv_starts, q_lengths, valid_lengths
+from attnreg.testing import compare, expected, make_tensors, plant_nonfinite, visibility
 from attnreg.tools.recipes import doc_mask
-from attnreg.tools.testing import compare, expected, make_tensors, plant_nonfinite, visibility
 from tests.naive import naive_attention
 from tests.support import require_devices, require_opencl_device
 

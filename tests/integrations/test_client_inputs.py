@@ -9,7 +9,7 @@ import pytest
 
 import attnreg
 from attnreg.tensors import check_tensors
-from attnreg.tools.testing import make_tensors
+from attnreg.testing import make_tensors
 
 BACKENDS = sorted({d.backend for d in attnreg.devices() if d.available} - {"browser"})
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg.testing import compare, expected, make_tensors
 from attnreg.tools import peers
-from attnreg.tools.testing import compare, expected, make_tensors
 
 DECODE = dict(batch=1, seq_len=1, past_len=127, num_heads=4, kv_num_heads=2, head_size=64)
 

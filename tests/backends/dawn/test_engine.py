@@ -221,7 +221,7 @@ def test_sessions_in_threads_share_the_device_safely() -> None:
     require_devices("dawn")
     code = """
 import threading, attnreg
-from attnreg.tools.testing import make_tensors, expected, compare
+from attnreg.testing import make_tensors, expected, compare
 SPEC = attnreg.AttentionSpec(batch=1, seq_len=2, past_len=20, num_heads=4, kv_num_heads=2,
                              head_size=32)
 bad = []

@@ -26,7 +26,7 @@ from attnreg.backends.opencl import mma_probe, tiles
 from attnreg.kernel import MODEL_FEATURES, TOLERANCE
 from attnreg.spec import AttentionSpec
 from attnreg.tensors import check_tensors
-from attnreg.tools.testing import compare, compare_partials, plant_nonfinite
+from attnreg.testing import compare, compare_partials, plant_nonfinite
 from tests.support import check_close, make_tensors, opencl_device
 
 DEV = opencl_device()

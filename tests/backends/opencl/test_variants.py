@@ -11,7 +11,7 @@ import attnreg
 from attnreg.backends.opencl import probe as oprobe
 from attnreg.backends.opencl import tiles as otiles
 from attnreg.spec import AttentionSpec
-from attnreg.tools.testing import packed_docs
+from attnreg.testing import packed_docs
 from tests.support import check_close, make_tensors
 
 

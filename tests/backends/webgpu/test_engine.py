@@ -12,10 +12,10 @@ import pytest
 
 import attnreg
 from attnreg import reference as ref
+from attnreg import testing
 from attnreg.backends.webgpu import device as wdevice
 from attnreg.backends.webgpu import probe as wprobe
 from attnreg.backends.webgpu import program as wprogram
-from attnreg.tools import testing
 from tests.support import check_close, make_tensors, require_devices
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg.tools.testing import compare, expected
+from attnreg.testing import compare, expected
 from tests.support import check_close, make_tensors, require_devices
 
 
@@ -19,7 +19,7 @@ def session():
 
 
 def _runtime(s: attnreg.Session):
-    rt = s._device_runtime(s.home_device())
+    rt = s.device_runtime(s.home_device())
     assert hasattr(rt, "alloc"), "the WebGPU runtime keeps tensors on the device"
     return rt
 

@@ -11,7 +11,7 @@ import pytest
 import attnreg
 from attnreg import reference as ref
 from attnreg.tensors import check_tensors
-from attnreg.tools.testing import compare_partials
+from attnreg.testing import compare_partials
 from tests.support import check_close, make_tensors, require_devices
 
 
@@ -141,7 +141,7 @@ def test_device_bias_block_lists_are_built_once(session):
     t = make_tensors(spec, 7)
     bias = session.tensor(packed_bias(lengths))
     t["bias"] = packed_bias(lengths)
-    rt = session._device_runtime(session.home_device())
+    rt = session.device_runtime(session.home_device())
     kid = "webgpu.prefill.f32.sg.blocks"
     check_close(spec, session.run(spec, {**t, "bias": bias}, kernel=kid), t)
     allocs = rt.counters["allocs"]

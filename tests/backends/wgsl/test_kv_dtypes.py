@@ -2,7 +2,7 @@
 (wgpu-native, naga), dawn (Tint, in-process) and browser (headless Chromium).
 
 Every K/V-reading family is forced on inputs with seqlens_k and poisoned tails (NaN past
-each sequence's length; for quantized K/V NaN scales there, see attnreg.tools.testing), and
+each sequence's length; for quantized K/V NaN scales there, see attnreg.testing), and
 its output checked against the float64 reference (which dequantizes with attnreg.quant) at
 the contract tolerance of the spec's dtype. The generated conformance cells (attnreg.tools
 .cases) cover the contract's features per kernel; this file covers the storage x family
@@ -20,7 +20,7 @@ import attnreg
 from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import program, wgsl_io
 from attnreg.backends.webgpu import tiles as wtiles
-from attnreg.tools.testing import compare, expected, make_tensors
+from attnreg.testing import compare, expected, make_tensors
 from tests.support import require_devices
 
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg import testing
 from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
-from attnreg.tools import testing
 from tests.support import require_devices
 
 SPEC = attnreg.AttentionSpec(batch=1, seq_len=40, past_len=30, num_heads=4, kv_num_heads=2,

@@ -4,7 +4,7 @@ webgpu (wgpu-native, naga), dawn (Tint, in-process) and browser (headless Chromi
 its runtime binds).
 
 Every family is forced on inputs whose keys before kv_start and past seqlens_k, and whose q
-rows past seqlens_q, are NaN (attnreg.tools.testing.make_tensors; NaN scales for quantized
+rows past seqlens_q, are NaN (attnreg.testing.make_tensors; NaN scales for quantized
 K/V), and checked against the float64 reference at the contract tolerance: each feature
 alone and all together, v's head size below and above head_size, head sizes 320 / 512,
 MLA's q/k 576 with v 512 and one KV head, bfloat16 and int8 / int4 K/V, paged KV, the
@@ -28,7 +28,7 @@ from attnreg.backends.webgpu import program
 from attnreg.backends.webgpu import tiles as wtiles
 from attnreg.kernel import MODEL_FEATURES
 from attnreg.tensors import check_tensors
-from attnreg.tools.testing import compare, compare_partials, expected, make_tensors
+from attnreg.testing import compare, compare_partials, expected, make_tensors
 from tests.support import require_devices
 
 SPLIT = {"flags": {"split_size": 16}}

@@ -1,6 +1,7 @@
 """Inputs and checks for conformance: random tensors with poisoned tails, non-finite values
 planted where some rows see them and others do not, and the contract's tolerance test
-against the float64 reference. Used by `attnreg conformance` and the tests."""
+against the float64 reference. Used by `attnreg conformance`, the tests and backends that
+check themselves (the browser's export --check): it imports only the core."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import reference as ref
-from ..kernel import LSE_ATOL, TOLERANCE
-from ..quant import quantize_kv
-from ..spec import AttentionSpec
-from ..tensors import kv_starts, q_lengths, valid_lengths
+from . import reference as ref
+from .kernel import LSE_ATOL, TOLERANCE
+from .quant import quantize_kv
+from .spec import AttentionSpec
+from .tensors import kv_starts, q_lengths, valid_lengths
 
 
 def make_tensors(spec: AttentionSpec, seed: int = 0, *, lengths: Any = None,
