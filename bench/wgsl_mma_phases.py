@@ -26,26 +26,30 @@ QK_DEC = "acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);"
 PV_DEC = "acc = mm_pv(acc, kc * 16u, kc * 16u * VST + (sg + t * NSG) * 16u);"
 LOGIT_DEC = "xv = logit(s_s[rr * SST + jl] * P.scale, d.b, h, i, j, pos);"
 LOGIT_PF = "xv = logit(s_s[rr * SST + jl] * P.scale, b, h, i, j, pos);"
+
+
+def _phases(bound: str, tile: str, qk: str, pv: str, stage: str, logit: str
+            ) -> dict[str, list[tuple[str, str]]]:
+    """phase -> the (text, replacement) edits that take it out of one kernel's source: the PV
+    loop's runtime bound ``bound`` (min with the constant ``tile``), the statements qk, pv and
+    logit, and the K/V staging test that starts with ``stage``."""
+    return {
+        "full kernel": [],
+        "PV loop bound constant": [(bound, tile)],
+        "no QK product": [(qk, "")],
+        "no PV product": [(pv, "")],
+        "no matrix product at all": [(qk, ""), (pv, "")],
+        "no K/V staging": [(stage, stage.replace("if (", "if (false && ", 1))],
+        "no logits (scores used raw)": [(logit, "xv = 0.0;")],
+    }
+
+
 # source file -> phase -> (text, replacement) edits
 EDITS: dict[str, dict[str, list[tuple[str, str]]]] = {
-    "flash_prefill_mma": {
-        "full kernel": [],
-        "PV loop bound constant": [("min(NOC, P.seq_len + NOC)", "NOC")],
-        "no QK product": [(QK_PF, "")],
-        "no PV product": [(PV_PF, "")],
-        "no matrix product at all": [(QK_PF, ""), (PV_PF, "")],
-        "no K/V staging": [("if (stage_granule(b", "if (false && stage_granule(b")],
-        "no logits (scores used raw)": [(LOGIT_PF, "xv = 0.0;")],
-    },
-    "decode_mma": {
-        "full kernel": [],
-        "PV loop bound constant": [("min(TPS, P.seq_len + TPS)", "TPS")],
-        "no QK product": [(QK_DEC, "")],
-        "no PV product": [(PV_DEC, "")],
-        "no matrix product at all": [(QK_DEC, ""), (PV_DEC, "")],
-        "no K/V staging": [("if (stage_granule(d.b", "if (false && stage_granule(d.b")],
-        "no logits (scores used raw)": [(LOGIT_DEC, "xv = 0.0;")],
-    },
+    "flash_prefill_mma": _phases("min(NOC, P.seq_len + NOC)", "NOC", QK_PF, PV_PF,
+                                 "if (stage_granule(b", LOGIT_PF),
+    "decode_mma": _phases("min(TPS, P.seq_len + TPS)", "TPS", QK_DEC, PV_DEC,
+                          "if (stage_granule(d.b", LOGIT_DEC),
 }
 GQA = dict(num_heads=32, kv_num_heads=8, head_size=128, dtype="float16", causal=True)
 CASES: list[tuple[str, str, attnreg.AttentionSpec, dict[str, Any]]] = [
