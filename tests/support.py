@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,9 +22,9 @@ from attnreg.tools import cells as cmod
 from attnreg.tools import conformance as conf
 from attnreg.tools import recipes as recipes_mod
 
-__all__ = ["IN_CI", "CellRunner", "assert_covering", "check_close", "conformance_cells",
-           "expected", "make_tensors", "missing", "module_cells", "prefill_rejection_when_tint_fails",
-           "require_devices"]
+__all__ = ["IN_CI", "CellRunner", "assert_covering", "backend_cells", "cell_module", "cell_test",
+           "check_close", "conformance_cells", "expected", "make_tensors", "missing",
+           "module_cells", "prefill_rejection_when_tint_fails", "require_devices"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (CI; the default is the full matrix).
@@ -31,10 +32,19 @@ QUICK = os.environ.get("ATTNREG_CONFORMANCE", "full") == "quick"
 # The matrix's report files (what `attnreg conformance --json --markdown` writes), left by the
 # test run for CI to keep: $ATTNREG_REPORT_DIR, default out/ in the checkout (ignored by git).
 REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.parent / "out")
-# Backends whose cells run in their own test module: pytest-xdist's loadfile mode keeps a
-# module on one worker, so the cells spread over the workers and each module's sessions reuse
-# their compiled programs. Every other backend's cells run in tests/conformance/test_conformance.py.
-CELL_MODULES = {"webgpu": "test_webgpu_cells", "opencl": "test_opencl_cells", "dawn": "test_dawn_cells"}
+# Backends whose cells run in test modules of their own, one module per group of kernel
+# families: pytest-xdist's loadfile mode keeps a module on one worker, so the matrices (most of
+# CI's time, nearly all of it compiling programs) spread over both workers, and each module's
+# sessions reuse their compiled programs across its cells (a kernel's cells share a module).
+# Every other backend's cells run in tests/conformance/test_conformance.py.
+CELL_MODULES: dict[str, dict[str, str]] = {
+    "opencl": {"decode_partial": "test_opencl_partial_cells",
+               "decode_fused": "test_opencl_fused_cells", "*": "test_opencl_cells"},
+    "webgpu": {"decode_partial": "test_webgpu_partial_cells",
+               "decode_qk": "test_webgpu_unfused_cells", "decode_pv": "test_webgpu_unfused_cells",
+               "*": "test_webgpu_cells"},
+    "dawn": {"decode_partial": "test_dawn_partial_cells", "*": "test_dawn_cells"},
+}
 
 
 def check_close(spec: AttentionSpec, got: Any, tensors: dict[str, np.ndarray],
@@ -212,11 +222,30 @@ def _quick_keeps(c: cmod.Case) -> bool:
     return c.label.endswith(("all", "padded")) if twin else c.label.endswith(ALL_FEATURE_CELLS)
 
 
+def cell_module(c: cmod.Case) -> str:
+    """The test module of tests/conformance/ that runs a cell (CELL_MODULES)."""
+    modules = CELL_MODULES.get(c.backend)
+    return "test_conformance" if modules is None else modules.get(c.family, modules["*"])
+
+
+def backend_cells(backend: str) -> list[cmod.Case]:
+    """Every cell this run gives a backend, whichever module runs it."""
+    return [c for c in conformance_cells()
+            if c.backend == backend and (not QUICK or _quick_keeps(c))]
+
+
 def module_cells(module: str) -> list[cmod.Case]:
     """The cells a test module of tests/conformance/ runs (CELL_MODULES)."""
     return [c for c in conformance_cells()
-            if CELL_MODULES.get(c.backend, "test_conformance") == module
-            and (not QUICK or _quick_keeps(c))]
+            if cell_module(c) == module and (not QUICK or _quick_keeps(c))]
+
+
+def cell_test(module: str) -> Callable[..., None]:
+    """A matrix module's test_cell: one test a cell of ``module``, named by the cell's id."""
+    @parametrize_cells(module_cells(module))
+    def test_cell(runner: CellRunner, case: cmod.Case) -> None:
+        runner.check(case)
+    return test_cell
 
 
 def parametrize_cells(cells: list[cmod.Case]) -> pytest.MarkDecorator:

@@ -1,5 +1,7 @@
 """The unified conformance generator's OpenCL cells (attnreg.tools.cases; every kernel against
-the float64 reference, PoCL in CI), their axis coverage, the sub-group kernels' emulation on
+the float64 reference, PoCL in CI) of the prefill, the reduce and the unfused decode (the
+decode_partial and decode_fused cells run in modules of their own: tests.support.CELL_MODULES),
+the whole device's axis coverage, the sub-group kernels' emulation on
 a device without sub-groups, and document masks that really skip blocks.
 
 The device is tests.support.opencl_device(): the first available OpenCL device, or the one whose
@@ -14,19 +16,12 @@ import attnreg
 from attnreg import blocks
 from attnreg.tools import cases, conformance
 from tests.support import (
-    CellRunner,
     assert_covering,
-    module_cells,
-    parametrize_cells,
+    cell_test,
     require_opencl_device,
 )
 
-CELLS = module_cells("test_opencl_cells")
-
-
-@parametrize_cells(CELLS)
-def test_cell(runner: CellRunner, case: cases.Case) -> None:
-    runner.check(case)
+test_cell = cell_test("test_opencl_cells")
 
 
 @pytest.fixture(scope="module")

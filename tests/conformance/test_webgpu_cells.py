@@ -1,19 +1,14 @@
 """The unified conformance generator's WebGPU cells (attnreg.tools.cases; every kernel against
-the float64 reference, lavapipe in CI) and their axis coverage. A module of their own, so
-pytest-xdist's loadfile mode keeps them on one worker (tests.support.CELL_MODULES)."""
+the float64 reference, lavapipe in CI) of the prefill and the reduce, and the whole device's
+axis coverage; the decodes' cells run in modules of their own (tests.support.CELL_MODULES)."""
 
 from __future__ import annotations
 
 import attnreg
 from attnreg.tools import cases
-from tests.support import CellRunner, assert_covering, module_cells, parametrize_cells, require_devices
+from tests.support import assert_covering, cell_test, require_devices
 
-CELLS = module_cells("test_webgpu_cells")
-
-
-@parametrize_cells(CELLS)
-def test_cell(runner: CellRunner, case: cases.Case) -> None:
-    runner.check(case)
+test_cell = cell_test("test_webgpu_cells")
 
 
 def test_cells_cover_every_axis_value() -> None:
