@@ -23,9 +23,9 @@ import numpy as np
 import attnreg
 from attnreg import reference
 from attnreg.spec import AttentionSpec
+from attnreg.testing import packed_docs, random_qkv
 from attnreg.tools import cases
 from attnreg.tools import conformance as conf
-from attnreg.testing import packed_docs, random_qkv
 
 Log = Callable[[str], None]
 DEADLINE = {"t": math.inf}        # perf_counter() after which remaining measurements are skipped
