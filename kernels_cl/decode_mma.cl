@@ -62,7 +62,7 @@
         if ((CI) < nchunks && j_ < kr.y) AK[nb][c] = KV_LD16(kb, ksb, KOFF(j_), 32 * c + 8 * t); \
       }                                                                         \
     }                                                                           \
-    FOR_PV_KEYS(j0_, FETCH_V_RUNS, CI, AV)                                      \
+    FOR_PV_KEYS(j0_, FETCH_V_RUNS, (kc, kk, j_, CI, AV))                         \
   }
 // Key J's V runs (P V index kk of chunk kc: FOR_PV_KEYS) into AV[kc][kk] (zeros past the
 // chunk's keys).

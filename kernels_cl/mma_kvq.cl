@@ -183,7 +183,7 @@ typedef ushort vsc_t;
       }                                                                            \
       FETCH_KSCALES(AKS, AVS, nb, in_, j0_, j_)                                    \
     }                                                                              \
-    FOR_PV_KEYS(j0_, FETCH_V_CODES, in_, AV, AVS)                                  \
+    FOR_PV_KEYS(j0_, FETCH_V_CODES, (kc, kk, j_, in_, AV, AVS))                     \
   }
 // Key J's V codes and scale (P V index kk of chunk kc: FOR_PV_KEYS) into AV[kc][kk] and AVS
 // (zeros unless IN and J is one of the chunk's keys).

@@ -189,17 +189,18 @@ inline float mma_exp2(float x) {
     }                                                                     \
   }
 
-// BODY(kc, kk, J, ...) for each key whose P this lane holds in the A fragments (below) of a run
-// of keys from J0: index kk (0..3) of 16-key chunk kc is key J0 + 16 kc + 2t + (kk & 1) +
-// 8 (kk >> 1) (t: the lane's column, from the caller). BODY names a macro; the arguments after
-// it go to BODY after J.
-#define FOR_PV_KEYS(J0, BODY, ...)                                        \
+// BODY ARGS for each key whose P this lane holds in the A fragments (below) of a run of keys
+// from J0: index kk (0..3) of 16-key chunk kc is key j_ = J0 + 16 kc + 2t + (kk & 1) +
+// 8 (kk >> 1) (t: the lane's column, from the caller). BODY names a macro and ARGS is its
+// parenthesized argument list, naming kc, kk and j_ where BODY takes them (no variadic
+// macro: NVIDIA's OpenCL C 1.2 compiler refuses them).
+#define FOR_PV_KEYS(J0, BODY, ARGS)                                       \
   UNROLL                                                                  \
   for (int kc = 0; kc < NKC; ++kc) {                                      \
     UNROLL                                                                \
     for (int kk = 0; kk < 4; ++kk) {                                      \
       const int j_ = (J0) + 16 * kc + 2 * t + (kk & 1) + 8 * (kk >> 1);   \
-      BODY(kc, kk, j_, __VA_ARGS__)                                       \
+      BODY ARGS                                                           \
     }                                                                     \
   }
 
