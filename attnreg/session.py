@@ -191,7 +191,12 @@ class Session:
     def device_runtime(self, device_id: str) -> Runtime:
         """The runtime opened on a device (opened now if needed): its memory holds this
         session's DeviceTensors there."""
-        return self._runtime(next(d for d in self.registry.devices() if d.id == device_id))
+        return self._runtime(self._caps(device_id))
+
+    def _caps(self, device_id: str) -> DeviceCaps:
+        """A device of this session by id: among its backend's devices when it has one (so
+        that a Session of one backend never probes the others)."""
+        return next(d for d in self.registry.devices(self.backend) if d.id == device_id)
 
     @serialized
     def empty(self, shape: Sequence[int], dtype: str, *, device: str | int | None = None
@@ -210,7 +215,7 @@ class Session:
             raise SpecError("shape", shape, "at most 2**31-1 elements (kernels index with int32)")
         dev = self.home_device(device)
         nbytes = math.prod(shape) * np.dtype(name).itemsize
-        caps = next(d for d in self.registry.devices() if d.id == dev)
+        caps = self._caps(dev)
         cap = caps.limit("buffer_size")
         if cap is not None and nbytes > cap:
             raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {caps.name} "
