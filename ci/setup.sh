@@ -3,8 +3,8 @@
 # the CI devices' drivers (lavapipe for WebGPU, PoCL for OpenCL, Chromium for the browser
 # backend) and a virtual environment in .venv with attnreg installed editable, plus what the
 # command at hand runs: `setup.sh demo` (ci/demo.sh) the Dawn extra only; `setup.sh test`
-# (ci/test.sh, the default) also the test tools and the clients (torch on the CPU,
-# transformers, onnx, onnxruntime). Safe to run again: it installs only what is missing.
+# (ci/test.sh, the default) also the test tools, the clients (torch on the CPU,
+# transformers, onnx, onnxruntime) and attnreg.distributed's extra (torch). Safe to run again: it installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-test}
@@ -12,7 +12,7 @@ what=${1:-test}
 TORCH_CPU=2.13.0
 case "$what" in
   demo) extras="dawn" ;;
-  test) extras="test,dawn,clients" ;;
+  test) extras="test,dawn,clients,distributed" ;;
   *) echo "usage: ci/setup.sh [demo|test]" >&2; exit 2 ;;
 esac
 

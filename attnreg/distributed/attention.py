@@ -1,0 +1,178 @@
+"""sharded_attention: what run computes, over a ShardedKVCache (docs/contract.md "Past one
+device"). Each shard's states come from its own Session (shard.py), are gathered in-process or
+through the process group (exchange.py), and are merged by one reduce on this process's device
+with the reduce's rule (docs/contract.md "Split-KV partial states and merging"), the sink
+counted there, once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..device_tensor import DeviceTensor
+from ..errors import SpecError
+from ..session import Session
+from ..spec import AttentionSpec
+from ..tensors import _as_array, _check_dtype, _check_index, _check_shape, _check_sink
+from .cache import CALL_FIELDS, ShardedKVCache
+from .exchange import Group, digest, exchange
+from .pieces import shard_launches
+from .shard import States, empty_states, shard_states
+
+EXTRAS = {"head_sink": "head_sink", "kv_start": "kv_start", "seqlens_q": "seqlens_q"}
+
+
+@dataclass
+class Call:
+    """A checked call: the query, its extra tensors, and L_b, kv_start[b], S_b."""
+
+    spec: AttentionSpec
+    q: np.ndarray
+    extras: dict[str, Any]
+    lengths: np.ndarray
+    starts: np.ndarray
+    rows: np.ndarray
+
+
+def sharded_attention(spec: AttentionSpec, q: Any, cache: ShardedKVCache,
+                      group: Group | None = None,
+                      tensors: Mapping[str, Any] | None = None) -> Any:
+    """Attention of ``q`` over the whole sharded cache: out, or (out, lse) with return_lse.
+
+    ``spec`` is ``cache.spec(num_heads, seq_len, ...)``; ``tensors`` holds the call's other
+    tensors of run (head_sink, kv_start, seqlens_q); a bias is not taken. In a process group
+    every rank makes the same call (``group``: None or the cache's) and gets the whole result;
+    if a rank fails, the others raise :class:`RankError` within the cache's timeout.
+    """
+    if not isinstance(cache, ShardedKVCache):
+        raise SpecError("cache", cache, "an attnreg.distributed.ShardedKVCache")
+    if group is not None and group is not cache.group:
+        raise SpecError("group", group, "None or the process group the cache was made with "
+                        f"({cache.group!r})")
+    if cache.group is None:
+        return _in_process(spec, q, cache, tensors)
+    return _ranked(spec, q, cache, tensors)
+
+
+def _in_process(spec: Any, q: Any, cache: ShardedKVCache,
+                tensors: Mapping[str, Any] | None) -> Any:
+    t0 = time.perf_counter()
+    call = check_call(spec, q, cache, tensors)
+    states = cache.each_shard(lambda r: local_states(cache, r, call))
+    t1 = time.perf_counter()
+    res = merge(cache.shards[0][0], call, states)
+    cache.last_timings = {"local_s": t1 - t0, "exchange_s": 0.0,
+                          "merge_s": time.perf_counter() - t1}
+    return res
+
+
+def _ranked(spec: Any, q: Any, cache: ShardedKVCache,
+            tensors: Mapping[str, Any] | None) -> Any:
+    """This rank's shard, the exchange, the merge. Any failure before the exchange is sent
+    through it, so that the other ranks raise RankError instead of waiting."""
+    t0 = time.perf_counter()
+    payload, failure, call = None, None, None
+    try:
+        call = check_call(spec, q, cache, tensors)
+        o, lse = local_states(cache, cache.rank, call)
+        payload = np.concatenate([o.reshape(-1).view(np.uint8), lse.reshape(-1).view(np.uint8)])
+    except Exception as exc:            # sent to the other ranks, then raised here
+        failure = exc
+    t1 = time.perf_counter()
+    stamp = digest(spec, cache.offsets, cache.counts)
+    got = exchange(cache.group, cache.exchange_bytes, cache.timeout, stamp, payload, failure)
+    t2 = time.perf_counter()
+    assert call is not None             # exchange raised the failure otherwise
+    res = merge(cache.shards[cache.rank][0], call, [_unpack(call.spec, x) for x in got])
+    cache.last_timings = {"local_s": t1 - t0, "exchange_s": t2 - t1,
+                          "merge_s": time.perf_counter() - t2}
+    return res
+
+
+def _unpack(spec: AttentionSpec, data: np.ndarray) -> States:
+    o, lse = empty_states(spec)
+    cut = o.nbytes
+    return (data[:cut].view(np.float32).reshape(o.shape),
+            data[cut:cut + lse.nbytes].view(np.float32).reshape(lse.shape))
+
+
+def local_states(cache: ShardedKVCache, r: int, call: Call) -> States:
+    """Shard r's states for the call (empty, with no launch, where no row sees it)."""
+    session, kv = cache.shards[r]
+    launches = shard_launches(call.spec, cache.offsets[r], cache.counts[r], call.lengths,
+                              call.starts, call.rows)
+    if not launches:
+        return empty_states(call.spec)
+    return shard_states(session, kv, call.spec, call.q, launches)
+
+
+def merge(session: Session, call: Call, states: list[States]) -> Any:
+    """The shards' states as the splits of one reduce on ``session``'s device; the sink, and
+    the padding rows of seqlens_q, are the reduce's."""
+    spec = call.spec
+    o_parts = np.stack([o for o, _ in states], axis=3)
+    lse_parts = np.stack([lse for _, lse in states], axis=3)
+    rspec = AttentionSpec(batch=spec.batch, seq_len=spec.seq_len, num_heads=spec.num_heads,
+                          kv_num_heads=spec.kv_num_heads, head_size=spec.head_size,
+                          v_head_size=spec.v_head_size, dtype=spec.dtype, q_layout=spec.q_layout,
+                          causal=False, head_sink=spec.head_sink, seqlens_q=spec.seqlens_q,
+                          return_lse=spec.return_lse)
+    return session.reduce_states(rspec, o_parts, lse_parts, call.extras.get("head_sink"),
+                                 seqlens_q=call.extras.get("seqlens_q"))
+
+
+def check_call(spec: Any, q: Any, cache: ShardedKVCache,
+               tensors: Mapping[str, Any] | None) -> Call:
+    """The call checked as run would check it against the unsharded cache."""
+    _check_spec(spec, cache)
+    if isinstance(q, DeviceTensor):
+        raise SpecError("q", q, "a host array (every shard reads the query)")
+    arrays = {"q": _as_array("q", q)}
+    _check_dtype("q", arrays["q"], (spec.dtype,))
+    _check_shape("q", arrays["q"], spec.q_shape, f"q_layout={spec.q_layout}")
+    given = {} if tensors is None else tensors
+    if not isinstance(given, Mapping):
+        raise SpecError("tensors", tensors, "None or a mapping of head_sink / kv_start / seqlens_q")
+    for name in given:
+        if name not in EXTRAS or not getattr(spec, EXTRAS[name]):
+            raise SpecError(f"tensors[{name!r}]", given[name], "absent: sharded_attention takes "
+                            "head_sink, kv_start and seqlens_q, each when the spec asks for it")
+    for name, field in EXTRAS.items():
+        if getattr(spec, field) and name not in given:
+            raise SpecError(f"tensors[{name!r}]", None, f"a tensor, because spec.{field} is True")
+        if name in given:
+            arrays[name] = _as_array(name, given[name])
+    lengths = cache.lengths
+    low = 1 if spec.seqlens_q else spec.seq_len
+    if (lengths < low).any():
+        raise SpecError("cache.lengths", lengths.tolist(), f"at least {low} token(s) per entry: "
+                        "the query's own tokens are appended first")
+    if spec.seqlens_q:
+        _check_index("seqlens_q", arrays, spec.batch, 1, np.minimum(spec.seq_len, lengths),
+                     "the number of query rows of batch b: 1 <= value <= min(seq_len, L_b)")
+    if spec.kv_start:
+        _check_index("kv_start", arrays, spec.batch, 0, lengths - 1,
+                     "the first existing key of batch b: 0 <= value < L_b")
+    if spec.head_sink:
+        _check_sink(spec, arrays)
+    starts = np.asarray(arrays.get("kv_start", np.zeros(spec.batch)), np.int64)
+    rows = np.asarray(arrays.get("seqlens_q", np.full(spec.batch, spec.seq_len)), np.int64)
+    q_arr = np.ascontiguousarray(arrays.pop("q"))
+    return Call(spec, q_arr, arrays, lengths, starts, rows)
+
+
+def _check_spec(spec: Any, cache: ShardedKVCache) -> None:
+    if not isinstance(spec, AttentionSpec):
+        raise SpecError("spec", spec, "an attnreg.AttentionSpec (cache.spec(...) makes one)")
+    if spec.bias:
+        raise SpecError("spec.bias", True, "False: sharded_attention takes no bias")
+    want = cache.spec(spec.num_heads, spec.seq_len, **{f: getattr(spec, f) for f in CALL_FIELDS})
+    for field in type(spec).model_fields:
+        if getattr(spec, field) != getattr(want, field):
+            raise SpecError(f"spec.{field}", getattr(spec, field), f"{getattr(want, field)!r}, "
+                            "what the sharded cache holds (cache.spec(num_heads, seq_len, ...) "
+                            "makes the spec)")

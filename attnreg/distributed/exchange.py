@@ -1,0 +1,138 @@
+"""Attention states between the ranks of a torch.distributed process group (gloo on the host:
+the states are small host arrays, so no GPU transport is needed), and the error every rank
+raises when another one fails.
+
+Every rank sends the same number of bytes in every collective (gloo aborts the process on a
+size mismatch), whatever went wrong: a first all_gather of a fixed size (the cache's
+``exchange_bytes``) carries each rank's header (ok or failed and why, a digest of its call,
+its payload size) and the start of its payload; only when every rank is ok and all digests
+agree does a second all_gather, of the agreed remaining size, carry the rest (states larger
+than the first round: a long prefill). Waits are bounded by the cache's timeout; a rank that
+died, hung or never called makes the others raise RankError, never hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError
+
+Group = Any                  # a torch.distributed ProcessGroup (torch is imported lazily)
+HEADER = 512                 # status, payload size, digest, message
+_MESSAGE = HEADER - 40
+
+
+class RankError(RuntimeError):
+    """Another rank of the group failed, died, hung or made a different call: raised on every
+    rank but the failing one (which raises its own error). ``ranks`` names the ranks at fault
+    where they are known. After a timeout or a dead rank the process group is broken (torch's
+    rule): destroy it and start again."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def torch_dist() -> Any:
+    """torch.distributed, or a SpecError saying how to install it."""
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise SpecError("group", None, "torch installed for process groups: pip install "
+                        f"'attnreg[distributed]' ({exc})") from None
+    return dist
+
+
+def group_place(group: Group) -> tuple[int, int]:
+    """(this rank's index in the group, the group's size)."""
+    dist = torch_dist()
+    if not (dist.is_available() and dist.is_initialized()):
+        raise SpecError("group", group, "a process group of an initialized torch.distributed "
+                        "(torch.distributed.init_process_group first)")
+    try:
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+    except Exception as exc:         # torch raises ValueError / RuntimeError for a non-group
+        raise SpecError("group", group, f"a torch.distributed process group ({exc})") from None
+    if rank < 0:
+        raise SpecError("group", group, "a process group this rank belongs to")
+    return rank, world
+
+
+def digest(*parts: Any) -> bytes:
+    """16 bytes that differ when two ranks' calls (or caches) differ."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        h.update(p.tobytes() if isinstance(p, np.ndarray) else repr(p).encode())
+    return h.digest()
+
+
+def exchange(group: Group, size: int, timeout: float | None, stamp: bytes,
+             payload: np.ndarray | None, failure: BaseException | None) -> list[np.ndarray]:
+    """Every rank's payload (uint8), in rank order; RankError if a rank failed, sent another
+    stamp, or did not answer in time. ``size`` is the first round's byte count, the same on
+    every rank; a failed rank passes its exception and no payload."""
+    rank, world = group_place(group)
+    data = payload if payload is not None and failure is None else np.zeros(0, np.uint8)
+    first = np.zeros(size, np.uint8)
+    _header(first, stamp, data.size, failure)
+    head = min(data.size, size - HEADER)
+    first[HEADER:HEADER + head] = data[:head]
+    got = _all_gather(group, first, world, rank, timeout)
+    _check(got, rank, stamp)
+    if failure is not None:
+        raise failure                   # the others raise RankError naming this rank
+    rest = data.size - head             # the same on every rank: _check compared the sizes
+    tails = _all_gather(group, data[head:], world, rank, timeout) if rest > 0 else \
+        [np.zeros(0, np.uint8)] * world
+    return [np.concatenate([g[HEADER:HEADER + head], t]) for g, t in zip(got, tails)]
+
+
+def _header(buf: np.ndarray, stamp: bytes, size: int, failure: BaseException | None) -> None:
+    buf[4:8].view(np.int32)[0] = 0 if failure is None else 1
+    buf[8:16].view(np.int64)[0] = size
+    buf[16:32] = np.frombuffer(stamp.ljust(16, b"\0")[:16], np.uint8)
+    if failure is not None:
+        text = f"{type(failure).__name__}: {failure}".encode(errors="replace")[:_MESSAGE]
+        buf[32:36].view(np.int32)[0] = len(text)
+        buf[40:40 + len(text)] = np.frombuffer(text, np.uint8)
+
+
+def _check(got: list[np.ndarray], rank: int, stamp: bytes) -> None:
+    """RankError on every rank if some rank failed (not on the failing one: it raises its
+    own error) or the ranks' stamps or payload sizes differ."""
+    failed = [r for r, x in enumerate(got) if x[4:8].view(np.int32)[0] != 0]
+    if failed and rank not in failed:
+        first = got[failed[0]]
+        n = int(first[32:36].view(np.int32)[0])
+        why = bytes(first[40:40 + n]).decode(errors="replace")
+        raise RankError(f"rank {failed[0]} of {len(got)} failed in this call: {why}"
+                        + (f" (ranks {failed} failed)" if len(failed) > 1 else ""), tuple(failed))
+    if failed:
+        return
+    odd = [r for r, x in enumerate(got) if bytes(x[8:32]) != bytes(got[0][8:32])]
+    if odd:
+        raise RankError(f"ranks {odd} made a different call than rank 0 (every rank must make "
+                        "the same appends and calls, with the same spec)", tuple(odd))
+
+
+def _all_gather(group: Group, buf: np.ndarray, world: int, rank: int,
+                timeout: float | None) -> list[np.ndarray]:
+    import torch
+    dist = torch_dist()
+    src = torch.from_numpy(np.ascontiguousarray(buf))
+    outs = [torch.empty_like(src) for _ in range(world)]
+    try:
+        work = dist.all_gather(outs, src, group=group, async_op=True)
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except Exception as exc:        # gloo: RuntimeError / DistBackendError, a dead peer, a timeout
+        raise RankError(f"rank {rank}: the other ranks did not all answer (a rank died, hung "
+                        f"or did not make this call; timeout {timeout or 'of the group'} s): "
+                        f"{str(exc).splitlines()[0][:300]}") from exc
+    return [o.numpy() for o in outs]

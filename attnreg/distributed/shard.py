@@ -1,0 +1,92 @@
+"""One shard's attention states: its launches (pieces.py) run on its own Session and KVCache,
+their (out, lse) placed at the rows they answer, as float32 states over the whole query."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..device_tensor import KVCache
+from ..reference import alibi_slopes
+from ..session import Session
+from ..spec import AttentionSpec
+from .pieces import Launch
+
+States = tuple[np.ndarray, np.ndarray]
+
+
+def empty_states(spec: AttentionSpec) -> States:
+    """States of a shard no row sees: o 0 and lse -inf everywhere (the reduce ignores them)."""
+    shape = (spec.batch, spec.num_heads, spec.seq_len)
+    return (np.zeros((*shape, spec.head_size_v), np.float32),
+            np.full(shape, -np.inf, np.float32))
+
+
+def shard_states(session: Session, kv: KVCache, spec: AttentionSpec, q: np.ndarray,
+                 launches: list[Launch]) -> States:
+    """o [B, Nq, S, Hv] and lse [B, Nq, S] (float32) of the keys this shard holds."""
+    o, lse = empty_states(spec)
+    slopes = alibi_slopes(spec.num_heads, spec.alibi_max_bias) if spec.alibi_max_bias else None
+    for launch in launches:
+        out_l, lse_l = _run(session, kv, spec, q, launch)
+        o_l = out_l if spec.q_layout == "BNSH" else out_l.transpose(0, 2, 1, 3)
+        whole = launch.seq_len == spec.seq_len and len(launch.pieces) == spec.batch and all(
+            p.rows == (0, spec.seq_len) for p in launch.pieces)
+        if whole:                       # a decode: every entry's rows in one launch
+            o[:] = o_l
+            lse[:] = lse_l
+        for p in launch.pieces:
+            (u, v), n = p.rows, p.count
+            if not whole:
+                o[p.b, :, u:v] = o_l[p.b, :, :n]
+                lse[p.b, :, u:v] = lse_l[p.b, :, :n]
+            if slopes is not None and p.shift:
+                # the run saw ALiBi's term at positions moved by the shift (pieces.py)
+                lse[p.b, :, u:v] -= (slopes * p.shift).astype(np.float32)[:, None]
+    return o, lse
+
+
+def _run(session: Session, kv: KVCache, spec: AttentionSpec, q: np.ndarray,
+         launch: Launch) -> Any:
+    """One launch as a run of the shard's KVCache (return_lse, no sink: the merge adds it)."""
+    rows = launch.seq_len
+    by_entry = {p.b: p for p in launch.pieces}
+    ragged = any(p.count != rows for p in launch.pieces)
+    # Entries the launch does not answer still need valid lengths: their results are dropped.
+    lengths = np.array([by_entry[b].length if b in by_entry else (1 if ragged else rows)
+                        for b in range(spec.batch)], np.int32)
+    starts = np.array([by_entry[b].start if b in by_entry else 0 for b in range(spec.batch)],
+                      np.int32)
+    causal, local_w, right_w = launch.bounds
+    local = kv.spec(spec.num_heads, rows, q_layout=spec.q_layout, causal=causal,
+                    local_window=local_w, right_window=right_w, scale=spec.scale,
+                    softcap=spec.softcap, alibi_max_bias=spec.alibi_max_bias,
+                    return_lse=True, kv_start=bool(starts.any()), seqlens_q=ragged)
+    t = kv.tensors(_query_rows(spec, q, launch))
+    if not np.array_equal(lengths, kv.lengths):
+        t["seqlens_k"] = lengths        # else the cache's own lengths, already on the device
+    if local.kv_start:
+        t["kv_start"] = starts
+    if ragged:
+        t["seqlens_q"] = np.array([by_entry[b].count if b in by_entry else 1
+                                   for b in range(spec.batch)], np.int32)
+    return session.run(local, t)
+
+
+def _query_rows(spec: AttentionSpec, q: np.ndarray, launch: Launch) -> np.ndarray:
+    """The launch's query: each piece's rows moved to the top (q itself for a decode)."""
+    if launch.seq_len == spec.seq_len and all(p.rows == (0, spec.seq_len)
+                                               for p in launch.pieces):
+        return q
+    axis = 1 if spec.q_layout == "BSNH" else 2
+    shape = list(q.shape)
+    shape[axis] = launch.seq_len
+    out = np.zeros(shape, q.dtype)
+    for p in launch.pieces:
+        (u, v), n = p.rows, p.count
+        if axis == 1:
+            out[p.b, :n] = q[p.b, u:v]
+        else:
+            out[p.b, :, :n] = q[p.b, :, u:v]
+    return out
