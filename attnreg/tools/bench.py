@@ -60,21 +60,25 @@ def time_case(session: Session, spec: AttentionSpec, inputs: Mapping[str, np.nda
     return times, " -> ".join(plan.kernels)
 
 
+# Suites beside the table's: timed by their own code below.
+OWN_SUITES = ("decode-loop", "context-parallel")
+
+
 def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str | None = None,
                quick: bool = False, iters: int = 50, warmup: int = 5, check: bool = True,
-               peers: bool = True, gpu_only: bool = False,
-               log: Callable[[str], None] = print) -> list[Row]:
+               peers: bool = True, gpu_only: bool = False, cp_length: int | None = None,
+               cp_ranks: int = 2, log: Callable[[str], None] = print) -> list[Row]:
     table = QUICK if quick else SUITES
     for s in suites:
-        if s not in table and s != "decode-loop":
-            raise SpecError("suite", s, f"one of {sorted([*table, 'decode-loop'])}")
+        if s not in table and s not in OWN_SUITES:
+            raise SpecError("suite", s, f"one of {sorted([*table, *OWN_SUITES])}")
     names = backend.split(",") if backend else [None]
     devs = [d for b in names for d in api.devices(b) if d.available]
     if device is not None:
         devs = [d for d in devs if device in (d.id, d.name) or device.lower() in d.name.lower()]
     devs = _device_filter(devs, gpu_only)
     rows: list[Row] = []
-    for dev in devs:
+    for dev in devs if any(s in table for s in suites) else []:
         with Session(backend=dev.backend, device=dev.id) as session:
             roof = copy_bandwidth(session, dev)
             if roof is not None:
@@ -93,6 +97,12 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
                                                 steps=8 if quick else 64, layout=layout, log=log))
                 except NoKernelError as exc:
                     log(f"  {dev.backend}/{dev.slug} decode-loop: n/a ({exc.explanation[:80]})")
+    if "context-parallel" in suites:
+        from . import bench_cp
+        names = backend.split(",") if backend else sorted(
+            {d.backend for d in devs} - {"reference", "browser"})
+        rows += bench_cp.run(names, device=device, length=cp_length or (4096 if quick else 131072),
+                             ranks=cp_ranks, iters=iters, warmup=warmup, check=check, log=log)
     if peers:
         for suite in suites:
             for case in table.get(suite, []):

@@ -45,6 +45,23 @@ def storage_ratios(rows: Sequence[Row]) -> str:
                     f"{basis(base) / basis(r):.2f}x", f"{r.max_err:.2g}" if r.max_err else "-"])
     return table(("device", "case", "f16 twin (us)", "this (us)", "speed-up", "max err"), out)
 
+def context_parallel(rows: Sequence[Row]) -> str:
+    """Per backend: the sharded decode against one device over L / N keys (the target: at
+    most 1.15x) and over all L, and the merge's share of the sharded call."""
+    from .textui import table
+
+    out = []
+    for r in rows:
+        if r.suite != "context-parallel" or "vs_1dev_L/N" not in r.extra:
+            continue
+        e = r.extra
+        out.append((r.backend, r.case, r.device, f"{r.wall_us:.1f}", f"{e['vs_1dev_L/N']:.2f}x",
+                    f"{e['vs_1dev_L']:.2f}x", f"{e['merge_share']:.0%}",
+                    "-" if r.max_err is None else f"{r.max_err:.1e}"))
+    return table(("backend", "case", "ranks", "wall us", "vs 1 device L/N", "vs 1 device L",
+                  "merge share", "max err"), out)
+
+
 def roofline_png(rows: Sequence[Row], path: str) -> str | None:
     """Effective GB/s against arithmetic intensity (FLOP/byte) per device, with the measured
     copy bandwidth as the roof. Needs matplotlib (pip install attnreg[bench]); returns the
@@ -93,7 +110,8 @@ def ratios(rows: Sequence[Row]) -> str:
 
     peers = ("ort-webgpu", "torch", "reference")
     out = []
-    for case in dict.fromkeys(r.case for r in rows if r.suite not in ("roof", "decode-loop")):
+    own = ("roof", "decode-loop", "context-parallel")
+    for case in dict.fromkeys(r.case for r in rows if r.suite not in own):
         mine = [r for r in rows if r.case == case and r.backend not in peers
                 and not r.kernels.startswith(("FAILED", "n/a"))]
         if not mine:

@@ -246,7 +246,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     else:
         rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
                                 iters=a.iters, warmup=a.warmup, peers=a.peers,
-                                gpu_only=a.gpu_only, log=lambda m: print(m, file=sys.stderr))
+                                gpu_only=a.gpu_only, cp_length=a.cp_length, cp_ranks=a.cp_ranks,
+                                log=lambda m: print(m, file=sys.stderr))
     print(bench_report.format_rows(rows))
     print()
     print("ratios (peer time / attnreg time; > 1 means attnreg is faster):")
@@ -255,6 +256,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print()
         print("storages (float16 twin's time / this case's; > 1 means faster than float16):")
         print(bench_report.storage_ratios(rows))
+    if any(r.suite == "context-parallel" for r in rows):
+        print()
+        print("context parallel (sharded call's time / one device's; merge share: exchange + "
+              "reduce over the call):")
+        print(bench_report.context_parallel(rows))
     if a.json:
         bench_report.write_json(rows, a.json)
     if a.png:
@@ -329,7 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_demo)
     b = sub.add_parser("bench", help="time named suites on every device, side by side")
     b.add_argument("--suite", action="append", choices=["decode", "long-context", "whisper",
-                                                        "prefill", "decode-loop", "kv-dtypes"])
+                                                        "prefill", "decode-loop", "kv-dtypes",
+                                                        "context-parallel"])
+    b.add_argument("--cp-length", type=int, metavar="L", help="context-parallel: keys of the "
+                   "decode (default 131072, 4096 with --quick)")
+    b.add_argument("--cp-ranks", type=int, default=2, metavar="N",
+                   help="context-parallel: ranks the keys are split over (default 2)")
     b.add_argument("--gpu-only", action="store_true",
                    help="only GPU devices (plus the numpy reference as the baseline)")
     b.add_argument("--backend", help="one backend, or several comma-separated (webgpu,opencl)")

@@ -1,0 +1,202 @@
+"""`attnreg bench --suite context-parallel`: a decode step (GQA 32/8, H=128, float16) over L
+keys on one device, against the same L keys split over N ranks of a torch.distributed group
+(gloo), one rank per device where the backend lists N devices, else ranks sharing them.
+
+Every time is wall clock per call, host query in and host output back, as an application
+sees it (the one-device rows run Session.run on a KVCache the same way). The sharded row
+splits its median into the ranks' own attention (local), the all_gather of the states
+(exchange: it also waits for the slowest rank) and the reduce on the device (merge); the
+merge's share is exchange + merge over the whole call. The issue's target compares the
+sharded call over L with one device over L / N (ratio ``vs 1dev L/N``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import api
+from ..caps import DeviceCaps
+from ..distributed import ShardedKVCache, sharded_attention
+from ..session import Session
+from ..spec import AttentionSpec
+from ..tensors import check_tensors
+from ..testing import compare, expected
+from .bench_report import Row
+
+NQ, NKV, H, DTYPE = 32, 8, 128, "float16"
+CHUNK = 8192                # tokens per append while filling a cache
+
+
+def devices_for(backend: str, device: str | None) -> list[DeviceCaps]:
+    """The backend's available devices the ranks take in turn: its GPUs where it has some."""
+    devs = [d for d in api.devices(backend) if d.available]
+    if device is not None:
+        devs = [d for d in devs if device in (d.id, d.name) or device.lower() in d.name.lower()]
+    gpus = [d for d in devs if d.device_type == "gpu"]
+    return gpus or devs
+
+
+def run(backends: Sequence[str], *, device: str | None, length: int, ranks: int, iters: int,
+        warmup: int, check: bool, log: Callable[[str], None] = print) -> list[Row]:
+    """The suite's rows for every backend (a backend without a device: a row saying so)."""
+    import torch.multiprocessing as mp
+    rows = []
+    for backend in backends:
+        devs = devices_for(backend, device)
+        if not devs:
+            rows.append(Row("context-parallel", f"decode-f16-L{length}-cp{ranks}", backend, "-",
+                            "n/a: no device", None, float("nan"), None, None, None))
+            continue
+        if len(devs) < ranks:
+            log(f"  {backend}: {ranks} ranks on {len(devs)} device(s) ({', '.join(d.id for d in devs)}):"
+                " ranks share a device")
+        ctx = mp.get_context("spawn")
+        out = ctx.SimpleQueue()
+        args = (ranks, _free_port(), backend, [d.id for d in devs], length, iters, warmup, check, out)
+        try:
+            mp.spawn(_rank, args=args, nprocs=ranks, join=True)
+            got = out.get()
+        except Exception as exc:        # one backend failing must not hide the others
+            msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            log(f"  {backend} context-parallel: FAILED {msg}")
+            rows.append(Row("context-parallel", f"decode-f16-L{length}-cp{ranks}", backend, "-",
+                            f"FAILED: {msg[:80]}", None, float("nan"), None, None, None))
+            continue
+        rows += [Row(**r) for r in got]
+        for r in got:
+            log(f"  {backend} {r['case']}: {r['wall_us']:.1f} us ({r['kernels']})")
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, backend: str, dev_ids: list[str], length: int,
+          iters: int, warmup: int, check: bool, out: Any) -> None:
+    """One rank: rank 0 times one device first (the others wait), then all time the
+    sharded call; rank 0 puts the rows on ``out``."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=600))
+    dev = dev_ids[rank % len(dev_ids)]
+    rows = []
+    if rank == 0:
+        for n in (length, -(-length // world)):
+            rows.append(_one_device(backend, dev, n, iters, warmup, check and n == length))
+    dist.barrier()
+    with Session(backend=backend, device=dev) as session:
+        row = _sharded(session, backend, dev_ids, length, world, iters, warmup, check)
+    if rank == 0:
+        row["extra"]["vs_1dev_L/N"] = row["wall_us"] / rows[1]["wall_us"]
+        row["extra"]["vs_1dev_L"] = row["wall_us"] / rows[0]["wall_us"]
+        out.put([*rows, row])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _chunks(length: int) -> Any:
+    """The cache's tokens, the same on every rank: K and V chunks [1, n, Nkv, H]."""
+    for i, t in enumerate(range(0, length, CHUNK)):
+        rng = np.random.default_rng(1000 + i)
+        n = min(CHUNK, length - t)
+        yield tuple((rng.standard_normal((1, n, NKV, H), np.float32) * 0.5).astype(DTYPE)
+                    for _ in range(2))
+
+
+def _query(spec: AttentionSpec) -> np.ndarray:
+    return (np.random.default_rng(7).standard_normal(spec.q_shape, np.float32) * 0.5).astype(DTYPE)
+
+
+def _times(call: Callable[[], Any], iters: int, warmup: int, sync: Callable[[], Any]
+           ) -> list[float]:
+    ts = []
+    for i in range(warmup + iters):
+        sync()
+        t0 = time.perf_counter()
+        call()
+        if i >= warmup:
+            ts.append(time.perf_counter() - t0)
+    return ts
+
+
+def _one_device(backend: str, dev: str, length: int, iters: int, warmup: int,
+                check: bool) -> dict[str, Any]:
+    """Session.run over one KVCache of ``length`` keys on one device."""
+    with Session(backend=backend, device=dev) as s:
+        cache = s.kv_cache(batch=1, kv_num_heads=NKV, head_size=H, capacity=length, dtype=DTYPE)
+        for k, v in _chunks(length):
+            cache.append(k, v)
+        spec = cache.spec(NQ, 1, causal=True)
+        q = _query(spec)
+        t = cache.tensors(q)
+        _, plan = s.run_with_plan(spec, t)
+        ts = _times(lambda: s.run(spec, t), iters, warmup, lambda: None)
+        err = _error(spec, lambda sp: s.run(sp, cache.tensors(q)), length) if check else None
+    wall = statistics.median(ts) * 1e6
+    return dict(suite="context-parallel", case=f"decode-f16-L{length}-1dev", backend=backend,
+                device=dev, kernels=" -> ".join(plan.kernels), gpu_us=None, wall_us=wall,
+                gb_s=_bytes(length) / wall / 1e3, tflops=None, max_err=err, extra={})
+
+
+def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, world: int,
+             iters: int, warmup: int, check: bool) -> dict[str, Any]:
+    """sharded_attention over ``length`` keys split over the group's ranks."""
+    import torch.distributed as dist
+    cache = ShardedKVCache(session, batch=1, kv_num_heads=NKV, head_size=H, dtype=DTYPE,
+                           shard_capacity=-(-length // world), group=dist.group.WORLD)
+    for k, v in _chunks(length):
+        cache.append(k, v)
+    spec = cache.spec(NQ, 1, causal=True)
+    q = _query(spec)
+    parts: dict[str, list[float]] = {"local_s": [], "exchange_s": [], "merge_s": []}
+
+    def call() -> None:
+        sharded_attention(spec, q, cache)
+        for key, val in cache.last_timings.items():
+            parts[key].append(val)
+
+    ts = _times(call, iters, warmup, dist.barrier)
+    err = _error(spec, lambda sp: sharded_attention(sp, q, cache), length) if check else None
+    wall = statistics.median(ts) * 1e6
+    med = {k[:-2] + "_us": statistics.median(v[warmup:]) * 1e6 for k, v in parts.items()}
+    share = (med["exchange_us"] + med["merge_us"]) / wall
+    return dict(suite="context-parallel", case=f"decode-f16-L{length}-cp{world}", backend=backend,
+                device=f"{world} ranks on {len(set(dev_ids[r % len(dev_ids)] for r in range(world)))} dev",
+                kernels=f"local {med['local_us']:.0f} + exchange {med['exchange_us']:.0f} + merge "
+                        f"{med['merge_us']:.0f} us (merge share {share:.0%})",
+                gpu_us=None, wall_us=wall, gb_s=_bytes(length) / wall / 1e3, tflops=None,
+                max_err=err, extra={**med, "merge_share": share, "devices": dev_ids[:world]})
+
+
+def _bytes(length: int) -> int:
+    """K and V of every key, the bytes a decode must read."""
+    return 2 * length * NKV * H * 2
+
+
+def _error(spec: AttentionSpec, call: Callable[[AttentionSpec], Any], length: int) -> float:
+    """The max error of the call's (out, lse) against the float64 reference (rank 0 checks;
+    the others make the call, as every rank must)."""
+    spec = spec.replace(return_lse=True)
+    got = call(spec)
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return 0.0
+    k, v = (np.concatenate(x, axis=1) for x in zip(*_chunks(length)))
+    ref_spec = AttentionSpec(batch=1, seq_len=1, past_len=length - 1, num_heads=NQ,
+                             kv_num_heads=NKV, head_size=H, dtype=DTYPE, kv_layout="BSNH",
+                             return_lse=True)
+    t = check_tensors(ref_spec, {"q": _query(spec), "k": k, "v": v})
+    err, problem = compare(ref_spec, got, expected(ref_spec, t))
+    if problem:
+        raise AssertionError(f"{spec.short()}: {problem}")
+    return err
