@@ -6,6 +6,7 @@ counted there, once."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,7 +84,8 @@ def _ranked(spec: Any, q: Any, cache: ShardedKVCache,
     except Exception as exc:            # sent to the other ranks, then raised here
         failure = exc
     t1 = time.perf_counter()
-    stamp = digest(spec, cache.offsets, cache.counts)
+    text = _spec_text(spec) if isinstance(spec, AttentionSpec) else repr(spec)
+    stamp = digest(text, cache.offsets, cache.counts)
     got = exchange(cache.group, cache.exchange_bytes, cache.timeout, stamp, payload, failure)
     t2 = time.perf_counter()
     assert call is not None             # exchange raised the failure otherwise
@@ -91,6 +93,11 @@ def _ranked(spec: Any, q: Any, cache: ShardedKVCache,
     cache.last_timings = {"local_s": t1 - t0, "exchange_s": t2 - t1,
                           "merge_s": time.perf_counter() - t2}
     return res
+
+
+@functools.lru_cache(maxsize=256)
+def _spec_text(spec: AttentionSpec) -> str:
+    return repr(spec)
 
 
 def _unpack(spec: AttentionSpec, data: np.ndarray) -> States:
@@ -116,13 +123,18 @@ def merge(session: Session, call: Call, states: list[States]) -> Any:
     spec = call.spec
     o_parts = np.stack([o for o, _ in states], axis=3)
     lse_parts = np.stack([lse for _, lse in states], axis=3)
-    rspec = AttentionSpec(batch=spec.batch, seq_len=spec.seq_len, num_heads=spec.num_heads,
-                          kv_num_heads=spec.kv_num_heads, head_size=spec.head_size,
-                          v_head_size=spec.v_head_size, dtype=spec.dtype, q_layout=spec.q_layout,
-                          causal=False, head_sink=spec.head_sink, seqlens_q=spec.seqlens_q,
-                          return_lse=spec.return_lse)
-    return session.reduce_states(rspec, o_parts, lse_parts, call.extras.get("head_sink"),
-                                 seqlens_q=call.extras.get("seqlens_q"))
+    return session.reduce_states(reduce_spec(spec), o_parts, lse_parts,
+                                 call.extras.get("head_sink"), seqlens_q=call.extras.get("seqlens_q"))
+
+
+@functools.lru_cache(maxsize=256)
+def reduce_spec(spec: AttentionSpec) -> AttentionSpec:
+    """The reduce's spec for a call: its rows, heads, dtype, layout, sink and row counts."""
+    return AttentionSpec(batch=spec.batch, seq_len=spec.seq_len, num_heads=spec.num_heads,
+                         kv_num_heads=spec.kv_num_heads, head_size=spec.head_size,
+                         v_head_size=spec.v_head_size, dtype=spec.dtype, q_layout=spec.q_layout,
+                         causal=False, head_sink=spec.head_sink, seqlens_q=spec.seqlens_q,
+                         return_lse=spec.return_lse)
 
 
 def check_call(spec: Any, q: Any, cache: ShardedKVCache,
@@ -168,6 +180,8 @@ def check_call(spec: Any, q: Any, cache: ShardedKVCache,
 def _check_spec(spec: Any, cache: ShardedKVCache) -> None:
     if not isinstance(spec, AttentionSpec):
         raise SpecError("spec", spec, "an attnreg.AttentionSpec (cache.spec(...) makes one)")
+    if spec in cache.checked_specs:
+        return
     if spec.bias:
         raise SpecError("spec.bias", True, "False: sharded_attention takes no bias")
     want = cache.spec(spec.num_heads, spec.seq_len, **{f: getattr(spec, f) for f in CALL_FIELDS})
@@ -176,3 +190,6 @@ def _check_spec(spec: Any, cache: ShardedKVCache) -> None:
             raise SpecError(f"spec.{field}", getattr(spec, field), f"{getattr(want, field)!r}, "
                             "what the sharded cache holds (cache.spec(num_heads, seq_len, ...) "
                             "makes the spec)")
+    if len(cache.checked_specs) > 256:       # a caller cycling through many specs
+        cache.checked_specs.clear()
+    cache.checked_specs.add(spec)

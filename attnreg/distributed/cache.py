@@ -84,6 +84,7 @@ class ShardedKVCache:
         self.counts = np.zeros((n_shards, batch), np.int64)
         self.active = 0                 # the last shard in use (appends go there first)
         self.last_timings: dict[str, float] = {}     # the last call's steps, in seconds
+        self.checked_specs: set[AttentionSpec] = set()   # specs already checked against it
         self._pool: ThreadPoolExecutor | None = None
 
     def _setup(self, local: list[Session], shard_capacity: Any, n_shards: int,

@@ -3,6 +3,7 @@ their (out, lse) placed at the rows they answer, as float32 states over the whol
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from ..device_tensor import KVCache
 from ..reference import alibi_slopes
 from ..session import Session
 from ..spec import AttentionSpec
-from .pieces import Launch
+from .pieces import Bounds, Launch
 
 States = tuple[np.ndarray, np.ndarray]
 
@@ -58,11 +59,8 @@ def _run(session: Session, kv: KVCache, spec: AttentionSpec, q: np.ndarray,
                         for b in range(spec.batch)], np.int32)
     starts = np.array([by_entry[b].start if b in by_entry else 0 for b in range(spec.batch)],
                       np.int32)
-    causal, local_w, right_w = launch.bounds
-    local = kv.spec(spec.num_heads, rows, q_layout=spec.q_layout, causal=causal,
-                    local_window=local_w, right_window=right_w, scale=spec.scale,
-                    softcap=spec.softcap, alibi_max_bias=spec.alibi_max_bias,
-                    return_lse=True, kv_start=bool(starts.any()), seqlens_q=ragged)
+    local = local_spec(spec, kv.capacity, kv.num_pages, rows, launch.bounds,
+                       bool(starts.any()), ragged)
     t = kv.tensors(_query_rows(spec, q, launch))
     if not np.array_equal(lengths, kv.lengths):
         t["seqlens_k"] = lengths        # else the cache's own lengths, already on the device
@@ -72,6 +70,19 @@ def _run(session: Session, kv: KVCache, spec: AttentionSpec, q: np.ndarray,
         t["seqlens_q"] = np.array([by_entry[b].count if b in by_entry else 1
                                    for b in range(spec.batch)], np.int32)
     return session.run(local, t)
+
+
+@functools.lru_cache(maxsize=1024)
+def local_spec(spec: AttentionSpec, capacity: int, num_pages: int | None, rows: int,
+               bounds: Bounds, kv_start: bool, seqlens_q: bool) -> AttentionSpec:
+    """The spec of one launch over a shard of ``capacity`` keys (what its KVCache's spec
+    gives, with the launch's bounds; return_lse, no sink). Cached: a decode loop makes the
+    same launches every step, and building a spec costs tens of microseconds."""
+    causal, local_w, right_w = bounds
+    return spec.replace(seq_len=rows, past_len=capacity - rows, kv_capacity=capacity,
+                        num_pages=num_pages, causal=causal, local_window=local_w,
+                        right_window=right_w, kv_start=kv_start, seqlens_q=seqlens_q,
+                        head_sink=False, return_lse=True)
 
 
 def _query_rows(spec: AttentionSpec, q: np.ndarray, launch: Launch) -> np.ndarray:
