@@ -1,33 +1,30 @@
 // quantize_kv: float K/V vectors -> the codes and scales of a quantized KV cache, written at
 // the destination vectors the host lists (KVCache.append; backends/webgpu/quantize.py).
-// The host prepends: HD (head size), DT (the input: 0 float32, 1 float16, 2 bfloat16), Q
-// (1 int8, 2 int4), the `scales` binding and put_scale (a plain word store for int8's f32
+// The builder (backends/webgpu/program.py) declares HD (head size), DT (the input: 0
+// float32, 1 float16, 2 bfloat16), Q (1 int8, 2 int4), THREADS, the bindings (job, src,
+// codes, scales) and put_scale from shaders/storage.wgsl (a plain word store for int8's f32
 // scales; two atomics for int4's f16 halves, because two blocks share a word).
 //
 // src: rows [R] (destination vector of source vector r) at word 0, the job's data (R * HD
-// values in DT, packed in words) at word QP.data_off. Stores are whole words: an int8
+// values in DT, packed in words) at word job.data_off. Stores are whole words: an int8
 // vector is HD bytes (HD % 4 == 0) and an int4 block 16 bytes, so no two invocations share a
 // code word. Inputs are finite (the host checked). Rounding follows attnreg.quantize_kv:
 // round() is half-to-even in WGSL, the f16 scale is rounded to nearest even here (f16_bits)
 // rather than by pack2x16float, whose rounding WGSL leaves to the implementation.
 
-struct QParams {
+struct Job {
   rows: u32,        // R: source vectors
   count: u32,       // invocations: R (int8) or R * HD / 32 blocks (int4)
   data_off: u32,    // word offset of the job's values in src
   pad: u32,
 };
 
-@group(0) @binding(0) var<uniform> QP: QParams;
-@group(0) @binding(1) var<storage, read> src: array<u32>;
-@group(0) @binding(2) var<storage, read_write> codes: array<u32>;
-
 // Value i of the job (flat over [R, HD]).
 fn load_x(i: u32) -> f32 {
   if (DT == 0u) {
-    return bitcast<f32>(src[QP.data_off + i]);
+    return bitcast<f32>(src[job.data_off + i]);
   }
-  let w = src[QP.data_off + i / 2u];
+  let w = src[job.data_off + i / 2u];
   let odd = (i & 1u) == 1u;
   if (DT == 1u) {
     let p = unpack2x16float(w);
@@ -148,13 +145,8 @@ fn quant_int4(t: u32) {
   }
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-  let t = (wid.x + nwg.x * wid.y) * 64u + lid;
-  if (t >= QP.count) {
-    return;
-  }
+// Invocation t < count (utility_common.wgsl): vector t (int8) or block t (int4).
+fn job_item(t: u32) {
   if (Q == 1u) {
     quant_int8(t);
   } else {
