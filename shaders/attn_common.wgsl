@@ -1,11 +1,12 @@
 // Inputs and per-key math shared by the attention families (flash_prefill and the decode ones).
 // The generated prefix defines: T (compute dtype: f16 for float16, f32 for float32 and
-// bfloat16), GV/GE/GS (the load granule of GE elements, its vec4 parts), g_part() (a part as
-// vec4<T>), TS / ts_part() / ts_f32() (a vec4 of a staged K/V tile in workgroup memory: as
-// computed, or bfloat16's bits, widened by ts_f32 where read),
-// HD/HV/HG (head size in elements, vec4s, granules: q and k rows), VD/VV/VG (the same of v's
-// and out's rows: v_head_size), the Params struct (backends/common.py,
-// shared with OpenCL) and the family's bindings, declared from backends/ports.py: P, q, k, v
+// bfloat16), GV (the load granule of GRANULE elements, GRANULE_VEC4S vec4s), g_part() (a part
+// as vec4<T>), TS / ts_part() / ts_f32() (a vec4 of a staged K/V tile in workgroup memory: as
+// computed, or bfloat16's bits, widened by ts_f32 where read), QK_DIM / QK_VEC4S /
+// QK_GRANULES (head size in elements, vec4s, granules: q and k rows), V_DIM / V_VEC4S /
+// V_GRANULES (the same of v's and out's rows: v_head_size), the Params struct
+// (backends/common.py, shared with OpenCL) and the family's bindings, declared from
+// backends/ports.py: P, q, k, v
 // (as stored), bias (float32: a float16 bias is widened on the host, exactly), seqlens, sink,
 // k_scale/v_scale (quantized K/V only), and the family's outputs. Kernels read q, k, v only
 // through load_q/load_k/load_v(granule) and write out only through store_out(vec4 index, x):
@@ -237,11 +238,11 @@ fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
   return d;
 }
 
-// Granule idx of a tile (key idx / ng, granule idx % ng; ng granules a row: HG for K, VG
-// for V) in workgroup memory whose key rows are `stride` vec4s apart: one layout for every
+// Granule idx of a tile (key idx / ng, granule idx % ng; ng granules a row: QK_GRANULES for
+// K, V_GRANULES for V) in workgroup memory whose key rows are `stride` vec4s apart: one layout for every
 // family's staging stores, matching the readers' key * stride + vec4 column.
 fn tile_at(idx: u32, stride: u32, ng: u32) -> u32 {
-  return (idx / ng) * stride + (idx % ng) * GS;
+  return (idx / ng) * stride + (idx % ng) * GRANULE_VEC4S;
 }
 
 // Keys [lo, hi) a row at position pos sees (contiguous): edge loops test j against it.
@@ -328,30 +329,30 @@ fn logit_b(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32, with_bias: boo
 
 // Granule index of element 0 of row (b, head, row) in q (q layout) or k/v (kv layout).
 fn q_granule(b: u32, h: u32, i: u32) -> u32 {
-  return (b * P.q_sb + h * P.q_sh + i * P.q_ss) / GE;
+  return (b * P.q_sb + h * P.q_sh + i * P.q_ss) / GRANULE;
 }
 
 // kv_elem (generated): contiguous layouts, or the page of key j through the block table.
 fn kv_granule(b: u32, n: u32, j: u32) -> u32 {
-  return kv_elem(b, n, j) / GE;
+  return kv_elem(b, n, j) / GRANULE;
 }
 
-// The same for v, whose rows are VD elements: its strides are k's scaled by VD / HD (every
-// stride of k is a multiple of HD in each layout).
+// The same for v, whose rows are V_DIM elements: its strides are k's scaled by V_DIM / QK_DIM
+// (every stride of k is a multiple of QK_DIM in each layout).
 fn v_granule(b: u32, n: u32, j: u32) -> u32 {
-  if (VD == HD) {
+  if (V_DIM == QK_DIM) {
     return kv_granule(b, n, j);
   }
-  return kv_elem(b, n, j) / HD * VD / GE;
+  return kv_elem(b, n, j) / QK_DIM * V_DIM / GRANULE;
 }
 
-// vec4 index of element 0 of out's row (b, head, row): q's layout with rows of VD elements.
+// vec4 index of element 0 of out's row (b, head, row): q's layout with rows of V_DIM elements.
 fn out_vec4(b: u32, h: u32, i: u32) -> u32 {
   let e = b * P.q_sb + h * P.q_sh + i * P.q_ss;
-  if (VD == HD) {
+  if (V_DIM == QK_DIM) {
     return e / 4u;
   }
-  return e / HD * VD / 4u;
+  return e / QK_DIM * V_DIM / 4u;
 }
 
 // The head sink as an extra logit, or MASKED when absent (a -inf sink means no sink).

@@ -1,52 +1,56 @@
-// decode_mma: split-KV decode partials whose two products run on matrix units, through the
-// mm_* primitive (mma_hw.wgsl: subgroup matrices; mma_emu.wgsl: the same contract in
-// software). One workgroup = one (batch, kv head, split, tile of M query rows, chunk of GT
-// query heads): its R = GT * M <= 16 query vectors are the 16 rows of one M tile (row
-// r: head hc*GT + r/M of the group, query row i0 + r%M; rows past R are zero). Per tile of
-// BC keys of the split, staged in workgroup memory by every lane:
-//   S = Q K^T: subgroup g takes key tiles g, g+NSG, .. (NOC products each) -> s_s;
-//   softmax in scalar code: lane (row lid%16, part lid/16) takes KPL of the row's scores,
+// decode_mma: split-KV decode partials whose two products run on matrix units, through the mm_*
+// primitive (mma_hw.wgsl: subgroup matrices; mma_emu.wgsl: the same contract in software). One
+// workgroup = one (batch, kv head, split, tile of M_TILE query rows, chunk of GROUP_TILE query
+// heads): its VECTORS = GROUP_TILE * M_TILE <= 16 query vectors are the 16 rows of one matrix
+// tile (row r: head hc*GROUP_TILE + r/M_TILE of the group, query row i0 + r%M_TILE; rows past
+// VECTORS are zero). Per tile of KV_TILE keys of the split, staged in workgroup memory by every
+// lane:
+//   S = Q K^T: subgroup g takes key tiles g, g+SUBGROUPS, .. (OUT_TILES products each) -> s_s;
+//   softmax in scalar code: lane (row lid%16, part lid/16) takes LANE_KEYS of the row's scores,
 //   applies the logit (attn_common.wgsl) and masks, writes P = exp(x - m) as f16 to p_s;
-//   O += P V: subgroup g owns output column tiles g, g+NSG, .. (TPS of them) in registers.
-// The running max is lazy (mma_common.wgsl), as in flash_prefill_mma. Non-finite v: staged
-// as 0 and flagged; a slow path marks, per lane, the output columns of its row that see it.
-// Writes the contract's partial state of the split: o_t normalised over the split's visible
-// keys and lse_t (0 and -inf for a split with no visible key).
-// Prefix constants: M, GT, BC, NSG, WG (32 NSG), NDC (HD/16: QK's depth tiles), NOC (VD/16:
-// output column tiles), NKC (BC/16), TPS (NOC/NSG), PARTS (WG/16), KPL (BC/PARTS), QST,
-// KST, VST, SST, PST, VW (words of a lane's column mask).
+//   O += P V: subgroup g owns output column tiles g, g+SUBGROUPS, .. (SG_TILES of them) in
+//     registers.
+// The running max is lazy (mma_common.wgsl), as in flash_prefill_mma. Non-finite v: staged as 0
+// and flagged; a slow path marks, per lane, the output columns of its row that see it. Writes
+// the contract's partial state of the split: o_t normalised over the split's visible keys and
+// lse_t (0 and -inf for a split with no visible key).
+// Prefix constants: M_TILE, GROUP_TILE, KV_TILE, SUBGROUPS, THREADS (32 SUBGROUPS), DEPTH_TILES
+// (QK_DIM/16: QK's depth tiles),
+// OUT_TILES (V_DIM/16: output column tiles), KEY_TILES (KV_TILE/16), SG_TILES
+// (OUT_TILES/SUBGROUPS), ROW_LANES (THREADS/16), LANE_KEYS (KV_TILE/ROW_LANES), Q_STRIDE,
+// K_STRIDE, V_STRIDE, S_STRIDE, P_STRIDE, MASK_WORDS (words of a lane's column mask).
 
-const R: u32 = GT * M;
+const VECTORS: u32 = GROUP_TILE * M_TILE;
 
-var<workgroup> q_s: array<f16, 16u * QST>;
-var<workgroup> k_s: array<f16, BC * KST>;
-var<workgroup> v_s: array<f16, BC * VST>;
-var<workgroup> s_s: array<f32, 16u * SST>;
+var<workgroup> q_s: array<f16, 16u * Q_STRIDE>;
+var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
+var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
+var<workgroup> s_s: array<f32, 16u * S_STRIDE>;
 // Each subgroup's 16 x 16 O scratch: its own array, as in flash_prefill_mma (sharing s_s gave
 // wrong products on the H100).
-var<workgroup> o_x: array<f32, NSG * 256u>;
-var<workgroup> p_s: array<f16, 16u * PST>;
-var<workgroup> red_s: array<f32, 16u * PARTS>;
+var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
+var<workgroup> p_s: array<f16, 16u * P_STRIDE>;
+var<workgroup> red_s: array<f32, 16u * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, 16u>;
 var<workgroup> flag_a: atomic<u32>;
 var<workgroup> flag_u: u32;
 
-// (query head of the group, query row) of M-tile row r; x past the group or y past seq_len
-// for rows no query fills.
+// (query head of the group, query row) of matrix-tile row r; x past the group or y past
+// seq_len for rows no query fills.
 fn tile_row(hc: u32, i0: u32, r: u32) -> vec2<u32> {
-  if (r >= R) {
+  if (r >= VECTORS) {
     return vec2<u32>(P.group_size, P.seq_len);
   }
-  return vec2<u32>(hc * GT + r / M, i0 + r % M);
+  return vec2<u32>(hc * GROUP_TILE + r / M_TILE, i0 + r % M_TILE);
 }
 
 fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
-  let d = decode_wg(wid, nwg, M, GT);
+  let d = decode_wg(wid, nwg, M_TILE, GROUP_TILE);
   if (!d.ok) {
     return;
   }
   let rr = lid % 16u;                  // this lane's row (softmax, output)
-  let part = lid / 16u;                // which KPL scores of the row
+  let part = lid / 16u;                // which LANE_KEYS scores of the row
   let hf = lane / 16u;                 // which 8 columns of its subgroup's tiles it writes
   let ri = tile_row(d.hc, d.i0, rr);
   let live = ri.x < P.group_size && ri.y < P.seq_len;
@@ -57,82 +61,83 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let hi = d.khi;
 
   // Q tile (raw: the scale is applied to the f32 scores), absent and padding rows zero.
-  for (var idx = lid; idx < 16u * HG; idx += WG) {
-    let r = idx / HG;
-    let g = idx % HG;
+  for (var idx = lid; idx < 16u * QK_GRANULES; idx += THREADS) {
+    let r = idx / QK_GRANULES;
+    let g = idx % QK_GRANULES;
     let qr = tile_row(d.hc, d.i0, r);
     var gv = GV();
     if (qr.x < P.group_size && qr.y < d.seq.rows) {
       gv = load_q(q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g);
     }
-    for (var e = 0u; e < GE; e++) {
-      q_s[r * QST + g * GE + e] = g_part(gv, e / 4u)[e % 4u];
+    for (var e = 0u; e < GRANULE; e++) {
+      q_s[r * Q_STRIDE + g * GRANULE + e] = g_part(gv, e / 4u)[e % 4u];
     }
   }
 
-  var o: array<MAcc, TPS>;
-  for (var t = 0u; t < TPS; t++) {
+  var o: array<MAcc, SG_TILES>;
+  for (var t = 0u; t < SG_TILES; t++) {
     o[t] = mm_zero();
   }
   var m = MASKED;
   var l = 0.0;                         // this lane's part of the row sum
-  var vbad: array<u32, VW>;            // output columns of this lane poisoned by a v
-  for (var w = 0u; w < VW; w++) {
+  var vbad: array<u32, MASK_WORDS>;            // output columns of this lane poisoned by a v
+  for (var w = 0u; w < MASK_WORDS; w++) {
     vbad[w] = 0u;
   }
 
-  let n_tiles = select(0u, cdiv(hi - lo, BC), hi > lo);
+  let n_tiles = select(0u, cdiv(hi - lo, KV_TILE), hi > lo);
   for (var it = 0u; it < n_tiles; it++) {
-    let j0 = lo + it * BC;
+    let j0 = lo + it * KV_TILE;
     workgroupBarrier();                // the previous tile's readers are done
-    for (var idx = lid; idx < BC * HG; idx += WG) {
-      let jj = idx / HG;
-      stage_k_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi);
-      if (VG == HG && stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi)) {
+    for (var idx = lid; idx < KV_TILE * QK_GRANULES; idx += THREADS) {
+      let jj = idx / QK_GRANULES;
+      stage_k_granule(d.b, d.kvh, j0 + jj, jj, idx % QK_GRANULES, j0 + jj < hi);
+      if (V_GRANULES == QK_GRANULES && stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % QK_GRANULES, j0 + jj < hi)) {
         atomicOr(&flag_a, 2u);
       }
     }
-    if (VG != HG) {                    // v's rows differ from k's: their own granules
-      for (var idx = lid; idx < BC * VG; idx += WG) {
-        let jj = idx / VG;
-        if (stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % VG, j0 + jj < hi)) {
+    if (V_GRANULES != QK_GRANULES) {                    // v's rows differ from k's: their own granules
+      for (var idx = lid; idx < KV_TILE * V_GRANULES; idx += THREADS) {
+        let jj = idx / V_GRANULES;
+        if (stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % V_GRANULES, j0 + jj < hi)) {
           atomicOr(&flag_a, 2u);
         }
       }
     }
     workgroupBarrier();
 
-    // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal
-    // NKC / NSG and NDC): with constant bounds, head_size 32 (NDC 2) gave wrong products on
-    // the H100 (43 of 52 cells failed; all pass with these bounds), like the PV loop below.
-    for (var u = 0u; u < min(NKC / NSG, P.seq_len + NKC / NSG); u++) {
-      let kc = sg + u * NSG;
+    // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal KEY_TILES
+    // / SUBGROUPS and DEPTH_TILES): with constant bounds, head_size 32 (DEPTH_TILES 2) gave wrong
+    // products on the H100 (43 of 52 cells failed; all pass with these bounds), like the PV loop
+    // below.
+    for (var u = 0u; u < min(KEY_TILES / SUBGROUPS, P.seq_len + KEY_TILES / SUBGROUPS); u++) {
+      let kc = sg + u * SUBGROUPS;
       var acc = mm_zero();
-      for (var dc = 0u; dc < min(NDC, P.seq_len + NDC); dc++) {
-        acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);
+      for (var dc = 0u; dc < min(DEPTH_TILES, P.seq_len + DEPTH_TILES); dc++) {
+        acc = mm_qk(acc, dc * 16u, kc * 16u * K_STRIDE + dc * 16u);
       }
       mm_store_s(acc, kc * 16u);
     }
     workgroupBarrier();
 
     // Logits of this lane's part of the row, and their max.
-    var x: array<f32, KPL>;
+    var x: array<f32, LANE_KEYS>;
     var best = MASKED;
-    for (var e = 0u; e < KPL; e++) {
-      let jl = part * KPL + e;
+    for (var e = 0u; e < LANE_KEYS; e++) {
+      let jl = part * LANE_KEYS + e;
       let j = j0 + jl;
       var xv = MASKED;
       if (live && j < hi && key_visible(i32(j), pos, d.seq)) {
-        xv = logit(s_s[rr * SST + jl] * P.scale, d.b, h, i, j, pos);
+        xv = logit(s_s[rr * S_STRIDE + jl] * P.scale, d.b, h, i, j, pos);
       }
       x[e] = xv;
       best = max(best, xv);
     }
-    red_s[rr * PARTS + part] = best;
+    red_s[rr * ROW_LANES + part] = best;
     workgroupBarrier();
     var m_tile = MASKED;
-    for (var p = 0u; p < PARTS; p++) {
-      m_tile = max(m_tile, red_s[rr * PARTS + p]);
+    for (var p = 0u; p < ROW_LANES; p++) {
+      m_tile = max(m_tile, red_s[rr * ROW_LANES + p]);
     }
     let lm = lazy_max(m, m_tile);
     let alpha = lm.y;
@@ -143,10 +148,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
     let m_use = select(m, 0.0, m <= MASKED);
     var psum = 0.0;
-    for (var e = 0u; e < KPL; e++) {
+    for (var e = 0u; e < LANE_KEYS; e++) {
       let p = weight_of(x[e], m_use);
       psum += p;
-      p_s[rr * PST + part * KPL + e] = f16(p);
+      p_s[rr * P_STRIDE + part * LANE_KEYS + e] = f16(p);
     }
     l = l * alpha + psum;
     if (part == 0u) {
@@ -160,7 +165,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 
     if ((flags & 1u) != 0u) {
       // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
-      for (var t = 0u; t < TPS; t++) {
+      for (var t = 0u; t < SG_TILES; t++) {
         mm_store_x(o[t], sg * 256u);
         workgroupBarrier();
         for (var e = lane; e < 256u; e += 32u) {
@@ -173,12 +178,12 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
     if ((flags & 2u) != 0u && live) {
       // A non-finite v in this tile: mark the columns this lane writes that its row sees.
-      for (var jl = 0u; jl < BC; jl++) {
+      for (var jl = 0u; jl < KV_TILE; jl++) {
         let j = j0 + jl;
         if (j < hi && key_visible(i32(j), pos, d.seq)) {
-          for (var t = 0u; t < TPS; t++) {
+          for (var t = 0u; t < SG_TILES; t++) {
             for (var c = 0u; c < 8u; c++) {
-              if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * NSG) * 16u + hf * 8u + c))) {
+              if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * SUBGROUPS) * 16u + hf * 8u + c))) {
                 let bit = t * 8u + c;
                 vbad[bit / 32u] |= 1u << (bit % 32u);
               }
@@ -189,12 +194,12 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
 
     // O += P V on this subgroup's column tiles. The bound is read at run time (it equals
-    // TPS), as in flash_prefill_mma: fully unrolled short chains gave wrong products on the
+    // SG_TILES), as in flash_prefill_mma: fully unrolled short chains gave wrong products on the
     // H100 (Dawn/Tint + NVIDIA's Vulkan driver).
-    for (var t = 0u; t < min(TPS, P.seq_len + TPS); t++) {
+    for (var t = 0u; t < min(SG_TILES, P.seq_len + SG_TILES); t++) {
       var acc = o[t];
-      for (var kc = 0u; kc < NKC; kc++) {
-        acc = mm_pv(acc, kc * 16u, kc * 16u * VST + (sg + t * NSG) * 16u);
+      for (var kc = 0u; kc < KEY_TILES; kc++) {
+        acc = mm_pv(acc, kc * 16u, kc * 16u * V_STRIDE + (sg + t * SUBGROUPS) * 16u);
       }
       o[t] = acc;
     }
@@ -202,11 +207,11 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 
   // The row sum over the parts, the row's factor and lse (no sink: the reduce adds it).
   workgroupBarrier();
-  red_s[rr * PARTS + part] = l;
+  red_s[rr * ROW_LANES + part] = l;
   workgroupBarrier();
   var lsum = 0.0;
-  for (var p = 0u; p < PARTS; p++) {
-    lsum += red_s[rr * PARTS + p];
+  for (var p = 0u; p < ROW_LANES; p++) {
+    lsum += red_s[rr * ROW_LANES + p];
   }
   let fin = finish_row(m, lsum, MASKED);
   let row = ((d.b * P.num_heads + h) * P.seq_len + i) * P.n_splits + d.t;
@@ -217,7 +222,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
   }
   // o_t, tile by tile through o_x: lane (row, hf) writes 8 columns of each of its tiles.
-  for (var t = 0u; t < TPS; t++) {
+  for (var t = 0u; t < SG_TILES; t++) {
     mm_store_x(o[t], sg * 256u);
     workgroupBarrier();
     if (live) {
@@ -230,7 +235,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
             acc[e] = nan_f32();
           }
         }
-        o_parts[row * VV + (sg + t * NSG) * 4u + hf * 2u + u] = finite_or_nan4(acc);
+        o_parts[row * V_VEC4S + (sg + t * SUBGROUPS) * 4u + hf * 2u + u] = finite_or_nan4(acc);
       }
     }
     workgroupBarrier();

@@ -1,7 +1,7 @@
 // Pieces both matrix-unit kernels (flash_prefill_mma, decode_mma) share: the lazy-max
 // threshold, non-finite tests on halves, and the staging of one K or V granule into the
-// primitive's k_s / v_s tiles (rows KST / VST halves apart; k rows are HD elements, HG
-// granules, v rows VD, VG granules).
+// primitive's k_s / v_s tiles (rows K_STRIDE / V_STRIDE halves apart; k rows are QK_DIM
+// elements, QK_GRANULES granules, v rows V_DIM, V_GRANULES granules).
 
 // ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
 const TAU: f32 = 8.0;
@@ -18,8 +18,8 @@ fn is_bad_f16(x: f16) -> bool {
 
 // Element d of key j's row of v (kv layout), for the non-finite slow path.
 fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
-  let g = load_v(v_granule(b, kvh, j) + d / GE);
-  return g_part(g, (d % GE) / 4u)[d % 4u];
+  let g = load_v(v_granule(b, kvh, j) + d / GRANULE);
+  return g_part(g, (d % GRANULE) / 4u)[d % 4u];
 }
 
 // Granule g of key j's k (tile row jj) into k_s: zeros unless load.
@@ -28,10 +28,10 @@ fn stage_k_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) {
   if (load) {
     kg = load_k(kv_granule(b, kvh, j) + g);
   }
-  for (var c = 0u; c < GE; c += 4u) {
+  for (var c = 0u; c < GRANULE; c += 4u) {
     let kh = g_part(kg, c / 4u);
     for (var e = 0u; e < 4u; e++) {
-      k_s[jj * KST + g * GE + c + e] = kh[e];
+      k_s[jj * K_STRIDE + g * GRANULE + c + e] = kh[e];
     }
   }
 }
@@ -44,13 +44,13 @@ fn stage_v_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) -> boo
     vg = load_v(v_granule(b, kvh, j) + g);
   }
   var bad = false;
-  for (var c = 0u; c < GE; c += 4u) {
+  for (var c = 0u; c < GRANULE; c += 4u) {
     let vraw = g_part(vg, c / 4u);
     let vb = bad4(vraw);
     bad = bad || any(vb);
     let vh = select(vraw, vec4<T>(0.0), vb);
     for (var e = 0u; e < 4u; e++) {
-      v_s[jj * VST + g * GE + c + e] = vh[e];
+      v_s[jj * V_STRIDE + g * GRANULE + c + e] = vh[e];
     }
   }
   return bad;

@@ -8,7 +8,7 @@ alias MAcc = array<f32, 8>;
 
 var<private> mm_lane: u32;
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   mm_lane = lid % 32u;
@@ -26,7 +26,7 @@ fn mm_qk(acc: MAcc, qo: u32, ko: u32) -> MAcc {
     let row = mm_lane / 16u + 2u * t;
     var s = 0.0;
     for (var d = 0u; d < 16u; d++) {
-      s += f32(q_s[qo + row * QST + d]) * f32(k_s[ko + col * KST + d]);
+      s += f32(q_s[qo + row * Q_STRIDE + d]) * f32(k_s[ko + col * K_STRIDE + d]);
     }
     c[t] += s;
   }
@@ -40,7 +40,7 @@ fn mm_pv(acc: MAcc, po: u32, vo: u32) -> MAcc {
     let row = mm_lane / 16u + 2u * t;
     var s = 0.0;
     for (var d = 0u; d < 16u; d++) {
-      s += f32(p_s[po + row * PST + d]) * f32(v_s[vo + d * VST + col]);
+      s += f32(p_s[po + row * P_STRIDE + d]) * f32(v_s[vo + d * V_STRIDE + col]);
     }
     c[t] += s;
   }
@@ -49,7 +49,7 @@ fn mm_pv(acc: MAcc, po: u32, vo: u32) -> MAcc {
 
 fn mm_store_s(acc: MAcc, so: u32) {
   for (var t = 0u; t < 8u; t++) {
-    s_s[so + (mm_lane / 16u + 2u * t) * SST + mm_lane % 16u] = acc[t];
+    s_s[so + (mm_lane / 16u + 2u * t) * S_STRIDE + mm_lane % 16u] = acc[t];
   }
 }
 

@@ -10,7 +10,7 @@
 // and KV_START / Q_ROWS 0 let the families drop the tests that need them, so a spec without
 // these features compiles to what it did before they existed. The builder writes those
 // flags (PAGED, BLOCKS, KV_START, Q_ROWS: 1 where the input is bound) before each piece.
-// lane_max / lane_sum: row reductions over SGW lanes, by subgroup shuffles in subgroup
+// lane_max / lane_sum: row reductions over SHUFFLE_LANES lanes, by subgroup shuffles in subgroup
 // variants; absent otherwise, so a non-subgroup variant never mentions a subgroup builtin
 // (its device may lack them).
 
@@ -64,14 +64,14 @@ fn q_rows(b: u32) -> u32 {
 // piece: lanes_subgroup
 fn lane_max(x: f32) -> f32 {
   var v = x;
-  for (var s = 1u; s < SGW; s = s << 1u) {
+  for (var s = 1u; s < SHUFFLE_LANES; s = s << 1u) {
     v = max(v, subgroupShuffleXor(v, s));
   }
   return v;
 }
 fn lane_sum(x: f32) -> f32 {
   var v = x;
-  for (var s = 1u; s < SGW; s = s << 1u) {
+  for (var s = 1u; s < SHUFFLE_LANES; s = s << 1u) {
     v = v + subgroupShuffleXor(v, s);
   }
   return v;

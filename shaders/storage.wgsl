@@ -2,8 +2,8 @@
 // (backends/webgpu/wgsl_io.py picks them per spec; its docstring gives the formats). $x in a
 // piece is the tensor it serves (q, k, v), $row the constant of that tensor's row length.
 //
-// Compute types: T (what the kernels compute in), the load granule GV (its element count GE
-// follows the piece: 4 for float32, else 8), g_part (vec4 s of a granule as vec4<T>) and gv_of (a granule of dequantized values); TS,
+// Compute types: T (what the kernels compute in), the load granule GV (its element count
+// GRANULE follows the piece: 4 for float32, else 8), g_part (vec4 s of a granule as vec4<T>) and gv_of (a granule of dequantized values); TS,
 // the staged vec4 that K/V tiles hold in workgroup memory, with ts_part (vec4 s of a granule
 // as staged) and ts_f32 (a staged vec4 read back as vec4<f32>).
 
@@ -133,10 +133,10 @@ fn load_$x(g: u32) -> GV {
 }
 
 // piece: load_int8
-// One scale per vector: k's are HD elements long, v's VD ($row). A granule of 8 takes a
+// One scale per vector: k's are QK_DIM elements long, v's V_DIM ($row). A granule of 8 takes a
 // second word ($second), one of 4 only the first.
 fn load_$x(g: u32) -> GV {
-  let e0 = g * GE;
+  let e0 = g * GRANULE;
   let s = ${x}_scale[e0 / $row];
   let w = e0 / 4u;
   return gv_of(i8x4($x[w]) * s, $second);
@@ -145,7 +145,7 @@ fn load_$x(g: u32) -> GV {
 // piece: load_int4
 // Block blk of 32 elements: 16 bytes of codes (4 words), a float16 scale (two per word).
 fn load_$x(g: u32) -> GV {
-  let e0 = g * GE;
+  let e0 = g * GRANULE;
   let blk = e0 / 32u;
   let r = e0 % 32u;
   let w = blk * 4u + (r % 16u) / 4u;

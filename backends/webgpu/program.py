@@ -191,11 +191,11 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
     """The full WGSL module of one compiled variant."""
     ge = wgsl_io.granule(spec)
     h, hv = spec.head_size, spec.head_size_v
-    # HD/HV/HG: q and k rows in elements, vec4s, granules; VD/VV/VG: v and out rows (Hv)
-    head = [wgsl_io.prelude(spec), f"const HD: u32 = {h}u;", f"const HV: u32 = {h // 4}u;",
-            f"const HG: u32 = {h // ge}u;", f"const GS: u32 = {ge // 4}u;",
-            f"const VD: u32 = {hv}u;", f"const VV: u32 = {hv // 4}u;",
-            f"const VG: u32 = {max(1, hv // ge)}u;"]
+    # q and k rows in elements, vec4s, granules; the same of v and out rows (Hv)
+    head = [wgsl_io.prelude(spec), f"const QK_DIM: u32 = {h}u;",
+            f"const QK_VEC4S: u32 = {h // 4}u;", f"const QK_GRANULES: u32 = {h // ge}u;",
+            f"const GRANULE_VEC4S: u32 = {ge // 4}u;", f"const V_DIM: u32 = {hv}u;",
+            f"const V_VEC4S: u32 = {hv // 4}u;", f"const V_GRANULES: u32 = {max(1, hv // ge)}u;"]
     head += [f"const {k}: u32 = {int(v)}u;" for k, v in sorted(stage_consts.items())]
     head += [lane_helpers(subgroups), common.wgsl_struct("Params")]
     text = "\n".join(head) + "\n" + declarations(family, aux, spec)
@@ -223,9 +223,9 @@ def workgroups(stage: Stage, spec: AttentionSpec, stage_consts: Mapping[str, int
     """How many workgroups the stage dispatches (before folding into a grid)."""
     c = stage_consts
     if stage.family == "prefill":
-        return -(-spec.seq_len // c["BR"]) * spec.num_heads * spec.batch
+        return -(-spec.seq_len // c["Q_TILE"]) * spec.num_heads * spec.batch
     if stage.family in ("decode_partial", "decode_qk", "decode_pv"):
-        return (n_splits * -(-spec.seq_len // c["M"]) * -(-spec.group_size // c["GT"])
+        return (n_splits * -(-spec.seq_len // c["M_TILE"]) * -(-spec.group_size // c["GROUP_TILE"])
                 * spec.kv_num_heads * spec.batch)
     return spec.batch * spec.num_heads * spec.seq_len
 

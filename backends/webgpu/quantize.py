@@ -47,8 +47,8 @@ def refusal(kv_dtype: str, dtype: str, head_size: int) -> str | None:
 def utility(kv_dtype: str, dtype: str, head_size: int, dialect: str) -> Utility:
     """The kernel for one (storage, input dtype, head size)."""
     ty, put = _SCALES[kv_dtype]
-    return program.utility("quantize_kv", consts={"HD": head_size, "DT": _DT[dtype],
-                                                  "Q": _Q[kv_dtype]},
+    return program.utility("quantize_kv", consts={"VEC_DIM": head_size, "IN_DTYPE": _DT[dtype],
+                                                  "QUANT": _Q[kv_dtype]},
                            types={"scales": ty}, pieces=(put,), dialect=dialect)
 
 

@@ -77,8 +77,9 @@ def granule(spec: AttentionSpec) -> int:
 
 
 def prelude(spec: AttentionSpec) -> str:
-    """The compute types of the program (a compute_* piece of shaders/storage.wgsl) and GE."""
-    return _piece(f"compute_{compute(spec)}") + f"const GE: u32 = {granule(spec)}u;\n"
+    """The compute types of the program (a compute_* piece of shaders/storage.wgsl) and
+    GRANULE."""
+    return _piece(f"compute_{compute(spec)}") + f"const GRANULE: u32 = {granule(spec)}u;\n"
 
 
 def binding_type(kind: str, spec: AttentionSpec) -> str:
@@ -104,8 +105,8 @@ def _load_quant(name: str, spec: AttentionSpec) -> str:
     # a granule of 8 reads a second word of codes; one of 4 has none
     quant = str(spec.kv_dtype)
     second = _piece(f"second_{quant}" if granule(spec) == 8 else "second_none", x=name)
-    # one scale per vector: k's are HD elements long, v's VD (v_head_size)
-    return _piece(f"load_{quant}", x=name, row="VD" if name == "v" else "HD",
+    # one scale per vector: k's are QK_DIM elements long, v's V_DIM (v_head_size)
+    return _piece(f"load_{quant}", x=name, row="V_DIM" if name == "v" else "QK_DIM",
                   second=second.strip())
 
 
