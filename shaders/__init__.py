@@ -1,5 +1,5 @@
 """WGSL sources, loaded as package data (never by checkout path): one kernel family a file,
-the code families share (attn_common, mma_common, decode_lanes, utility_common), and the pieces the program
+the code families share (attn_common, mma_common, decode_pv_common, utility_common), and the pieces the program
 builder (backends/webgpu/program.py) picks between for a module's generated prefix."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-FAMILIES = ("attn_common", "decode_lanes", "flash_prefill", "decode_partial", "reduce", "decode_qk",
+FAMILIES = ("attn_common", "decode_pv_common", "flash_prefill", "decode_partial", "reduce", "decode_qk",
             "decode_pv", "patch16", "copy_bw", "flash_prefill_mma", "mma_hw", "mma_emu",
             "mma_common", "decode_mma", "copy_rows", "quantize_kv", "utility_common")
 # Files of named pieces (not modules): ``// piece: NAME`` starts a piece, which runs to the

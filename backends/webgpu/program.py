@@ -42,10 +42,10 @@ NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium
 # Which files make up each family's module, in order.
 FILES = {
     "prefill": ("attn_common", "flash_prefill"),
-    "decode_partial": ("attn_common", "decode_partial", "decode_lanes"),
+    "decode_partial": ("attn_common", "decode_partial", "decode_pv_common"),
     "reduce": ("reduce",),
     "decode_qk": ("attn_common", "decode_qk"),
-    "decode_pv": ("attn_common", "decode_pv", "decode_lanes"),
+    "decode_pv": ("attn_common", "decode_pv", "decode_pv_common"),
 }
 
 _ACCESS = {"read": "read", "rw": "read_write"}
