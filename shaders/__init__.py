@@ -1,15 +1,17 @@
 """WGSL sources, loaded as package data (never by checkout path): one kernel family a file,
-the code families share (attn_common, mma_common, decode_pv_common, utility_common), and the pieces the program
-builder (backends/webgpu/program.py) picks between for a module's generated prefix."""
+the code families share (attn_common, decode_*_common, mma_common, utility_common), and the
+pieces the program builder (backends/webgpu/program.py) picks between for a module's
+generated prefix."""
 
 from __future__ import annotations
 
 from functools import cache
 from importlib import resources
 
-FAMILIES = ("attn_common", "decode_pv_common", "flash_prefill", "decode_partial", "reduce", "decode_qk",
-            "decode_pv", "patch16", "copy_bw", "flash_prefill_mma", "mma_hw", "mma_emu",
-            "mma_common", "decode_mma", "copy_rows", "quantize_kv", "utility_common")
+FAMILIES = ("attn_common", "flash_prefill", "decode_common", "decode_qk_common",
+            "decode_pv_common", "decode_partial", "decode_qk", "decode_pv", "reduce",
+            "mma_common", "mma_hw", "mma_emu", "flash_prefill_mma", "decode_mma",
+            "utility_common", "patch16", "copy_rows", "copy_bw", "quantize_kv")
 # Files of named pieces (not modules): ``// piece: NAME`` starts a piece, which runs to the
 # next such line; what comes before the first is the file's own comment.
 PIECE_FILES = ("prefix", "storage")

@@ -98,27 +98,35 @@ fn right_end(pos: i32, hi: i32) -> i32 {
   return hi;
 }
 
+// Keys [lo, hi) of the existing keys [s.lo, s.len) that lie neither left of the local window
+// of a row at left_pos nor right of the causal diagonal or right window of a row at
+// right_pos: the spans below differ only in which rows set the two edges.
+fn window_span(s: Seq, left_pos: i32, right_pos: i32) -> vec2<i32> {
+  var hi = i32(s.len);
+  if (P.causal != 0u) {
+    hi = min(hi, right_pos + 1);
+  }
+  hi = right_end(right_pos, hi);
+  var lo = i32(s.lo);
+  if (P.local_window > 0) {
+    lo = max(lo, left_pos - P.local_window + 1);
+  }
+  return vec2<i32>(lo, hi);
+}
+
 // [lo, hi) of the keys that rows i_first..i_last can see: whole tiles outside it are
 // skipped by loop bounds (kv_start, causal diagonal, seqlens_k, the windows, padding rows),
 // and keys outside it are never loaded (zeros stand in for them).
 fn key_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
-  var lo = i32(s.lo);
   var last = i_last;
   if (Q_ROWS == 1u) {
     if (i_first >= s.rows) {
-      return vec2<i32>(lo, lo);         // padding rows only: nothing to see
+      return vec2<i32>(i32(s.lo), i32(s.lo));     // padding rows only: nothing to see
     }
     last = min(i_last, s.rows - 1u);
   }
-  var hi = i32(s.len);
-  if (P.causal != 0u) {
-    hi = min(hi, row_pos(s, last) + 1);
-  }
-  hi = right_end(row_pos(s, last), hi);
-  if (P.local_window > 0) {
-    lo = max(lo, row_pos(s, i_first) - P.local_window + 1);
-  }
-  return vec2<i32>(lo, max(lo, hi));
+  let span = window_span(s, row_pos(s, i_first), row_pos(s, last));
+  return vec2<i32>(span.x, max(span.x, span.y));
 }
 
 // [lo, hi) of the keys that every row i_first..i_last sees. P.V multiplies a tile's weights
@@ -131,16 +139,7 @@ fn common_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
   if (Q_ROWS == 1u && i_last >= s.rows) {
     return vec2<i32>(0, 0);             // a padding row sees nothing
   }
-  var hi = i32(s.len);
-  if (P.causal != 0u) {
-    hi = min(hi, row_pos(s, i_first) + 1);
-  }
-  hi = right_end(row_pos(s, i_first), hi);
-  var lo = i32(s.lo);
-  if (P.local_window > 0) {
-    lo = max(lo, row_pos(s, i_last) - P.local_window + 1);
-  }
-  return vec2<i32>(lo, hi);
+  return window_span(s, row_pos(s, i_last), row_pos(s, i_first));
 }
 
 // Whether every key of [a, b) inside span (the loaded keys) lies in seen_all (common_span).
@@ -162,7 +161,6 @@ struct DecodeWg {
   kvh: u32,
   b: u32,
   seq: Seq,
-  len: u32,
   i0: u32,
   span: vec2<i32>,
   seen_all: vec2<i32>,
@@ -182,7 +180,6 @@ struct PrefillWg {
   kvh: u32,
   b: u32,
   seq: Seq,
-  len: u32,
   i0: u32,
   span: vec2<i32>,
 }
@@ -201,7 +198,6 @@ fn prefill_wg(wid: vec3<u32>, nwg: vec3<u32>, br: u32) -> PrefillWg {
   w.b = lin / (w.n_rt * P.num_heads);
   w.kvh = w.h / P.group_size;
   w.seq = seq_of(w.b);
-  w.len = w.seq.len;
   w.i0 = w.rt * br;
   w.span = key_span(w.seq, w.i0, min(w.i0 + br, P.seq_len) - 1u);
   return w;
@@ -228,7 +224,6 @@ fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
   d.kvh = rest % P.kv_num_heads;
   d.b = rest / P.kv_num_heads;
   d.seq = seq_of(d.b);
-  d.len = d.seq.len;
   d.i0 = d.rt * m;
   d.span = key_span(d.seq, d.i0, min(d.i0 + m, P.seq_len) - 1u);
   d.seen_all = common_span(d.seq, d.i0, min(d.i0 + m, P.seq_len) - 1u);
@@ -239,8 +234,9 @@ fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
 }
 
 // Granule idx of a tile (key idx / ng, granule idx % ng; ng granules a row: QK_GRANULES for
-// K, V_GRANULES for V) in workgroup memory whose key rows are `stride` vec4s apart: one layout for every
-// family's staging stores, matching the readers' key * stride + vec4 column.
+// K, V_GRANULES for V) in workgroup memory whose key rows are `stride` vec4s apart: one
+// layout for every family's staging stores, matching the readers' key * stride + vec4
+// column.
 fn tile_at(idx: u32, stride: u32, ng: u32) -> u32 {
   return (idx / ng) * stride + (idx % ng) * GRANULE_VEC4S;
 }
@@ -248,19 +244,11 @@ fn tile_at(idx: u32, stride: u32, ng: u32) -> u32 {
 // Keys [lo, hi) a row at position pos sees (contiguous): edge loops test j against it.
 // Empty for a padding row.
 fn row_span(pos: i32, s: Seq) -> vec2<i32> {
-  var hi = i32(s.len);
-  var lo = i32(s.lo);
-  if (P.causal != 0u) {
-    hi = min(hi, pos + 1);
-  }
-  hi = right_end(pos, hi);
-  if (P.local_window > 0) {
-    lo = max(lo, pos - P.local_window + 1);
-  }
+  var span = window_span(s, pos, pos);
   if (Q_ROWS == 1u && pos >= i32(s.len)) {
-    hi = lo;
+    span.y = span.x;
   }
-  return vec2<i32>(lo, hi);
+  return span;
 }
 
 fn key_visible(j: i32, pos: i32, s: Seq) -> bool {

@@ -4,21 +4,22 @@
 // heads): its VECTORS = GROUP_TILE * M_TILE <= 16 query vectors are the 16 rows of one matrix
 // tile (row r: head hc*GROUP_TILE + r/M_TILE of the group, query row i0 + r%M_TILE; rows past
 // VECTORS are zero). Per tile of KV_TILE keys of the split, staged in workgroup memory by every
-// lane:
-//   S = Q K^T: subgroup g takes key tiles g, g+SUBGROUPS, .. (OUT_TILES products each) -> s_s;
-//   softmax in scalar code: lane (row lid%16, part lid/16) takes LANE_KEYS of the row's scores,
-//   applies the logit (attn_common.wgsl) and masks, writes P = exp(x - m) as f16 to p_s;
+// lane (mma_common.wgsl):
+//   S = Q K^T: subgroup g takes key tiles g, g+SUBGROUPS, .. (DEPTH_TILES products each) -> s_s;
+//   softmax in scalar code (mma_common.wgsl): lane (row lid%16, part lid/16) takes LANE_KEYS of
+//     the row's scores, applies the logit (attn_common.wgsl) and masks, writes P = exp(x - m)
+//     as f16 to p_s;
 //   O += P V: subgroup g owns output column tiles g, g+SUBGROUPS, .. (SG_TILES of them) in
 //     registers.
-// The running max is lazy (mma_common.wgsl), as in flash_prefill_mma. Non-finite v: staged as 0
-// and flagged; a slow path marks, per lane, the output columns of its row that see it. Writes
-// the contract's partial state of the split: o_t normalised over the split's visible keys and
-// lse_t (0 and -inf for a split with no visible key).
+// The running max is lazy, as in flash_prefill_mma. Non-finite v: staged as 0 and flagged; a
+// slow path marks, per lane, the output columns of its row that see it. Writes the contract's
+// partial state of the split: o_t normalised over the split's visible keys and lse_t (0 and
+// -inf for a split with no visible key).
 // Prefix constants: M_TILE, GROUP_TILE, KV_TILE, SUBGROUPS, THREADS (32 SUBGROUPS), DEPTH_TILES
-// (QK_DIM/16: QK's depth tiles),
-// OUT_TILES (V_DIM/16: output column tiles), KEY_TILES (KV_TILE/16), SG_TILES
-// (OUT_TILES/SUBGROUPS), ROW_LANES (THREADS/16), LANE_KEYS (KV_TILE/ROW_LANES), Q_STRIDE,
-// K_STRIDE, V_STRIDE, S_STRIDE, P_STRIDE, MASK_WORDS (words of a lane's column mask).
+// (QK_DIM/16: QK's depth tiles), OUT_TILES (V_DIM/16: output column tiles), KEY_TILES
+// (KV_TILE/16), SG_TILES (OUT_TILES/SUBGROUPS), ROW_LANES (THREADS/16), LANE_KEYS
+// (KV_TILE/ROW_LANES), Q_STRIDE, K_STRIDE, V_STRIDE, S_STRIDE, P_STRIDE, MASK_WORDS (words of a
+// lane's column mask).
 
 const VECTORS: u32 = GROUP_TILE * M_TILE;
 
@@ -32,8 +33,6 @@ var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
 var<workgroup> p_s: array<f16, 16u * P_STRIDE>;
 var<workgroup> red_s: array<f32, 16u * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, 16u>;
-var<workgroup> flag_a: atomic<u32>;
-var<workgroup> flag_u: u32;
 
 // (query head of the group, query row) of matrix-tile row r; x past the group or y past
 // seq_len for rows no query fills.
@@ -60,51 +59,25 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let lo = d.klo;
   let hi = d.khi;
 
-  // Q tile (raw: the scale is applied to the f32 scores), absent and padding rows zero.
+  // Q tile, absent and padding rows zero.
   for (var idx = lid; idx < 16u * QK_GRANULES; idx += THREADS) {
     let r = idx / QK_GRANULES;
-    let g = idx % QK_GRANULES;
     let qr = tile_row(d.hc, d.i0, r);
-    var gv = GV();
-    if (qr.x < P.group_size && qr.y < d.seq.rows) {
-      gv = load_q(q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g);
-    }
-    for (var e = 0u; e < GRANULE; e++) {
-      q_s[r * Q_STRIDE + g * GRANULE + e] = g_part(gv, e / 4u)[e % 4u];
-    }
+    stage_q_granule(r, idx % QK_GRANULES, q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y),
+                    qr.x < P.group_size && qr.y < d.seq.rows);
   }
 
   var o: array<MAcc, SG_TILES>;
   for (var t = 0u; t < SG_TILES; t++) {
     o[t] = mm_zero();
   }
-  var m = MASKED;
-  var l = 0.0;                         // this lane's part of the row sum
-  var vbad: array<u32, MASK_WORDS>;            // output columns of this lane poisoned by a v
-  for (var w = 0u; w < MASK_WORDS; w++) {
-    vbad[w] = 0u;
-  }
+  var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's part of its sum
+  var vbad: array<u32, MASK_WORDS>;    // output columns of this lane poisoned by a v (zeros)
 
   let n_tiles = select(0u, cdiv(hi - lo, KV_TILE), hi > lo);
   for (var it = 0u; it < n_tiles; it++) {
     let j0 = lo + it * KV_TILE;
-    workgroupBarrier();                // the previous tile's readers are done
-    for (var idx = lid; idx < KV_TILE * QK_GRANULES; idx += THREADS) {
-      let jj = idx / QK_GRANULES;
-      stage_k_granule(d.b, d.kvh, j0 + jj, jj, idx % QK_GRANULES, j0 + jj < hi);
-      if (V_GRANULES == QK_GRANULES && stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % QK_GRANULES, j0 + jj < hi)) {
-        atomicOr(&flag_a, 2u);
-      }
-    }
-    if (V_GRANULES != QK_GRANULES) {                    // v's rows differ from k's: their own granules
-      for (var idx = lid; idx < KV_TILE * V_GRANULES; idx += THREADS) {
-        let jj = idx / V_GRANULES;
-        if (stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % V_GRANULES, j0 + jj < hi)) {
-          atomicOr(&flag_a, 2u);
-        }
-      }
-    }
-    workgroupBarrier();
+    stage_tiles(d.b, d.kvh, j0, 0u, hi, lid);   // the tiles start at lo
 
     // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal KEY_TILES
     // / SUBGROUPS and DEPTH_TILES): with constant bounds, head_size 32 (DEPTH_TILES 2) gave wrong
@@ -120,60 +93,20 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
     workgroupBarrier();
 
-    // Logits of this lane's part of the row, and their max.
-    var x: array<f32, LANE_KEYS>;
-    var best = MASKED;
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      let jl = part * LANE_KEYS + e;
-      let j = j0 + jl;
-      var xv = MASKED;
-      if (live && j < hi && key_visible(i32(j), pos, d.seq)) {
-        xv = logit(s_s[rr * S_STRIDE + jl] * P.scale, d.b, h, i, j, pos);
-      }
-      x[e] = xv;
-      best = max(best, xv);
-    }
-    red_s[rr * ROW_LANES + part] = best;
+    // The softmax of this lane's part of the row.
+    let x = lane_logits(rr, part, j0, hi, live, d.b, h, i, pos, d.seq);
     workgroupBarrier();
     var m_tile = MASKED;
     for (var p = 0u; p < ROW_LANES; p++) {
       m_tile = max(m_tile, red_s[rr * ROW_LANES + p]);
     }
-    let lm = lazy_max(m, m_tile);
-    let alpha = lm.y;
-    if (lm.x != m && m > MASKED) {
-      atomicOr(&flag_a, 1u);
-    }
-    m = lm.x;
-    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
-    let m_use = select(m, 0.0, m <= MASKED);
-    var psum = 0.0;
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      let p = weight_of(x[e], m_use);
-      psum += p;
-      p_s[rr * P_STRIDE + part * LANE_KEYS + e] = f16(p);
-    }
-    l = l * alpha + psum;
-    if (part == 0u) {
-      alpha_s[rr] = alpha;
-    }
-    workgroupBarrier();
-    if (lid == 0u) {
-      flag_u = atomicExchange(&flag_a, 0u);
-    }
-    let flags = workgroupUniformLoad(&flag_u);
+    ml = lane_weights(x, ml, m_tile, rr * P_STRIDE + part * LANE_KEYS, rr, part);
+    let flags = take_flags(lid);
 
     if ((flags & 1u) != 0u) {
       // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
       for (var t = 0u; t < SG_TILES; t++) {
-        mm_store_x(o[t], sg * 256u);
-        workgroupBarrier();
-        for (var e = lane; e < 256u; e += 32u) {
-          o_x[sg * 256u + e] *= alpha_s[e / 16u];
-        }
-        workgroupBarrier();
-        o[t] = mm_load_x(sg * 256u);
-        workgroupBarrier();
+        o[t] = rescaled(o[t], sg, lane, 0u);
       }
     }
     if ((flags & 2u) != 0u && live) {
@@ -207,13 +140,13 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 
   // The row sum over the parts, the row's factor and lse (no sink: the reduce adds it).
   workgroupBarrier();
-  red_s[rr * ROW_LANES + part] = l;
+  red_s[rr * ROW_LANES + part] = ml.y;
   workgroupBarrier();
   var lsum = 0.0;
   for (var p = 0u; p < ROW_LANES; p++) {
     lsum += red_s[rr * ROW_LANES + p];
   }
-  let fin = finish_row(m, lsum, MASKED);
+  let fin = finish_row(ml.x, lsum, MASKED);
   let row = ((d.b * P.num_heads + h) * P.seq_len + i) * P.n_splits + d.t;
   if (part == 0u) {
     alpha_s[rr] = fin.x;

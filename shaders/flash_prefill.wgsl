@@ -45,7 +45,8 @@ var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
 
 // Combine one value per row over the ROW_LANES lanes of a row group (max or sum). Called in
 // uniform control flow by every invocation (it holds a barrier when LANE_GROUPS > 1).
-fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool) -> array<f32, ROWS_PER_LANE> {
+fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool
+               ) -> array<f32, ROWS_PER_LANE> {
   var r = x;
   for (var a = 0u; a < ROWS_PER_LANE; a++) {
     if (is_max) {
@@ -150,7 +151,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let i0 = w.i0;
   let span = w.span;
   let seen_all = common_span(sq, i0, min(i0 + Q_TILE, P.seq_len) - 1u);
-  var rk: array<vec2<i32>, ROWS_PER_LANE>;            // the keys each of the lane's rows sees
+  var rk: array<vec2<i32>, ROWS_PER_LANE>;    // the keys each of the lane's rows sees
   for (var a = 0u; a < ROWS_PER_LANE; a++) {
     rk[a] = row_span(row_pos(sq, i0 + ty * ROWS_PER_LANE + a), sq);
   }
@@ -201,8 +202,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // Unit loop. STAGED 1 with PREFETCH: iteration it stores tile it-1 (already in registers)
   // to workgroup memory, issues the loads of tile it, then computes tile it-1, so the loads
   // fly during the compute. The loads have a constant trip count (the compiler unrolls them
-  // and issues all before the first use) and sit in main: a helper taking the register
-  // tile by pointer made a driver keep it in local memory.
+  // and issues all before the first use) and sit in main with their staging, written out
+  // for both orders, as in decode_partial (which says why).
   var kr: array<GV, K_LOADS>;
   var vr: array<GV, V_LOADS>;
   for (var it = 0u; it < n_units + AHEAD; it++) {
@@ -233,7 +234,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (idx < KV_TILE * QK_GRANULES && it < n_units && jf + jj >= lo && jf + jj < hi) {
           let at = kv_granule(b, kvh, jf + jj) + idx % QK_GRANULES;
           kr[u] = load_k(at);
-          if (V_GRANULES == QK_GRANULES) {                   // v's rows are k's: the same granules
+          if (V_GRANULES == QK_GRANULES) {    // v's rows are k's: the same granules
             vr[u] = load_v(at);
           }
         }
@@ -268,7 +269,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var st = 0u; st < STEPS; st++) {
       let js = cur.x + st * K_STEP;           // first key of this step
 
-      // S = QK^T for the lane's ROWS_PER_LANE rows and LANE_KEYS keys, accumulated in private memory.
+      // S = QK^T for the lane's ROWS_PER_LANE rows and LANE_KEYS keys, accumulated in
+      // private memory.
       var sc: array<array<f32, LANE_KEYS>, ROWS_PER_LANE>;
       for (var a = 0u; a < ROWS_PER_LANE; a++) {
         for (var e = 0u; e < LANE_KEYS; e++) {

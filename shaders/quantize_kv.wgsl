@@ -8,9 +8,10 @@
 // src: rows [R] (destination vector of source vector r) at word 0, the job's data (R * VEC_DIM
 // values in IN_DTYPE, packed in words) at word job.data_off. Stores are whole words: an int8
 // vector is VEC_DIM bytes (VEC_DIM % 4 == 0) and an int4 block 16 bytes, so no two
-// invocations share a code word. Inputs are finite (the host checked). Rounding follows attnreg.quantize_kv:
-// round() is half-to-even in WGSL, the f16 scale is rounded to nearest even here (f16_bits)
-// rather than by pack2x16float, whose rounding WGSL leaves to the implementation.
+// invocations share a code word. Inputs are finite (the host checked). Rounding follows
+// attnreg.quantize_kv: round() is half-to-even in WGSL, the f16 scale is rounded to nearest
+// even here (f16_bits) rather than by pack2x16float, whose rounding WGSL leaves to the
+// implementation.
 
 struct Job {
   rows: u32,        // R: source vectors

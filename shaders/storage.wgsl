@@ -3,9 +3,10 @@
 // piece is the tensor it serves (q, k, v), $row the constant of that tensor's row length.
 //
 // Compute types: T (what the kernels compute in), the load granule GV (its element count
-// GRANULE follows the piece: 4 for float32, else 8), g_part (vec4 s of a granule as vec4<T>) and gv_of (a granule of dequantized values); TS,
-// the staged vec4 that K/V tiles hold in workgroup memory, with ts_part (vec4 s of a granule
-// as staged) and ts_f32 (a staged vec4 read back as vec4<f32>).
+// GRANULE follows the piece: 4 for float32, else 8), g_part (vec4 s of a granule as vec4<T>)
+// and gv_of (a granule of dequantized values); TS, the staged vec4 that K/V tiles hold in
+// workgroup memory, with ts_part (vec4 s of a granule as staged) and ts_f32 (a staged vec4
+// read back as vec4<f32>).
 
 // piece: compute_f32
 alias T = f32;

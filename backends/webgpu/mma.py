@@ -51,7 +51,7 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
     return {"Q_TILE": br, "KV_TILE": bc, "SUBGROUPS": br // 16,
             "THREADS": MMA_SUBGROUP * (br // 16), "DEPTH_TILES": h // 16, "OUT_TILES": noc,
             "KEY_TILES": bc // 16, "Q_STRIDE": h, "K_STRIDE": h, "V_STRIDE": hv,
-            "S_STRIDE": bc, "P_STRIDE": bc, "LANE_KEYS": bc // 2,
+            "S_STRIDE": bc, "P_STRIDE": bc, "ROW_LANES": 2, "LANE_KEYS": bc // 2,
             # u32 words of a lane's column mask: it writes every other 16-column tile
             "MASK_WORDS": max(1, -(-(-(-noc // 2) * 16) // 32))}
 

@@ -42,10 +42,11 @@ NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium
 # Which files make up each family's module, in order.
 FILES = {
     "prefill": ("attn_common", "flash_prefill"),
-    "decode_partial": ("attn_common", "decode_partial", "decode_pv_common"),
+    "decode_partial": ("attn_common", "decode_common", "decode_qk_common", "decode_pv_common",
+                       "decode_partial"),
     "reduce": ("reduce",),
-    "decode_qk": ("attn_common", "decode_qk"),
-    "decode_pv": ("attn_common", "decode_pv", "decode_pv_common"),
+    "decode_qk": ("attn_common", "decode_common", "decode_qk_common", "decode_qk"),
+    "decode_pv": ("attn_common", "decode_common", "decode_pv_common", "decode_pv"),
 }
 
 _ACCESS = {"read": "read", "rw": "read_write"}
