@@ -43,6 +43,89 @@ fn tile_row(hc: u32, i0: u32, r: u32) -> vec2<u32> {
   return vec2<u32>(hc * GROUP_TILE + r / M_TILE, i0 + r % M_TILE);
 }
 
+// vbad with the bits of the output columns this lane writes (8 of each of its subgroup's
+// tiles) set where a key of the tile j0.. that its row sees has a non-finite v: the slow path
+// of a tile that raised flag 2.
+fn mark_bad_v(bad: array<u32, MASK_WORDS>, d: DecodeWg, j0: u32, hi: u32, pos: i32, sg: u32,
+              hf: u32) -> array<u32, MASK_WORDS> {
+  var vbad = bad;
+  for (var jl = 0u; jl < KV_TILE; jl++) {
+    let j = j0 + jl;
+    if (j < hi && key_visible(i32(j), pos, d.seq)) {
+      for (var t = 0u; t < SG_TILES; t++) {
+        for (var c = 0u; c < 8u; c++) {
+          if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * SUBGROUPS) * 16u + hf * 8u + c))) {
+            let bit = t * 8u + c;
+            vbad[bit / 32u] |= 1u << (bit % 32u);
+          }
+        }
+      }
+    }
+  }
+  return vbad;
+}
+
+// The Q tile: its rows (tile_row) from q, absent and padding rows zero.
+fn stage_queries(d: DecodeWg, lid: u32) {
+  for (var idx = lid; idx < 16u * QK_GRANULES; idx += THREADS) {
+    let r = idx / QK_GRANULES;
+    let qr = tile_row(d.hc, d.i0, r);
+    stage_q_granule(r, idx % QK_GRANULES, q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y),
+                    qr.x < P.group_size && qr.y < d.seq.rows);
+  }
+}
+
+// Row rr's maximum logit of the tile, over its lanes' maxima (red_s).
+fn row_max(rr: u32) -> f32 {
+  var m_tile = MASKED;
+  for (var p = 0u; p < ROW_LANES; p++) {
+    m_tile = max(m_tile, red_s[rr * ROW_LANES + p]);
+  }
+  return m_tile;
+}
+
+// The row's factor (alpha_s[rr]) and lse_t (lse_parts[row], where live) from its lanes'
+// parts of the sum; no sink: the reduce adds it. Called by every lane.
+fn finish_lane_row(ml: vec2<f32>, rr: u32, part: u32, row: u32, live: bool) {
+  workgroupBarrier();
+  red_s[rr * ROW_LANES + part] = ml.y;
+  workgroupBarrier();
+  var lsum = 0.0;
+  for (var p = 0u; p < ROW_LANES; p++) {
+    lsum += red_s[rr * ROW_LANES + p];
+  }
+  let fin = finish_row(ml.x, lsum, MASKED);
+  if (part == 0u) {
+    alpha_s[rr] = fin.x;
+    if (live) {
+      lse_parts[row] = fin.y;
+    }
+  }
+}
+
+// Output tile t (column tile sg + t * SUBGROUPS) of o_t through the subgroup's o_x: lane
+// (row rr, hf) writes 8 of its columns, times the row's factor (alpha_s), NaN where vbad says
+// a non-finite v was seen. Called by every lane.
+fn write_tile(acc: MAcc, t: u32, vbad: array<u32, MASK_WORDS>, row: u32, rr: u32, hf: u32,
+              sg: u32, live: bool) {
+  mm_store_x(acc, sg * 256u);
+  workgroupBarrier();
+  if (live) {
+    for (var u = 0u; u < 2u; u++) {
+      var o4 = vec4<f32>(0.0);
+      for (var e = 0u; e < 4u; e++) {
+        o4[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
+        let bit = t * 8u + u * 4u + e;
+        if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
+          o4[e] = nan_f32();
+        }
+      }
+      o_parts[row * V_VEC4S + (sg + t * SUBGROUPS) * 4u + hf * 2u + u] = finite_or_nan4(o4);
+    }
+  }
+  workgroupBarrier();
+}
+
 fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let d = decode_wg(wid, nwg, M_TILE, GROUP_TILE);
   if (!d.ok) {
@@ -59,13 +142,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let lo = d.klo;
   let hi = d.khi;
 
-  // Q tile, absent and padding rows zero.
-  for (var idx = lid; idx < 16u * QK_GRANULES; idx += THREADS) {
-    let r = idx / QK_GRANULES;
-    let qr = tile_row(d.hc, d.i0, r);
-    stage_q_granule(r, idx % QK_GRANULES, q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y),
-                    qr.x < P.group_size && qr.y < d.seq.rows);
-  }
+  stage_queries(d, lid);
 
   var o: array<MAcc, SG_TILES>;
   for (var t = 0u; t < SG_TILES; t++) {
@@ -96,11 +173,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // The softmax of this lane's part of the row.
     let x = lane_logits(rr, part, j0, hi, live, d.b, h, i, pos, d.seq);
     workgroupBarrier();
-    var m_tile = MASKED;
-    for (var p = 0u; p < ROW_LANES; p++) {
-      m_tile = max(m_tile, red_s[rr * ROW_LANES + p]);
-    }
-    ml = lane_weights(x, ml, m_tile, rr * P_STRIDE + part * LANE_KEYS, rr, part);
+    ml = lane_weights(x, ml, row_max(rr), rr * P_STRIDE + part * LANE_KEYS, rr, part);
     let flags = take_flags(lid);
 
     if ((flags & 1u) != 0u) {
@@ -110,20 +183,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       }
     }
     if ((flags & 2u) != 0u && live) {
-      // A non-finite v in this tile: mark the columns this lane writes that its row sees.
-      for (var jl = 0u; jl < KV_TILE; jl++) {
-        let j = j0 + jl;
-        if (j < hi && key_visible(i32(j), pos, d.seq)) {
-          for (var t = 0u; t < SG_TILES; t++) {
-            for (var c = 0u; c < 8u; c++) {
-              if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * SUBGROUPS) * 16u + hf * 8u + c))) {
-                let bit = t * 8u + c;
-                vbad[bit / 32u] |= 1u << (bit % 32u);
-              }
-            }
-          }
-        }
-      }
+      vbad = mark_bad_v(vbad, d, j0, hi, pos, sg, hf);
     }
 
     // O += P V on this subgroup's column tiles. The bound is read at run time (it equals
@@ -138,39 +198,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
   }
 
-  // The row sum over the parts, the row's factor and lse (no sink: the reduce adds it).
-  workgroupBarrier();
-  red_s[rr * ROW_LANES + part] = ml.y;
-  workgroupBarrier();
-  var lsum = 0.0;
-  for (var p = 0u; p < ROW_LANES; p++) {
-    lsum += red_s[rr * ROW_LANES + p];
-  }
-  let fin = finish_row(ml.x, lsum, MASKED);
   let row = ((d.b * P.num_heads + h) * P.seq_len + i) * P.n_splits + d.t;
-  if (part == 0u) {
-    alpha_s[rr] = fin.x;
-    if (live) {
-      lse_parts[row] = fin.y;
-    }
-  }
-  // o_t, tile by tile through o_x: lane (row, hf) writes 8 columns of each of its tiles.
+  finish_lane_row(ml, rr, part, row, live);
+  // o_t, tile by tile through o_x.
   for (var t = 0u; t < SG_TILES; t++) {
-    mm_store_x(o[t], sg * 256u);
-    workgroupBarrier();
-    if (live) {
-      for (var u = 0u; u < 2u; u++) {
-        var acc = vec4<f32>(0.0);
-        for (var e = 0u; e < 4u; e++) {
-          acc[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
-          let bit = t * 8u + u * 4u + e;
-          if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
-            acc[e] = nan_f32();
-          }
-        }
-        o_parts[row * V_VEC4S + (sg + t * SUBGROUPS) * 4u + hf * 2u + u] = finite_or_nan4(acc);
-      }
-    }
-    workgroupBarrier();
+    write_tile(o[t], t, vbad, row, rr, hf, sg, live);
   }
 }

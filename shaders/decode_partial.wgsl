@@ -56,8 +56,11 @@ fn tile_of(it: u32, klo: u32, l_first: u32) -> vec2<u32> {
   return vec2<u32>(klo + it * KV_TILE, 1u);
 }
 
-// The workgroup d's work (decode_common's main calls it).
-fn decode_body(d: DecodeWg, lid: u32) {
+// The split's tiles: (klo, khi, tile count, first list entry). Without a block list, the
+// KV_TILE-key tiles from klo over the split's keys [klo, khi) that the row tile sees; with one
+// (BLOCKS 1), the listed blocks there, or with BALANCE 1 the row's listed blocks dealt out
+// evenly over the splits (klo, khi: all the keys the row tile sees).
+fn tile_range(d: DecodeWg) -> vec4<u32> {
   var klo = d.klo;
   var khi = d.khi;
   var n_tiles = select(0u, cdiv(khi - klo, KV_TILE), khi > klo);
@@ -78,9 +81,63 @@ fn decode_body(d: DecodeWg, lid: u32) {
       n_tiles = ls.y - ls.x;
     }
   }
+  return vec4<u32>(klo, khi, n_tiles, l_first);
+}
+
+// p_s: the tile's logits -> its weights exp(x - m) under the running maximum, one lane per
+// query vector finding the tile maximum and the rescale factor (al_s), then one per (key,
+// vector). Starts and ends with p_s complete (barriers).
+fn tile_weights(lid: u32) {
+  if (lid < VECTORS) {
+    var mx = MASKED;
+    for (var jj = 0u; jj < KV_TILE; jj++) {
+      mx = max(mx, p_s[jj * VECTORS + lid]);
+    }
+    let m_old = m_s[lid];
+    let m_new = max(m_old, mx);
+    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
+    let m_use = select(m_new, 0.0, m_new <= MASKED);
+    m_s[lid] = m_new;
+    mu_s[lid] = m_use;
+    al_s[lid] = exp(m_old - m_use);
+  }
+  workgroupBarrier();
+  for (var u = 0u; u < LANE_ELEMS; u++) {
+    let e = lid + u * THREADS;
+    if (e < KV_TILE * VECTORS) {
+      p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
+    }
+  }
+  workgroupBarrier();
+}
+
+// A PV lane's accumulators after the tile of keys j0..: rescaled to the new running maximum
+// (al_s), plus stream st's keys (decode_pv_common's pv_keys, full or edge).
+fn pv_tile(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg) -> Lanes {
+  var a = acc;
+  for (var r = 0u; r < VECTORS; r++) {
+    let al = al_s[r];
+    a.l[r] *= al;
+    for (var u = 0u; u < LANE_COLS; u++) {
+      a.o[r][u] *= al;
+    }
+  }
+  if (full) {
+    return pv_keys(a, st, cl, j0, true, d);
+  }
+  return pv_keys(a, st, cl, j0, false, d);
+}
+
+// The workgroup d's work (decode_common's main calls it).
+fn decode_body(d: DecodeWg, lid: u32) {
+  let tiles = tile_range(d);
+  let klo = tiles.x;
+  let khi = tiles.y;
+  let n_tiles = tiles.z;
+  let l_first = tiles.w;
   let w = Wg(d.b, d.kvh, d.hc, d.i0, d.seq, klo, khi);
 
-  load_queries(d, lid);
+  stage_queries(d, lid);
   if (lid < VECTORS) {
     m_s[lid] = MASKED;
   }
@@ -114,30 +171,17 @@ fn decode_body(d: DecodeWg, lid: u32) {
     if (it < n_tiles) {
       jf = tile_of(it, klo, l_first).x;
     }
+    // only this split's keys, never past the valid length nor before kv_start
     for (var u = 0u; u < K_LOADS; u++) {
-      let idx = lid + u * THREADS;
-      let jj = idx / QK_GRANULES;
-      kr[u] = GV();
+      let g = kv_granules(lid + u * THREADS, d.b, d.kvh, jf, klo, khi, it < n_tiles);
+      kr[u] = g.k;
       if (V_GRANULES == QK_GRANULES) {
-        vr[u] = GV();
-      }
-      // only this split's keys, never past the valid length nor before kv_start
-      if (idx < KV_TILE * QK_GRANULES && it < n_tiles && jf + jj >= klo && jf + jj < khi) {
-        let at = kv_granule(d.b, d.kvh, jf + jj) + idx % QK_GRANULES;
-        kr[u] = load_k(at);
-        if (V_GRANULES == QK_GRANULES) {      // v's rows are k's: the same granules
-          vr[u] = load_v(at);
-        }
+        vr[u] = g.v;
       }
     }
     if (V_GRANULES != QK_GRANULES) {
       for (var u = 0u; u < V_LOADS; u++) {
-        let idx = lid + u * THREADS;
-        let jj = idx / V_GRANULES;
-        vr[u] = GV();
-        if (idx < KV_TILE * V_GRANULES && it < n_tiles && jf + jj >= klo && jf + jj < khi) {
-          vr[u] = load_v(v_granule(d.b, d.kvh, jf + jj) + idx % V_GRANULES);
-        }
+        vr[u] = v_granules(lid + u * THREADS, d.b, d.kvh, jf, klo, khi, it < n_tiles);
       }
     }
     if (PREFETCH == 0u) {
@@ -156,43 +200,9 @@ fn decode_body(d: DecodeWg, lid: u32) {
     let cur = tile_of(it - PREFETCH, klo, l_first);
     let j0 = cur.x;
     tile_logits(w, j0, cur.y == 1u, lid);
-
-    // Tile maximum and rescale factor, one lane per query vector.
-    if (lid < VECTORS) {
-      var mx = MASKED;
-      for (var jj = 0u; jj < KV_TILE; jj++) {
-        mx = max(mx, p_s[jj * VECTORS + lid]);
-      }
-      let m_old = m_s[lid];
-      let m_new = max(m_old, mx);
-      // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
-      let m_use = select(m_new, 0.0, m_new <= MASKED);
-      m_s[lid] = m_new;
-      mu_s[lid] = m_use;
-      al_s[lid] = exp(m_old - m_use);
-    }
-    workgroupBarrier();
-    for (var u = 0u; u < LANE_ELEMS; u++) {
-      let e = lid + u * THREADS;
-      if (e < KV_TILE * VECTORS) {
-        p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
-      }
-    }
-    workgroupBarrier();
-
+    tile_weights(lid);
     if (st < STREAMS) {
-      for (var r = 0u; r < VECTORS; r++) {
-        let al = al_s[r];
-        acc.l[r] *= al;
-        for (var u = 0u; u < LANE_COLS; u++) {
-          acc.o[r][u] *= al;
-        }
-      }
-      if (tile_full(d, j0, klo, khi)) {
-        acc = pv_keys(acc, st, cl, j0, true, d);
-      } else {
-        acc = pv_keys(acc, st, cl, j0, false, d);
-      }
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d);
     }
   }
 

@@ -32,9 +32,9 @@ fn merged_stats(r: u32) -> vec2<f32> {
   return st_s[r];
 }
 
-// The workgroup d's work (decode_common's main calls it).
-fn decode_body(d: DecodeWg, lid: u32) {
-
+// The statistics (m, l) of the split for each query vector into st_s (MASKED, 0 for absent
+// vectors).
+fn load_stats(d: DecodeWg, lid: u32) {
   if (lid < VECTORS) {
     let gh = d.hc * GROUP_TILE + lid / M_TILE;
     let i = d.i0 + lid % M_TILE;
@@ -45,6 +45,34 @@ fn decode_body(d: DecodeWg, lid: u32) {
     }
     st_s[lid] = st;
   }
+}
+
+// p_s = exp(s - m) of the tile of keys j0.. for every (key, vector) the vector can see; 0
+// elsewhere (its score is never read). Ends with p_s complete (a barrier).
+fn tile_weights(d: DecodeWg, j0: u32, lid: u32) {
+  for (var u = 0u; u < LANE_ELEMS; u++) {
+    let e = lid + u * THREADS;
+    if (e < KV_TILE * VECTORS) {
+      let r = e % VECTORS;
+      let j = j0 + e / VECTORS;
+      let gh = d.hc * GROUP_TILE + r / M_TILE;
+      let i = d.i0 + r % M_TILE;
+      var p = 0.0;
+      if (gh < P.group_size && i < P.seq_len && j < d.khi
+          && key_visible(i32(j), row_pos(d.seq, i), d.seq)) {
+        let m = st_s[r].x;
+        let row = (d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i;
+        p = weight_of(scores[row * P.capacity + j], select(m, 0.0, m <= MASKED));
+      }
+      p_s[e] = p;
+    }
+  }
+  workgroupBarrier();
+}
+
+// The workgroup d's work (decode_common's main calls it).
+fn decode_body(d: DecodeWg, lid: u32) {
+  load_stats(d, lid);
 
   let sl = lid / PV_LANES;                     // PV stream and column lane
   let cl = lid % PV_LANES;
@@ -82,27 +110,7 @@ fn decode_body(d: DecodeWg, lid: u32) {
       continue;
     }
     let j0 = d.klo + (it - PREFETCH) * KV_TILE;
-
-    // p = exp(s - m) for every (key, vector) the vector can see; 0 elsewhere (unread).
-    for (var u = 0u; u < LANE_ELEMS; u++) {
-      let e = lid + u * THREADS;
-      if (e < KV_TILE * VECTORS) {
-        let r = e % VECTORS;
-        let j = j0 + e / VECTORS;
-        let gh = d.hc * GROUP_TILE + r / M_TILE;
-        let i = d.i0 + r % M_TILE;
-        var p = 0.0;
-        if (gh < P.group_size && i < P.seq_len && j < d.khi
-            && key_visible(i32(j), row_pos(d.seq, i), d.seq)) {
-          let m = st_s[r].x;
-          let row = (d.b * P.num_heads + d.kvh * P.group_size + gh) * P.seq_len + i;
-          p = weight_of(scores[row * P.capacity + j], select(m, 0.0, m <= MASKED));
-        }
-        p_s[e] = p;
-      }
-    }
-    workgroupBarrier();
-
+    tile_weights(d, j0, lid);
     let full = tile_full(d, j0, d.klo, d.khi);
     if (sl < STREAMS && full) {
       acc = pv_keys(acc, sl, cl, j0, true, d);

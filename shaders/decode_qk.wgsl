@@ -22,16 +22,46 @@ fn vec_row(w: Wg, r: u32) -> u32 {
   return 0xffffffffu;
 }
 
+// The logits of the tile of keys j0.. (p_s) out as scores, one lane per (key, vector) of the
+// tile's keys below khi; and the running statistics ml = (max, sum) of vector lid (lanes lid <
+// VECTORS) after the tile (online: the sum rescaled to the new maximum).
+fn tile_scores(w: Wg, j0: u32, ml: vec2<f32>, lid: u32) -> vec2<f32> {
+  for (var u = 0u; u < LANE_ELEMS; u++) {
+    let e = lid + u * THREADS;
+    if (e < KV_TILE * VECTORS) {
+      let row = vec_row(w, e % VECTORS);
+      let j = j0 + e / VECTORS;
+      if (row != 0xffffffffu && j < w.khi) {
+        scores[row * P.capacity + j] = p_s[e];
+      }
+    }
+  }
+  if (lid >= VECTORS) {
+    return ml;
+  }
+  var mx = MASKED;
+  for (var jj = 0u; jj < KV_TILE; jj++) {
+    mx = max(mx, p_s[jj * VECTORS + lid]);
+  }
+  let m_new = max(ml.x, mx);
+  // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps the sum at 0.
+  let m_use = select(m_new, 0.0, m_new <= MASKED);
+  var lsum = ml.y * exp(ml.x - m_use);
+  for (var jj = 0u; jj < KV_TILE; jj++) {
+    lsum += weight_of(p_s[jj * VECTORS + lid], m_use);
+  }
+  return vec2<f32>(m_new, lsum);
+}
+
 // The workgroup d's work (decode_common's main calls it).
 fn decode_body(d: DecodeWg, lid: u32) {
   let w = Wg(d.b, d.kvh, d.hc, d.i0, d.seq, d.klo, d.khi);
 
-  load_queries(d, lid);
+  stage_queries(d, lid);
   workgroupBarrier();
 
-  // Running statistics of vector lid (lanes lid < VECTORS), in private memory.
-  var m_run = MASKED;
-  var l_run = 0.0;
+  // Running statistics (max, sum) of vector lid (lanes lid < VECTORS), in private memory.
+  var ml = vec2<f32>(MASKED, 0.0);
 
   // Tile loop, software-pipelined as in decode_partial (PREFETCH=1: store tile it-1, load
   // tile it, compute tile it-1), its loads and staging written out in the body as there.
@@ -65,42 +95,14 @@ fn decode_body(d: DecodeWg, lid: u32) {
       continue;
     }
     let j0 = d.klo + (it - PREFETCH) * KV_TILE;
-
     tile_logits(w, j0, true, lid);   // this kernel loads the bias of every tile
-
-    // Scores out, one lane per (key, vector) of the tile's keys below khi.
-    for (var u = 0u; u < LANE_ELEMS; u++) {
-      let e = lid + u * THREADS;
-      if (e < KV_TILE * VECTORS) {
-        let row = vec_row(w, e % VECTORS);
-        let j = j0 + e / VECTORS;
-        if (row != 0xffffffffu && j < d.khi) {
-          scores[row * P.capacity + j] = p_s[e];
-        }
-      }
-    }
-    // Statistics, one lane per query vector (online: rescale the sum to the new maximum).
-    if (lid < VECTORS) {
-      var mx = MASKED;
-      for (var jj = 0u; jj < KV_TILE; jj++) {
-        mx = max(mx, p_s[jj * VECTORS + lid]);
-      }
-      let m_new = max(m_run, mx);
-      // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps the sum at 0.
-      let m_use = select(m_new, 0.0, m_new <= MASKED);
-      var lsum = l_run * exp(m_run - m_use);
-      for (var jj = 0u; jj < KV_TILE; jj++) {
-        lsum += weight_of(p_s[jj * VECTORS + lid], m_use);
-      }
-      m_run = m_new;
-      l_run = lsum;
-    }
+    ml = tile_scores(w, j0, ml, lid);
   }
 
   if (lid < VECTORS) {
     let row = vec_row(w, lid);
     if (row != 0xffffffffu) {
-      stats[row * P.n_splits + d.t] = vec2<f32>(m_run, l_run);
+      stats[row * P.n_splits + d.t] = ml;
     }
   }
 }

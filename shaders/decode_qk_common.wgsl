@@ -43,7 +43,7 @@ fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
 
 // The scaled query vectors into q_s; absent vectors and padding rows (whose q is never read)
 // load zeros.
-fn load_queries(d: DecodeWg, lid: u32) {
+fn stage_queries(d: DecodeWg, lid: u32) {
   for (var u = 0u; u < (VECTORS * QK_GRANULES + THREADS - 1u) / THREADS; u++) {
     let idx = lid + u * THREADS;
     if (idx >= VECTORS * QK_GRANULES) {

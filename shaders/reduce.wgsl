@@ -67,6 +67,41 @@ fn den_of(w: f32) -> f32 {
   return select(w, 0.0, bitcast<u32>(w) == EMPTY);
 }
 
+// Lane lid's vec4 of out's row (batch b, head h, query row i; and, lane 0, its lse): the
+// groups' sums (acc_s, den_s) merged with the sink's exp(sink_l - m_use); mx: the row's max
+// lse_t (and sink).
+fn write_row(row: u32, b: u32, h: u32, i: u32, mx: f32, m_use: f32, sink_l: f32, lid: u32) {
+  var a = vec4<f32>(0.0);
+  var d = exp(sink_l - m_use);     // 0 without a sink: exp(MASKED - m) underflows
+  for (var g = 0u; g < GROUPS; g++) {
+    a += acc_s[g * V_VEC4S + lid];
+    d += den_s[g];
+  }
+  var res = vec4<f32>(0.0);
+  let neg_inf_bits = 0xff800000u;      // not a folded constant: Tint rejects infinite ones
+  var lse_v = bitcast<f32>(neg_inf_bits);
+  if (is_nan(d)) {                     // a NaN or +inf lse_t (the max may have dropped it)
+    res = vec4<f32>(nan_f32());
+    lse_v = nan_f32();
+  } else if (mx > MASKED) {
+    res = a / d;
+    lse_v = m_use + log(d);
+  }
+  // an inf in some o_t: NaN (as every writer of out)
+  let e = bitcast<vec4<u32>>(res) & vec4<u32>(0x7f800000u);
+  res = select(res, vec4<f32>(nan_f32()), e == vec4<u32>(0x7f800000u));
+  // out has q's layout with rows of V_DIM elements (every q stride is a multiple of QK_DIM)
+  let e0 = b * P.q_sb + h * P.q_sh + i * P.q_ss;
+  var ob = e0 / 4u;
+  if (V_DIM != QK_DIM) {
+    ob = e0 / QK_DIM * V_DIM / 4u;
+  }
+  store_out(ob + lid, res);
+  if (P.return_lse != 0u && lid == 0u) {
+    lse[row] = lse_v;
+  }
+}
+
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -132,34 +167,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
   workgroupBarrier();
   if (lid < V_VEC4S) {
-    var a = vec4<f32>(0.0);
-    var d = exp(sink_l - m_use);     // 0 without a sink: exp(MASKED - m) underflows
-    for (var g = 0u; g < GROUPS; g++) {
-      a += acc_s[g * V_VEC4S + lid];
-      d += den_s[g];
-    }
-    var res = vec4<f32>(0.0);
-    let neg_inf_bits = 0xff800000u;      // not a folded constant: Tint rejects infinite ones
-    var lse_v = bitcast<f32>(neg_inf_bits);
-    if (is_nan(d)) {                     // a NaN or +inf lse_t (the max may have dropped it)
-      res = vec4<f32>(nan_f32());
-      lse_v = nan_f32();
-    } else if (mx > MASKED) {
-      res = a / d;
-      lse_v = m_use + log(d);
-    }
-    // an inf in some o_t: NaN (as every writer of out)
-    let e = bitcast<vec4<u32>>(res) & vec4<u32>(0x7f800000u);
-    res = select(res, vec4<f32>(nan_f32()), e == vec4<u32>(0x7f800000u));
-    // out has q's layout with rows of V_DIM elements (every q stride is a multiple of QK_DIM)
-    let e0 = b * P.q_sb + h * P.q_sh + i * P.q_ss;
-    var ob = e0 / 4u;
-    if (V_DIM != QK_DIM) {
-      ob = e0 / QK_DIM * V_DIM / 4u;
-    }
-    store_out(ob + lid, res);
-    if (P.return_lse != 0u && lid == 0u) {
-      lse[row] = lse_v;
-    }
+    write_row(row, b, h, i, mx, m_use, sink_l, lid);
   }
 }
