@@ -1,43 +1,43 @@
 """Tensors that live on a Session's device, and a static KV cache built from them.
 
 A decode loop uploads its cache once, appends new tokens on the device and reads back
-only what it asks for. Runtimes that keep memory on a device implement four methods
-(``alloc``, ``upload``, ``download``, ``free``) and accept DeviceTensors in ``launch``;
-for others the Session moves data through the host, so the API works everywhere.
+only what it asks for. A DeviceTensor talks to the memory of the runtime that holds it
+(:class:`attnreg.memory.Memory`, which every runtime implements) under its Session's
+guard (guard.py); a KVCache asks its Session for tensors through :class:`TensorSource`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from .errors import ClosedError, SpecError
-from .hookspecs import QuantizingRuntime
-from .interrupts import deferred
+from .guard import Guard
+from .memory import Memory
 from .spec import AttentionSpec
 
 KV_DTYPES = ("int8", "int4")
 
-if TYPE_CHECKING:
-    from .session import Session
-
 # Storage dtypes of DeviceTensors: the compute dtypes, int32 indices, and the codes of quantized
-# K/V (int8 codes; uint8 pairs of int4 codes). 1-byte tensors are written in whole 32-bit
-# words (WebGPU's writeBuffer granule): see Session._upload.
+# K/V (int8 codes; uint8 pairs of int4 codes). Where a write may start and end is the
+# memory's to say (Memory.write_refusal: WebGPU writes 1-byte tensors in whole words).
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int8", "uint8")
 
 
 class DeviceTensor:
     """An array resident on one device of one Session (``Session.tensor`` / ``Session.empty``).
 
-    ``host`` optionally mirrors small integer tensors (seqlens) so that range checks need
-    no device read-back.
+    ``memory`` is the runtime that holds it; ``host`` optionally mirrors small integer
+    tensors (seqlens) so that range checks need no device read-back.
     """
 
-    def __init__(self, session: Session, device_id: str, handle: Any, shape: tuple[int, ...],
-                 dtype: str, host: np.ndarray | None = None) -> None:
-        self.session = session
+    def __init__(self, session: object, guard: Guard, memory: Memory, device_id: str,
+                 handle: Any, shape: tuple[int, ...], dtype: str,
+                 host: np.ndarray | None = None) -> None:
+        self.session = session      # the owner, for the "a tensor of this Session" checks
+        self.guard, self.memory = guard, memory
         self.device_id = device_id
         self.handle = handle
         self.shape = tuple(int(s) for s in shape)
@@ -47,9 +47,12 @@ class DeviceTensor:
         self.version = 0            # bumped on every write: derived data (block lists) keys on it
 
     def check_live(self, field: str = "tensor") -> None:
-        """ClosedError naming ``field`` if the tensor was freed."""
+        """ClosedError naming ``field`` if the tensor was freed or its Session closed."""
         if self.freed:
             raise ClosedError(field, self, "a live DeviceTensor (it was freed)")
+        if self.guard.closed:
+            raise ClosedError(field, self, "a tensor of an open Session (its Session was "
+                              "closed, so its memory is gone)")
 
     @property
     def nbytes(self) -> int:
@@ -61,20 +64,66 @@ class DeviceTensor:
 
     def numpy(self) -> np.ndarray:
         """Read the tensor back to the host (one device read)."""
-        return self.session._download(self)
+        with self.guard.held():
+            self.check_live()
+            raw = self.memory.download(self.handle, self.nbytes)
+        count = int(np.prod(self.shape))
+        return np.frombuffer(bytes(raw), dtype=self.dtype, count=count).reshape(self.shape)
 
     def free(self) -> None:
         """Release the device memory now; any later use raises ClosedError. Freeing twice,
         or after the Session closed (which freed everything), is harmless."""
-        self.session._free(self)
+        with self.guard.held(check_open=False):
+            if self.freed:
+                return
+            self.freed = True
+            if not self.guard.closed:
+                self.memory.free(self.handle)
 
     def write(self, array: np.ndarray, offset_elems: int = 0) -> None:
         """Copy a host array into the tensor, starting at a flat element offset."""
-        self.session._upload(self, array, offset_elems)
+        with self.guard.held():
+            self.check_live()
+            arr, off = self._strip(array, offset_elems)
+            self.memory.upload(self.handle, arr, off * self.dtype.itemsize)
+            if self.host is not None:        # keep the host mirror of small tensors exact
+                self.host.reshape(-1)[off:off + arr.size] = arr.reshape(-1)
+            self.version += 1
+
+    def _strip(self, array: Any, offset_elems: Any) -> tuple[np.ndarray, int]:
+        """The checked array of a write and its element offset."""
+        if not isinstance(array, np.ndarray):
+            raise SpecError("array", array, f"a numpy array of {self.dtype.name}")
+        if isinstance(offset_elems, bool) or not isinstance(offset_elems, (int, np.integer)):
+            raise SpecError("offset_elems", offset_elems, "an integer >= 0")
+        off = int(offset_elems)
+        arr = np.ascontiguousarray(array)
+        if arr.dtype != self.dtype:
+            raise SpecError("array.dtype", arr.dtype.name, f"{self.dtype.name} like the tensor")
+        size = self.dtype.itemsize
+        if off < 0 or (off + arr.size) * size > self.nbytes:
+            raise SpecError("array", arr, f"at most {self.nbytes // size - off} elements at "
+                            "that offset")
+        why = self.memory.write_refusal(size, off * size, arr.size * size, self.nbytes)
+        if why:
+            raise SpecError("offset_elems", offset_elems, f"a {self.dtype.name} write {why}")
+        return arr, off
 
     def __repr__(self) -> str:
         return f"DeviceTensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device_id})"
 
+
+class TensorSource(Protocol):
+    """What a KVCache asks of its Session (attnreg.Session is one)."""
+
+    def home_device(self, device: str | int | None = None) -> str: ...
+
+    def device_runtime(self, device_id: str) -> Memory: ...
+
+    def empty(self, shape: Sequence[int], dtype: str, *,
+              device: str | int | None = None) -> DeviceTensor: ...
+
+    def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor: ...
 
 
 class KVCache:
@@ -101,7 +150,7 @@ class KVCache:
     and therefore the plan, stay the same for every step of a decode loop.
     """
 
-    def __init__(self, session: Session, *, batch: int, kv_num_heads: int, head_size: int,
+    def __init__(self, session: TensorSource, *, batch: int, kv_num_heads: int, head_size: int,
                  capacity: int, dtype: str = "float16", layout: str = "BSNH",
                  kv_dtype: str | None = None, page_size: int | None = None,
                  num_pages: int | None = None, block_table: np.ndarray | None = None,
@@ -129,9 +178,10 @@ class KVCache:
         dev = session.home_device(device)
         if kv_dtype is not None:
             for h in {head_size, probe.head_size_v}:
-                _quantizer(session, dev, kv_dtype, dtype, h)
+                _quantizer(session.device_runtime(dev), kv_dtype, dtype, h)
         self.k = session.empty(probe.kv_code_shape, probe.kv_code_dtype, device=dev)
         self.v = session.empty(probe.v_code_shape, probe.kv_code_dtype, device=dev)
+        self.guard = self.k.guard
         self.k_scale = self.v_scale = None
         if kv_dtype is not None:
             self.k_scale = session.empty(probe.kv_scale_shape, probe.kv_scale_dtype, device=dev)
@@ -187,12 +237,12 @@ class KVCache:
                 raise SpecError(name, x, f"a {self.dtype} array [B={self.batch}, S, "
                                 f"Nkv={self.kv_num_heads}, {'H' if name == 'k_new' else 'Hv'}"
                                 f"={h}]")
-        with self.session._lock, deferred():
+        with self.guard.held(check_open=False):      # the tensors say if the session closed
             self._append(k_new, v_new)
 
     def _append(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
         for t in self._tensors():
-            self.session._live(t)
+            t.check_live()
         s = k_new.shape[1]
         if v_new.shape[:3] != k_new.shape[:3]:
             raise SpecError("v_new.shape", v_new.shape, f"the shape of k_new {k_new.shape} "
@@ -307,9 +357,9 @@ class KVCache:
         its pages go back to the free list (a serving engine's finished request)."""
         if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= b < self.batch:
             raise SpecError("b", b, f"a batch index in [0, {self.batch})")
-        with self.session._lock, deferred():
+        with self.guard.held(check_open=False):
             for t in self._tensors():
-                self.session._live(t)
+                t.check_live()
             lengths = self.lengths.copy()
             lengths[b] = 0
             self.seqlens.write(lengths)
@@ -334,7 +384,7 @@ class KVCache:
         """k_new, v_new quantized on the device into k / v and their scales at ``rows``
         (one runtime call: one upload, one submit), under append's lock."""
         assert self.kv_dtype is not None and self.k_scale is not None and self.v_scale is not None
-        rt = _quantizer(self.session, self.k.device_id, self.kv_dtype, self.dtype, self.head_size)
+        rt = _quantizer(self.k.memory, self.kv_dtype, self.dtype, self.head_size)
         jobs = [(np.ascontiguousarray(x).reshape(-1, x.shape[-1]), c.handle, sc.handle)
                 for x, c, sc in ((k_new, self.k, self.k_scale), (v_new, self.v, self.v_scale))]
         # a runtime quantizes one vector width per call: k and v apart when Hv != H
@@ -359,19 +409,11 @@ def _check_finite(k_new: np.ndarray, v_new: np.ndarray, kv_dtype: str) -> None:
                             "KV cache cannot hold NaN or inf)")
 
 
-def _quantizer(session: Session, device_id: str, kv_dtype: str, dtype: str,
-               head_size: int) -> QuantizingRuntime:
-    """The device's runtime if it quantizes this storage on the device (the optional
-    Runtime methods quantize_into / quantize_refusal, hookspecs.py); else a SpecError
-    naming kv_dtype."""
-    rt = session._device_runtime(device_id)
-    caps = rt.caps
-    if not isinstance(rt, QuantizingRuntime):
-        raise SpecError("kv_dtype", kv_dtype, f"None on {caps.backend} device {caps.name}: its "
-                        "runtime has no on-device quantizer (quantize_into); the reference, "
-                        "webgpu, dawn and opencl backends have one")
+def _quantizer(rt: Memory, kv_dtype: str, dtype: str, head_size: int) -> Memory:
+    """The device's runtime if it quantizes this storage on the device (its
+    quantize_refusal says None); else a SpecError naming kv_dtype with the runtime's why."""
     why = rt.quantize_refusal(kv_dtype, dtype, head_size)
     if why:
-        raise SpecError("kv_dtype", kv_dtype, f"a storage {caps.backend} device {caps.name} can "
-                        f"quantize into: {why}")
+        raise SpecError("kv_dtype", kv_dtype, f"a storage {rt.caps.backend} device "
+                        f"{rt.caps.name} can quantize into: {why}")
     return rt

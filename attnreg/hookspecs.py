@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
 import pluggy
+
+from .memory import Memory
 
 if TYPE_CHECKING:
     from .caps import DeviceCaps
@@ -42,15 +43,17 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @runtime_checkable
-class Runtime(Protocol):
-    """A device opened for one Session: its memory, its launches and its measurements.
+class Runtime(Memory, Protocol):
+    """A device opened for one Session: its memory (:class:`attnreg.memory.Memory`: alloc /
+    upload / download / free / copy_rows, K/V quantization), its launches and its
+    measurements.
 
     Every backend implements all of it (a backend that computes on the host keeps device
-    memory in host bytes, see :class:`attnreg.hostmem.HostMemory`). Compiled programs
-    should be shared per device by the backend, so that a new Session does not recompile.
+    memory in host bytes, see :class:`attnreg.hostmem.HostMemory`); where a device cannot
+    do something, a refusal method says why. Compiled programs should be shared per device
+    by the backend, so that a new Session does not recompile.
     """
 
-    caps: DeviceCaps
     counters: Counter[str]
     """Events and bytes, under one name on every backend: launches (calls of launch),
     host_uploads, host_upload_bytes, readbacks, readback_bytes, allocs, frees, prepares;
@@ -77,31 +80,6 @@ class Runtime(Protocol):
         profiling events); backends may add detail under other keys."""
         ...
 
-    def alloc(self, nbytes: int) -> Any:
-        """A buffer of at least ``nbytes`` for a DeviceTensor (contents unspecified)."""
-        ...
-
-    def upload(self, handle: Any, array: np.ndarray, offset_bytes: int = 0) -> None:
-        """Copy a host array into a buffer at a byte offset, ordered with the launches."""
-        ...
-
-    def download(self, handle: Any, nbytes: int) -> bytes:
-        """The first ``nbytes`` of a buffer, after every launch issued before."""
-        ...
-
-    def free(self, handle: Any) -> None:
-        """Release a buffer from :meth:`alloc`; nothing prepared with it is used again."""
-        ...
-
-    def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,
-                  dst_pitch: int) -> None:
-        """Copy ``rows`` rows of ``row_bytes`` bytes from buffer ``src`` (rows ``src_pitch``
-        bytes apart) into buffer ``dst`` (rows ``dst_pitch`` apart), with zeros in the rest
-        of each ``dst`` row; ordered with launches and uploads like :meth:`upload`, on the
-        device (no host transfer). Pitches and sizes may be any byte counts: it widens or
-        narrows a tensor's last axis (attnreg/headpad.py)."""
-        ...
-
     def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
         """Measured copy bandwidth of the device's memory in GB/s (bytes read + written),
         copying ``nbytes``: the roof the bench compares kernels with."""
@@ -113,33 +91,8 @@ class Runtime(Protocol):
 
 
 @runtime_checkable
-class QuantizingRuntime(Protocol):
-    """Optional: a Runtime that quantizes K/V on its device (KVCache appends with kv_dtype
-    "int8" / "int4"). A runtime without these methods gets no quantized KV cache: the
-    Session refuses with a SpecError naming kv_dtype. Codes and scales must equal
-    :func:`attnreg.quantize_kv`'s except at exact rounding ties (one code off at most)."""
-
-    caps: DeviceCaps
-
-    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
-        """None if this runtime can quantize float ``dtype`` vectors of ``head_size`` into
-        ``kv_dtype``; otherwise why not, in words (it becomes the SpecError's message)."""
-        ...
-
-    def quantize_into(self, kv_dtype: str, rows: np.ndarray,
-                      jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
-        """For each job (x, codes, scales): quantize x [R, H] (float32 / float16 / bfloat16,
-        finite: the caller checked) and write vector r's codes at vector ``rows[r]`` of the
-        buffer ``codes`` (viewed as int8 [V, H] or, int4, uint8 [V, H/2]) and its scales at
-        ``rows[r]`` of ``scales`` (float32 [V], or float16 [V, H/32]); ordered with launches
-        and uploads like :meth:`Runtime.upload`. ``rows`` int32 [R]: distinct and in range
-        (the caller checked); the handles come from :meth:`Runtime.alloc`."""
-        ...
-
-
-@runtime_checkable
 class Backend(Protocol):
-    """A backend plugin's entry object."""
+    """A backend plugin's entry object (:class:`BackendInfo` makes one from data)."""
 
     name: str
     priority: int          # among devices of the same type, the higher is preferred
@@ -149,11 +102,31 @@ class Backend(Protocol):
         ``available=False`` and a reason (see ``attnreg.caps.unavailable``)."""
         ...
 
-    def open(self, caps: DeviceCaps) -> Runtime:
-        """A Runtime for one of the probed devices. A backend whose devices depend on session
-        flags may declare ``open(caps, flags=None)``: the Session then passes its resolved
-        flags (the registry asks a one-argument ``open`` as before)."""
+    def open(self, caps: DeviceCaps, flags: Mapping[str, Any]) -> Runtime:
+        """A Runtime for one of the probed devices, given the Session's resolved flags
+        (dawn: experimental_features picks the device; most backends ignore them)."""
         ...
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """A Backend as data: its name, its priority, and the functions that probe its devices
+    and open one of them."""
+
+    name: str
+    priority: int
+    probe: Callable[[], list[DeviceCaps]]
+    open: Callable[[DeviceCaps, Mapping[str, Any]], Runtime]
+
+
+def registers(items: Callable[[], Iterable[Any]]) -> Callable[[Callable[[Any], None]], None]:
+    """A hook implementation that registers everything ``items()`` returns: a plugin module
+    binds it under the hook's name (``attnreg_register_kernels = registers(declare)``)."""
+    @hookimpl
+    def register_all(register: Callable[[Any], None]) -> None:
+        for item in items():
+            register(item)
+    return register_all
 
 
 @dataclass(frozen=True)

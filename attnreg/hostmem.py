@@ -1,8 +1,10 @@
-"""The runtime contract's memory half on host bytes, for runtimes whose data lives on the host:
-the reference backend computes there, the browser ships each launch's inputs to its page.
+"""The runtime contract's memory half (memory.py) on host bytes, for runtimes whose data lives
+on the host: the reference backend computes there, the browser ships each launch's inputs to
+its page.
 
-A handle is a uint8 numpy array. DeviceTensors of such a runtime are read as numpy views (no
-copy) when launched, and results asked for in a DeviceTensor are written into it.
+A handle is a uint8 numpy array; any byte of it can be written. DeviceTensors of such a
+runtime are read as numpy views (no copy) when launched, and results asked for in a
+DeviceTensor are written into it.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any
 import numpy as np
 
 from .device_tensor import DeviceTensor
+from .quant import quantize_kv
 
 
 class HostMemory:
-    """alloc / upload / download / free / copy_bandwidth on host memory, with the counters
-    every runtime keeps (``host_uploads``, ``readbacks``, ``allocs``, ``frees``, ...)."""
+    """alloc / upload / download / free / copy_rows / copy_bandwidth and K/V quantization
+    (attnreg.quantize_kv itself) on host memory, with the counters every runtime keeps
+    (``host_uploads``, ``readbacks``, ``allocs``, ``frees``, ...)."""
 
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter()
@@ -28,6 +32,10 @@ class HostMemory:
     def alloc(self, nbytes: int) -> np.ndarray:
         self.counters["allocs"] += 1
         return np.zeros(max(1, int(nbytes)), np.uint8)
+
+    def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
+                      tensor_bytes: int) -> str | None:
+        return None
 
     def upload(self, handle: np.ndarray, array: np.ndarray, offset_bytes: int = 0) -> None:
         raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
@@ -55,6 +63,21 @@ class HostMemory:
         d[:, row_bytes:] = 0
         d[:, :row_bytes] = s
         self.counters["copy_rows"] += 1
+
+    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
+        return None                    # quantize_kv takes every float dtype and head size
+
+    def quantize_into(self, kv_dtype: str, rows: np.ndarray,
+                      jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
+        """attnreg.quantize_kv itself, written into the host-memory buffers at ``rows``."""
+        for x, codes, scales in jobs:
+            c, sc = quantize_kv(x, kv_dtype)
+            c_all = codes.view(c.dtype)[: codes.size // c.shape[1] * c.shape[1]]
+            c_all.reshape(-1, c.shape[1])[rows] = c
+            per = 1 if sc.ndim == 1 else sc.shape[1]
+            s_all = scales.view(sc.dtype)
+            s_all[: s_all.size // per * per].reshape(-1, per)[rows] = sc.reshape(-1, per)
+            self.counters["quantize_calls"] += 1
 
     def copy_bandwidth(self, nbytes: int = 64 << 20, repeats: int = 5) -> float:
         """Host memory copy GB/s (bytes read + written), median of ``repeats`` copies."""

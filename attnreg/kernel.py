@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from . import ports
 from .caps import DeviceCaps
 from .spec import AttentionSpec
 
@@ -25,6 +25,11 @@ ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "split_kv_unfused": ("decode_qk", "decode_pv", "reduce"),
     # split-KV in one launch: the last workgroup of each row merges the splits
     "split_kv_fused": ("decode_fused",),
+})
+# Routes of op "partial" (partial states, no reduce): the split-KV routes without their reduce.
+PARTIAL_ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "partial": ROUTES["split_kv"][:1],
+    "partial_unfused": ROUTES["split_kv_unfused"][:2],
 })
 # Families that cut the KV range into splits (the plan's SplitGeometry comes from them).
 SPLIT_FAMILIES = ("decode_partial", "decode_qk", "decode_fused")
@@ -70,42 +75,12 @@ def _mib(n: int) -> str:
 
 
 def binding_bytes(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
-    """Bytes of each buffer a kernel of this family binds, for storage-binding limits."""
-    e = spec.itemsize
-    q = spec.batch * spec.seq_len * spec.num_heads * spec.head_size * e
-    out = q // spec.head_size * spec.head_size_v
-
-    def stored(shape: tuple[int, ...]) -> int:
-        # K/V as stored (codes of a quantized kv_dtype), a paged cache's whole pool
-        return math.prod(shape) * {"int8": 2, "int4": 1}.get(spec.kv_dtype or "", 2 * e) // 2
-
-    def scales(h: int) -> int:
-        if not spec.kv_dtype:
-            return 0
-        per = 4 if spec.kv_dtype == "int8" else 2 * (h // 32)
-        return math.prod(spec.kv_shape[:3]) * per
-
+    """Bytes of each buffer a kernel of this family binds for ``spec`` (ports.py), for
+    storage-binding limits; those not sized by the spec (the parameter block, block lists,
+    tickets) are small."""
     splits = int(params.get("n_splits", 1))   # the planner sets it with split_size
-    parts = spec.batch * spec.num_heads * spec.seq_len * splits * spec.head_size_v * 4
-    sizes: dict[str, int] = {}
-    scores = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
-    if family in ("prefill", "decode_partial", "decode_qk", "decode_fused"):
-        sizes.update(q=q, k=stored(spec.kv_shape))
-        if spec.kv_dtype:
-            sizes["k_scale"] = scales(spec.head_size)
-        if spec.bias:
-            sizes["bias"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
-    if family in ("prefill", "decode_partial", "decode_pv", "decode_fused"):
-        sizes["v"] = stored(spec.v_shape)
-        if spec.kv_dtype:
-            sizes["v_scale"] = scales(spec.head_size_v)
-    if family in ("decode_qk", "decode_pv"):
-        sizes["scores"] = scores
-    if family in ("prefill", "decode_fused", "reduce"):
-        sizes["out"] = out
-    if family in ("decode_partial", "reduce", "decode_pv", "decode_fused"):
-        sizes["o_parts"] = parts
-    return sizes
+    return {p.name: p.nbytes(spec, splits) for p in ports.bound(family, spec, params)
+            if p.shape is not None}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from . import flags as flagmod
 from . import rules
 from .caps import DeviceCaps
 from .errors import SpecError
-from .kernel import ROUTES, SPLIT_FAMILIES, KernelInfo
+from .kernel import PARTIAL_ROUTES, ROUTES, SPLIT_FAMILIES, KernelInfo
 from .plan import SplitGeometry, Stage
 from .spec import AttentionSpec
 
@@ -33,7 +33,7 @@ class DevicePlanner:
                        SplitGeometry | None] | None:
         fired: list[str] = []
         kernels = self.kernels
-        routes = self._routes(fired)
+        routes, fallback = self._routes(fired)
         for n, (route, families) in enumerate(routes):
             stages: list[Stage] = []
             stage_fired: list[str] = []
@@ -49,9 +49,9 @@ class DevicePlanner:
                         rejected.setdefault(tag(k.id), [f"not tried: route {route} found no "
                                                         f"{families[len(stages)]} kernel"])
             if len(stages) == len(families):
-                if n > 0:
-                    fired.append(f"fallback_route: no kernel for route {routes[0][0]} on this "
-                                 f"device -> route={route}")
+                if n > 0 and fallback is not None:
+                    fired.append(rules.describe(fallback, {"route": route}, f"route {routes[0][0]} "
+                                                "found no kernel on this device"))
                 for fam in {f for _, fs in routes for f in fs} - set(families):
                     for k in kernels:
                         if k.family == fam and tag(k.id) not in rejected:
@@ -71,33 +71,23 @@ class DevicePlanner:
             return SplitGeometry(int(self.params["n_splits"]))
         return None
 
-    def _routes(self, fired: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    def _routes(self, fired: list[str]
+                ) -> tuple[list[tuple[str, tuple[str, ...]]], rules.Rule | None]:
+        """The routes to try in order, as the rules choose them (the route, then the fallback
+        rule's order), and that fallback rule, said in explain when a later route runs."""
         if self.op == "reduce":
-            return [("reduce", ("reduce",))]
-        fam = self.forced.family if self.forced is not None else None
-        if self.op == "partial":
-            # Partial states come from the fused kernel or the unfused pair.
-            if fam in ("decode_qk", "decode_pv"):
-                return [("partial_unfused", ROUTES["split_kv_unfused"][:2])]
-            return [("partial", ("decode_partial",)),
-                    ("partial_unfused", ROUTES["split_kv_unfused"][:2])]
-        if self.forced is not None:
-            route = {"prefill": "prefill", "decode_qk": "split_kv_unfused",
-                     "decode_pv": "split_kv_unfused",
-                     "decode_fused": "split_kv_fused"}.get(str(fam), "split_kv")
-            fired.append(f"forced_kernel: {self.forced.id} was requested -> route={route}")
-            return [(route, ROUTES[route])]
-        ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op, candidates=tuple(self.kernels))
+            return [("reduce", ("reduce",))], None
+        table = ROUTES if self.op == "attention" else PARTIAL_ROUTES
+        ctx = rules.Ctx(self.spec, self.caps, self.flags, self.op, candidates=tuple(self.kernels),
+                        forced=self.forced)
         fired += rules.apply(self.rules, ctx, "route", first_only=True)
         fired += rules.apply(self.rules, ctx, "route_refine")
         route = ctx.params.get("route", "prefill")
-        if route not in ROUTES:
-            raise SpecError("route", route, f"one of {sorted(ROUTES)} (set by a rule)")
-        order = [route] + [r for r in ("split_kv", "prefill", "split_kv_unfused", "split_kv_fused")
-                           if r != route]
-        if self.flags.get("route", "auto") != "auto":
-            order = [route]
-        return [(r, ROUTES[r]) for r in order]
+        if route not in table:
+            raise SpecError("route", route, f"one of {sorted(table)} (set by a rule)")
+        fallback = rules.fire(self.rules, ctx, "fallback", first_only=True)
+        order = [route] + [r for r in ctx.params.get("fallback", ()) if r != route and r in table]
+        return [(r, table[r]) for r in order], (fallback[0][0] if fallback else None)
 
     def _pick(self, family: str, *, primary: bool, prev: list[Stage],
               rejected: dict[str, list[str]], tag: Any, fired: list[str],

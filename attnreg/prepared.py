@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .device_tensor import DeviceTensor
+from .guard import Guard
 from .hookspecs import Runtime
-from .interrupts import deferred
 from .plan import Plan
 from .tensors import host_sink
 
-if TYPE_CHECKING:
-    from .session import Session
+# How the Session launches a plan on a runtime (Session._run_plan: as it is, or padded)
+Launcher = Callable[[Runtime, Plan, Mapping[str, Any], Mapping[str, Any] | None], dict[str, Any]]
 
 
 class PreparedRun:
@@ -20,10 +21,10 @@ class PreparedRun:
     float16 / bfloat16 head_sink DeviceTensor, which the checks widened on the host, is read
     and checked again once it has been written)."""
 
-    def __init__(self, session: Session, plan: Plan, runtime: Runtime, inputs: dict[str, Any],
-                 out: DeviceTensor | None, read_on_host: dict[str, DeviceTensor] | None = None
-                 ) -> None:
-        self.session, self.plan, self.runtime = session, plan, runtime
+    def __init__(self, guard: Guard, launch: Launcher, plan: Plan, runtime: Runtime,
+                 inputs: dict[str, Any], out: DeviceTensor | None,
+                 read_on_host: dict[str, DeviceTensor] | None = None) -> None:
+        self.guard, self.launch, self.plan, self.runtime = guard, launch, plan, runtime
         self.inputs, self.out = inputs, out
         self.outputs = {"out": out} if out is not None else None
         # DeviceTensors the checks read into host arrays (a float16 / bfloat16 head_sink,
@@ -32,9 +33,7 @@ class PreparedRun:
         self.read_on_host = {n: (t, t.version) for n, t in (read_on_host or {}).items()}
 
     def __call__(self) -> Any:
-        s = self.session
-        with s._lock, deferred():
-            s._check_open()
+        with self.guard.held():
             for name, x in self.inputs.items():
                 if isinstance(x, DeviceTensor):
                     x.check_live(f"tensors[{name!r}]")
@@ -45,5 +44,5 @@ class PreparedRun:
                 if t.version != seen:
                     self.inputs[name] = host_sink(t)
                     self.read_on_host[name] = (t, t.version)
-            res = s._run_plan(self.runtime, self.plan, self.inputs, self.outputs)
+            res = self.launch(self.runtime, self.plan, self.inputs, self.outputs)
         return (res["out"], res["lse"]) if self.plan.spec.return_lse else res["out"]

@@ -154,13 +154,37 @@ class _Problem:
         visible = (j < self.lengths[:, None, None, None, None]) \
             & (j >= self.starts[:, None, None, None, None]) \
             & self.row_ok[:, None, None, rows, None]
-        if spec.causal:
-            visible = visible & (j <= pos)
-        if spec.local_window > 0:
-            visible = visible & (j > pos - spec.local_window)
-        if spec.right_window >= 0:
-            visible = visible & (j - pos <= spec.right_window)
+        visible = within_reach(spec, visible, j, pos)
         return np.where(visible, s, -np.inf), visible
+
+
+def within_reach(spec: AttentionSpec, visible: np.ndarray, j: np.ndarray, pos: np.ndarray
+                 ) -> np.ndarray:
+    """``visible`` and key j within reach of the row at position ``pos``: the causal frontier
+    j <= pos, the window j > pos - local_window, the right window j - pos <= right_window
+    (docs/contract.md "The math", "Every head size, two-sided windows")."""
+    if spec.causal:
+        visible = visible & (j <= pos)
+    if spec.local_window > 0:
+        visible = visible & (j > pos - spec.local_window)
+    if spec.right_window >= 0:
+        visible = visible & (j - pos <= spec.right_window)
+    return visible
+
+
+def _weights(logits: np.ndarray, extra: np.ndarray | None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """exp(logits - M) over the last axis, M the row's largest logit or ``extra`` (0 where
+    that is not finite); returns (the weights, their sum plus exp(extra - M), M)."""
+    m = logits.max(axis=-1)
+    if extra is not None:
+        m = np.maximum(m, extra)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(logits - m_safe[..., None])
+    total = w.sum(axis=-1)
+    if extra is not None:
+        total = total + np.exp(extra - m_safe)
+    return w, total, m_safe
 
 
 def _softmax_pv(s: np.ndarray, v: np.ndarray, extra: np.ndarray | None,
@@ -174,14 +198,7 @@ def _softmax_pv(s: np.ndarray, v: np.ndarray, extra: np.ndarray | None,
     row_bad = poison.any(axis=-1)
     if row_bad.any():
         s = np.where(poison, -np.inf, s)
-    m = s.max(axis=-1)
-    if extra is not None:
-        m = np.maximum(m, extra)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m_safe[..., None])
-    l = p.sum(axis=-1)
-    if extra is not None:
-        l = l + np.exp(extra - m_safe)
+    p, l, m_safe = _weights(s, extra)
     o = np.einsum(f"{spec_in},{spec_out}", p, v)
     with np.errstate(divide="ignore", invalid="ignore"):
         o = np.where((l > 0)[..., None], o / np.where(l > 0, l, 1.0)[..., None], 0.0)
@@ -262,16 +279,9 @@ def combine(o_parts: np.ndarray, lse_parts: np.ndarray,
     row_bad = poison.any(axis=-1)
     empty = np.isneginf(lse_parts) | poison
     lse_parts = np.where(poison, -np.inf, lse_parts)
-    m = lse_parts.max(axis=-1)
-    if sink is not None:
-        m = np.maximum(m, sink)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    w = np.exp(lse_parts - m_safe[..., None])
+    w, den, m_safe = _weights(lse_parts, sink)
     with np.errstate(invalid="ignore", over="ignore"):
         num = np.where(empty[..., None], 0.0, w[..., None] * o_parts).sum(axis=-2)
-    den = w.sum(axis=-1)
-    if sink is not None:
-        den = den + np.exp(sink - m_safe)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where((den > 0)[..., None], num / np.where(den > 0, den, 1.0)[..., None], 0.0)
         lse = np.where(den > 0, m_safe + np.log(np.where(den > 0, den, 1.0)), -np.inf)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import inspect
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pluggy
@@ -144,13 +143,9 @@ class Registry:
         return backends[name]
 
     def open(self, caps: DeviceCaps, flags: Mapping[str, Any]) -> Runtime:
-        """A runtime for a probed device, given the Session's resolved flags where the backend
-        takes them (dawn: experimental_features picks the device). A backend written against
-        the one-argument ``open(caps)`` keeps working: it is asked as before."""
-        opener: Callable[..., Runtime] = self.backend(caps.backend).open
-        if "flags" in inspect.signature(opener).parameters:
-            return opener(caps, flags=dict(flags))
-        return opener(caps)
+        """A runtime for a probed device, given the Session's resolved flags (dawn:
+        experimental_features picks the device)."""
+        return self.backend(caps.backend).open(caps, dict(flags))
 
     # -- devices -----------------------------------------------------------------------
     def devices(self, backend: str | None = None, refresh: bool = False) -> list[DeviceCaps]:

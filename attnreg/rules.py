@@ -1,9 +1,13 @@
-"""Routing rules as data: each has a name, a condition, the params it sets and a one-line why.
+"""Routing rules as data: each has a name, a condition, the params it sets, a one-sentence
+why and the ci/results/ files that measured it.
 
-Route rules (stage "route") pick prefill vs split-KV for op "attention"; the first that
-matches wins. Param rules (stage "params") run in order for each candidate kernel and may
-each set parameters; a later rule sees what earlier ones set. Plugins append rules through
-the ``attnreg_register_rules`` hook.
+Route rules (stage "route") pick the route of op "attention" or "partial"; the first that
+matches wins. Route-refining rules (stage "route_refine") may then change it, unless the
+caller fixed the route (Ctx.route_fixed). Fallback rules (stage "fallback", first match) set
+the routes tried, in order, when the chosen one finds no kernel on a device. Param rules
+(stage "params") run in order for each candidate kernel and may each set parameters; a later
+rule sees what earlier ones set. Plugins append rules through the ``attnreg_register_rules``
+hook.
 """
 
 from __future__ import annotations
@@ -20,6 +24,20 @@ from .tuned import lookup
 # Devices tried in this order: GPUs first, then by backend priority; reference last.
 DEVICE_TYPE_ORDER = {"gpu": 0, "other": 1, "cpu": 2}
 
+# The route a forced kernel runs on, by op and the kernel's family. A family not listed for
+# an op (op "partial": every family but the unfused pair) leaves the route to the other rules.
+FORCED_ROUTES: Mapping[str, Mapping[str, str]] = {
+    "attention": {"prefill": "prefill", "decode_partial": "split_kv", "reduce": "split_kv",
+                  "decode_qk": "split_kv_unfused", "decode_pv": "split_kv_unfused",
+                  "decode_fused": "split_kv_fused"},
+    "partial": {"decode_qk": "partial_unfused", "decode_pv": "partial_unfused"},
+}
+# The routes tried, in this order, after the chosen one finds no kernel on a device.
+FALLBACK_ORDER: Mapping[str, tuple[str, ...]] = {
+    "attention": ("split_kv", "prefill", "split_kv_unfused", "split_kv_fused"),
+    "partial": ("partial", "partial_unfused"),
+}
+
 
 @dataclass
 class Ctx:
@@ -33,15 +51,40 @@ class Ctx:
     params: dict[str, Any] = field(default_factory=dict)
     user: frozenset[str] = frozenset()        # params the caller fixed; rules leave them
     candidates: tuple[KernelInfo, ...] = ()   # every kernel of the device's backend
+    forced: KernelInfo | None = None          # the kernel the caller forced, if any
+
+    @property
+    def forced_route(self) -> str | None:
+        """The route the forced kernel's family runs on for this op (None: no such route)."""
+        if self.forced is None:
+            return None
+        return FORCED_ROUTES.get(self.op, {}).get(self.forced.family)
+
+    @property
+    def route_fixed(self) -> bool:
+        """Whether the caller fixed the route: by a forced kernel with a route of its own, or
+        (op "attention") by the flag ``route``. Such a route is not refined, and no other
+        route is tried in its place."""
+        return self.forced_route is not None or (
+            self.op == "attention" and self.flags.get("route", "auto") != "auto")
 
 
 @dataclass(frozen=True)
 class Rule:
+    """One rule. ``why`` is one sentence; ``measured`` names the files under ci/results/
+    whose measurements the rule rests on (empty for a rule that rests on none, such as a
+    caller's flag or a device limit)."""
+
     name: str
     why: str
-    stage: Literal["route", "route_refine", "params"]
+    stage: Literal["route", "route_refine", "fallback", "params"]
     when: Callable[[Ctx], bool]
     sets: Callable[[Ctx], dict[str, Any]]
+    measured: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.measured, str):            # one file, given as a plain string
+            object.__setattr__(self, "measured", (self.measured,))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -121,33 +164,50 @@ def split_size(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any],
     return {"split_size": size}
 
 
+# Where the numbers of rules whose own outputs were not kept are written down.
+RULE_NUMBERS = "ci/results/rule_measurements.md"
+
+_SPLIT_FAMILIES = ("decode_partial", "decode_qk", "decode_fused")
+
 _CORE_RULES: tuple[Rule, ...] = (
+    Rule("forced_kernel", "a forced kernel runs on the route of its family", "route",
+         lambda c: c.forced_route is not None, lambda c: {"route": c.forced_route}),
+    Rule("partial_states", "partial states come from decode_partial, the one-kernel split-KV "
+         "stage", "route", lambda c: c.op == "partial", lambda c: {"route": "partial"}),
     Rule("route_flag", "the session flag `route` forces the route", "route",
          lambda c: c.flags.get("route", "auto") != "auto",
          lambda c: {"route": c.flags["route"]}),
-    Rule("split_kv_few_rows", "seq_len <= 4: too few query rows to fill a device; "
-         "splitting the keys (flash decoding) gives the parallelism", "route",
+    Rule("split_kv_few_rows", "with at most 4 query rows, splitting the keys (flash decoding) "
+         "rather than the rows gives the device its parallelism", "route",
          lambda c: c.spec.seq_len <= 4, lambda c: {"route": "split_kv"}),
-    Rule("split_kv_long_context", "seq_len < 32 and total_len > 1000: short query block over "
-         "a long cache is bandwidth-bound; split-KV spreads the cache over workgroups", "route",
+    Rule("split_kv_long_context", "a short query block (under 32 rows) over a long cache (over "
+         "1000 keys) is bandwidth-bound, and split-KV spreads the cache over workgroups", "route",
          lambda c: c.spec.seq_len < 32 and c.spec.total_len > 1000,
          lambda c: {"route": "split_kv"}),
-    Rule("split_kv_no_subgroups", "the device has no subgroups, which the fast prefill "
-         "variant needs; split-KV with m_tile rows runs well without them", "route",
+    Rule("split_kv_no_subgroups", "the fast prefill needs subgroups, which the device lacks, "
+         "while split-KV with m_tile rows runs well without them", "route",
          lambda c: not has_subgroups(c.caps), lambda c: {"route": "split_kv"}),
     Rule("prefill_default", "enough query rows to fill the device: one-pass flash prefill",
          "route", lambda c: True, lambda c: {"route": "prefill"}),
-    Rule("m_tile_by_seq_len", "m_tile 4/2/1 by seq_len (rows sharing one K/V read; matrix "
-         "kernels up to 16, the rows of their M dimension), halved "
-         "until the workgroup storage fits", "params",
-         lambda c: _family(c, "decode_partial", "decode_qk", "decode_fused") and _tunable(c, "m_tile"),
-         _m_tile),
+    Rule("m_tile_by_seq_len", "query rows sharing one K/V read, 4/2/1 by seq_len (a matrix "
+         "kernel's M dimension: up to 16), halved until the workgroup storage fits", "params",
+         lambda c: _family(c, *_SPLIT_FAMILIES) and _tunable(c, "m_tile"), _m_tile),
     Rule("split_size_fill_device", "enough splits to give every compute unit work, capped by "
          "max_splits, whole kv tiles per split", "params",
-         lambda c: _family(c, "decode_partial", "decode_qk", "decode_fused")
-         and "split_size" not in c.user,
+         lambda c: _family(c, *_SPLIT_FAMILIES) and "split_size" not in c.user,
          lambda c: split_size(c.spec, c.caps, {**(c.kernel.defaults if c.kernel else {}),
-                                               **c.params}, c.flags)),
+                                               **c.params}, c.flags),
+         measured=("ci/results/h100_split_sweep.txt",)),
+)
+
+FALLBACK_RULES: tuple[Rule, ...] = (
+    Rule("fallback_none_for_fixed_route", "a route the caller fixed (flag route, or a forced "
+         "kernel's) is the only one tried", "fallback",
+         lambda c: c.route_fixed, lambda c: {"fallback": ()}),
+    Rule("fallback_other_routes", "when the chosen route finds no kernel on the device, the "
+         "others are tried in a fixed order (split-KV, prefill, unfused, fused, and for "
+         "partial states the unfused pair)", "fallback",
+         lambda c: c.op in FALLBACK_ORDER, lambda c: {"fallback": FALLBACK_ORDER[c.op]}),
 )
 
 
@@ -171,7 +231,7 @@ VENDOR_RULES: tuple[Rule, ...] = (
          lambda c: _family(c, "prefill") and _tunable(c, "out_tile") and c.caps.vendor == "qualcomm",
          lambda c: {"out_tile": "half_workgroup"}),
     Rule("cpu_small_tiles", "CPU adapters (lavapipe, PoCL): small query tiles keep a workgroup's "
-         "working set in cache; many workgroups feed every core", "params",
+         "working set in cache, and many workgroups feed every core", "params",
          lambda c: c.caps.device_type == "cpu" and _tunable(c, "q_tile")
          and _family(c, "prefill") and c.kernel is not None and c.kernel.matrix is None,
          lambda c: {"q_tile": 4}),
@@ -185,8 +245,8 @@ def _matrix(ctx: Ctx) -> bool:
 
 MATRIX_RULES: tuple[Rule, ...] = (
     Rule("matrix_units_emulate", "flag matrix_units=emulate: matrix-unit variants are built "
-         "with the software polyfill of their primitive (same tiles, masking, softmax), so "
-         "they run, slowly, on devices without matrix units", "params",
+         "with the software polyfill of their primitive (same tiles, masking, softmax) and "
+         "run, slowly, on devices without matrix units", "params",
          lambda c: _matrix(c) and c.flags.get("matrix_units") == "emulate",
          lambda c: {"mma": "emulate"}),
     Rule("matrix_units_on", "flag matrix_units=on: matrix-unit variants run wherever the "
@@ -227,11 +287,10 @@ def _fused_available(ctx: Ctx) -> bool:
 
 ROUTE_REFINE_RULES: tuple[Rule, ...] = (
     Rule("split_kv_fused_when_available", "split-KV in one launch (the last workgroup of a row "
-         "merges the splits) saves the reduce launch and the barrier between the two, 5-8 us "
-         "per decode on the H100 (measured: WebGPU reduce + gap ~5 us, NVIDIA OpenCL 5-8 us)",
+         "merges the splits) saves the reduce's launch and the barrier before it",
          "route_refine", lambda c: c.params.get("route") == "split_kv"
          and c.flags.get("route", "auto") == "auto" and _fused_available(c),
-         lambda c: {"route": "split_kv_fused"}),
+         lambda c: {"route": "split_kv_fused"}, measured=(RULE_NUMBERS,)),
 )
 
 TUNING_RULES: tuple[Rule, ...] = (
@@ -240,13 +299,25 @@ TUNING_RULES: tuple[Rule, ...] = (
          lambda c: c.kernel is not None and bool(c.flags.get("use_tuning_cache")), _tuned),
 )
 
-BUILTIN_RULES: tuple[Rule, ...] = (_CORE_RULES + ROUTE_REFINE_RULES + MATRIX_RULES + VENDOR_RULES
-                                   + TUNING_RULES)
+BUILTIN_RULES: tuple[Rule, ...] = (_CORE_RULES + ROUTE_REFINE_RULES + FALLBACK_RULES
+                                   + MATRIX_RULES + VENDOR_RULES + TUNING_RULES)
 
 
-def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) -> list[str]:
-    """Run the rules of one stage on ctx (updating ctx.params); return what fired."""
-    fired: list[str] = []
+def describe(rule: Rule, changes: Mapping[str, Any], note: str = "") -> str:
+    """A fired rule as explain shows it: "name: why (measured in) -> what it set [note]"."""
+    sets = ", ".join(f"{k}={v}" for k, v in changes.items())
+    return (f"{rule.name}: {rule.why}"
+            + (f" (measured: {', '.join(rule.measured)})" if rule.measured else "")
+            + (f" -> {sets}" if sets else "") + (f" ({note})" if note else ""))
+
+
+def fire(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False
+         ) -> list[tuple[Rule, dict[str, Any]]]:
+    """Run the rules of one stage on ctx (updating ctx.params); return those that fired, each
+    with what it set. A route the caller fixed is not refined."""
+    if stage == "route_refine" and ctx.route_fixed:
+        return []
+    fired: list[tuple[Rule, dict[str, Any]]] = []
     for rule in rules:
         if rule.stage != stage or not rule.when(ctx):
             continue
@@ -254,11 +325,15 @@ def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) 
         if rule.stage != "route" and not changes:
             continue
         ctx.params.update(changes)
-        sets = ", ".join(f"{k}={v}" for k, v in changes.items())
-        fired.append(f"{rule.name}: {rule.why}" + (f" -> {sets}" if sets else ""))
+        fired.append((rule, changes))
         if first_only:
             break
     return fired
+
+
+def apply(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False) -> list[str]:
+    """Run the rules of one stage on ctx (updating ctx.params); return what fired, as text."""
+    return [describe(r, ch) for r, ch in fire(rules, ctx, stage, first_only=first_only)]
 
 
 def device_order(caps: DeviceCaps, priority: int) -> tuple[int, int, int, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -15,10 +14,10 @@ from . import params as paramsmod
 from . import registry as regmod
 from .caps import DeviceCaps
 from .device_tensor import DTYPES, DeviceTensor, KVCache
-from .errors import ClosedError, KernelUnavailable, SpecError
+from .errors import KernelUnavailable, SpecError
+from .guard import Guard
 from .headpad import HeadPadder
 from .hookspecs import Runtime
-from .interrupts import deferred
 from .plan import Plan
 from .prepared import PreparedRun
 from .spec import AttentionSpec
@@ -35,11 +34,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def serialized(method: F) -> F:
     """A Session operation: one thread at a time (the session's lock), refused after
-    close(), and with Ctrl-C held until the device is consistent again (interrupts.py)."""
+    close(), and with Ctrl-C held until the device is consistent again (guard.py)."""
     @functools.wraps(method)
     def run(self: Session, *args: Any, **kw: Any) -> Any:
-        with self._lock, deferred():
-            self._check_open()
+        with self._guard.held():
             return method(self, *args, **kw)
     return run  # type: ignore[return-value]
 
@@ -76,8 +74,8 @@ class Session:
         self._runtimes: dict[str, Runtime] = {}    # device id -> the runtime opened on it
         self._failed: dict[tuple[str, str], str] = {}
         self._home: str | None = None
-        self._lock = threading.RLock()
-        self.closed = False
+        # the lock and open state its tensors, KV caches and prepared runs share
+        self._guard = Guard()
         # padded twins of DeviceTensors for plans that pad head sizes (headpad.py)
         self._padder = HeadPadder(lambda shape, dtype, dev: self.empty(shape, dtype, device=dev))
 
@@ -88,21 +86,21 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._guard.closed
+
     def close(self) -> None:
         """Release every device buffer and compiled program; later calls on the session, its
         tensors or KV caches raise ClosedError. Closing twice is harmless."""
-        with self._lock, deferred():
-            self.closed = True
+        with self._guard.held(check_open=False):
+            self._guard.closed = True
             runtimes = list(self._runtimes.values())
             self._runtimes.clear()
             self._plans.clear()
             self._padder.clear()
             for rt in runtimes:
                 rt.close()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedError("session", "closed", "an open Session (it was closed)")
 
     # -- planning ----------------------------------------------------------------------
     def plan(self, spec: AttentionSpec, *, op: str = "attention", kernel: str | None = None,
@@ -115,8 +113,8 @@ class Session:
             raise SpecError("kernel", kernel, "None or a registered kernel id (a str)")
         params = paramsmod.check(params, self.registry.kernels()) if params else None
         key = (spec, op, kernel, _freeze(params), _freeze(flags))
-        with self._lock:
-            self._check_open()
+        with self._guard.lock:
+            self._guard.check_open()
             plan = self._plans.get(key)
             if plan is None:
                 merged = flagmod.resolve(self.flags, flags)
@@ -133,8 +131,8 @@ class Session:
         return self._runtime(plan.caps)
 
     def _runtime(self, caps: DeviceCaps) -> Runtime:
-        with self._lock:
-            self._check_open()
+        with self._guard.lock:
+            self._guard.check_open()
             rt = self._runtimes.get(caps.id)
             if rt is None:
                 rt = self._runtimes[caps.id] = self.registry.open(
@@ -164,7 +162,7 @@ class Session:
                                 f"memory on {plan.caps.name} ({plan.kernel})") from None
             except KernelUnavailable as exc:
                 # Remember the failure for this device and plan again without that kernel.
-                with self._lock:
+                with self._guard.lock:
                     self._failed[(plan.caps.id, exc.kernel_id)] = f"failed on this device: {exc.reason}"
                     self._plans.clear()
 
@@ -179,7 +177,7 @@ class Session:
     # -- device memory -----------------------------------------------------------------
     def home_device(self, device: str | int | None = None) -> str:
         """The device id DeviceTensors of this session live on (chosen once, best first)."""
-        with self._lock:
+        with self._guard.lock:
             if device is None and self._home is not None:
                 return self._home
             devs = [d for d in self.registry.find_device(self.backend, device if device is not None
@@ -190,7 +188,9 @@ class Session:
                 self._home = devs[0].id
             return devs[0].id
 
-    def _device_runtime(self, device_id: str) -> Runtime:
+    def device_runtime(self, device_id: str) -> Runtime:
+        """The runtime opened on a device (opened now if needed): its memory holds this
+        session's DeviceTensors there."""
         return self._runtime(next(d for d in self.registry.devices() if d.id == device_id))
 
     @serialized
@@ -215,9 +215,8 @@ class Session:
         if cap is not None and nbytes > cap:
             raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {caps.name} "
                             f"({nbytes} bytes asked)")
-        # Whole 32-bit words: a 1-byte tensor's last write may be padded to one (_upload).
-        handle = self._device_runtime(dev).alloc(-(-nbytes // 4) * 4)
-        return DeviceTensor(self, dev, handle, shape, name)
+        rt = self.device_runtime(dev)
+        return DeviceTensor(self, self._guard, rt, dev, rt.alloc(nbytes), shape, name)
 
     @serialized
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor:
@@ -246,56 +245,6 @@ class Session:
                        capacity=capacity, dtype=dtype, layout=layout, kv_dtype=kv_dtype,
                        page_size=page_size, num_pages=num_pages, block_table=block_table,
                        device=device, v_head_size=v_head_size)
-
-    def _live(self, t: DeviceTensor) -> None:
-        t.check_live()
-        if self.closed:
-            raise ClosedError("tensor", t, "a tensor of an open Session (its Session was "
-                              "closed, so its memory is gone)")
-
-    @serialized
-    def _upload(self, t: DeviceTensor, array: Any, offset_elems: int = 0) -> None:
-        self._live(t)
-        if not isinstance(array, np.ndarray):
-            raise SpecError("array", array, f"a numpy array of {t.dtype.name}")
-        if isinstance(offset_elems, bool) or not isinstance(offset_elems, (int, np.integer)):
-            raise SpecError("offset_elems", offset_elems, "an integer >= 0")
-        offset_elems = int(offset_elems)
-        arr = np.ascontiguousarray(array)
-        if arr.dtype != t.dtype:
-            raise SpecError("array.dtype", arr.dtype.name, f"{t.dtype.name} like the tensor")
-        end = (offset_elems + arr.size) * t.dtype.itemsize
-        if offset_elems < 0 or end > t.nbytes:
-            raise SpecError("array", arr, f"at most {t.nbytes // t.dtype.itemsize - offset_elems}"
-                            " elements at that offset")
-        off = offset_elems * t.dtype.itemsize
-        if t.dtype.itemsize == 1 and (off % 4 or (end % 4 and end != t.nbytes)):
-            # WebGPU writes whole 32-bit words; a strip that ends at the tensor's end is
-            # padded into the allocation's last word (Session.empty rounds it up).
-            raise SpecError("offset_elems", offset_elems, f"a {t.dtype.name} write that starts "
-                            f"and ends on 4-byte boundaries (or at the tensor's end): byte "
-                            f"{off}..{end} of {t.nbytes}")
-        if end % 4 and t.dtype.itemsize == 1:
-            arr = np.concatenate([arr.reshape(-1), np.zeros(-end % 4, arr.dtype)])
-        self._device_runtime(t.device_id).upload(t.handle, arr, off)
-        if t.host is not None:           # keep the host mirror of small tensors exact
-            t.host.reshape(-1)[offset_elems:offset_elems + arr.size] = arr.reshape(-1)
-        t.version += 1
-
-    def _free(self, t: DeviceTensor) -> None:
-        with self._lock, deferred():
-            if t.freed:
-                return
-            t.freed = True
-            rt = self._runtimes.get(t.device_id)
-            if rt is not None and not self.closed:      # a closed session freed it already
-                rt.free(t.handle)
-
-    @serialized
-    def _download(self, t: DeviceTensor) -> np.ndarray:
-        self._live(t)
-        raw = self._device_runtime(t.device_id).download(t.handle, t.nbytes)
-        return np.frombuffer(bytes(raw), dtype=t.dtype, count=int(np.prod(t.shape))).reshape(t.shape)
 
     def _check_resident(self, plan: Plan, inputs: Mapping[str, Any]) -> None:
         """DeviceTensors must be live tensors of this session on the planned device."""
@@ -344,8 +293,8 @@ class Session:
         self._launch(spec, "attention", inputs, kernel, params, flags, out)   # compile, warm
         plan = self.plan(spec, kernel=kernel, params=params, flags=flags)
         self._check_resident(plan, inputs)                 # ownership/device checks, once
-        return PreparedRun(self, plan, self.runtime(plan), dict(inputs), out,
-                           read_on_host(tensors, inputs))
+        return PreparedRun(self._guard, self._run_plan, plan, self.runtime(plan), dict(inputs),
+                           out, read_on_host(tensors, inputs))
 
     @serialized
     def run_with_plan(self, spec: AttentionSpec, tensors: Mapping[str, Any], **kw: Any

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .device_tensor import DeviceTensor
 from .errors import SpecError
 from .spec import AttentionSpec
 
@@ -21,7 +22,7 @@ def _wants(spec: AttentionSpec, name: str) -> bool:
 
 
 def _is_device(value: Any) -> bool:
-    return hasattr(value, "handle") and hasattr(value, "device_id") and hasattr(value, "shape")
+    return isinstance(value, DeviceTensor)
 
 
 def _as_array(name: str, value: Any) -> Any:
@@ -70,7 +71,7 @@ INT32_MAX = 2**31 - 1
 # each of these as accepted (a bias reaches the runtimes as stored; a head_sink, [Nq] values, is
 # widened to float32 by check_tensors and check_partials, exactly), and the conformance matrix
 # stores each in every dtype listed here (attnreg.tools.cases): a dtype added here gets cells, and
-# a kernel that misreads it fails them. The first entry is what tools.testing.make_tensors stores.
+# a kernel that misreads it fails them. The first entry is what testing.make_tensors stores.
 STORED_AS: dict[str, tuple[str, ...]] = {"bias": ("float32", "dtype"),
                                          "head_sink": ("float32", "dtype")}
 
@@ -104,6 +105,30 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
 
     Non-contiguous or Fortran-ordered inputs are accepted by copying (values unchanged).
     """
+    wanted = _check_names(spec, tensors)
+    arrays = {n: _as_array(n, tensors[n]) for n in wanted}
+    _check_qkv(spec, arrays)
+    if spec.bias:
+        _check_bias(spec, arrays["bias"])
+    if spec.seqlens_k:
+        _check_seqlens_k(spec, arrays)
+    lengths = valid_lengths(spec, arrays)
+    if spec.seqlens_q:
+        _check_index("seqlens_q", arrays, spec.batch, 1,
+                     np.minimum(spec.seq_len, lengths), "the number of query rows of batch b: "
+                     f"1 <= value <= min(seq_len={spec.seq_len}, L_b)")
+    if spec.kv_start:
+        _check_index("kv_start", arrays, spec.batch, 0, lengths - 1,
+                     "the first existing key of batch b: 0 <= value < L_b")
+    if spec.head_sink:
+        _check_sink(spec, arrays)
+    if spec.kv_layout == "paged":
+        _check_block_table(spec, arrays)
+    return {n: a if _is_device(a) else np.ascontiguousarray(a) for n, a in arrays.items()}
+
+
+def _check_names(spec: AttentionSpec, tensors: Any) -> set[str]:
+    """The tensor names ``spec`` wants, each present in ``tensors`` and nothing else there."""
     if not isinstance(tensors, Mapping):
         raise SpecError("tensors", tensors, "a mapping such as {'q': q, 'k': k, 'v': v}")
     wanted = set(REQUIRED) | {n for n in OPTIONAL if _wants(spec, n)}
@@ -125,8 +150,11 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
                             f"a tensor, because spec.kv_dtype is {spec.kv_dtype!r}"
                             if OPTIONAL[name] == "kv_dtype" else
                             f"a tensor, because spec.{OPTIONAL[name]} is True")
+    return wanted
 
-    arrays = {n: _as_array(n, tensors[n]) for n in wanted}
+
+def _check_qkv(spec: AttentionSpec, arrays: Mapping[str, Any]) -> None:
+    """q, k and v (and a quantized cache's scales): dtypes and shapes of the spec's layouts."""
     layout_q = f"q_layout={spec.q_layout}"
     layout_kv = ("kv_layout=paged: [num_pages, page_size, Nkv, H]" if spec.kv_layout == "paged"
                  else f"kv_layout={spec.kv_layout}, capacity C={spec.capacity}")
@@ -148,53 +176,46 @@ def check_tensors(spec: AttentionSpec, tensors: Mapping[str, Any]) -> dict[str, 
                          f"kv_dtype={spec.kv_dtype}: " + ("one scale per vector" if
                          spec.kv_dtype == "int8" else "one scale per 32 elements"))
 
-    if spec.bias:
-        bias = arrays["bias"]
-        _check_dtype("bias", bias, accepted_dtypes(spec, "bias"))
-        if not bias_shape_ok(spec, tuple(bias.shape)):
-            full = (spec.batch, spec.num_heads, spec.seq_len, spec.capacity)
-            raise SpecError("tensors['bias'].shape", tuple(bias.shape),
-                            f"4 dims broadcastable to [B, Nq, S, C] = {full} "
-                            "(B, Nq, S may each be 1; C must be full)")
-        # NaN/inf are allowed: docs/contract.md "Non-finite values and scalar fields" fixes what
-        # they do (-inf masks).
-    if spec.seqlens_k:
-        sk = arrays["seqlens_k"]
-        _check_dtype("seqlens_k", sk, ("int32",) if _is_device(sk) else ("int32", "int64"))
-        _check_shape("seqlens_k", sk, (spec.batch,), "one valid length per batch entry")
-        if _is_device(sk):
-            # Range-check device lengths through their host mirror, or one small read.
-            sk = sk.host if sk.host is not None else sk.numpy()
-        # with seqlens_q, L_b >= S_b is checked against seqlens_q below
-        low = 1 if spec.seqlens_q else spec.seq_len
-        bad = (sk < low) | (sk > spec.capacity)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise SpecError(f"tensors['seqlens_k'][{i}]", int(sk[i]),
-                            f"an integer with {'1' if spec.seqlens_q else f'seq_len={low}'}"
-                            f" <= value <= capacity={spec.capacity}")
-        arrays["seqlens_k"] = _narrow(arrays["seqlens_k"])
-    lengths = valid_lengths(spec, arrays)
-    if spec.seqlens_q:
-        _check_index("seqlens_q", arrays, spec.batch, 1,
-                     np.minimum(spec.seq_len, lengths), "the number of query rows of batch b: "
-                     f"1 <= value <= min(seq_len={spec.seq_len}, L_b)")
-    if spec.kv_start:
-        _check_index("kv_start", arrays, spec.batch, 0, lengths - 1,
-                     "the first existing key of batch b: 0 <= value < L_b")
-    if spec.head_sink:
-        sink = arrays["head_sink"]
-        _check_dtype("head_sink", sink, accepted_dtypes(spec, "head_sink"))
-        _check_shape("head_sink", sink, (spec.num_heads,), "one sink logit per query head")
-        values = host_sink(sink)
-        if sink.dtype != _DTYPE_OBJ["float32"]:
-            # the kernels read float32 sinks: [Nq] values, widened here (a DeviceTensor's
-            # again by a prepared run once it is written: PreparedRun)
-            arrays["head_sink"] = values
 
-    if spec.kv_layout == "paged":
-        _check_block_table(spec, arrays)
-    return {n: a if _is_device(a) else np.ascontiguousarray(a) for n, a in arrays.items()}
+def _check_bias(spec: AttentionSpec, bias: Any) -> None:
+    """The bias's dtype and its shape, broadcastable to [B, Nq, S, C]. NaN/inf are allowed:
+    docs/contract.md "Non-finite values and scalar fields" fixes what they do (-inf masks)."""
+    _check_dtype("bias", bias, accepted_dtypes(spec, "bias"))
+    if not bias_shape_ok(spec, tuple(bias.shape)):
+        full = (spec.batch, spec.num_heads, spec.seq_len, spec.capacity)
+        raise SpecError("tensors['bias'].shape", tuple(bias.shape),
+                        f"4 dims broadcastable to [B, Nq, S, C] = {full} "
+                        "(B, Nq, S may each be 1; C must be full)")
+
+
+def _check_seqlens_k(spec: AttentionSpec, arrays: dict[str, Any]) -> None:
+    """seqlens_k: int32 (int64 on the host, narrowed), one length a batch entry in
+    [S, C] ([1, C] with seqlens_q, whose L_b >= S_b is checked with it)."""
+    sk = arrays["seqlens_k"]
+    _check_dtype("seqlens_k", sk, ("int32",) if _is_device(sk) else ("int32", "int64"))
+    _check_shape("seqlens_k", sk, (spec.batch,), "one valid length per batch entry")
+    if _is_device(sk):
+        # Range-check device lengths through their host mirror, or one small read.
+        sk = sk.host if sk.host is not None else sk.numpy()
+    low = 1 if spec.seqlens_q else spec.seq_len
+    bad = (sk < low) | (sk > spec.capacity)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise SpecError(f"tensors['seqlens_k'][{i}]", int(sk[i]),
+                        f"an integer with {'1' if spec.seqlens_q else f'seq_len={low}'}"
+                        f" <= value <= capacity={spec.capacity}")
+    arrays["seqlens_k"] = _narrow(arrays["seqlens_k"])
+
+
+def _check_sink(spec: AttentionSpec, arrays: dict[str, Any]) -> None:
+    """head_sink: one finite logit a query head, widened to the float32 the kernels read (a
+    DeviceTensor's again by a prepared run once it is written: PreparedRun)."""
+    sink = arrays["head_sink"]
+    _check_dtype("head_sink", sink, accepted_dtypes(spec, "head_sink"))
+    _check_shape("head_sink", sink, (spec.num_heads,), "one sink logit per query head")
+    values = host_sink(sink)
+    if sink.dtype != _DTYPE_OBJ["float32"]:
+        arrays["head_sink"] = values
 
 
 def host_sink(sink: Any) -> np.ndarray:

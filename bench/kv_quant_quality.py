@@ -20,8 +20,8 @@ import argparse
 import numpy as np
 
 import attnreg
+from attnreg import testing
 from attnreg.quant import kv_bytes_per_token
-from attnreg.tools import testing
 
 
 def _inputs(spec: attnreg.AttentionSpec, seed: int, outliers: bool) -> dict[str, np.ndarray]:

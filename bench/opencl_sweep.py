@@ -22,8 +22,8 @@ import attnreg
 from attnreg import reference
 from attnreg.backends.opencl import device as ocl_device
 from attnreg.spec import AttentionSpec
+from attnreg.testing import random_qkv
 from attnreg.tools import bench_suites
-from attnreg.tools.testing import random_qkv
 
 # Forced (kernel-suffix, params) per suite for --sweep; "" = the plan the rules choose.
 SWEEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
@@ -81,27 +81,25 @@ def run(suites: Sequence[str], *, device: str | None = None, sweep: bool = False
         iters: int = 50, check: bool = True, quick: bool = False,
         log: Any = print) -> list[dict[str, Any]]:
     """Every case of the suites (attnreg.tools.bench_suites' tables) on one OpenCL device."""
-    table = bench_suites.QUICK if quick else bench_suites.SUITES
     rows: list[dict[str, Any]] = []
     with attnreg.Session(backend="opencl", device=device) as session:
         dev = session.plan(AttentionSpec()).caps
         log(f"device: {dev.label} vendor={dev.vendor} arch={dev.architecture} "
             f"units={dev.compute_units} limits={dev.limits}")
-        for suite in suites:
-            for case in table[suite]:
-                spec = case.spec
-                inputs = random_qkv(spec)
-                want = reference.out_layout(spec, reference.attention(spec, inputs)[0]) \
-                    if check else None
-                for suffix, params in (SWEEPS.get(suite, [("", {})]) if sweep else [("", {})]):
-                    try:
-                        row = measure(session, spec, inputs, kernel=_kernel_id(spec, suffix),
-                                      params=params or None, iters=iters, want=want)
-                    except Exception as exc:   # a variant that cannot run is reported, not fatal
-                        row = {"spec": spec.short(), "error": f"{type(exc).__name__}: {exc}"[:400]}
-                    row.update(case=case.name, forced=suffix, sweep=params, device=dev.slug)
-                    rows.append(row)
-                    log(json.dumps(row))
+        for suite, case in bench_suites.suite_cases(suites, quick):
+            spec = case.spec
+            inputs = random_qkv(spec)
+            want = reference.out_layout(spec, reference.attention(spec, inputs)[0]) \
+                if check else None
+            for suffix, params in (SWEEPS.get(suite, [("", {})]) if sweep else [("", {})]):
+                try:
+                    row = measure(session, spec, inputs, kernel=_kernel_id(spec, suffix),
+                                  params=params or None, iters=iters, want=want)
+                except Exception as exc:   # a variant that cannot run is reported, not fatal
+                    row = {"spec": spec.short(), "error": f"{type(exc).__name__}: {exc}"[:400]}
+                row.update(case=case.name, forced=suffix, sweep=params, device=dev.slug)
+                rows.append(row)
+                log(json.dumps(row))
     return rows
 
 

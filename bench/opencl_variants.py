@@ -23,6 +23,7 @@ import numpy as np
 import attnreg
 from attnreg import reference
 from attnreg.spec import AttentionSpec
+from attnreg.testing import packed_docs, random_qkv
 from attnreg.tools import cases
 from attnreg.tools import conformance as conf
 
@@ -35,12 +36,6 @@ def decode_spec(L: int, dtype: str = "float16", nq: int = 32, nkv: int = 8, h: i
                 batch: int = 1) -> AttentionSpec:
     return AttentionSpec(batch=batch, seq_len=1, past_len=L - 1, num_heads=nq, kv_num_heads=nkv,
                          head_size=h, dtype=dtype, causal=True)
-
-
-def random_inputs(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {n: (rng.standard_normal(s, dtype=np.float32) * 0.5).astype(spec.dtype)
-            for n, s in (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
 
 
 def kv_bytes(spec: AttentionSpec) -> int:
@@ -94,7 +89,7 @@ def _safe(log: Log, what: str, fn: Callable[..., dict[str, Any]], *args: Any,
 def warm_up(s: attnreg.Session, seconds: float, log: Log) -> None:
     """Keep the device busy so its clocks ramp before anything is timed."""
     spec = decode_spec(8192)
-    x = random_inputs(spec)
+    x = random_qkv(spec)
     plan = s.plan(spec)
     rt: Any = s.runtime(plan)
     t0 = time.perf_counter()
@@ -113,7 +108,7 @@ def fused_vs_two_launch(s: attnreg.Session, log: Log, quick: bool) -> list[dict[
     rows = []
     for L, dt in shapes:
         spec = decode_spec(L, dt, *((8, 2, 64) if quick else ()))
-        x = random_inputs(spec)
+        x = random_qkv(spec)
         want = _want(spec, x)
         runs: list[tuple[str, str, dict[str, Any] | None]] = [
             (name, route, None) for name, route in ROUTES.items()]
@@ -141,7 +136,7 @@ def fused_sweep(s: attnreg.Session, log: Log, quick: bool) -> list[dict[str, Any
     rows = []
     for dt in ("float16", "float32"):
         spec = decode_spec(512 if quick else 8192, dt, *((8, 2, 64) if quick else ()))
-        x = random_inputs(spec)
+        x = random_qkv(spec)
         want = _want(spec, x)
         for p in SWEEP[:3] if quick else SWEEP:
             if dt == "float32" and "cvt" in p:
@@ -160,7 +155,7 @@ def crossover(s: attnreg.Session, log: Log, quick: bool) -> list[dict[str, Any]]
         for h in (64, 128):
             for L in Ls:
                 spec = decode_spec(L, "float16", nkv * g, nkv, h)
-                x = random_inputs(spec, seed=L + g)
+                x = random_qkv(spec, seed=L + g)
                 row: dict[str, Any] = {"group": g, "head_size": h, "L": L}
                 outs = {}
                 for name, route in ROUTES.items():
@@ -178,18 +173,6 @@ def crossover(s: attnreg.Session, log: Log, quick: bool) -> list[dict[str, Any]]
                 rows.append(row)
                 log(json.dumps(row))
     return rows
-
-
-def packed_docs(n_docs: int, doc_len: int, nq: int, nkv: int, h: int, dtype: str
-                ) -> tuple[AttentionSpec, dict[str, np.ndarray]]:
-    """n_docs sequences packed into one batch entry: causal, block-diagonal bias [1,1,S,S]."""
-    S = n_docs * doc_len
-    spec = AttentionSpec(batch=1, seq_len=S, past_len=0, num_heads=nq, kv_num_heads=nkv,
-                         head_size=h, dtype=dtype, causal=True, bias=True)
-    x = random_inputs(spec, seed=5)
-    doc = np.arange(S) // doc_len
-    x["bias"] = np.where(doc[:, None] == doc[None, :], 0.0, -np.inf).astype(np.float32)[None, None]
-    return spec, x
 
 
 def block_skip(s: attnreg.Session, log: Log, quick: bool) -> list[dict[str, Any]]:
@@ -241,7 +224,7 @@ def decode_block_skip(s: attnreg.Session, log: Log, quick: bool) -> list[dict[st
     spec = AttentionSpec(batch=1, seq_len=1, past_len=L - 1, num_heads=8 if quick else 32,
                          kv_num_heads=2 if quick else 8, head_size=64 if quick else 128,
                          dtype="float16", causal=True, bias=True)
-    x = random_inputs(spec, seed=9)
+    x = random_qkv(spec, seed=9)
     doc = np.arange(L) * 4 // L
     x["bias"] = np.where(doc == doc[-1], 0.0, -np.inf).astype(np.float32)[None, None, None]
     resident = {**x, "bias": s.tensor(x["bias"])}
@@ -319,13 +302,16 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 res[name] = fn(s, log, a.quick)
                 log(f"[{name}] {time.perf_counter() - t0:.1f} s")
-                if a.out:
-                    with open(a.out, "w") as fh:
-                        json.dump(res, fh, indent=1)
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+                _save(a.out, res)
+    _save(a.out, res)
     return 0
+
+
+def _save(path: str | None, res: Mapping[str, Any]) -> None:
+    """The results so far as JSON (after each part, so a run cut short keeps what it measured)."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(res, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ N requests share a P-token prefix and each has its own S-token suffix; one decod
   full:    every request attends its own copy of prefix + suffix (batch N, P + S keys).
   cascade: the prefix once, with the N requests as N query rows of one batch entry (P keys),
            plus each suffix (batch N, S keys), then attnreg's merge_states on the device.
-Both give the same output (checked against the float64 reference, and tests/test_merge.py
+Both give the same output (checked against the float64 reference, and tests/core/test_merge.py
 checks the method). Prints per device: median time of each part, the ratio full / cascade,
 and the KV bytes each reads. Kernel times (the merge's reduce kernel included) are GPU time
 where the runtime has timestamps, wall time otherwise; Session.merge_states' wall time, with

@@ -11,9 +11,9 @@ import json
 import statistics
 
 import attnreg
+from attnreg.testing import random_qkv
 from attnreg.tools.bench import time_case
 from attnreg.tools.bench_suites import SUITES
-from attnreg.tools.testing import random_qkv
 
 CASES = ("decode-f16-L8192", "decode-f32-L8192", "decode-f16-L32768", "decode-f16-L2048")
 SPLITS = (0, 32, 64, 128, 256, 512)      # 0: the rules' choice

@@ -22,8 +22,8 @@ import numpy as np
 import attnreg
 from attnreg import reference
 from attnreg.spec import AttentionSpec
+from attnreg.testing import random_qkv
 from attnreg.tools import bench_suites
-from attnreg.tools.testing import random_qkv
 
 # Parameter sets tried per suite by --sweep (each must fit the device or it is reported).
 # A "split_size" entry is passed as the session flag (the rule then derives n_splits).
@@ -70,51 +70,49 @@ def run(suites: Sequence[str], *, sweep: bool, iters: int, check: bool, quick: b
     """Time every case of the suites (and, with sweep, its parameter variants). Variants are
     timed in ``rounds`` interleaved passes and each keeps its best median, so that a busy
     moment on a shared GPU does not decide a comparison."""
-    table = bench_suites.QUICK if quick else bench_suites.SUITES
     rows = []
     with attnreg.Session(backend="webgpu") as session:
         dev = session.runtime(session.plan(AttentionSpec(), op="attention")).caps
         log(f"device: {dev.label} limits={dev.limits} sg={dev.subgroup_min_size}.."
             f"{dev.subgroup_max_size} units={dev.compute_units}")
-        for suite in suites:
-            for case in table[suite]:
-                spec = case.spec
-                inputs = random_qkv(spec)
-                variants = SWEEPS.get(suite, [{}]) if sweep else [{}]
-                runs: list[tuple[str, dict[str, Any], str]] = []
-                for mode in checks:
-                    runs.append((mode, {}, "attention"))
-                    if spec.seq_len <= 4:
-                        runs.append((mode, {}, "partial"))
-                runs += [("", v, "attention") for v in variants if v]
-                best: dict[int, dict[str, Any]] = {}
-                for rnd in range(rounds):
-                    for n, (mode, params, op) in enumerate(runs):
-                        _set_checks(mode)
-                        try:
-                            row = measure(session, spec, inputs, params=params or None, op=op,
-                                          iters=iters, warmup_s=warmup_s,
-                                          check=check and not params and rnd == 0 and n == 0)
-                        except Exception as exc:
-                            row = {"spec": spec.short(), "op": op, "params": params,
-                                   "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-                        row.update(case=case.name, suite=suite, sweep=params, checks=mode)
-                        old = best.get(n)
-                        if old is None or (row.get("gpu_us") or row.get("wall_us") or 1e30) < \
-                                (old.get("gpu_us") or old.get("wall_us") or 1e30):
-                            row["max_err"] = row.get("max_err", (old or {}).get("max_err"))
-                            row["rounds"] = (old or {}).get("rounds", []) + [row.get("gpu_us")]
-                            best[n] = row
-                        else:
-                            old["rounds"].append(row.get("gpu_us"))
-                for n in sorted(best):
-                    rows.append(best[n])
-                    log(json.dumps(best[n]))
+        for suite, case in bench_suites.suite_cases(suites, quick):
+            spec = case.spec
+            inputs = random_qkv(spec)
+            variants = SWEEPS.get(suite, [{}]) if sweep else [{}]
+            runs: list[tuple[str, dict[str, Any], str]] = []
+            for mode in checks:
+                runs.append((mode, {}, "attention"))
+                if spec.seq_len <= 4:
+                    runs.append((mode, {}, "partial"))
+            runs += [("", v, "attention") for v in variants if v]
+            best: dict[int, dict[str, Any]] = {}
+            for rnd in range(rounds):
+                for n, (mode, params, op) in enumerate(runs):
+                    _set_checks(mode)
+                    try:
+                        row = measure(session, spec, inputs, params=params or None, op=op,
+                                      iters=iters, warmup_s=warmup_s,
+                                      check=check and not params and rnd == 0 and n == 0)
+                    except Exception as exc:
+                        row = {"spec": spec.short(), "op": op, "params": params,
+                               "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                    row.update(case=case.name, suite=suite, sweep=params, checks=mode)
+                    old = best.get(n)
+                    if old is None or (row.get("gpu_us") or row.get("wall_us") or 1e30) < \
+                            (old.get("gpu_us") or old.get("wall_us") or 1e30):
+                        row["max_err"] = row.get("max_err", (old or {}).get("max_err"))
+                        row["rounds"] = (old or {}).get("rounds", []) + [row.get("gpu_us")]
+                        best[n] = row
+                    else:
+                        old["rounds"].append(row.get("gpu_us"))
+            for n in sorted(best):
+                rows.append(best[n])
+                log(json.dumps(best[n]))
     return rows
 
 
 def _set_checks(mode: str) -> None:
-    from .device import CHECKS_ENV
+    from attnreg.backends.webgpu.device import CHECKS_ENV
 
     if mode:
         os.environ[CHECKS_ENV] = mode

@@ -30,13 +30,13 @@ import numpy as np
 
 import attnreg
 from attnreg.spec import AttentionSpec
-from attnreg.tools.testing import compare, expected, make_tensors
+from attnreg.testing import compare, expected, make_tensors
 
 STAGES = ("check", "copy", "overhead", "blocks", "crossover")
 
 
 def _runtime(s: attnreg.Session) -> Any:
-    return s._device_runtime(s.home_device())
+    return s.device_runtime(s.home_device())
 
 
 def gpu_us(s: attnreg.Session, spec: AttentionSpec, inputs: Mapping[str, Any], *,

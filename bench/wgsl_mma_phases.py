@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attnreg
+from attnreg import testing
 from attnreg.backends.webgpu import program
-from attnreg.tools import testing
 
 # An edit: (source file, text, replacement). The softmax's logits are in mma_common.wgsl,
 # which both kernels include.

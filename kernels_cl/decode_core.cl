@@ -54,16 +54,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   const int2 kr = split_keys(P, &w, t);
   const Tiles ts = dense_tiles(kr);
 #endif
-  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  load_q(P, &w, q, Qs);
-  float4 acc[PMR][DV];
-  float l[PMR], m[PMR];
-  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), KV_AT(k, kv_base),
-             KV_AT(v, VOFF(kv_base)), SC_AT(k_scale, kv_base), SCV_AT(v_scale, VOFF(kv_base)),
-             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
-
-  const int lid = get_local_id(0);
-  const int dl = lid % DL, prl = lid / DL;
+  FLASH_ROWS_WG(ts)
   for (int pm = 0; pm < PMR; ++pm) {
     const int r = prl + pm * PRL;
     if (!row_ok(P, &w, r)) continue;
@@ -157,12 +148,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   const Rows w = decompose(P, seqlens, kv_start, seqlens_q, get_group_id(0), ns, &t);
   *wout = w;
   const int2 kr = split_keys(P, &w, t);
-  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  const __global int* btab = BTAB(P, block_table, w.b);
-  const __global kv_t* kb = KV_AT(k, kv_base);
-  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
-  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
-  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
+  KV_POINTERS(w)
   const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;
   const int2 ckeys = common_keys(P, &w);
 
@@ -273,16 +259,7 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   for (int idx = lid; idx < R_ROWS * HV4; idx += WG) {
     const int r = idx / HV4, g = idx % HV4;
     if (row_ok(P, &w, r)) {
-      float mm = -INFINITY;
-      for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * RP + r]);
-      const float mu = SAFE_MAX(mm);
-      float ll = 0.0f;
-      float4 oo = (float4)(0.0f);
-      for (int ww = 0; ww < NW; ++ww) {
-        const float f = EXP(red_m[ww * RP + r] - mu);
-        ll += red_l[ww * RP + r] * f;
-        oo += red_o[(ww * RP + r) * HV4 + g] * f;
-      }
+      MERGE_SUBGROUPS(float4, RP, HV4, r, g)
       const size_t row = part_row(P, &w, r, t);
       // a padding row: o 0 and lse -inf, selected whatever it accumulated
       const bool live = row_live(P, &w, r);

@@ -62,35 +62,21 @@
         if ((CI) < nchunks && j_ < kr.y) AK[nb][c] = KV_LD16(kb, ksb, KOFF(j_), 32 * c + 8 * t); \
       }                                                                         \
     }                                                                           \
-    UNROLL                                                                      \
-    for (int kc = 0; kc < NKC; ++kc) {                                          \
-      UNROLL                                                                    \
-      for (int kk = 0; kk < 4; ++kk) {                                          \
-        const int j_ = j0_ + 16 * kc + 2 * t + (kk & 1) + 8 * (kk >> 1);       \
-        UNROLL                                                                  \
-        for (int u = 0; u < NVW / 4; ++u) {                                     \
-          AV[kc][kk][u] = (uint4)(0u);                                          \
-          if ((CI) < nchunks && j_ < kr.y)                                      \
-            AV[kc][kk][u] = KV_LD16(vb, vsb, VOFF(KOFF(j_)), 64 * u + 8 * g);   \
-        }                                                                       \
-      }                                                                         \
-    }                                                                           \
+    FOR_PV_KEYS(j0_, FETCH_V_RUNS, (kc, kk, j_, CI, AV))                         \
+  }
+// Key J's V runs (P V index kk of chunk kc: FOR_PV_KEYS) into AV[kc][kk] (zeros past the
+// chunk's keys).
+#define FETCH_V_RUNS(kc, kk, J, CI, AV)                                         \
+  UNROLL                                                                        \
+  for (int u = 0; u < NVW / 4; ++u) {                                           \
+    AV[kc][kk][u] = (uint4)(0u);                                                \
+    if ((CI) < nchunks && (J) < kr.y)                                           \
+      AV[kc][kk][u] = KV_LD16(vb, vsb, VOFF(KOFF(J)), 64 * u + 8 * g);          \
   }
 
 #define COPY_CHUNK(DK, DV, SK, SV)                                              \
-  UNROLL                                                                        \
-  for (int nb = 0; nb < NKB; ++nb) {                                            \
-    UNROLL                                                                      \
-    for (int c = 0; c < NDR; ++c) DK[nb][c] = SK[nb][c];                        \
-  }                                                                             \
-  UNROLL                                                                        \
-  for (int kc = 0; kc < NKC; ++kc) {                                            \
-    UNROLL                                                                      \
-    for (int kk = 0; kk < 4; ++kk) {                                            \
-      UNROLL                                                                    \
-      for (int u = 0; u < NVW / 4; ++u) DV[kc][kk][u] = SV[kc][kk][u];          \
-    }                                                                           \
-  }
+  COPY2(DK, SK, NKB, NDR)                                                       \
+  COPY3(DV, SV, NKC, 4, NVW / 4)
 
 inline uint vword(uint4 x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
 
@@ -128,12 +114,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
                 &split);
   const int2 kr = split_keys(P, &w, split);
   const int2 ckeys = common_keys(P, &w);
-  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  const __global int* btab = BTAB(P, block_table, w.b);
-  const __global kv_t* kb = KV_AT(k, kv_base);
-  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
-  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
-  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
+  KV_POINTERS(w)
   const int lid = get_local_id(0), lane = lid & 31, wid = lid >> 5, g = lane >> 2, t = lane & 3;
   const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
 
@@ -159,11 +140,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
 #endif
 
   float o[NDB][4];
-  UNROLL
-  for (int db = 0; db < NDB; ++db) {
-    UNROLL
-    for (int e = 0; e < 4; ++e) o[db][e] = 0.0f;
-  }
+  MMA_ZERO(o, NDB)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
@@ -377,15 +354,7 @@ void MMA_ENTRY(KERNEL_ARGS) {
   for (int idx = lid; idx < R_ROWS * HV; idx += WG) {
     const int r = idx / HV, d = idx % HV;
     if (!row_ok(P, &w, r)) continue;
-    float mm = -INFINITY;
-    for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * R_ROWS + r]);
-    const float mv = SAFE_MAX(mm);
-    float ll = 0.0f, oo = 0.0f;
-    for (int ww = 0; ww < NW; ++ww) {
-      const float f = EXP(red_m[ww * R_ROWS + r] - mv);
-      ll += red_l[ww * R_ROWS + r] * f;
-      oo += red_o[(ww * R_ROWS + r) * HV + d] * f;
-    }
+    MERGE_SUBGROUPS(float, R_ROWS, HV, r, d)
     const size_t row = part_row(P, &w, r, split);
     // a padding row: o 0 and lse -inf, selected whatever it accumulated
     const bool live = row_live(P, &w, r);

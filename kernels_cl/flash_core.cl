@@ -43,9 +43,21 @@
 #define BTAB(P, table, b) (table)
 #endif
 
+// The work-group's K/V pointers as FETCH, KOFF and the kernels' own loads take them from scope:
+// btab (its batch's block-table row), kb / vb (K / V of its (batch, kv head)) and ksb / vsb
+// (their scales). Reads P, block_table, k, v, k_scale and v_scale (kernel arguments).
+#define KV_POINTERS(W)                                                  \
+  const size_t kv_base = KV_BASE(P, (W).b, (W).kvh);                    \
+  const __global int* btab = BTAB(P, block_table, (W).b);               \
+  const __global kv_t* kb = KV_AT(k, kv_base);                          \
+  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));                    \
+  const __global scale_t* ksb = SC_AT(k_scale, kv_base);                \
+  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
+
 // Load this work-item's share of the tile of keys [T0, T1) (zeros past T1: nothing beyond
-// the range is read). Needs lid, P, btab, kb, vb, ksb, vsb, pk, pv in scope. V rows of
-// another length (HV != HD) take a loop of their own (V's offset is VOFF of K's).
+// the range is read). Needs lid, P, btab, kb, vb, ksb, vsb (KV_POINTERS), pk, pv (FETCH_FIRST)
+// in scope. V rows of another length (HV != HD) take a loop of their own (V's offset is VOFF
+// of K's).
 #if HV == HD
 #define FETCH(T0, T1)                                                   \
   for (int n = 0; n < NLD; ++n) {                                       \
@@ -75,7 +87,7 @@
 #endif
 
 // Registers -> local tiles (K with pitch KPITCH, V with pitch HV), converted (dequantized)
-// to f32: staging is 4 bytes a value whatever the storage (tiling.py counts it so).
+// to f32: staging is 4 bytes a value whatever the storage (tiles.py counts it so).
 #if HV == HD
 #define STORE_TILE(KPITCH)                                              \
   for (int n = 0; n < NLD; ++n) {                                       \
@@ -96,6 +108,19 @@
     if (STAGE_V && idx_ < TK * HV4) vstore4(kv_cvt4(pv[n]), 0, Vs + jj_ * HV + 4 * g_); \
   }
 #endif
+
+// The software pipeline of a flash loop over the tiles TS (block ids IDS): before the loop,
+// the registers and the first tile's fetch (tr: the keys of the tile fetched last) ...
+#define FETCH_FIRST(TS, IDS)                                            \
+  kvraw_t pk[NLD], pv[NLDV];                                            \
+  int2 tr = tile_keys(&(TS), IDS, 0);                                   \
+  FETCH(tr.x, tr.y)
+// ... and in tile IT, the fetched tile staged (K pitch KPITCH), then the next one fetched.
+#define STAGE_NEXT(KPITCH, TS, IDS, IT)                                 \
+  STORE_TILE(KPITCH)                                                    \
+  barrier(CLK_LOCAL_MEM_FENCE);                                         \
+  tr = tile_keys(&(TS), IDS, (IT) + 1);                                \
+  FETCH(tr.x, tr.y)
 
 inline float alibi_slope(PARAMS P, int h) {
   return (uint)h < P->alibi_n ? exp2(P->alibi_e0 * (float)(h + 1))

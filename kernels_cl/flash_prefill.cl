@@ -7,7 +7,7 @@
 // the key loop is bounded by key_range(). With BLOCK_SKIP the loop visits only the listed
 // blocks of the work-group's row tile (and work-groups run heaviest first, by wg_order).
 
-// The kernel arguments (KERNEL_ARGS) come from backends/ports.py; the block table, block
+// The kernel arguments (KERNEL_ARGS) come from attnreg/ports.py; the block table, block
 // lists and order may be NULL.
 
 // This work-group's rows, key range and tiles.
@@ -58,17 +58,24 @@ inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], flo
     lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(m, l) : -INFINITY;
 }
 
+// The local tiles of both variants: the work-group's q rows, K and (STAGE_V) V.
+#if STAGE_V
+#define QKV_LOCALS                                                      \
+  __local float Qs[R_ROWS * KP];                                        \
+  __local float Ks[TK * KP];                                            \
+  __local float Vs[TK * HV];
+#else
+#define QKV_LOCALS                                                      \
+  __local float Qs[R_ROWS * KP];                                        \
+  __local float Ks[TK * KP];                                            \
+  __local float* Vs = 0;
+#endif
+
 #if SG_IMPL == 0
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void flash_prefill(KERNEL_ARGS) {
-  __local float Qs[R_ROWS * KP];
-  __local float Ks[TK * KP];
-#if STAGE_V
-  __local float Vs[TK * HV];
-#else
-  __local float* Vs = 0;
-#endif
+  QKV_LOCALS
   __local float Ss[R_ROWS * TK];
   __local float Ps[R_ROWS * TK];
   __local float Mrun[R_ROWS];
@@ -78,16 +85,7 @@ void flash_prefill(KERNEL_ARGS) {
   const Tiles ts = prefill_tiles(P, seqlens, kv_start, seqlens_q, blk_off, blk_ids, wg_order,
                                  &w);
   const int2 kr = ts.kr;
-  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  load_q(P, &w, q, Qs);
-  float4 acc[PMR][DV];
-  float l[PMR], m[PMR];
-  flash_rows(P, &w, ts, blk_ids, blk_zero, BTAB(P, block_table, w.b), KV_AT(k, kv_base),
-             KV_AT(v, VOFF(kv_base)), SC_AT(k_scale, kv_base), SCV_AT(v_scale, VOFF(kv_base)),
-             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);
-
-  const int lid = get_local_id(0);
-  const int dl = lid % DL, prl = lid / DL;
+  FLASH_ROWS_WG(ts)
   for (int pm = 0; pm < PMR; ++pm) {
     int r = prl + pm * PRL;
     if (!row_ok(P, &w, r)) continue;
@@ -124,28 +122,33 @@ void flash_prefill(KERNEL_ARGS) {
     const int dd_ = lane + d_ * SG;                                     \
     VV[d_] = ((jj) < tn && dd_ < HV) ? SG_VALUE(jj, dd_) : 0.0f;        \
   }
+// P.V of a tile: each row a's probability of tile key jj, from lane jj % SG by shuffle, times
+// the key's values, added where SEEN (true, or a test of row a's keys: the shuffle stays
+// outside it).
+#define SG_PV(SEEN)                                                     \
+  for (int c = 0; c < KPL; ++c) {                                       \
+    for (int src = 0; src < SG; ++src) {                                \
+      const int jj = c * SG + src;                                      \
+      float vv[DPL];                                                    \
+      SG_VALUES(vv, jj)                                                 \
+      for (int a = 0; a < RS; ++a) {                                    \
+        float p = SG_BCAST(s[a][c], src);                               \
+        if (SEEN)                                                       \
+          for (int d = 0; d < DPL; ++d) acc[a][d] = fma(p, vv[d], acc[a][d]); \
+      }                                                                 \
+    }                                                                   \
+  }
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) SG_ATTR
 void flash_prefill(KERNEL_ARGS) {
-  __local float Qs[R_ROWS * KP];
-  __local float Ks[TK * KP];
-#if STAGE_V
-  __local float Vs[TK * HV];
-#else
-  __local float* Vs = 0;
-#endif
+  QKV_LOCALS
   SG_SCRATCH_DECL
 
   Rows w;
   const Tiles ts = prefill_tiles(P, seqlens, kv_start, seqlens_q, blk_off, blk_ids, wg_order,
                                  &w);
   const int2 kr = ts.kr;
-  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  const __global int* btab = BTAB(P, block_table, w.b);
-  const __global kv_t* kb = KV_AT(k, kv_base);
-  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
-  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
-  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
+  KV_POINTERS(w)
   const int lid = get_local_id(0);
   const int lane = SG_LANE, sg = SG_ID;
   load_q(P, &w, q, Qs);
@@ -159,16 +162,11 @@ void flash_prefill(KERNEL_ARGS) {
     m[a] = -INFINITY;
     for (int d = 0; d < DPL; ++d) acc[a][d] = 0.0f;
   }
-  kvraw_t pk[NLD], pv[NLDV];
-  int2 tr = tile_keys(&ts, blk_ids, 0);
-  FETCH(tr.x, tr.y)
+  FETCH_FIRST(ts, blk_ids)
   for (int it = 0; it < ts.count; ++it) {
     const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
     const bool use_bias = tile_bias(&ts, blk_zero, it);
-    STORE_TILE(KP)
-    barrier(CLK_LOCAL_MEM_FENCE);
-    tr = tile_keys(&ts, blk_ids, it + 1);
-    FETCH(tr.x, tr.y)
+    STAGE_NEXT(KP, ts, blk_ids, it)
     float s[RS][KPL];
     for (int a = 0; a < RS; ++a)
       for (int c = 0; c < KPL; ++c) s[a][c] = 0.0f;
@@ -205,30 +203,9 @@ void flash_prefill(KERNEL_ARGS) {
     // tile on the causal diagonal or the window's edge adds only the keys each row sees
     // (the branch is uniform over the work-group: the tile is)
     if (all_see(ckeys, t0, t1)) {
-      for (int c = 0; c < KPL; ++c) {
-        for (int src = 0; src < SG; ++src) {
-          const int jj = c * SG + src;
-          float vv[DPL];
-          SG_VALUES(vv, jj)
-          for (int a = 0; a < RS; ++a) {
-            float p = SG_BCAST(s[a][c], src);
-            for (int d = 0; d < DPL; ++d) acc[a][d] = fma(p, vv[d], acc[a][d]);
-          }
-        }
-      }
+      SG_PV(true)
     } else {
-      for (int c = 0; c < KPL; ++c) {
-        for (int src = 0; src < SG; ++src) {
-          const int jj = c * SG + src;
-          float vv[DPL];
-          SG_VALUES(vv, jj)
-          for (int a = 0; a < RS; ++a) {
-            float p = SG_BCAST(s[a][c], src);        // the shuffle stays outside the branch
-            if (t0 + jj >= rk[a].x && t0 + jj < rk[a].y)
-              for (int d = 0; d < DPL; ++d) acc[a][d] = fma(p, vv[d], acc[a][d]);
-          }
-        }
-      }
+      SG_PV(t0 + jj >= rk[a].x && t0 + jj < rk[a].y)
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }

@@ -130,6 +130,32 @@ inline uint4 q_frag(__local const uint* qs, int r0, int dc, int t) {
 #endif
 }
 
+// C[n] += A B_n over the N 8-wide blocks n of a product with the staged tile: with prefetch 2
+// one ldmatrix gives the B fragments of blocks n and n + 1 (FRAG2(n), a uint4), otherwise
+// each is one 64-bit local read (FRAG1(n), a uint2). K's fragments for 16-dim chunk dc of S
+// (8-key blocks), V's for 16-key chunk kc of O (8-dim blocks), in the order of the note at the
+// top (dc, kc, g, t and lane from the kernel).
+#if PF == 2
+#define MMA_BLOCKS(C, N, A, FRAG2, FRAG1)                                     \
+  UNROLL                                                                    \
+  for (int n_ = 0; n_ < (N); n_ += 2) {                                     \
+    const uint4 b_ = FRAG2(n_);                                             \
+    MMA_SYNC(C[n_], A, b_.xy);                                              \
+    MMA_SYNC(C[n_ + 1], A, b_.zw);                                          \
+  }
+#else
+#define MMA_BLOCKS(C, N, A, FRAG2, FRAG1)                                     \
+  UNROLL                                                                    \
+  for (int n_ = 0; n_ < (N); ++n_) {                                        \
+    const uint2 b_ = FRAG1(n_);                                             \
+    MMA_SYNC(C[n_], A, b_);                                                 \
+  }
+#endif
+#define K_BFRAG2(nb) k_frag2(Ks, KW, nb, dc, lane)
+#define K_BFRAG1(nb) *(__local const uint2*)(Ks + (8 * (nb) + g) * QW + 8 * dc + 2 * t)
+#define V_BFRAG2(db) v_frag2(Vs, kc, db, lane)
+#define V_BFRAG1(db) *(__local const uint2*)(Vt + (8 * (db) + g) * VW + 8 * kc + 2 * t)
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void flash_prefill(KERNEL_ARGS) {
 #if PF == 2
@@ -153,12 +179,7 @@ void flash_prefill(KERNEL_ARGS) {
   const int2 kr = key_range(P, &w, 0, (int)P->capacity);
   const Tiles ts = dense_tiles(kr);
   const int2 ckeys = common_keys(P, &w);
-  const size_t kv_base = KV_BASE(P, w.b, w.kvh);
-  const __global int* btab = BTAB(P, block_table, w.b);
-  const __global kv_t* kb = KV_AT(k, kv_base);
-  const __global kv_t* vb = KV_AT(v, VOFF(kv_base));
-  const __global scale_t* ksb = SC_AT(k_scale, kv_base);
-  const __global scale_t* vsb = SCV_AT(v_scale, VOFF(kv_base));
+  KV_POINTERS(w)
   const int lid = get_local_id(0), lane = lid & 31, g = lane >> 2, t = lane & 3;
   const int r0 = 16 * (lid >> 5) + g;            // this lane's rows: r0 and r0 + 8
   // Logits are the scaled product where nothing but the scale applies (a uniform choice).
@@ -184,11 +205,7 @@ void flash_prefill(KERNEL_ARGS) {
 #endif
 
   float o[NDB][4];
-  UNROLL
-  for (int db = 0; db < NDB; ++db) {
-    UNROLL
-    for (int e = 0; e < 4; ++e) o[db][e] = 0.0f;
-  }
+  MMA_ZERO(o, NDB)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   // bit 2 db + e (of word / 64): column 8 db + 2t + e of row hr sees a bad v
   ulong vbad[2][VBW];
@@ -271,28 +288,11 @@ void flash_prefill(KERNEL_ARGS) {
 
     // S = Q K^T for this warp's 16 rows and the tile's keys.
     float s[NKB][4];
-    UNROLL
-    for (int nb = 0; nb < NKB; ++nb) {
-      UNROLL
-      for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
-    }
+    MMA_ZERO(s, NKB)
     UNROLL
     for (int dc = 0; dc < NDC; ++dc) {
       const uint4 a = Q_FRAG(dc);
-#if PF == 2
-      UNROLL
-      for (int nb = 0; nb < NKB; nb += 2) {
-        const uint4 b = k_frag2(Ks, KW, nb, dc, lane);
-        MMA_SYNC(s[nb], a, b.xy);
-        MMA_SYNC(s[nb + 1], a, b.zw);
-      }
-#else
-      UNROLL
-      for (int nb = 0; nb < NKB; ++nb) {
-        const uint2 b = *(__local const uint2*)(Ks + (8 * nb + g) * QW + 8 * dc + 2 * t);
-        MMA_SYNC(s[nb], a, b);
-      }
-#endif
+      MMA_BLOCKS(s, NKB, a, K_BFRAG2, K_BFRAG1)
     }
 
     // Logits and the tile's max per row (over the row's 4 lanes).
@@ -304,20 +304,7 @@ void flash_prefill(KERNEL_ARGS) {
     UNROLL
     for (int kc = 0; kc < NKC; ++kc) {
       const uint4 a = MMA_P_FRAGMENT(s, kc);
-#if PF == 2
-      UNROLL
-      for (int db = 0; db < NDB; db += 2) {
-        const uint4 b = v_frag2(Vs, kc, db, lane);
-        MMA_SYNC(o[db], a, b.xy);
-        MMA_SYNC(o[db + 1], a, b.zw);
-      }
-#else
-      UNROLL
-      for (int db = 0; db < NDB; ++db) {
-        const uint2 b = *(__local const uint2*)(Vt + (8 * db + g) * VW + 8 * kc + 2 * t);
-        MMA_SYNC(o[db], a, b);
-      }
-#endif
+      MMA_BLOCKS(o, NDB, a, V_BFRAG2, V_BFRAG1)
     }
 
     // A non-finite v in this tile: mark the columns of this lane's rows that see it.

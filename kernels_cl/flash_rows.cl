@@ -33,17 +33,12 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
     for (int dv = 0; dv < DV; ++dv) acc[pm][dv] = (float4)(0.0f);
   }
   if (lid < R_ROWS) Mrun[lid] = -INFINITY;
-  kvraw_t pk[NLD], pv[NLDV];
-  int2 tr = tile_keys(&ts, ids, 0);
-  FETCH(tr.x, tr.y)
+  FETCH_FIRST(ts, ids)
   for (int it = 0; it < ts.count; ++it) {
     const int t0 = tr.x, t1 = tr.y, tn = t1 - t0;
     const bool use_bias = tile_bias(&ts, zero, it);
     // 1. stage the prefetched tile, then start fetching the next one
-    STORE_TILE(KP)
-    barrier(CLK_LOCAL_MEM_FENCE);
-    tr = tile_keys(&ts, ids, it + 1);
-    FETCH(tr.x, tr.y)
+    STAGE_NEXT(KP, ts, ids, it)
     // 2. scores: each work-item an MR x NK block (rows strided by RL, keys by KL)
     float s[MR][NK];
     for (int a = 0; a < MR; ++a)
@@ -132,3 +127,19 @@ inline void flash_rows(PARAMS P, const Rows* w, Tiles ts, const __global int* id
     if (lid < R_ROWS) Mrun[lid] = Mnew[lid];
   }
 }
+
+// The tiled kernels' work-group (decode_core.cl's decode_tile, flash_prefill.cl's SG_IMPL 0):
+// its query rows staged in Qs, then flash_rows over the tiles TS of its (batch, kv head)'s K/V.
+// Reads P, w, the kernel arguments and the local tiles (Qs .. Mnew) from scope, and declares
+// what each work-item holds after it: acc, l and m of its P.V rows prl + pm PRL (float4 dims
+// dl + dv DL).
+#define FLASH_ROWS_WG(TS)                                                                  \
+  const size_t kv_base = KV_BASE(P, w.b, w.kvh);                                           \
+  load_q(P, &w, q, Qs);                                                                    \
+  float4 acc[PMR][DV];                                                                     \
+  float l[PMR], m[PMR];                                                                    \
+  flash_rows(P, &w, TS, blk_ids, blk_zero, BTAB(P, block_table, w.b), KV_AT(k, kv_base),  \
+             KV_AT(v, VOFF(kv_base)), SC_AT(k_scale, kv_base), SCV_AT(v_scale, VOFF(kv_base)), \
+             bias, Qs, Ks, Vs, Ss, Ps, Mrun, Mnew, acc, l, m);                             \
+  const int lid = get_local_id(0);                                                         \
+  const int dl = lid % DL, prl = lid / DL;

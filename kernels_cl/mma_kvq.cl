@@ -183,21 +183,18 @@ typedef ushort vsc_t;
       }                                                                            \
       FETCH_KSCALES(AKS, AVS, nb, in_, j0_, j_)                                    \
     }                                                                              \
-    UNROLL                                                                         \
-    for (int kc = 0; kc < NKC; ++kc) {                                             \
-      UNROLL                                                                       \
-      for (int kk = 0; kk < 4; ++kk) {                                             \
-        const int j_ = j0_ + 16 * kc + 2 * t + (kk & 1) + 8 * (kk >> 1);           \
-        UNROLL                                                                     \
-        for (int i = 0; i < V_WORDS; ++i) AV[kc][kk][i] = 0u;                      \
-        if (in_ && j_ < kr.y) {                                                    \
-          LDWORDS(AV[kc][kk], VBYTES(VOFF(KOFF(j_))) + g * (KV_Q == 1 ? HV / 8 : HV / 16), V_WORDS, \
-                  V_VEC)                                                           \
-        }                                                                          \
-        FETCH_VSCALE(AVS, kc, kk, in_, j_)                                         \
-      }                                                                            \
-    }                                                                              \
+    FOR_PV_KEYS(j0_, FETCH_V_CODES, (kc, kk, j_, in_, AV, AVS))                     \
   }
+// Key J's V codes and scale (P V index kk of chunk kc: FOR_PV_KEYS) into AV[kc][kk] and AVS
+// (zeros unless IN and J is one of the chunk's keys).
+#define FETCH_V_CODES(kc, kk, J, IN, AV, AVS)                                      \
+  UNROLL                                                                           \
+  for (int i = 0; i < V_WORDS; ++i) AV[kc][kk][i] = 0u;                            \
+  if ((IN) && (J) < kr.y) {                                                        \
+    LDWORDS(AV[kc][kk], VBYTES(VOFF(KOFF(J))) + g * (KV_Q == 1 ? HV / 8 : HV / 16), V_WORDS, \
+            V_VEC)                                                                 \
+  }                                                                                \
+  FETCH_VSCALE(AVS, kc, kk, IN, J)
 
 #if KV_Q == 1
 #define FETCH_KSCALES(AKS, AVS, nb, IN, j0, jg)                          \
@@ -289,14 +286,7 @@ inline uint4 q_frag_q(PARAMS P, const Rows* w, const __global elem_t* q, int g, 
     UNROLL                                                                    \
     for (int u = 0; u < NKS; ++u) DKS[nb][u] = SKS[nb][u];                    \
   }                                                                           \
-  UNROLL                                                                      \
-  for (int kc = 0; kc < NKC; ++kc) {                                          \
-    UNROLL                                                                    \
-    for (int kk = 0; kk < 4; ++kk) {                                          \
-      UNROLL                                                                  \
-      for (int i = 0; i < V_WORDS; ++i) DV[kc][kk][i] = SV[kc][kk][i];        \
-    }                                                                         \
-  }                                                                           \
+  COPY3(DV, SV, NKC, 4, V_WORDS)                                              \
   COPY_VSCALES(DVS, SVS)
 #if KV_Q == 1
 #define COPY_VSCALES(D, S)                                                    \

@@ -19,6 +19,30 @@
 #define UNROLL              // the emulation's barriers stay in loops (PoCL compiles faster)
 #endif
 
+// Register arrays, loops unrolled: fragments X[N][4] set to 0; D = S for arrays [N0][N1] and
+// [N0][N1][N2] (the chunks a prefetching kernel hands on).
+#define MMA_ZERO(X, N)                                                    \
+  UNROLL                                                                  \
+  for (int i_ = 0; i_ < (N); ++i_) {                                      \
+    UNROLL                                                                \
+    for (int e_ = 0; e_ < 4; ++e_) X[i_][e_] = 0.0f;                      \
+  }
+#define COPY2(D, S, N0, N1)                                               \
+  UNROLL                                                                  \
+  for (int i_ = 0; i_ < (N0); ++i_) {                                     \
+    UNROLL                                                                \
+    for (int j_ = 0; j_ < (N1); ++j_) D[i_][j_] = S[i_][j_];              \
+  }
+#define COPY3(D, S, N0, N1, N2)                                           \
+  UNROLL                                                                  \
+  for (int i_ = 0; i_ < (N0); ++i_) {                                     \
+    UNROLL                                                                \
+    for (int j_ = 0; j_ < (N1); ++j_) {                                   \
+      UNROLL                                                              \
+      for (int k_ = 0; k_ < (N2); ++k_) D[i_][j_][k_] = S[i_][j_][k_];    \
+    }                                                                     \
+  }
+
 // 16 bytes of f16 (bf16) bits (callers keep the offsets 16-byte aligned).
 #define LD16(p, off) (*(const __global uint4*)((p) + (off)))
 
@@ -162,6 +186,21 @@ inline float mma_exp2(float x) {
         S[nb_][e_] = p_;                                                  \
         L[e_ >> 1] += p_;                                                 \
       }                                                                   \
+    }                                                                     \
+  }
+
+// BODY ARGS for each key whose P this lane holds in the A fragments (below) of a run of keys
+// from J0: index kk (0..3) of 16-key chunk kc is key j_ = J0 + 16 kc + 2t + (kk & 1) +
+// 8 (kk >> 1) (t: the lane's column, from the caller). BODY names a macro and ARGS is its
+// parenthesized argument list, naming kc, kk and j_ where BODY takes them (no variadic
+// macro: NVIDIA's OpenCL C 1.2 compiler refuses them).
+#define FOR_PV_KEYS(J0, BODY, ARGS)                                       \
+  UNROLL                                                                  \
+  for (int kc = 0; kc < NKC; ++kc) {                                      \
+    UNROLL                                                                \
+    for (int kk = 0; kk < 4; ++kk) {                                      \
+      const int j_ = (J0) + 16 * kc + 2 * t + (kk & 1) + 8 * (kk >> 1);   \
+      BODY ARGS                                                           \
     }                                                                     \
   }
 

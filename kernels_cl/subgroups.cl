@@ -82,3 +82,19 @@ inline float emu_op(__local float* scr, float x, int op, int src) {
 #define SG_SCRATCH_PARAM
 #define SG_SCRATCH_ARG
 #endif
+
+// The decodes' end (decode_core.cl's sub-group variant, decode_mma.cl): row R's states of the
+// work-group's NW sub-groups, left in local memory red_m, red_l ([NW][ROWS]) and red_o
+// ([NW][ROWS][COLS]), merged at column COL: declares mm (the largest max), ll (the sum) and oo
+// (of type T) with each sub-group's share weighed by exp(its max - mm) (mm -inf: by exp(max)).
+#define MERGE_SUBGROUPS(T, ROWS, COLS, R, COL)                          \
+  float mm = -INFINITY;                                                 \
+  for (int ww = 0; ww < NW; ++ww) mm = fmax(mm, red_m[ww * (ROWS) + (R)]); \
+  const float mu_ = SAFE_MAX(mm);                                       \
+  float ll = 0.0f;                                                      \
+  T oo = (T)(0.0f);                                                     \
+  for (int ww = 0; ww < NW; ++ww) {                                     \
+    const float f_ = EXP(red_m[ww * (ROWS) + (R)] - mu_);               \
+    ll += red_l[ww * (ROWS) + (R)] * f_;                                \
+    oo += red_o[(ww * (ROWS) + (R)) * (COLS) + (COL)] * f_;             \
+  }

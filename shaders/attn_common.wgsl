@@ -6,7 +6,7 @@
 // QK_GRANULES (head size in elements, vec4s, granules: q and k rows), V_DIM / V_VEC4S /
 // V_GRANULES (the same of v's and out's rows: v_head_size), the Params struct
 // (backends/common.py, shared with OpenCL) and the family's bindings, declared from
-// backends/ports.py: P, q, k, v
+// attnreg/ports.py: P, q, k, v
 // (as stored), bias (float32: a float16 bias is widened on the host, exactly), seqlens, sink,
 // k_scale/v_scale (quantized K/V only), and the family's outputs. Kernels read q, k, v only
 // through load_q/load_k/load_v(granule) and write out only through store_out(vec4 index, x):

@@ -1,7 +1,7 @@
 """Per-module hygiene: the process-wide default Sessions (attnreg.run(..., backend=...),
 attnreg.merge_states(..., backend=...)) are closed when a module ends, so a browser or
 device they opened never outlives the module that asked for it (pytest-xdist runs several
-modules in one worker, and tests/test_browser.py checks that no browser is left running)."""
+modules in one worker, and tests/backends/browser/test_engine.py checks that no browser is left running)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Random single-node cases of the standard Attention op and com.microsoft
-MultiHeadAttention for attnreg.integrations.onnx (tests/test_integrations_onnx*.py), run
+MultiHeadAttention for attnreg.integrations.onnx (tests/integrations/test_onnx*.py), run
 beside onnxruntime through tests/onnx_cases.py. Imported only after the test modules'
 importorskip of onnx and onnxruntime."""
 

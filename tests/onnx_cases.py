@@ -1,4 +1,4 @@
-"""Single-node runs for attnreg.integrations.onnx's tests (tests/test_integrations_onnx*.py):
+"""Single-node runs for attnreg.integrations.onnx's tests (tests/integrations/test_onnx*.py):
 onnxruntime's CPU EP output of a node beside attnreg's through run_node, the contract
 tolerance of the dtype, the random draws, and the com.microsoft GroupQueryAttention cases
 (Attention and MultiHeadAttention: tests/onnx_attention_cases.py). Imported only after the

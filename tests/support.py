@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,14 +17,14 @@ import pytest
 import attnreg
 from attnreg.kernel import ALL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
+from attnreg.testing import compare, expected, make_tensors
 from attnreg.tools import cells as cmod
 from attnreg.tools import conformance as conf
 from attnreg.tools import recipes as recipes_mod
-from attnreg.tools.testing import compare, expected, make_tensors
 
-__all__ = ["IN_CI", "CellRunner", "assert_covering", "check_close", "conformance_cells",
-           "expected", "make_tensors", "missing", "module_cells", "prefill_rejection_when_tint_fails",
-           "require_devices"]
+__all__ = ["IN_CI", "CellRunner", "assert_covering", "backend_cells", "cell_module", "cell_test",
+           "check_close", "conformance_cells", "expected", "make_tensors", "missing",
+           "module_cells", "prefill_rejection_when_tint_fails", "require_devices"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (CI; the default is the full matrix).
@@ -31,10 +32,19 @@ QUICK = os.environ.get("ATTNREG_CONFORMANCE", "full") == "quick"
 # The matrix's report files (what `attnreg conformance --json --markdown` writes), left by the
 # test run for CI to keep: $ATTNREG_REPORT_DIR, default out/ in the checkout (ignored by git).
 REPORT_DIR = Path(os.environ.get("ATTNREG_REPORT_DIR") or Path(__file__).parent.parent / "out")
-# Backends whose cells run in their own test module: pytest-xdist's loadfile mode keeps a
-# module on one worker, so the cells spread over the workers and each module's sessions reuse
-# their compiled programs. Every other backend's cells run in tests/test_conformance.py.
-CELL_MODULES = {"webgpu": "test_webgpu", "opencl": "test_opencl", "dawn": "test_dawn"}
+# Backends whose cells run in test modules of their own, one module per group of kernel
+# families: pytest-xdist's loadfile mode keeps a module on one worker, so the matrices (most of
+# CI's time, nearly all of it compiling programs) spread over both workers, and each module's
+# sessions reuse their compiled programs across its cells (a kernel's cells share a module).
+# Every other backend's cells run in tests/conformance/test_conformance.py.
+CELL_MODULES: dict[str, dict[str, str]] = {
+    "opencl": {"decode_partial": "test_opencl_partial_cells",
+               "decode_fused": "test_opencl_fused_cells", "*": "test_opencl_cells"},
+    "webgpu": {"decode_partial": "test_webgpu_partial_cells",
+               "decode_qk": "test_webgpu_unfused_cells", "decode_pv": "test_webgpu_unfused_cells",
+               "*": "test_webgpu_cells"},
+    "dawn": {"decode_partial": "test_dawn_partial_cells", "*": "test_dawn_cells"},
+}
 
 
 def check_close(spec: AttentionSpec, got: Any, tensors: dict[str, np.ndarray],
@@ -61,6 +71,35 @@ def require_devices(backend: str) -> list[attnreg.DeviceCaps]:
             pytest.fail(f"backend {backend} has no device in CI: {why}")
         pytest.skip(f"backend {backend} has no device: {why}")
     return devs
+
+
+# The OpenCL device the OpenCL tests use: the first available one, or the one whose id or
+# name contains $ATTNREG_OPENCL_DEVICE (e.g. ``ATTNREG_OPENCL_DEVICE=H100`` on the GPU machine).
+OPENCL_DEVICE_ENV = "ATTNREG_OPENCL_DEVICE"
+
+
+@functools.cache
+def opencl_device() -> attnreg.DeviceCaps | None:
+    """The OpenCL tests' device (OPENCL_DEVICE_ENV), None where there is none."""
+    try:
+        devs = [d for d in attnreg.devices("opencl") if d.available]
+    except Exception:
+        return None
+    want = os.environ.get(OPENCL_DEVICE_ENV, "").lower()
+    if want:
+        devs = [d for d in devs if want in d.id.lower() or want in d.name.lower()]
+    return devs[0] if devs else None
+
+
+def require_opencl_device() -> attnreg.DeviceCaps:
+    """opencl_device(); skip where OpenCL has no device (fail in CI), fail where none matches
+    $ATTNREG_OPENCL_DEVICE."""
+    require_devices("opencl")
+    dev = opencl_device()
+    if dev is None:
+        pytest.fail(f"no OpenCL device matches ${OPENCL_DEVICE_ENV}="
+                    f"{os.environ.get(OPENCL_DEVICE_ENV)!r}")
+    return dev
 
 
 def prefill_rejection_when_tint_fails(monkeypatch: pytest.MonkeyPatch, backend: str,
@@ -183,11 +222,35 @@ def _quick_keeps(c: cmod.Case) -> bool:
     return c.label.endswith(("all", "padded")) if twin else c.label.endswith(ALL_FEATURE_CELLS)
 
 
-def module_cells(module: str) -> list[cmod.Case]:
-    """The cells a test module runs (CELL_MODULES)."""
+def cell_module(c: cmod.Case) -> str:
+    """The test module of tests/conformance/ that runs a cell (CELL_MODULES)."""
+    modules = CELL_MODULES.get(c.backend)
+    return "test_conformance" if modules is None else modules.get(c.family, modules["*"])
+
+
+def backend_cells(backend: str) -> list[cmod.Case]:
+    """Every cell this run gives a backend, whichever module runs it."""
     return [c for c in conformance_cells()
-            if CELL_MODULES.get(c.backend, "test_conformance") == module
-            and (not QUICK or _quick_keeps(c))]
+            if c.backend == backend and (not QUICK or _quick_keeps(c))]
+
+
+def module_cells(module: str) -> list[cmod.Case]:
+    """The cells a test module of tests/conformance/ runs (CELL_MODULES)."""
+    return [c for c in conformance_cells()
+            if cell_module(c) == module and (not QUICK or _quick_keeps(c))]
+
+
+def cell_test(module: str) -> Callable[..., None]:
+    """A matrix module's test_cell: one test a cell of ``module``, named by the cell's id."""
+    @parametrize_cells(module_cells(module))
+    def test_cell(runner: CellRunner, case: cmod.Case) -> None:
+        runner.check(case)
+    return test_cell
+
+
+def parametrize_cells(cells: list[cmod.Case]) -> pytest.MarkDecorator:
+    """A matrix module's test_cell, one test a cell, named by the cell's id."""
+    return pytest.mark.parametrize("case", cells, ids=[c.id for c in cells])
 
 
 class CellRunner:
@@ -206,6 +269,11 @@ class CellRunner:
         r = conf.run_case(case, s)
         self.results.append(r)
         return r
+
+    def check(self, case: cmod.Case) -> None:
+        """Run a cell; it must pass."""
+        r = self.run(case)
+        assert r.status == "pass", f"{case.id}: {r.message}\nspec: {case.spec!r}"
 
     def close(self) -> None:
         for s in self.sessions.values():

@@ -54,7 +54,7 @@ class ToyBackend:
                            device_type="gpu", features=frozenset({"magic", "subgroups"}),
                            limits={"workgroup_storage": 16384}, compute_units=4)]
 
-    def open(self, caps: DeviceCaps) -> ToyRuntime:
+    def open(self, caps: DeviceCaps, flags: Mapping[str, Any]) -> ToyRuntime:
         self.opened += 1
         return ToyRuntime(caps, self)
 

@@ -184,21 +184,9 @@ def left_padding(visible: np.ndarray, b: int, ends: np.ndarray) -> np.ndarray | 
     return start.astype(np.int64)
 
 
-def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: np.ndarray,
-          kv_layout: str, *, output_shape: tuple[int, ...], scale: float, softcap: float,
-          lengths: np.ndarray | None = None, q_lens: np.ndarray | None = None,
-          offsets: np.ndarray | None = None, causal: bool = True, window: int = -1,
-          right_window: int = -1, visible: np.ndarray | None = None, add: np.ndarray | None = None,
-          sink: np.ndarray | None = None, present: tuple[np.ndarray, np.ndarray] | None = None,
-          idle: tuple[int, ...] = (), rules: list[str]) -> tuple[AttentionSpec, NodeRun]:
-    """The spec and tensors for: keys j < lengths[b] (None: all); batch entry b's first
-    q_lens[b] query rows valid (None: all S; the rest are padding, out 0); when ``offsets``
-    is given row i is at position p = i + offsets[b] and sees j <= p if ``causal`` (ORT's
-    causal frontier), j > p - W with window W > 0 and j <= p + R with right_window R >= 0;
-    ``visible`` (bool) and ``add`` (float) broadcast to [B, Nq, S, C]. v's head size may
-    differ from q's and k's (v_head_size). attnreg's own causal / seqlens_k / seqlens_q /
-    kv_start / local_window / right_window are used where they say the same thing (the
-    positions are attnreg's bottom-right p_i); anything else becomes a -inf bias."""
+def _dims(op: str, q: np.ndarray, q_layout: str, k: np.ndarray, v: np.ndarray, kv_layout: str
+          ) -> tuple[int, int, int, int, int, int, int]:
+    """(B, S, Nq, H, Nkv, Hv, C) of q, k and v, their dtypes and shapes checked."""
     dtype = q.dtype.name
     if dtype not in FLOATS:
         raise SpecError(f"{op}.inputs[query].dtype", dtype, " or ".join(FLOATS))
@@ -218,20 +206,141 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
                         f"{(*k.shape[:-1], 'Hv')}, the key's shape with any head size Hv")
     if cap < 1:
         raise SpecError(f"{op}.inputs[key].shape", tuple(k.shape), "at least one key")
+    return b, s, n, h, nkv, hv, cap
+
+
+def _pad_keys(k: np.ndarray, v: np.ndarray, kv_layout: str, s: int, cap: int,
+              lengths: np.ndarray | None, visible: np.ndarray | None, add: np.ndarray | None,
+              rules: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                                         np.ndarray | None]:
+    """attnreg's queries are the last S of at least S keys: with fewer keys than queries
+    (cross-attention) K/V are padded (a copy) with zero keys up to S, which the lengths and
+    the bias mask. Returns k, v, lengths, visible, add."""
+    axis = 1 if kv_layout == "BSNH" else 2
+    widths = [(0, 0)] * 4
+    widths[axis] = (0, s - cap)
+    k, v = np.pad(k, widths), np.pad(v, widths)
+    lengths = np.minimum(lengths, cap) if lengths is not None else np.full(k.shape[0], cap, np.int64)
+    if visible is not None:
+        visible = np.pad(visible, [(0, 0)] * 3 + [(0, s - cap)])
+    if add is not None and add.shape[-1] == cap:
+        add = np.pad(add, [(0, 0)] * (add.ndim - 1) + [(0, s - cap)])
+    rules.append("fewer keys than queries: K/V padded to S keys, the pad masked by the bias")
+    return k, v, lengths, visible, add
+
+
+def _kv_start(op: str, visible: np.ndarray, shape: tuple[int, int, int, int], ends: np.ndarray,
+              rules: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A bool mask [B, Nq, S, C] (broadcast) that hides one key prefix from every row and
+    head as kv_start (left padding) instead of a bias. Returns (the mask still needed, or
+    None; kv_start, or None)."""
+    try:
+        np.broadcast_shapes(visible.shape, shape)
+    except ValueError:
+        raise SpecError(f"{op} mask", visible.shape, "a shape broadcastable to "
+                        f"[B, Nq, S, total] = {shape}") from None
+    found = left_padding(visible, shape[0], ends)
+    if found is None:
+        return visible, None
+    if not found.any():
+        rules.append("mask hides no existing key: dropped")
+        return None, None
+    rules.append("mask hides the same key prefix from every row and head: "
+                 "kv_start (left padding), no bias")
+    return None, found
+
+
+def _positions(offsets: np.ndarray, lens: np.ndarray, rows: np.ndarray,
+               shape: tuple[int, int, int, int], causal: bool, window: int, right_window: int,
+               rules: list[str]) -> tuple[tuple[bool, int, int], np.ndarray | None]:
+    """Row i at position i + offsets[b]: attnreg's own (causal, local_window, right_window)
+    where those positions are its bottom-right p_i, else a mask [B, 1, S, C] for the bias.
+    Returns the spec's three fields and the mask (None when the fields say it all)."""
+    b, _, s, cap = shape
+    what = " and ".join(w for w, on in (("causal frontier j <= i + offset", causal),
+                                        ("windows", window > 0 or right_window >= 0)) if on)
+    if np.array_equal(offsets, lens - rows):
+        rules.append(f"{what}: positions i + offset equal attnreg's bottom-right p_i")
+        return (causal, window, right_window), None
+    p = np.arange(s)[None, None, :, None] + offsets.reshape(b, 1, 1, 1)
+    jj = np.arange(cap)[None, None, None, :]
+    m = jj <= p if causal else np.ones((1, 1, 1, cap), bool)
+    if window > 0:
+        m = m & (jj > p - window)
+    if right_window >= 0:
+        m = m & (jj - p <= right_window)
+    rules.append(f"{what} at positions i + offset (offset != valid length - S): a -inf bias")
+    return (False, -1, -1), m
+
+
+def _bias(op: str, vis: np.ndarray | None, add: np.ndarray | None, dtype: str,
+          shape: tuple[int, int, int, int]) -> np.ndarray | None:
+    """One bias for attnreg: ``add`` (a short last dim padded with -inf, as ONNX says; kept
+    in float32 or the query's dtype) with -inf where ``vis`` is False; None without either."""
+    if vis is None and add is None:
+        return None
+    cap = shape[3]
+    if add is not None:
+        add4: np.ndarray = add.reshape((1,) * (4 - add.ndim) + tuple(add.shape))
+        if add4.shape[3] < cap:   # ONNX: a short last dim is padded with -inf
+            fill = np.full((*add4.shape[:3], cap - add4.shape[3]), -np.inf, add4.dtype)
+            add4 = np.concatenate([add4, fill], axis=3)
+        base = add4 if add4.dtype.name in ("float32", dtype) else add4.astype(np.float32)
+    else:
+        base = np.zeros((1, 1, 1, cap), np.float32)
+    bias = base if vis is None else np.where(vis, base, np.array(-np.inf, base.dtype))
+    try:
+        np.broadcast_shapes(bias.shape, shape)
+    except ValueError:
+        raise SpecError(f"{op} mask/bias", bias.shape,
+                        f"shapes broadcastable to [B, Nq, S, total] = {shape}") from None
+    return np.ascontiguousarray(bias)
+
+
+def _tensors(spec: AttentionSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, lens: np.ndarray,
+             rows: np.ndarray, starts: np.ndarray | None, bias: np.ndarray | None,
+             sink: np.ndarray | None, rules: list[str]) -> dict[str, np.ndarray]:
+    """attnreg's tensors for ``spec``, saying in ``rules`` which fields carry the node's."""
+    tensors: dict[str, np.ndarray] = {"q": q, "k": k, "v": v}
+    if spec.seqlens_k:
+        tensors["seqlens_k"] = lens.astype(np.int32)
+        rules.append("per-batch valid lengths -> seqlens_k")
+    if spec.seqlens_q:
+        tensors["seqlens_q"] = rows.astype(np.int32)
+        rules.append("per-batch query row counts -> seqlens_q (padding rows are 0)")
+    if starts is not None:
+        tensors["kv_start"] = starts.astype(np.int32)
+    if spec.v_head_size is not None:
+        rules.append(f"V head size {spec.v_head_size} != K head size {spec.head_size} "
+                     "-> v_head_size")
+    if bias is not None:
+        tensors["bias"] = bias
+    if sink is not None:
+        tensors["head_sink"] = sink
+    return tensors
+
+
+def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: np.ndarray,
+          kv_layout: str, *, output_shape: tuple[int, ...], scale: float, softcap: float,
+          lengths: np.ndarray | None = None, q_lens: np.ndarray | None = None,
+          offsets: np.ndarray | None = None, causal: bool = True, window: int = -1,
+          right_window: int = -1, visible: np.ndarray | None = None, add: np.ndarray | None = None,
+          sink: np.ndarray | None = None, present: tuple[np.ndarray, np.ndarray] | None = None,
+          idle: tuple[int, ...] = (), rules: list[str]) -> tuple[AttentionSpec, NodeRun]:
+    """The spec and tensors for: keys j < lengths[b] (None: all); batch entry b's first
+    q_lens[b] query rows valid (None: all S; the rest are padding, out 0); when ``offsets``
+    is given row i is at position p = i + offsets[b] and sees j <= p if ``causal`` (ORT's
+    causal frontier), j > p - W with window W > 0 and j <= p + R with right_window R >= 0;
+    ``visible`` (bool) and ``add`` (float) broadcast to [B, Nq, S, C]. v's head size may
+    differ from q's and k's (v_head_size). attnreg's own causal / seqlens_k / seqlens_q /
+    kv_start / local_window / right_window are used where they say the same thing (the
+    positions are attnreg's bottom-right p_i); anything else becomes a -inf bias."""
+    b, s, n, h, nkv, hv, cap = _dims(op, q, q_layout, k, v, kv_layout)
     if cap < s:
-        # attnreg's queries are the last S of at least S keys: pad K/V with zero keys that
-        # the bias masks (a copy; cross-attention with fewer keys than queries)
-        axis = 1 if kv_layout == "BSNH" else 2
-        widths = [(0, 0)] * 4
-        widths[axis] = (0, s - cap)
-        k, v = np.pad(k, widths), np.pad(v, widths)
-        lengths = np.minimum(lengths, cap) if lengths is not None else np.full(b, cap, np.int64)
-        if visible is not None:
-            visible = np.pad(visible, [(0, 0)] * 3 + [(0, s - cap)])
-        if add is not None and add.shape[-1] == cap:
-            add = np.pad(add, [(0, 0)] * (add.ndim - 1) + [(0, s - cap)])
+        k, v, lengths, visible, add = _pad_keys(k, v, kv_layout, s, cap, lengths, visible, add,
+                                                rules)
         cap = s
-        rules.append("fewer keys than queries: K/V padded to S keys, the pad masked by the bias")
+    shape = (b, n, s, cap)
     full = np.full(b, cap, np.int64)
     rows = np.full(b, s, np.int64) if q_lens is None else q_lens.astype(np.int64)
     use_lens = lengths is not None and bool(np.all((lengths >= rows) & (lengths <= cap)))
@@ -239,92 +348,31 @@ def build(op: str, node: Node, q: np.ndarray, q_layout: str, k: np.ndarray, v: n
     lens = lengths.astype(np.int64) if use_lens and lengths is not None else full
     starts = None
     if visible is not None:
-        try:
-            np.broadcast_shapes(visible.shape, (b, n, s, cap))
-        except ValueError:
-            raise SpecError(f"{op} mask", visible.shape, "a shape broadcastable to "
-                            f"[B, Nq, S, total] = {(b, n, s, cap)}") from None
-        found = left_padding(visible, b, lengths if lengths is not None else full)
-        if found is not None:
-            visible = None
-            if found.any():
-                starts = found
-                rules.append("mask hides the same key prefix from every row and head: "
-                             "kv_start (left padding), no bias")
-            else:
-                rules.append("mask hides no existing key: dropped")
-    vis = visible
-    j = np.arange(cap)
-
-    def also(mask: np.ndarray) -> None:
-        nonlocal vis
-        vis = mask if vis is None else vis & mask
-
+        visible, starts = _kv_start(op, visible, shape, lengths if lengths is not None else full,
+                                    rules)
+    masks = [] if visible is None else [visible]
     if lengths is not None and not use_lens:
-        also(j[None, None, None, :] < lengths.reshape(b, 1, 1, 1))
+        masks.append(np.arange(cap)[None, None, None, :] < lengths.reshape(b, 1, 1, 1))
         rules.append("valid lengths outside [S, C]: a -inf bias masks keys j >= length")
-    frontier, causal = causal, False
-    win = right = -1
+    fields = (False, -1, -1)
     if offsets is not None:
-        what = " and ".join(w for w, on in (("causal frontier j <= i + offset", frontier),
-                                            ("windows", window > 0 or right_window >= 0)) if on)
-        if np.array_equal(offsets, lens - rows):
-            causal, win, right = frontier, window, right_window
-            rules.append(f"{what}: positions i + offset equal attnreg's bottom-right p_i")
-        else:
-            i = np.arange(s)[None, None, :, None]
-            p = i + offsets.reshape(b, 1, 1, 1)
-            jj = j[None, None, None, :]
-            m = jj <= p if frontier else np.ones((1, 1, 1, cap), bool)
-            if window > 0:
-                m = m & (jj > p - window)
-            if right_window >= 0:
-                m = m & (jj - p <= right_window)
-            also(m)
-            rules.append(f"{what} at positions i + offset (offset != valid length - S): a -inf "
-                         "bias")
-    bias = None
-    if vis is not None or add is not None:
-        if add is not None:
-            add4: np.ndarray = add.reshape((1,) * (4 - add.ndim) + tuple(add.shape))
-            if add4.shape[3] < cap:   # ONNX: a short last dim is padded with -inf
-                fill = np.full((*add4.shape[:3], cap - add4.shape[3]), -np.inf, add4.dtype)
-                add4 = np.concatenate([add4, fill], axis=3)
-            base = add4 if add4.dtype.name in ("float32", dtype) else add4.astype(np.float32)
-        else:
-            base = np.zeros((1, 1, 1, cap), np.float32)
-        bias = base if vis is None else np.where(vis, base, np.array(-np.inf, base.dtype))
-        try:
-            np.broadcast_shapes(bias.shape, (b, n, s, cap))
-        except ValueError:
-            raise SpecError(f"{op} mask/bias", bias.shape,
-                            f"shapes broadcastable to [B, Nq, S, total] = {(b, n, s, cap)}") from None
-        bias = np.ascontiguousarray(bias)
+        fields, mask = _positions(offsets, lens, rows, shape, causal, window, right_window, rules)
+        masks += [] if mask is None else [mask]
+    vis: np.ndarray | None = None
+    for m in masks:
+        vis = m if vis is None else vis & m
+    bias = _bias(op, vis, add, q.dtype.name, shape)
     padded = q_lens is not None and bool(np.any(rows != s))
     spec = AttentionSpec(batch=b, seq_len=s, past_len=max(int(lens.max()) - s, 0), num_heads=n,
                          kv_num_heads=nkv, head_size=h, v_head_size=hv if hv != h else None,
-                         dtype=dtype, q_layout=q_layout, kv_layout=kv_layout, causal=causal,
-                         scale=scale or None, softcap=float(softcap), local_window=win,
-                         right_window=right,
+                         dtype=q.dtype.name, q_layout=q_layout, kv_layout=kv_layout,
+                         causal=fields[0], scale=scale or None, softcap=float(softcap),
+                         local_window=fields[1], right_window=fields[2],
                          kv_capacity=cap, bias=bias is not None,
                          seqlens_k=use_lens and not np.all(lens == cap),
                          head_sink=sink is not None, seqlens_q=padded,
                          kv_start=starts is not None)
-    tensors: dict[str, np.ndarray] = {"q": q, "k": k, "v": v}
-    if spec.seqlens_k:
-        tensors["seqlens_k"] = lens.astype(np.int32)
-        rules.append("per-batch valid lengths -> seqlens_k")
-    if padded:
-        tensors["seqlens_q"] = rows.astype(np.int32)
-        rules.append("per-batch query row counts -> seqlens_q (padding rows are 0)")
-    if starts is not None:
-        tensors["kv_start"] = starts.astype(np.int32)
-    if hv != h:
-        rules.append(f"V head size {hv} != K head size {h} -> v_head_size")
-    if bias is not None:
-        tensors["bias"] = bias
-    if sink is not None:
-        tensors["head_sink"] = sink
+    tensors = _tensors(spec, q, k, v, lens, rows, starts, bias, sink, rules)
     wanted = tuple(node.wants(i) for i in range(min(len(node.outputs), 3)))
     pk, pv = present if present is not None else (None, None)
     return spec, NodeRun(op, tensors, output_shape, wanted, pk, pv, tuple(rules), idle)

@@ -77,6 +77,54 @@ def _windows(node: Node, keys: int, rows: int) -> tuple[int, int]:
     return (left + 1 if left >= 0 else -1), right
 
 
+def _attention_heads(node: Node, ins: Inputs, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                     rules: list[str]) -> tuple[np.ndarray, str, np.ndarray, np.ndarray]:
+    """Attention's Q as given (3-D: a BSNH view by q_num_heads; 4-D: BNSH) and the new K, V
+    as [B, T, N, H] views."""
+    if not q.ndim == k.ndim == v.ndim:
+        raise SpecError(ins.field(1) + ".shape", k.shape, f"{q.ndim} dims like Q (and V)")
+    if q.ndim == 4:
+        return q, "BNSH", k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    nq, nkv = node.attr("q_num_heads", 0, int), node.attr("kv_num_heads", 0, int)
+    for name, val in (("q_num_heads", nq), ("kv_num_heads", nkv)):
+        if val <= 0:
+            raise SpecError(f"Attention.attribute[{name!r}]", node.attrs.get(name),
+                            "a positive head count (required with 3-D Q, K, V)")
+    rules.append("3-D Q [B, S, Nq*H] -> q_layout BSNH (a view)")
+    return (heads(ins.field(0), q, nq), "BSNH", heads(ins.field(1), k, nkv),
+            heads(ins.field(2), v, nkv))
+
+
+def _attention_mask(ins: Inputs, dtype: np.dtype, total: int, rules: list[str]
+                    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """attn_mask as (visible, add): a bool mask (True = attend), widened to ``total`` keys
+    with False, or a float mask (float32 or the query's ``dtype``) added to the scores."""
+    visible: np.ndarray | None = None
+    add: np.ndarray | None = None
+    mask = ins.get(3)
+    if mask is None:
+        return None, None
+    if mask.dtype == np.bool_:
+        visible = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+        rules.append("bool attn_mask -> -inf bias where False")
+    elif mask.dtype.name in FLOATS:
+        if mask.dtype not in (dtype, np.dtype(np.float32)):
+            raise SpecError(ins.field(3) + ".dtype", mask.dtype.name, f"bool, float32 or "
+                            f"{dtype.name}")
+        add = mask
+        rules.append("float attn_mask -> bias (added)")
+    else:
+        raise SpecError(ins.field(3) + ".dtype", mask.dtype.name, "bool (True = attend) or "
+                        "a float mask added to the scores")
+    if not 1 <= mask.ndim <= 4 or mask.shape[-1] > total:
+        raise SpecError(ins.field(3) + ".shape", mask.shape, "1 to 4 dims broadcastable to "
+                        f"[B, Nq, S, total={total}] (a shorter last dim is padded with -inf)")
+    if visible is not None and visible.shape[3] < total:
+        widths = [(0, 0)] * 3 + [(0, total - visible.shape[3])]
+        visible = np.pad(visible, widths, constant_values=False)
+    return visible, add
+
+
 def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     node.check_attrs(("is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode",
                       "scale", "softcap", "softmax_precision", "left_window_size",
@@ -87,21 +135,7 @@ def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     rules: list[str] = []
     q = ins.need(0, FLOATS, (3, 4))
     k, v = ins.need(1, FLOATS, (3, 4)), ins.need(2, FLOATS, (3, 4))
-    if not q.ndim == k.ndim == v.ndim:
-        raise SpecError(ins.field(1) + ".shape", k.shape, f"{q.ndim} dims like Q (and V)")
-    if q.ndim == 3:
-        nq, nkv = node.attr("q_num_heads", 0, int), node.attr("kv_num_heads", 0, int)
-        for name, val in (("q_num_heads", nq), ("kv_num_heads", nkv)):
-            if val <= 0:
-                raise SpecError(f"Attention.attribute[{name!r}]", node.attrs.get(name),
-                                "a positive head count (required with 3-D Q, K, V)")
-        q4 = heads(ins.field(0), q, nq)
-        kn, vn = heads(ins.field(1), k, nkv), heads(ins.field(2), v, nkv)
-        q_layout = "BSNH"
-        rules.append("3-D Q [B, S, Nq*H] -> q_layout BSNH (a view)")
-    else:
-        q4, q_layout = q, "BNSH"
-        kn, vn = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)   # views as [B, T, N, H]
+    q4, q_layout, kn, vn = _attention_heads(node, ins, q, k, v, rules)
     b, s = q4.shape[0], (q4.shape[1] if q_layout == "BSNH" else q4.shape[2])
     h, nkv, t_new, hv = kn.shape[3], kn.shape[2], kn.shape[1], vn.shape[3]
     expect_shape(ins.field(1), kn, (b, t_new, nkv, h), "batch like Q")
@@ -142,33 +176,66 @@ def map_attention(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     if causal or window > 0 or right >= 0:
         # row i's position p = i + offset: the causal frontier's and the windows' alike
         offsets = (lengths - s) if lengths is not None else np.full(b, past, np.int64)
-    visible: np.ndarray | None = None
-    add: np.ndarray | None = None
-    mask = ins.get(3)
-    if mask is not None:
-        if mask.dtype == np.bool_:
-            visible = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-            rules.append("bool attn_mask -> -inf bias where False")
-        elif mask.dtype.name in FLOATS:
-            if mask.dtype not in (q.dtype, np.dtype(np.float32)):
-                raise SpecError(ins.field(3) + ".dtype", mask.dtype.name, f"bool, float32 or "
-                                f"{q.dtype.name}")
-            add = mask
-            rules.append("float attn_mask -> bias (added)")
-        else:
-            raise SpecError(ins.field(3) + ".dtype", mask.dtype.name, "bool (True = attend) or "
-                            "a float mask added to the scores")
-        if not 1 <= mask.ndim <= 4 or mask.shape[-1] > total:
-            raise SpecError(ins.field(3) + ".shape", mask.shape, "1 to 4 dims broadcastable to "
-                            f"[B, Nq, S, total={total}] (a shorter last dim is padded with -inf)")
-        if visible is not None and visible.shape[3] < total:
-            widths = [(0, 0)] * 3 + [(0, total - visible.shape[3])]
-            visible = np.pad(visible, widths, constant_values=False)
+    visible, add = _attention_mask(ins, q.dtype, total, rules)
     present = (kk, vv) if kv_layout == "BNSH" and (node.wants(1) or node.wants(2)) else None
     return build("Attention", node, q4, q_layout, kk, vv, kv_layout, output_shape=out_shape,
                  scale=_scale(node), softcap=_softcap(node), lengths=lengths, offsets=offsets,
                  causal=causal, window=window, right_window=right, visible=visible, add=add,
                  present=present, rules=rules)
+
+
+def _mha_qkv(ins: Inputs, query: np.ndarray, key: np.ndarray | None, value: np.ndarray | None,
+             n: int, rules: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """MultiHeadAttention's Q, K and V as [B, S|T, N, H] views: packed QKV, packed KV, 3-D
+    key / value, or 4-D BNSH cross-attention key / value (the last value: that case)."""
+    if query.ndim == 5:
+        if key is not None or value is not None or query.shape[2:4] != (n, 3):
+            raise SpecError(ins.field(0) + ".shape", query.shape, f"[B, S, N={n}, 3, H] packed "
+                            "QKV without key and value, or [B, S, N*H]")
+        return query[:, :, :, 0], query[:, :, :, 1], query[:, :, :, 2], False
+    if key is not None and key.ndim == 5:
+        if value is not None or key.shape[2:4] != (n, 2):
+            raise SpecError(ins.field(1) + ".shape", key.shape, f"[B, T, N={n}, 2, H] packed KV "
+                            "without value")
+        return heads(ins.field(0), query, n), key[:, :, :, 0], key[:, :, :, 1], False
+    if key is None or value is None or key.ndim != value.ndim:
+        raise SpecError(ins.field(1), key, "key and value of the same rank (3-D or 4-D BNSH), a "
+                        "packed KV key, or neither with a packed QKV query")
+    q = heads(ins.field(0), query, n)
+    if key.ndim == 4:
+        rules.append("4-D key/value: BNSH cross-attention K/V, used as they are")
+        return q, key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3), True
+    return q, heads(ins.field(1), key, n), heads(ins.field(2), value, n), False
+
+
+def _add_projection_bias(proj: np.ndarray, q: np.ndarray, kn: np.ndarray, vn: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q, K and V plus their slices of MultiHeadAttention's packed projection bias [q|k|v]."""
+    n, h, hv = q.shape[2], q.shape[3], vn.shape[3]
+    d = n * h
+    return (q + proj[:d].reshape(n, h), kn + proj[d: 2 * d].reshape(n, h),
+            vn + proj[2 * d:].reshape(n, hv))
+
+
+def _key_padding(ins: Inputs, b: int, s: int, total: int, positioned: bool, rules: list[str]
+                 ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """key_padding_mask as (lengths, visible): [B] key lengths (a visibility mask when rows
+    have positions, ``positioned``: unidirectional), or [B, total] / [B, S, total] of 0/1."""
+    kpm = ins.get(4, ("int32",), (1, 2, 3))
+    if kpm is None:
+        return None, None
+    rules.append("key_padding_mask -> masked keys get -inf (ORT adds mask_filter_value)")
+    if kpm.ndim == 1:
+        expect_shape(ins.field(4), kpm, (b,), "[B] key lengths ([3B+2] is not mapped)")
+        if np.any((kpm < 0) | (kpm > total)):
+            raise SpecError(ins.field(4), kpm.tolist(), f"lengths in [0, {total}]")
+        if not positioned:
+            return kpm.astype(np.int64), None
+        return None, np.arange(total)[None, None, None, :] < kpm.reshape(b, 1, 1, 1)
+    want = (b, total) if kpm.ndim == 2 else (b, s, total)
+    expect_shape(ins.field(4), kpm, want, "[B, total] or [B, S, total] of 0/1")
+    m = kpm != 0
+    return None, (m[:, None, None, :] if kpm.ndim == 2 else m[:, None, :, :])
 
 
 def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
@@ -186,28 +253,7 @@ def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
     key, value = ins.get(1, FLOATS, (3, 4, 5)), ins.get(2, FLOATS, (3, 4))
     proj = ins.get(3, FLOATS, (1,))
     b, s = query.shape[:2]
-    cross_bnsh = False
-    if query.ndim == 5:
-        if key is not None or value is not None or query.shape[2:4] != (n, 3):
-            raise SpecError(ins.field(0) + ".shape", query.shape, f"[B, S, N={n}, 3, H] packed "
-                            "QKV without key and value, or [B, S, N*H]")
-        q, kn, vn = query[:, :, :, 0], query[:, :, :, 1], query[:, :, :, 2]
-    elif key is not None and key.ndim == 5:
-        if value is not None or key.shape[2:4] != (n, 2):
-            raise SpecError(ins.field(1) + ".shape", key.shape, f"[B, T, N={n}, 2, H] packed KV "
-                            "without value")
-        q, kn, vn = heads(ins.field(0), query, n), key[:, :, :, 0], key[:, :, :, 1]
-    elif key is not None and value is not None and key.ndim == value.ndim:
-        q = heads(ins.field(0), query, n)
-        if key.ndim == 4:
-            cross_bnsh = True
-            kn, vn = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
-            rules.append("4-D key/value: BNSH cross-attention K/V, used as they are")
-        else:
-            kn, vn = heads(ins.field(1), key, n), heads(ins.field(2), value, n)
-    else:
-        raise SpecError(ins.field(1), key, "key and value of the same rank (3-D or 4-D BNSH), a "
-                        "packed KV key, or neither with a packed QKV query")
+    q, kn, vn, cross_bnsh = _mha_qkv(ins, query, key, value, n, rules)
     h, hv = q.shape[3], vn.shape[3]
     t_new = kn.shape[1]
     expect_shape(ins.field(1), kn, (b, t_new, n, h), "batch, heads and head size of the query")
@@ -219,12 +265,10 @@ def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
                         "with one head_size (its CPU EP refuses a different one); a 3-D value "
                         "[B, T, N*Hv] without a past may have its own head size")
     if proj is not None:
-        d = n * h
-        if cross_bnsh or proj.shape != (2 * d + n * hv,) or proj.dtype != query.dtype:
-            raise SpecError(ins.field(3), proj, f"[{2 * d + n * hv}] of {query.dtype.name} (q, "
+        if cross_bnsh or proj.shape != (n * (2 * h + hv),) or proj.dtype != query.dtype:
+            raise SpecError(ins.field(3), proj, f"[{n * (2 * h + hv)}] of {query.dtype.name} (q, "
                             "k, v projection bias), with 3-D or packed key/value")
-        q = q + proj[:d].reshape(n, h)
-        kn, vn = kn + proj[d: 2 * d].reshape(n, h), vn + proj[2 * d:].reshape(n, hv)
+        q, kn, vn = _add_projection_bias(proj, q, kn, vn)
         rules.append("projection bias added on the host")
     pk, pv = _past(ins, 6, b, n, h, query.dtype)
     if cross_bnsh and pk is not None:
@@ -246,23 +290,7 @@ def map_mha(node: Node, ins: Inputs) -> tuple[AttentionSpec, NodeRun]:
                             f"new key length {t_new} equals the query length {s}: ORT's causal "
                             "mask for cross lengths is neither top-left nor bottom-right")
         offsets = np.full(b, past, np.int64)
-    lengths = visible = None
-    kpm = ins.get(4, ("int32",), (1, 2, 3))
-    if kpm is not None:
-        rules.append("key_padding_mask -> masked keys get -inf (ORT adds mask_filter_value)")
-        if kpm.ndim == 1:
-            expect_shape(ins.field(4), kpm, (b,), "[B] key lengths ([3B+2] is not mapped)")
-            if np.any((kpm < 0) | (kpm > total)):
-                raise SpecError(ins.field(4), kpm.tolist(), f"lengths in [0, {total}]")
-            if offsets is None:
-                lengths = kpm.astype(np.int64)
-            else:
-                visible = np.arange(total)[None, None, None, :] < kpm.reshape(b, 1, 1, 1)
-        else:
-            want = (b, total) if kpm.ndim == 2 else (b, s, total)
-            expect_shape(ins.field(4), kpm, want, "[B, total] or [B, S, total] of 0/1")
-            m = kpm != 0
-            visible = m[:, None, None, :] if kpm.ndim == 2 else m[:, None, :, :]
+    lengths, visible = _key_padding(ins, b, s, total, offsets is not None, rules)
     add = ins.get(5, FLOATS, (4,))
     if add is not None and (add.dtype != query.dtype or add.shape[2:] != (s, total)):
         raise SpecError(ins.field(5) + ".shape", add.shape, f"[B or 1, N or 1, S={s}, "

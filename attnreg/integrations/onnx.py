@@ -12,7 +12,7 @@ in the op's order: output, present_key, present_value (None where the node names
 float32, float16 and bfloat16 inputs are taken (ORT's CPU EP runs float32 and float16 of these
 ops; attnreg's GPU kernels run bfloat16 only on the reference backend so far).
 
-Mapping rules (checked against onnxruntime 1.32's CPU EP in tests/test_integrations_onnx.py):
+Mapping rules (checked against onnxruntime 1.32's CPU EP in tests/integrations/test_onnx.py):
 
 - Heads. Packed [B, S, N*H] inputs become [B, S, N, H] views (q_layout / kv_layout BSNH, no
   copy); 4-D ``Attention`` Q [B, N, S, H] is q_layout BNSH and Y comes back in that layout.
@@ -112,7 +112,7 @@ Refused with SpecError (field, value, what is expected): the qk / output_qk /
 qk_matmul_output outputs (attnreg never materialises scores) and a non-zero GQA ``qk_output``;
 Attention's ``qk_matmul_output_mode`` 0-3 only says what qk_matmul_output would hold, so with
 that output not asked for any of them runs (ONNX's own qk_matmul_output node tests pass that
-way, tests/test_integrations_onnx_node_suite.py); quantized GQA caches (k_scale, v_scale, *_quant_type), the
+way, tests/integrations/test_onnx_node_suite.py); quantized GQA caches (k_scale, v_scale, *_quant_type), the
 ``sliding_window_cache`` layout, q/k_norm_weight, ``query_seqlens`` outside ORT's rules;
 MHA's ``past_sequence_length`` shared-buffer mode and ``cache_indirection``, 1-D [3B+2]
 key_padding_mask; integer attn_mask types; unknown attributes; V head size != K head size in

@@ -11,7 +11,7 @@ function in transformers' ``AttentionInterface`` and a mask function in
 Each name has one attnreg ``Session(backend, flags=flags)``, opened on first use
 (``session(name)`` returns it); ``unregister(name)`` removes both functions and closes it.
 Written against transformers 5.24 (Llama, Mistral, Qwen2, Gemma2, GPT-OSS and models built
-like them; tested in tests/test_integrations_transformers.py against eager attention).
+like them; tested in tests/integrations/test_transformers.py against eager attention).
 
 Why a mask function too: transformers builds masks only for names in AttentionMaskInterface;
 an attention function registered alone gets ``attention_mask=None``, so a padded batch would

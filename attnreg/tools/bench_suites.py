@@ -3,6 +3,7 @@ the kv-dtypes twins, and the bytes and FLOPs each case must move."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ..quant import kv_bytes_per_token
@@ -71,6 +72,13 @@ SUITES["kv-dtypes"] = _storages([c for s in ("decode", "long-context", "whisper"
                                  for c in SUITES[s]], 32768)
 QUICK["kv-dtypes"] = _storages([c for s in ("decode", "whisper", "prefill") for c in QUICK[s]],
                                512)
+
+
+def suite_cases(suites: Iterable[str], quick: bool = False) -> Iterator[tuple[str, Case]]:
+    """(suite, case) for each case of the named suites in order, from the --quick tables (CPU
+    devices) or the full ones."""
+    table = QUICK if quick else SUITES
+    return ((suite, case) for suite in suites for case in table[suite])
 
 
 def visible_pairs(spec: AttentionSpec) -> int:

@@ -23,11 +23,11 @@ from ..errors import NoKernelError
 from ..kernel import KernelInfo
 from ..session import Session
 from ..tensors import check_tensors
+from ..testing import compare, compare_partials, expected, make_tensors, plant_nonfinite
 from .cases import cases, uncovered
 from .cells import Case
 from .profile_cells import PROFILE_SPECS, profile_cases
 from .recipes import doc_mask
-from .testing import compare, compare_partials, expected, make_tensors, plant_nonfinite
 
 __all__ = ["PROFILE_SPECS", "Case", "Result", "cases", "inputs_for", "load_required",
            "markdown", "missing_required", "profile_cases", "run_case", "run_matrix",

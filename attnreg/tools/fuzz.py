@@ -8,7 +8,7 @@ calls, and the parent reports the call it was on.
     python -m attnreg.tools.fuzz --backend webgpu --calls 2000      # the local profile
     python -m attnreg.tools.fuzz --calls 300                        # every available backend
 
-tests/test_fuzz.py drives :func:`one_call` with hypothesis (bounded, in CI).
+tests/core/test_fuzz.py drives :func:`one_call` with hypothesis (bounded, in CI).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .. import reference as ref
 from ..errors import SpecError
 from ..kernel import LSE_ATOL
 from ..tensors import check_tensors
-from .testing import compare, expected, make_tensors
+from ..testing import compare, expected, make_tensors
 
 NASTY: tuple[Any, ...] = (-1, 0, 2**31, 2**63, 10**12, 1.5, "4", None, True, math.nan, math.inf,
                           -math.inf, 1e-320, 1e39, 1e308, [], {}, (1,), "x")

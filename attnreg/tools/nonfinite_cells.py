@@ -15,13 +15,11 @@ Nothing here names a backend.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..kernel import KernelInfo
 from ..spec import AttentionSpec
-from .cells import dtype_rank
-
-if TYPE_CHECKING:
-    from .cases import _Gen
+from .cells import Case, dtype_rank
 
 TOTAL = 90                      # capacity; batch 1 holds 47 keys (seqlens_k)
 # (spec field, value, the contract feature the kernel must implement for it)
@@ -31,7 +29,24 @@ FIELDS = (("bias", True, "bias"), ("seqlens_k", True, "seqlens_k"),
           ("head_sink", True, "head_sink"), ("return_lse", True, "return_lse"))
 
 
-def nonfinite_cells(g: _Gen) -> None:
+class CellMaker(Protocol):
+    """What these cells need of the generator of one kernel's cells on one device (the cases
+    module's generator is one)."""
+
+    k: KernelInfo
+    out: list[Case]                  # the cells so far; emit appends
+    emu: dict[str, Any]              # the parameters an emulated build adds
+
+    def partials_ok(self) -> bool: ...
+
+    def runs(self, spec: AttentionSpec, params: dict[str, Any]) -> bool: ...
+
+    def plannable(self, spec: AttentionSpec, check: str, params: dict[str, Any]) -> bool: ...
+
+    def emit(self, label: str, spec: AttentionSpec, params: dict[str, Any], **kw: Any) -> None: ...
+
+
+def nonfinite_cells(g: CellMaker) -> None:
     """Emit the non-finite cells of g's kernel (after its feature and covering cells)."""
     k = g.k
     for dtype in sorted(k.dtypes, key=dtype_rank):

@@ -13,9 +13,9 @@ from typing import Any
 from ..session import Session
 from ..spec import AttentionSpec
 from ..tensors import check_tensors
+from ..testing import make_tensors
 from ..tuned import store
 from .bench import time_case, time_plan
-from .testing import make_tensors
 
 
 def candidates(kernel_defaults: Mapping[str, Any], choices: Mapping[str, tuple[Any, ...]],

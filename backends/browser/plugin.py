@@ -1,32 +1,21 @@
-"""The browser backend plugin: hookimpls only; the work lives in the sibling modules."""
+"""The browser backend plugin: the backend as data and its hookimpls; the work lives in the
+sibling modules."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
 import attnreg
 from attnreg.backends.webgpu.rules import fit_tiles
-from attnreg.caps import DeviceCaps
-from attnreg.rules import Rule
+from attnreg.hookspecs import BackendInfo, registers
 from attnreg.spec import AttentionSpec
 
 from . import kernels, probe
 from .runtime import BrowserRuntime
 
-
-class BrowserBackend:
-    """WebGPU in headless Chromium. Ranked below backends.webgpu: a CPU adapter behind a
-    browser is for proving portability, not for speed."""
-
-    name = probe.NAME
-    priority = 0            # below webgpu (10) and opencl (5); above reference (-100)
-
-    def probe(self) -> list[DeviceCaps]:
-        return probe.probe()
-
-    def open(self, caps: DeviceCaps) -> BrowserRuntime:
-        return BrowserRuntime(caps)
+# WebGPU in headless Chromium, ranked below webgpu (10) and opencl (5), above reference
+# (-100): a CPU adapter behind a browser is for proving portability, not for speed.
+BACKEND = BackendInfo(probe.NAME, 0, probe.probe, lambda caps, flags: BrowserRuntime(caps))
 
 
 def _export_options(p: argparse.ArgumentParser) -> None:
@@ -50,22 +39,7 @@ EXPORT_WGSL = attnreg.Command(
     _export_options, _export, takes_spec=True)
 
 
-@attnreg.hookimpl
-def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
-    register(BrowserBackend())
-
-
-@attnreg.hookimpl
-def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.declare():
-        register(k)
-
-
-@attnreg.hookimpl
-def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
-    register(fit_tiles(probe.NAME))
-
-
-@attnreg.hookimpl
-def attnreg_register_commands(register: Callable[[attnreg.Command], None]) -> None:
-    register(EXPORT_WGSL)
+attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_kernels = registers(kernels.declare)
+attnreg_register_rules = registers(lambda: [fit_tiles(probe.NAME)])
+attnreg_register_commands = registers(lambda: [EXPORT_WGSL])

@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from attnreg import ports
 from attnreg.backends import common
 from attnreg.backends.webgpu import program
 from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
 from attnreg.hostmem import HostMemory, wall_timings
 from attnreg.plan import Plan
+from attnreg.spec import AttentionSpec
 
 from . import kernels
 from .host import BrowserError, BrowserHost
@@ -32,6 +34,16 @@ def _raw(arr: np.ndarray) -> bytes:
     """An array's bytes, padded to a multiple of 4 (WebGPU's writeBuffer granule)."""
     data = np.ascontiguousarray(arr).tobytes()
     return data + b"\0" * (-len(data) % 4)
+
+
+def _uploads(spec: AttentionSpec, inputs: Mapping[str, Any], families: tuple[str, ...],
+             dtype: str) -> list[tuple[str, np.ndarray]]:
+    """The inputs the stages read, as the page gets them: q, k, v in the dtype the first
+    stage computes in, except quantized K/V (codes and scales), which go as stored: the
+    kernels dequantize in their loads, whatever dtype they compute in."""
+    widen = ("q",) if spec.kv_dtype else ("q", "k", "v")
+    return [(name, inputs[name].astype(dtype, copy=False) if name in widen else inputs[name])
+            for name in ports.reads(families, ports.WGSL) if inputs.get(name) is not None]
 
 
 Job = tuple[dict[str, Any], dict[str, bytes], list[tuple[str, str, tuple[int, ...]]],
@@ -72,6 +84,11 @@ class BrowserRuntime(HostMemory):
         self.browsers_started += 1
         return host
 
+    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
+        return ("the browser keeps DeviceTensors on the host and sends them with each "
+                "launch: it has no on-device quantizer (the reference, webgpu, dawn and "
+                "opencl backends have one)")
+
     # -- a plan as one job -------------------------------------------------------------------
     def programs(self, plan: Plan, bias_shape: tuple[int, ...] | None = None
                  ) -> list[program.Program]:
@@ -92,51 +109,25 @@ class BrowserRuntime(HostMemory):
         bias_shape = None if bias is None else tuple(int(n) for n in bias.shape)
         progs = self.programs(plan, bias_shape)
         n_splits = program.n_splits(plan)
-        # out and the partial states have v's head size (Hv)
-        b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size_v
-        parts = b * nq * s * n_splits
+        families = tuple(p.family for p in progs)
         # A host-cast stage computes in float32: its inputs are widened here (exactly) and
         # the output it writes is rounded back to the spec's dtype after the read-back.
-        in_dtype, out_dtype = progs[0].dtype, progs[-1].dtype
+        dev = spec if progs[-1].dtype == spec.dtype else spec.replace(dtype=progs[-1].dtype)
         blobs: dict[str, bytes] = {"params": program.param_block(plan, bias_shape)}
-        buffers: list[dict[str, Any]] = [{"name": "params", "usage": "uniform",
-                                          "size": common.SIZE, "blob": "params"}]
-
-        def upload(name: str, arr: np.ndarray) -> None:
+        buffers: list[dict[str, Any]] = [
+            {"name": "params", "usage": "uniform", "size": common.SIZE, "blob": "params"},
+            # Absent inputs bind a read-only stand-in, absent outputs a writable one: one
+            # buffer may not be both in one dispatch.
+            {"name": "dummy_r", "usage": "storage", "size": 16},
+            {"name": "dummy_w", "usage": "storage", "size": 16}]
+        for name, arr in _uploads(spec, {**inputs, "bias": bias}, families, progs[0].dtype):
             blobs[name] = _raw(arr)
             buffers.append({"name": name, "usage": "storage", "size": len(blobs[name]),
                             "blob": name})
-
-        def scratch(name: str, nbytes: int) -> None:
-            buffers.append({"name": name, "usage": "storage", "size": nbytes})
-
-        # Absent inputs bind a read-only stand-in, absent outputs a writable one: one buffer
-        # may not be both in one dispatch.
-        scratch("dummy_r", 16)
-        scratch("dummy_w", 16)
-        if plan.op == "reduce":
-            upload("o_parts", inputs["o_parts"])
-            upload("lse_parts", inputs["lse_parts"])
-        else:
-            scratch("o_parts", parts * h * 4)
-            scratch("lse_parts", parts * 4)
-            # quantized K/V (int8 / uint8 codes, their scales) go as stored: the kernels
-            # dequantize in their loads, whatever dtype they compute in
-            for name in ("q",) if spec.kv_dtype else ("q", "k", "v"):
-                upload(name, inputs[name].astype(in_dtype, copy=False))
-            for name in ("k", "v", "k_scale", "v_scale") if spec.kv_dtype else ():
-                upload(name, inputs[name])
-            if bias is not None:
-                upload("bias", bias)
-            for name in ("seqlens_k", "kv_start"):
-                if name in inputs:
-                    upload(name, inputs[name])
-        for name in ("head_sink", "seqlens_q"):         # the reduce reads both
-            if name in inputs:
-                upload(name, inputs[name])
-        scratch("out", b * nq * s * h * np.dtype(out_dtype).itemsize)
-        if spec.return_lse:
-            scratch("lse", b * nq * s * 4)
+        # the scratch one stage hands the next and the outputs (attnreg/ports.py)
+        written = ports.written(families, dev, ports.WGSL)
+        buffers += [{"name": p.name, "usage": "storage", "size": p.nbytes(dev, n_splits)}
+                    for p in written]
         have = {buf["name"] for buf in buffers}
 
         def bound(bd: program.Binding) -> str:
@@ -144,14 +135,7 @@ class BrowserRuntime(HostMemory):
                 return bd.name
             return "dummy_w" if bd.access == "rw" else "dummy_r"
 
-        outs: list[tuple[str, str, tuple[int, ...]]]
-        if plan.op == "partial":
-            outs = [("o_parts", "float32", (b, nq, s, n_splits, h)),
-                    ("lse_parts", "float32", (b, nq, s, n_splits))]
-        else:
-            outs = [("out", out_dtype, tuple(spec.out_shape))]
-            if spec.return_lse:
-                outs.append(("lse", "float32", tuple(spec.lse_shape)))
+        results = ports.results(plan.op, written)
         header = {
             "label": "+".join(p.kernel for p in progs),
             "buffers": buffers,
@@ -159,10 +143,10 @@ class BrowserRuntime(HostMemory):
                         "entry": p.entry, "grid": list(p.grid),
                         "bindings": [[bd.index, bd.access, bound(bd)] for bd in p.bindings]}
                        for p in progs],
-            "outputs": [{"name": n, "buffer": n,
-                         "size": int(np.prod(shape)) * np.dtype(dt).itemsize}
-                        for n, dt, shape in outs],
+            "outputs": [{"name": p.name, "buffer": p.name, "size": p.nbytes(dev, n_splits)}
+                        for p in results],
         }
+        outs = [(p.name, p.dtype(dev), p.shape_for(dev, n_splits)) for p in results]
         return header, blobs, outs, progs
 
     def launch(self, plan: Plan, inputs: Mapping[str, Any],

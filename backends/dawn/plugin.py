@@ -1,9 +1,10 @@
-"""The dawn backend plugin: hookimpls only; the work lives in the sibling modules."""
+"""The dawn backend plugin: the backend as data and its hookimpls; the work lives in the
+sibling modules."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attnreg
@@ -12,33 +13,27 @@ from attnreg.backends.webgpu import rules as wrules
 from attnreg.backends.webgpu.runtime import WebGpuRuntime
 from attnreg.caps import DeviceCaps
 from attnreg.flags import Flag
-from attnreg.rules import Rule
+from attnreg.hookspecs import BackendInfo, registers
 from attnreg.spec import AttentionSpec
 
 from . import device, kernels, probe
-
-
-class DawnBackend:
-    """WebGPU through Dawn and Tint in-process. Ranked just below backends.webgpu (wgpu-native),
-    which remains the default WebGPU host where both see the same adapter."""
-
-    name = probe.NAME
-    priority = 8
-
-    def probe(self) -> list[DeviceCaps]:
-        return probe.probe()
-
-    def open(self, caps: DeviceCaps, flags: Mapping[str, Any] | None = None) -> WebGpuRuntime:
-        """A Session's runtime; with flag experimental_features, on the device that also
-        requests Dawn's experimental features (a separate device: tensors of the two never mix)."""
-        experimental = bool((flags or {}).get(EXPERIMENTAL.name, False))
-        return WebGpuRuntime(caps, device.get(caps, experimental))
-
 
 EXPERIMENTAL = Flag(
     "experimental_features", bool, False,
     "Let Dawn devices use Dawn's experimental WebGPU features "
     "(chromium-experimental-subgroup-matrix); off, nothing experimental is requested.")
+
+
+def _open(caps: DeviceCaps, flags: Mapping[str, Any]) -> WebGpuRuntime:
+    """A Session's runtime; with flag experimental_features, on the device that also
+    requests Dawn's experimental features (a separate device: tensors of the two never mix)."""
+    experimental = bool(flags.get(EXPERIMENTAL.name, False))
+    return WebGpuRuntime(caps, device.get(caps, experimental))
+
+
+# WebGPU through Dawn and Tint in-process, ranked just below webgpu (wgpu-native, 10), which
+# remains the default WebGPU host where both see the same adapter.
+BACKEND = BackendInfo(probe.NAME, 8, probe.probe, _open)
 
 
 def _shim_options(p: argparse.ArgumentParser) -> None:
@@ -60,29 +55,9 @@ VK_SHIM = attnreg.Command(
     "(gcc, libvulkan-dev)", _shim_options, _shim)
 
 
-@attnreg.hookimpl
-def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
-    register(DawnBackend())
-
-
-@attnreg.hookimpl
-def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.declare():
-        register(k)
-
-
-@attnreg.hookimpl
-def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
-    for rule in (wrules.block_skip(probe.NAME), wrules.fit_tiles(probe.NAME),
-                 wrules.step_in_tile(probe.NAME)):
-        register(rule)
-
-
-@attnreg.hookimpl
-def attnreg_register_flags(register: Callable[[Flag], None]) -> None:
-    register(EXPERIMENTAL)
-
-
-@attnreg.hookimpl
-def attnreg_register_commands(register: Callable[[attnreg.Command], None]) -> None:
-    register(VK_SHIM)
+attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_kernels = registers(kernels.declare)
+attnreg_register_rules = registers(lambda: [
+    wrules.block_skip(probe.NAME), wrules.fit_tiles(probe.NAME), wrules.step_in_tile(probe.NAME)])
+attnreg_register_flags = registers(lambda: [EXPERIMENTAL])
+attnreg_register_commands = registers(lambda: [VK_SHIM])

@@ -40,7 +40,7 @@ REQUEST = ("shader-f16", "subgroups", "timestamp-query", "implicit-device-synchr
 # Asked for on a device only for a Session that opts in (flag experimental_features).
 EXPERIMENTAL = ("chromium-experimental-subgroup-matrix",)
 _SKIP_BACKENDS = ("opengl", "opengles", "null")
-# Measured (tests/test_soak.py, strict xfail): on Mesa 22.3 lavapipe each dispatch of Tint's
+# Measured (tests/core/test_soak.py, strict xfail): on Mesa 22.3 lavapipe each dispatch of Tint's
 # SPIR-V of a decode kernel (decode_partial, decode_qk, decode_pv) costs ~0.6 MB that is never
 # returned; prefill, reduce, the same WGSL through naga, and Dawn on the H100 do not.
 LAVAPIPE_LEAK = ("known driver defect: Mesa 22.3 lavapipe keeps ~0.6 MB per decode dispatch of "

@@ -29,7 +29,7 @@ from attnreg import cache, reference
 from attnreg.backends import common
 from attnreg.spec import AttentionSpec
 
-from . import program, tiling
+from . import program, tiles
 
 FIX = ("-cl-opt-disable",)          # the build option a failing device's programs get
 CACHE_FILE = "cl_optimizer.json"
@@ -51,7 +51,7 @@ def run_once(cl: Any, dev: Any, extra: tuple[str, ...], source: str | None = Non
              ) -> float:
     """Max abs error of the check kernel's partial states (built with ``extra`` options)
     against the float64 reference; inf when a value is NaN."""
-    g = dataclasses.replace(tiling.geometry(FAMILY, "", SPEC, PARAMS), stage_v=True)
+    g = dataclasses.replace(tiles.geometry(FAMILY, "", SPEC, PARAMS), stage_v=True)
     defines = program.defines(SPEC, g, None, PARAMS)
     x = _inputs()
     ctx = cl.Context([dev])

@@ -1,5 +1,5 @@
 """The OpenCL kernel variants as data: ids, dtypes, head sizes, features, defaults and
-choices, and the checks and workgroup storage each declares (from tiling.py's geometry)."""
+choices, and the checks and workgroup storage each declares (from tiles.py's geometry)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from attnreg.spec import AttentionSpec
 
 from . import mma_probe
 from .mma import DECODE_CHOICES, DECODE_DEFAULTS, MMA_CHOICES, MMA_DEFAULTS, PTX_MMA_BY_DTYPE
-from .tiling import geometry
+from .probe import NAME
+from .tiles import geometry
 
-BACKEND = "opencl"
 # q / out dtypes (common.cl: float, half bits, bfloat16 bits; arithmetic in f32 for all)
 DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Quantized K/V storages every K/V reader dequantizes in its loads (common.cl KV_Q).
 KV_DTYPES = frozenset({"int8", "int4"})
-# float4 vectors over the head dimension, tiles shrunk to fit 48 KiB (tiling.py _shrink):
+# float4 vectors over the head dimension, tiles shrunk to fit 48 KiB (tiles.py _shrink):
 # q and k up to 576 (MLA's decode: q/k 576, v 512), v (v_head_size) up to 512, declared
 # apart (v's rows are also accumulated, per lane, in the P.V phase)
 HEAD_SIZES = (4, 576, 4)
@@ -99,7 +99,7 @@ def _mma_kernel(family: str, dtype: str) -> KernelInfo:
     names = ("q_tile", "kv_tile") if prefill else ("kv_tile", "wg", "m_tile")
     only, kv_doc, what = _MMA_DTYPE_DOC[dtype]
     return KernelInfo(
-        id=f"{BACKEND}.{family}.{DTYPES[dtype]}.mma", backend=BACKEND, family=family,
+        id=f"{NAME}.{family}.{DTYPES[dtype]}.mma", backend=NAME, family=family,
         dtypes=frozenset({dtype}), head_sizes=MMA_PREFILL_HEADS if prefill else MMA_DECODE_HEADS,
         v_head_sizes=MMA_PREFILL_V_HEADS if prefill else MMA_DECODE_V_HEADS,
         supports=SUPPORTS, kv_layouts=PAGED_OK, features=frozenset({mma_probe.FEATURE}),
@@ -151,7 +151,7 @@ def _info(family: str, variant: str, kid: str, dtype: str, *, block_skip: bool |
     params = dict(kw.pop("params", {}))
     if block_skip is not None:
         params["block_skip"] = block_skip
-    return KernelInfo(id=kid, backend=BACKEND, family=family, dtypes=frozenset({dtype}),
+    return KernelInfo(id=kid, backend=NAME, family=family, dtypes=frozenset({dtype}),
                       head_sizes=HEAD_SIZES, v_head_sizes=V_HEAD_SIZES, kv_layouts=PAGED_OK,
                       kv_dtypes=KV_DTYPES, supports=SUPPORTS,
                       params=params, workgroup_storage=_storage(family, variant),
@@ -178,7 +178,7 @@ def declare() -> list[KernelInfo]:
         ):
             for skip in (False, True):
                 out.append(_info(
-                    "prefill", variant, f"{BACKEND}.prefill.{tag}.{variant}" + ".bs" * skip,
+                    "prefill", variant, f"{NAME}.prefill.{tag}.{variant}" + ".bs" * skip,
                     dtype, block_skip=skip, features=feats, priority=prio,
                     defaults={"block_m": 32, "kv_tile": 32, "wg": 128},
                     choices={"block_m": (16, 32), "kv_tile": (32, 64), "wg": (64, 128, 256)},
@@ -186,7 +186,7 @@ def declare() -> list[KernelInfo]:
         for m in M_TILES:
             for skip in (False, True):
                 out.append(_info(
-                    "decode_partial", "", f"{BACKEND}.decode_partial.{tag}.m{m}" + ".bs" * skip,
+                    "decode_partial", "", f"{NAME}.decode_partial.{tag}.m{m}" + ".bs" * skip,
                     dtype, block_skip=skip, params={"m_tile": m},
                     defaults={"kv_tile": 32, "wg": 128},
                     choices={"kv_tile": (16, 32, 64), "wg": (64, 128, 256)},
@@ -195,7 +195,7 @@ def declare() -> list[KernelInfo]:
                         + (SKIP_DOC + "; listed blocks spread evenly over the splits"
                            if skip else "")))
             out.append(_info(
-                "decode_partial", "sg", f"{BACKEND}.decode_partial.{tag}.sg.m{m}", dtype,
+                "decode_partial", "sg", f"{NAME}.decode_partial.{tag}.sg.m{m}", dtype,
                 block_skip=False, features=frozenset({"subgroups"}), priority=10,
                 params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
                 choices={"wg": (64, 128, 256)},
@@ -205,7 +205,7 @@ def declare() -> list[KernelInfo]:
                                          ("sg", frozenset({"subgroups"}), 10)):
                 sg = ".sg" if variant else ""
                 out.append(_info(
-                    "decode_fused", variant, f"{BACKEND}.decode_fused.{tag}{sg}.m{m}", dtype,
+                    "decode_fused", variant, f"{NAME}.decode_fused.{tag}{sg}.m{m}", dtype,
                     block_skip=False, features=feats, priority=prio, params={"m_tile": m},
                     defaults={"kv_tile": 32, "wg": 128},
                     choices={"wg": (64, 128, 256)} if variant else
@@ -215,19 +215,19 @@ def declare() -> list[KernelInfo]:
                         "state; the last to finish a row tile (atomic ticket) merges all "
                         "splits and the sink into out/lse"))
             out.append(_info(
-                "decode_qk", "", f"{BACKEND}.decode_qk.{tag}.m{m}", dtype, block_skip=False,
+                "decode_qk", "", f"{NAME}.decode_qk.{tag}.m{m}", dtype, block_skip=False,
                 params={"m_tile": m}, defaults={"kv_tile": 32, "wg": 128},
                 choices={"kv_tile": (16, 32, 64), "wg": (64, 128, 256)},
                 doc=f"unfused decode, kernel 1: QK^T scores [B,Nq,S,C] and per-split max/sum "
                     f"({m} query row(s) x the group's heads per work-group)"))
         out.append(_info(
-            "decode_pv", "", f"{BACKEND}.decode_pv.{tag}", dtype,
+            "decode_pv", "", f"{NAME}.decode_pv.{tag}", dtype,
             defaults={"kv_tile": 32, "wg": 128}, choices={"wg": (64, 128, 256)},
             doc="unfused decode, kernel 2: normalise the scores of a split and multiply by "
                 "V into the contract partial states (row tiling follows decode_qk)"))
         # The reduce also serves merge_states, whose head size is anything a caller has.
         out.append(KernelInfo(
-            id=f"{BACKEND}.reduce.{tag}", backend=BACKEND, family="reduce",
+            id=f"{NAME}.reduce.{tag}", backend=NAME, family="reduce",
             dtypes=frozenset({dtype}), head_sizes=REDUCE_HEADS, v_head_sizes=REDUCE_HEADS,
             kv_layouts=PAGED_OK,
             supports=SUPPORTS, extra_checks=_checks("reduce", ""),

@@ -54,6 +54,10 @@ class DeviceMemory:
         self.counters["allocs"] += 1
         return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(4, int(nbytes)))
 
+    def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
+                      tensor_bytes: int) -> str | None:
+        return None                     # enqueue_copy writes at any byte offset
+
     def upload(self, handle: cl.Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
         """Copy a host array into a buffer at a byte offset (ordered with every launch)."""
         arr = np.array(array, copy=True, order="C")     # the caller may reuse its array

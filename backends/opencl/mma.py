@@ -1,6 +1,6 @@
 """The tensor-core kernels' tiles (kernels_cl/flash_prefill_mma.cl, decode_mma.cl): their
 primitive, builds, defaults, local-memory layout and tile fitting. Their geometry is in
-tiling.py and their declarations in kernels.py, with the other variants'."""
+tiles.py and their declarations in kernels.py, with the other variants'."""
 
 from __future__ import annotations
 

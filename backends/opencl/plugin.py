@@ -3,42 +3,24 @@ same hooks a third-party plugin uses (entry point ``opencl = attnreg.backends.op
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
 
 import attnreg
 from attnreg.caps import DeviceCaps
-from attnreg.rules import Rule
+from attnreg.hookspecs import BackendInfo, registers
 
 from . import kernels, probe, rules
 
 
-class OpenCLBackend:
+def _open(caps: DeviceCaps, flags: Mapping[str, Any]) -> attnreg.Runtime:
     """pyopencl platforms and devices; programs built once per device and shared."""
+    from .runtime import OpenCLRuntime  # pyopencl is imported only when a device is used
 
-    name = kernels.BACKEND
-    priority = 5
-
-    def probe(self) -> list[DeviceCaps]:
-        return probe.probe()
-
-    def open(self, caps: DeviceCaps) -> attnreg.Runtime:
-        from .runtime import OpenCLRuntime  # pyopencl is imported only when a device is used
-
-        return OpenCLRuntime(caps)
+    return OpenCLRuntime(caps)
 
 
-@attnreg.hookimpl
-def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
-    for rule in rules.RULES:
-        register(rule)
-
-
-@attnreg.hookimpl
-def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
-    register(OpenCLBackend())
-
-
-@attnreg.hookimpl
-def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.declare():
-        register(k)
+BACKEND = BackendInfo(probe.NAME, 5, probe.probe, _open)
+attnreg_register_rules = registers(lambda: rules.RULES)
+attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_kernels = registers(kernels.declare)

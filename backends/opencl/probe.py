@@ -9,9 +9,9 @@ from attnreg import cache
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
 
 from . import compiler_check, mma_probe
-from .kernels import BACKEND
-from .tiling import NV_SHUFFLE
+from .tiles import NV_SHUFFLE
 
+NAME = "opencl"                   # the backend's name (caps.backend, kernel ids)
 # Extensions that decide variants; every extension is listed as a feature anyway.
 SUBGROUP_EXTENSIONS = ("cl_khr_subgroups", "cl_intel_subgroups")
 # The sub-group kernels map 32 values onto 32 lanes: the driver must run sub-groups of 32 at
@@ -127,7 +127,7 @@ def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCap
     }
     name = " ".join(str(dev.name).split())
     return DeviceCaps(
-        backend=BACKEND, id=f"{BACKEND}:{pi}:{di}", name=name, vendor=vendor,
+        backend=NAME, id=f"{NAME}:{pi}:{di}", name=name, vendor=vendor,
         architecture=arch,
         description=f"{platform.name} ({platform.version}); {_get(dev, 'version', '')}",
         driver=str(_get(dev, "driver_version", "")), backend_type="OpenCL", device_type=dtype,
@@ -148,21 +148,21 @@ def probe() -> list[DeviceCaps]:
     try:
         import pyopencl as cl
     except Exception as exc:
-        return [unavailable(BACKEND, f"pyopencl not importable: {exc!r}")]
+        return [unavailable(NAME, f"pyopencl not importable: {exc!r}")]
     try:
         platforms = cl.get_platforms()
     except Exception as exc:
-        return [unavailable(BACKEND, f"no OpenCL platform (is an ICD installed?): {exc}")]
+        return [unavailable(NAME, f"no OpenCL platform (is an ICD installed?): {exc}")]
     out: list[DeviceCaps] = []
     for pi, platform in enumerate(platforms):
         try:
             devices = platform.get_devices()
         except Exception as exc:
-            out.append(unavailable(BACKEND, f"platform {pi} ({platform.name}): {exc}"))
+            out.append(unavailable(NAME, f"platform {pi} ({platform.name}): {exc}"))
             continue
         for di, dev in enumerate(devices):
             try:
                 out.append(device_caps(cl, pi, di, platform, dev))
             except Exception as exc:
-                out.append(unavailable(BACKEND, f"device {pi}:{di}: probe failed: {exc!r}"))
-    return out or [unavailable(BACKEND, "no OpenCL device found")]
+                out.append(unavailable(NAME, f"device {pi}:{di}: probe failed: {exc!r}"))
+    return out or [unavailable(NAME, "no OpenCL device found")]

@@ -1,6 +1,6 @@
 """How each OpenCL family is built and launched: its source (with the kernel signature
-generated from backends/ports.py), build options, the stage parameters, grid and kernel
-arguments of one plan stage, and the scratch each route needs.
+generated from attnreg/ports.py), build options, the stage parameters, grid and kernel
+arguments of one plan stage.
 
 Sources are read with importlib.resources from ``attnreg.kernels_cl`` (never from a path
 relative to the checkout). Arguments follow the family's port table; a buffer that a spec
@@ -18,14 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from attnreg import blocks
-from attnreg.backends import common, ports
+from attnreg import blocks, ports
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import mma, tiling
+from . import mma
+from .tiles import Geometry
 
 # family -> source files, in include order (the Params struct and the signature in front)
 _DECODE = ("common.cl", "flash_core.cl", "flash_rows.cl", "subgroups.cl", "decode_core.cl")
@@ -56,7 +57,7 @@ EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosi
 # scales per vector, int4 q4_0 blocks + float16 scales per 32 elements.
 KV_Q = {None: 0, "int8": 1, "int4": 2}
 
-# OpenCL C spelling of each port kind (backends/ports.py); elem_t (q, out), kv_t (k, v as
+# OpenCL C spelling of each port kind (attnreg/ports.py); elem_t (q, out), kv_t (k, v as
 # stored), scale_t (k_scale, v_scale), bias_t and PARAMS are defined by common.cl, which
 # precedes the first use of the signature.
 _CL_TYPES = {"kv": "elem_t", "kvc": "kv_t", "scale": "scale_t", "bias": "bias_t",
@@ -144,7 +145,7 @@ def window_tests(spec: AttentionSpec, caps: DeviceCaps | None) -> bool:
     return "right_window" in spec.features or (caps is not None and caps.device_type == "cpu")
 
 
-def defines(spec: AttentionSpec, g: tiling.Geometry, bias_dtype: str | None,
+def defines(spec: AttentionSpec, g: Geometry, bias_dtype: str | None,
             params: Mapping[str, Any], caps: DeviceCaps | None = None) -> dict[str, int]:
     """The -D constants of a stage's program; ``bias_dtype``: the bias as stored (any dtype
     the checks accept for it; None without a bias), which its reads follow (common.cl)."""
@@ -170,7 +171,7 @@ def defines(spec: AttentionSpec, g: tiling.Geometry, bias_dtype: str | None,
     return out
 
 
-def global_size(family: str, spec: AttentionSpec, g: tiling.Geometry,
+def global_size(family: str, spec: AttentionSpec, g: Geometry,
                 params: Mapping[str, Any]) -> int:
     if family == "reduce":
         return spec.batch * spec.num_heads * spec.seq_len * g.wg
@@ -179,7 +180,7 @@ def global_size(family: str, spec: AttentionSpec, g: tiling.Geometry,
     return g.n_groups(spec, int(params["n_splits"])) * g.wg
 
 
-def tiles(spec: AttentionSpec, g: tiling.Geometry, params: Mapping[str, Any]) -> int:
+def tiles(spec: AttentionSpec, g: Geometry, params: Mapping[str, Any]) -> int:
     """decode_fused's row tiles (one ticket each)."""
     return g.n_groups(spec, int(params["n_splits"])) // int(params["n_splits"])
 
@@ -191,24 +192,7 @@ def arguments(family: str, block: Any, b: Mapping[str, Any]) -> list[Any]:
             for p in ports.ports(family, ports.OPENCL)]
 
 
-def scratch_sizes(plan: Plan, split: Mapping[str, int]) -> dict[str, int]:
-    """Bytes of the buffers a plan's stages pass between each other (sized per plan)."""
-    spec = plan.spec
-    fams = {s.family for s in plan.stages}
-    out: dict[str, int] = {}
-    if not split or plan.op == "reduce":
-        return out
-    rows = spec.batch * spec.num_heads * spec.seq_len * int(split["n_splits"])
-    if fams & {"decode_partial", "decode_pv", "decode_fused"}:
-        out["o_parts"] = rows * spec.head_size_v * 4
-        out["lse_parts"] = rows * 4
-    if "decode_qk" in fams:
-        out["scores"] = spec.batch * spec.num_heads * spec.seq_len * spec.capacity * 4
-        out["stats"] = 2 * rows * 4
-    return out
-
-
-def heavy_first(spec: AttentionSpec, g: tiling.Geometry, bl: blocks.BlockList) -> np.ndarray:
+def heavy_first(spec: AttentionSpec, g: Geometry, bl: blocks.BlockList) -> np.ndarray:
     """Prefill work-group order for block skipping: most listed blocks (within the causal
     and right-window bounds) first, so the longest work-groups start early and the tail
     stays short."""

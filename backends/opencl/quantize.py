@@ -44,8 +44,8 @@ def _kernel(ctx: cl.Context, dev: cl.Device, kv_dtype: str, dtype: str, head_siz
 def quantize_into(ctx: cl.Context, dev: cl.Device, queue: cl.CommandQueue, mem: DeviceMemory,
                   kv_dtype: str, rows: np.ndarray,
                   jobs: Sequence[tuple[np.ndarray, Any, Any]], fix: tuple[str, ...] = ()) -> None:
-    """The QuantizingRuntime method (hookspecs.py) on this device (``fix``: the build
-    options its compiler needs, program.build_fix)."""
+    """The runtime contract's quantize_into (attnreg/memory.py) on this device (``fix``: the
+    build options its compiler needs, program.build_fix)."""
     if not jobs or rows.size == 0:
         return
     r, h = jobs[0][0].shape

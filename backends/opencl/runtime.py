@@ -22,18 +22,16 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from attnreg import blocks
+from attnreg import blocks, ports
 from attnreg.backends import common
+from attnreg.backends.launch_cache import LaunchCache, buffers_key
 from attnreg.caps import DeviceCaps
+from attnreg.device_tensor import DeviceTensor
 from attnreg.errors import KernelUnavailable
 from attnreg.plan import Plan, Stage
 
-from . import device, kernels, program, quantize, tiling
+from . import device, kernels, program, quantize, tiles
 from .memory import DeviceMemory, raw_bytes
-
-_PREP_MAX = 32                 # prepared launches kept per session
-_INPUTS = ("q", "k", "v", "k_scale", "v_scale", "bias", "seqlens_k", "head_sink",
-           "block_table", "kv_start", "seqlens_q", "o_parts", "lse_parts")
 
 
 @dataclass
@@ -52,15 +50,20 @@ class _Prepared:
     keep: list[Any] = field(default_factory=list)     # buffers the arguments refer to
 
 
+@dataclass
+class _Layout:
+    """What a plan launches, worked out once per (plan, bias shape)."""
+
+    stages: list[tuple[Stage, str, dict[str, Any], tiles.Geometry]]
+    written: dict[str, int]                          # bytes of each buffer the stages write
+    results: dict[str, tuple[tuple[int, ...], Any]]  # shape, dtype of each buffer read back
+
+
 def _variant(kernel_id: str) -> tuple[str, str]:
     info = kernels.VARIANTS.get(kernel_id)
     if info is None:
         raise KernelUnavailable(kernel_id, "not an OpenCL kernel this runtime can launch")
     return info
-
-
-def _is_device(x: Any) -> bool:
-    return hasattr(x, "handle") and hasattr(x, "device_id")
 
 
 class OpenCLRuntime:
@@ -75,16 +78,19 @@ class OpenCLRuntime:
         self.mem = DeviceMemory(caps, self.ctx, self.queue)
         self.counters = self.mem.counters
         self._checked: set[tuple[int, str]] = set()
-        self._preps: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
+        self._preps: LaunchCache[_Prepared] = LaunchCache()
         self._lists: OrderedDict[int, tuple[blocks.BlockList, dict[str, cl.Buffer]]] = OrderedDict()
-        self._layouts: dict[tuple[Any, ...], tuple[Plan, dict[str, int], list[Any],
-                                                   dict[str, int]]] = {}
+        self._layouts: LaunchCache[_Layout] = LaunchCache()
         self._lock = threading.RLock()
 
     # -- memory (the Runtime contract; memory.py does the work) -------------------------
     def alloc(self, nbytes: int) -> cl.Buffer:
         """A device buffer for a DeviceTensor."""
         return self.mem.alloc(nbytes)
+
+    def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
+                      tensor_bytes: int) -> str | None:
+        return self.mem.write_refusal(itemsize, offset_bytes, nbytes, tensor_bytes)
 
     def upload(self, handle: cl.Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
         """Host array -> buffer at a byte offset, ordered with the launches."""
@@ -109,7 +115,7 @@ class OpenCLRuntime:
         with self._lock:
             return self.mem.copy_bandwidth(nbytes)
 
-    # -- quantized KV caches (the optional QuantizingRuntime methods; quantize.py) -------
+    # -- quantized KV caches (the Runtime contract's quantize methods; quantize.py) --------
     def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
         return quantize.refusal(kv_dtype, dtype, head_size)
 
@@ -125,7 +131,7 @@ class OpenCLRuntime:
                             program.source(family, _variant(kernel_id)[1]),
                             program.options(defines, program.build_fix(self.caps)))
 
-    def _new_kernel(self, kernel_id: str, family: str, g: tiling.Geometry,
+    def _new_kernel(self, kernel_id: str, family: str, g: tiles.Geometry,
                     defines: dict[str, int]) -> cl.Kernel:
         prog = self._program(kernel_id, family, defines)
         k = cl.Kernel(prog, program.ENTRY[family])
@@ -134,13 +140,13 @@ class OpenCLRuntime:
             self._checked.add((prog.int_ptr, kernel_id))
         return k
 
-    def _check_kernel(self, kernel_id: str, k: cl.Kernel, g: tiling.Geometry) -> None:
+    def _check_kernel(self, kernel_id: str, k: cl.Kernel, g: tiles.Geometry) -> None:
         info = cl.kernel_work_group_info
         allowed = k.get_work_group_info(info.WORK_GROUP_SIZE, self.device)
         if allowed < g.wg:
             raise KernelUnavailable(kernel_id, f"compiled kernel allows {allowed} work-items "
                                     f"per work-group, geometry needs {g.wg}")
-        if g.sg_impl in (tiling.SG_IMPLS["khr"], tiling.SG_IMPLS["intel"]):
+        if g.sg_impl in (tiles.SG_IMPLS["khr"], tiles.SG_IMPLS["intel"]):
             # The code assumes sub-groups of exactly g.sg work-items; ask the driver.
             try:
                 got = k.get_sub_group_info(
@@ -158,18 +164,20 @@ class OpenCLRuntime:
                                     f"{limit} B")
 
     # -- binding -----------------------------------------------------------------------
-    def _bind_inputs(self, inputs: Mapping[str, Any], private: bool) -> dict[str, Any]:
-        """Buffers for the inputs: a DeviceTensor's own, or a pooled copy of a host array."""
+    def _bind_inputs(self, plan: Plan, inputs: Mapping[str, Any], private: bool
+                     ) -> dict[str, Any]:
+        """Buffers for the inputs the plan's kernels read: a DeviceTensor's own, or a pooled
+        copy of a host array."""
         bufs: dict[str, Any] = {}
-        for name in _INPUTS:
+        for name in ports.reads(tuple(st.family for st in plan.stages), ports.OPENCL):
             x = inputs.get(name)
             if x is None:
                 continue
-            bufs[name] = x.handle if _is_device(x) else \
+            bufs[name] = x.handle if isinstance(x, DeviceTensor) else \
                 self.mem.upload_pooled(name, np.asarray(x), private=private)
         return bufs
 
-    def _block_lists(self, plan: Plan, stage: Stage, g: tiling.Geometry, bias: Any,
+    def _block_lists(self, plan: Plan, stage: Stage, g: tiles.Geometry, bias: Any,
                      bufs: dict[str, Any]) -> None:
         """Block-list buffers (and the prefill order) for a block-skipping stage. A
         DeviceTensor bias's lists are built and uploaded once per bias version."""
@@ -178,7 +186,7 @@ class OpenCLRuntime:
         arrays = {"blk_off": bl.offsets, "blk_ids": bl.blocks, "blk_zero": bl.zero}
         if stage.family == "prefill":
             arrays["wg_order"] = program.heavy_first(spec, g, bl)
-        if not _is_device(bias):
+        if not isinstance(bias, DeviceTensor):
             for name, arr in arrays.items():
                 bufs[name] = self.mem.upload_pooled(name, arr.astype(np.int32))
             return
@@ -195,63 +203,54 @@ class OpenCLRuntime:
                 self._lists.popitem(last=False)
         bufs.update(hit[1])
 
-    def _layout(self, plan: Plan, split: Mapping[str, int], bias_shape: tuple[int, ...] | None
-                ) -> list[tuple[Stage, str, dict[str, Any], tiling.Geometry]]:
-        """Each stage's family, parameters and geometry (pure: cached per plan)."""
-        out = []
+    def _layout(self, plan: Plan, bias_shape: tuple[int, ...] | None) -> _Layout:
+        """Each stage's family, parameters and geometry, and the buffers the stages write
+        (pure: cached per plan)."""
+        spec, split = plan.spec, program.split_params(plan)
+        stages = []
         for stage in plan.stages:
             family, variant = _variant(stage.kernel)
             params = program.stage_params(plan, stage, split, bias_shape)
-            out.append((stage, family, params,
-                        tiling.geometry(family, variant, plan.spec, params, self.caps)))
-        return out
+            stages.append((stage, family, params,
+                           tiles.geometry(family, variant, spec, params, self.caps)))
+        n = int(split.get("n_splits", 1))
+        written = ports.written([family for _, family, _, _ in stages], spec, ports.OPENCL)
+        # decode_fused's tickets, one per row tile of its geometry, are sized in _prepare
+        return _Layout(stages, {p.name: p.nbytes(spec, n) for p in written
+                                if p.shape is not None},
+                       {p.name: (p.shape_for(spec, n), np.dtype(p.dtype(spec)))
+                        for p in ports.results(plan.op, written)})
 
     def _prepare(self, plan: Plan, inputs: Mapping[str, Any],
                  outputs: Mapping[str, Any] | None = None) -> _Prepared:
         spec = plan.spec
-        bufs = self._bind_inputs(inputs, private=bool(outputs))
+        bufs = self._bind_inputs(plan, inputs, private=bool(outputs))
         bias = inputs.get("bias")
         bias_shape = tuple(bias.shape) if bias is not None else None
         # the programs read the bias as stored (common.cl): one build per bias dtype
         bias_dtype = None if bias is None else np.dtype(bias.dtype).name
-        lkey = (id(plan), bias_shape)
-        hit = self._layouts.get(lkey)
-        if hit is None or hit[0] is not plan:
-            split = program.split_params(plan)
-            hit = self._layouts[lkey] = (plan, split, self._layout(plan, split, bias_shape),
-                                         program.scratch_sizes(plan, split))
-            while len(self._layouts) > _PREP_MAX:
-                self._layouts.pop(next(iter(self._layouts)))
-        _, split, staged, scratch = hit
-        for name, size in scratch.items():
-            bufs.setdefault(name, self.mem.pooled(name, size))
-        outs: dict[str, tuple[cl.Buffer, tuple[int, ...], Any]] = {}
-        if plan.op == "partial":
-            parts = (spec.batch, spec.num_heads, spec.seq_len, split["n_splits"])
-            outs["o_parts"] = (bufs["o_parts"], (*parts, spec.head_size_v), np.float32)
-            outs["lse_parts"] = (bufs["lse_parts"], parts, np.float32)
-        else:
-            out = (outputs or {}).get("out")
-            if out is not None:
-                bufs["out"] = out.handle
-            else:
-                bufs["out"] = self.mem.pooled("out", int(np.prod(spec.out_shape)) * spec.itemsize)
-                outs["out"] = (bufs["out"], spec.out_shape, np.dtype(spec.dtype))
-            if spec.return_lse:
-                bufs["lse"] = self.mem.pooled("lse", int(np.prod(spec.lse_shape)) * 4)
-                outs["lse"] = (bufs["lse"], spec.lse_shape, np.float32)
-        for stage, family, params, g in staged:
+        lay = self._layouts.get(plan, bias_shape)
+        if lay is None:
+            lay = self._layouts.put(plan, bias_shape, self._layout(plan, bias_shape))
+        given = (outputs or {}).get("out")
+        if given is not None:
+            bufs["out"] = given.handle
+        for name, size in lay.written.items():
+            if name not in bufs:
+                bufs[name] = self.mem.pooled(name, size)
+        outs = {name: (bufs[name], shape, dtype) for name, (shape, dtype) in lay.results.items()
+                if not (name == "out" and given is not None)}
+        for stage, family, params, g in lay.stages:
             if params.get("block_skip"):
                 self._block_lists(plan, stage, g, bias, bufs)
             if family == "decode_fused":
                 n = program.tiles(spec, g, params) * 4
                 bufs.setdefault("tickets", self.mem.pooled("tickets", n, zeroed=True))
-        key = (id(plan), bias_shape, bias_dtype,
-               tuple(sorted((n, id(b)) for n, b in bufs.items() if b is not None)))
-        prep = self._preps.pop(key, None)
-        if prep is None or prep.plan is not plan:
+        key = (bias_shape, bias_dtype, buffers_key(bufs))
+        prep = self._preps.get(plan, key)
+        if prep is None:
             prep = _Prepared(plan, outputs=outs, keep=list(bufs.values()))
-            for stage, family, params, g in staged:
+            for stage, family, params, g in lay.stages:
                 k = self._new_kernel(stage.kernel, family, g,
                                      program.defines(spec, g, bias_dtype, params, self.caps))
                 block = self.mem.param_block(common.pack(spec, params, bias_shape))
@@ -260,9 +259,7 @@ class OpenCLRuntime:
                 prep.launches.append(_Launch(stage.kernel, k,
                                              program.global_size(family, spec, g, params), g.wg))
             self.counters["prepares"] += 1
-        self._preps[key] = prep
-        while len(self._preps) > _PREP_MAX:
-            self._preps.popitem(last=False)
+            self._preps.put(plan, key, prep)
         return prep
 
     def _enqueue(self, prep: _Prepared) -> list[cl.Event]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,7 @@ import numpy as np
 import attnreg
 from attnreg import reference as ref
 from attnreg.caps import DeviceCaps
+from attnreg.hookspecs import BackendInfo, registers
 from attnreg.hostmem import HostMemory, wall_timings
 from attnreg.plan import Plan
 
@@ -56,22 +57,6 @@ class ReferenceRuntime(HostMemory):
             res["lse"] = lse.astype(np.float32)
         return res
 
-    # -- quantized KV caches (the optional QuantizingRuntime methods) --------------------
-    def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
-        return None                    # quantize_kv takes every float dtype and head size
-
-    def quantize_into(self, kv_dtype: str, rows: np.ndarray,
-                      jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
-        """attnreg.quantize_kv itself, written into the host-memory buffers at ``rows``."""
-        for x, codes, scales in jobs:
-            c, sc = attnreg.quantize_kv(x, kv_dtype)
-            c_all = codes.view(c.dtype)[: codes.size // c.shape[1] * c.shape[1]]
-            c_all.reshape(-1, c.shape[1])[rows] = c
-            per = 1 if sc.ndim == 1 else sc.shape[1]
-            s_all = scales.view(sc.dtype)
-            s_all[: s_all.size // per * per].reshape(-1, per)[rows] = sc.reshape(-1, per)
-            self.counters["quantize_calls"] += 1
-
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3) -> dict[str, list[float]]:
         return wall_timings(lambda: self.launch(plan, inputs), iters, warmup)
@@ -80,35 +65,29 @@ class ReferenceRuntime(HostMemory):
         pass
 
 
-class ReferenceBackend:
-    name = NAME
-    priority = -100          # only when nothing else fits, or when asked for by name
-
-    def probe(self) -> list[DeviceCaps]:
-        return [DeviceCaps(backend=NAME, id="reference:0", name="numpy float64 reference",
-                           vendor="numpy", description=f"numpy {np.__version__} on "
-                           f"{platform.machine()}", driver=np.__version__, backend_type="numpy",
-                           device_type="cpu", compute_units=os.cpu_count())]
-
-    def open(self, caps: DeviceCaps) -> ReferenceRuntime:
-        return ReferenceRuntime(caps)
+def _probe() -> list[DeviceCaps]:
+    return [DeviceCaps(backend=NAME, id="reference:0", name="numpy float64 reference",
+                       vendor="numpy", description=f"numpy {np.__version__} on "
+                       f"{platform.machine()}", driver=np.__version__, backend_type="numpy",
+                       device_type="cpu", compute_units=os.cpu_count())]
 
 
-@attnreg.hookimpl
-def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
-    register(ReferenceBackend())
-
-
-@attnreg.hookimpl
-def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
+def _kernels() -> list[attnreg.KernelInfo]:
     doc = "float64 numpy, vectorised over batch and heads"
-    register(attnreg.KernelInfo(id="reference.prefill", backend=NAME, family="prefill",
-                                dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, kv_dtypes=KV_DTYPES,
-                                supports=_ALL, priority=-100, doc=doc))
-    register(attnreg.KernelInfo(id="reference.decode_partial", backend=NAME,
-                                family="decode_partial", dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS,
-                                kv_dtypes=KV_DTYPES, supports=_ALL,
-                                priority=-100, defaults={"kv_tile": 64, "m_tile": 1}, doc=doc))
-    register(attnreg.KernelInfo(id="reference.reduce", backend=NAME, family="reduce",
-                                dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, supports=_ALL, priority=-100,
-                                doc=doc))
+    return [
+        attnreg.KernelInfo(id="reference.prefill", backend=NAME, family="prefill",
+                           dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, kv_dtypes=KV_DTYPES,
+                           supports=_ALL, priority=-100, doc=doc),
+        attnreg.KernelInfo(id="reference.decode_partial", backend=NAME,
+                           family="decode_partial", dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS,
+                           kv_dtypes=KV_DTYPES, supports=_ALL,
+                           priority=-100, defaults={"kv_tile": 64, "m_tile": 1}, doc=doc),
+        attnreg.KernelInfo(id="reference.reduce", backend=NAME, family="reduce",
+                           dtypes=_DTYPES, kv_layouts=_KV_LAYOUTS, supports=_ALL, priority=-100,
+                           doc=doc)]
+
+
+# priority -100: only when nothing else fits, or when asked for by name
+BACKEND = BackendInfo(NAME, -100, _probe, lambda caps, flags: ReferenceRuntime(caps))
+attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_kernels = registers(_kernels)

@@ -8,7 +8,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attnreg.backends import common, ports
+from attnreg import ports
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.kernel import ALL_FEATURES, KernelInfo
 from attnreg.spec import AttentionSpec
@@ -60,13 +61,10 @@ _DEQUANT = ("; int8/int4 K/V (kv_dtype) are dequantized in the K/V loads, in f32
 
 
 def variant_aux(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> frozenset[str]:
-    """The optional inputs a variant of ``family`` binds for ``spec`` (backends/ports.py):
+    """The optional inputs a variant of ``family`` binds for ``spec`` (attnreg/ports.py):
     the paged block table, the masked-block list, the scales of quantized K/V, the kv_start
     and seqlens_q tensors."""
-    return ports.aux_inputs(family, paged=spec.kv_layout == "paged",
-                            block_skip=bool(params.get("block_skip")),
-                            quant=spec.kv_dtype is not None, kv_start=spec.kv_start,
-                            seqlens_q=spec.seqlens_q)
+    return ports.aux_inputs(family, spec, params)
 
 
 def binding_reasons(family: str, spec: AttentionSpec, caps: DeviceCaps,

@@ -126,11 +126,27 @@ class DeviceMemory:
         self.counters["allocs"] += 1
         return buf
 
+    def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
+                      tensor_bytes: int) -> str | None:
+        """The write granule: queue.writeBuffer writes whole 32-bit words. 2-byte elements
+        at any element offset are patched in (patch16); 1-byte ones are not, so their writes
+        start and end on words, except that one reaching the tensor's end is padded into
+        its allocation's last word (alloc rounds sizes up to words)."""
+        end = offset_bytes + nbytes
+        if itemsize == 1 and (offset_bytes % _WORD or (end % _WORD and end != tensor_bytes)):
+            return (f"that starts and ends on {_WORD}-byte boundaries (or at the tensor's "
+                    f"end): byte {offset_bytes}..{end} of {tensor_bytes}")
+        return None
+
     def upload(self, handle: Any, array: np.ndarray, offset_bytes: int = 0) -> None:
         """Write a host array into a device buffer at a byte offset. 4-byte aligned strips go
         through queue.writeBuffer; f16 strips at an odd element offset or of odd length go
-        through the patch16 kernel (no read-back; queue order keeps writes in call order)."""
+        through the patch16 kernel (no read-back; queue order keeps writes in call order);
+        a 1-byte strip off the word (a tensor's last, write_refusal lets no other through)
+        is padded with zeros to the word."""
         raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        if array.dtype.itemsize == 1 and raw.size % _WORD:
+            raw = np.concatenate([raw, np.zeros(-raw.size % _WORD, np.uint8)])
         off, n = int(offset_bytes), int(raw.size)
         if n == 0:
             return

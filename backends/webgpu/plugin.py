@@ -1,40 +1,15 @@
-"""The WebGPU backend plugin: hookimpls only; the work lives in the sibling modules."""
+"""The WebGPU backend plugin: the backend as data and its hookimpls; the work lives in the
+sibling modules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import attnreg
-from attnreg.caps import DeviceCaps
-from attnreg.rules import Rule
+from attnreg.hookspecs import BackendInfo, registers
 
 from . import kernels, mma, probe, rules
 from .runtime import WebGpuRuntime
 
-
-class WebGpuBackend:
-    name = probe.NAME
-    priority = 10
-
-    def probe(self) -> list[DeviceCaps]:
-        return probe.probe()
-
-    def open(self, caps: DeviceCaps) -> WebGpuRuntime:
-        return WebGpuRuntime(caps)
-
-
-@attnreg.hookimpl
-def attnreg_register_backends(register: Callable[[attnreg.Backend], None]) -> None:
-    register(WebGpuBackend())
-
-
-@attnreg.hookimpl
-def attnreg_register_kernels(register: Callable[[attnreg.KernelInfo], None]) -> None:
-    for k in kernels.declare() + kernels.declare_block_skip() + mma.declare_matrix():
-        register(k)
-
-
-@attnreg.hookimpl
-def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
-    for rule in rules.RULES:
-        register(rule)
+BACKEND = BackendInfo(probe.NAME, 10, probe.probe, lambda caps, flags: WebGpuRuntime(caps))
+attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_kernels = registers(
+    lambda: kernels.declare() + kernels.declare_block_skip() + mma.declare_matrix())
+attnreg_register_rules = registers(lambda: rules.RULES)

@@ -8,7 +8,7 @@ it) is decided here, by ``dialect``, once for every host.
 
 A module is a generated prefix (compute type, load granule, the stage's constants, the row
 reductions, the parameter block of backends/common.py, the binding declarations of
-backends/ports.py typed by the stored dtypes, the load/store helpers of wgsl_io.py, the
+attnreg/ports.py typed by the stored dtypes, the load/store helpers of wgsl_io.py, the
 paged/block-list memory helpers) followed by the family's files from shaders/. Variants
 differ only in that prefix, whose WGSL comes from the pieces of shaders/prefix.wgsl and
 shaders/storage.wgsl: no WGSL is written here, only chosen and declared.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from attnreg import shaders
-from attnreg.backends import common, ports
+from attnreg import ports, shaders
+from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
@@ -131,7 +131,7 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
 
 
 def declarations(family: str, aux: frozenset[str], spec: AttentionSpec) -> str:
-    """The binding declarations of a family's variant, from backends/ports.py; element
+    """The binding declarations of a family's variant, from attnreg/ports.py; element
     types per the spec's stored dtypes (backends/webgpu/wgsl_io.py)."""
     return "".join(
         _declaration(i, p.access, p.ident,

@@ -61,7 +61,7 @@ def _words(arr: np.ndarray) -> np.ndarray:
 
 def quantize_into(dev: GpuDevice, memory: DeviceMemory, kv_dtype: str, rows: np.ndarray,
                   jobs: Sequence[tuple[np.ndarray, Any, Any]]) -> None:
-    """The QuantizingRuntime method (hookspecs.py) on this device."""
+    """The runtime contract's quantize_into (attnreg/memory.py) on this device."""
     if not jobs or rows.size == 0:
         return
     r, h = jobs[0][0].shape

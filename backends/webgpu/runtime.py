@@ -11,7 +11,6 @@ reused; freeing or growing a buffer forgets what was prepared with it.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,17 +18,16 @@ from typing import Any
 import numpy as np
 
 from attnreg import blocks as blockmod
+from attnreg import ports
 from attnreg.backends import common
+from attnreg.backends.launch_cache import LaunchCache, buffers_key
 from attnreg.caps import DeviceCaps
+from attnreg.device_tensor import DeviceTensor
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
 from . import device, program, quantize
 from .memory import DeviceMemory
-
-
-def _is_device(x: Any) -> bool:
-    return hasattr(x, "handle") and hasattr(x, "device_id")
 
 
 @dataclass
@@ -62,22 +60,19 @@ class WebGpuRuntime:
     wgpu-py API runs through this class: it brings its own ``dev`` (a GpuDevice whose
     ``dialect`` names its WGSL compiler)."""
 
-    MAX_PREPARED = 64
-
     def __init__(self, caps: DeviceCaps, dev: device.GpuDevice | None = None) -> None:
         self.caps = caps
         self.dev = dev if dev is not None else device.get(caps)
         self.wgpu = self.dev.wgpu
         self.memory = DeviceMemory(self.dev, caps, self._forget)
         self.counters = self.memory.counters
-        self._prepared: OrderedDict[tuple[Any, ...], _Prepared] = OrderedDict()
+        self._prepared: LaunchCache[_Prepared] = LaunchCache()
         # Buffers derived from a DeviceTensor (f32 copy of an f16 / bf16 bias, block lists):
         # key -> (tensor, version, buffer); rebuilt when the tensor is written.
         self._derived: dict[tuple[Any, ...], tuple[Any, int, Any]] = {}
 
     def _forget(self, buf: Any) -> None:
-        for key in [k for k, p in self._prepared.items() if any(b is buf for b in p.bound)]:
-            del self._prepared[key]
+        self._prepared.drop(lambda p: any(b is buf for b in p.bound))
         for key in [k for k, (t, _, b) in self._derived.items()
                     if b is buf or getattr(t, "handle", None) is buf]:
             self._derived.pop(key)
@@ -85,6 +80,10 @@ class WebGpuRuntime:
     # -- memory (the Runtime contract; memory.py does the work) ---------------------------
     def alloc(self, nbytes: int) -> Any:
         return self.memory.alloc(nbytes)
+
+    def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
+                      tensor_bytes: int) -> str | None:
+        return self.memory.write_refusal(itemsize, offset_bytes, nbytes, tensor_bytes)
 
     def upload(self, handle: Any, array: np.ndarray, offset_bytes: int = 0) -> None:
         self.memory.upload(handle, array, offset_bytes)
@@ -101,7 +100,7 @@ class WebGpuRuntime:
                   dst_pitch: int) -> None:
         self.memory.copy_rows(src, dst, rows, row_bytes, src_pitch, dst_pitch)
 
-    # -- quantized KV caches (the optional QuantizingRuntime methods; quantize.py) -----------
+    # -- quantized KV caches (the Runtime contract's quantize methods; quantize.py) ----------
     def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
         return quantize.refusal(kv_dtype, dtype, head_size)
 
@@ -115,7 +114,7 @@ class WebGpuRuntime:
         holding a host array. A bias reaches the WGSL kernels as float32 whatever dtype the
         checks accepted (float32 or the spec's): float16 / bfloat16 -> float32 is exact, and
         one f32 binding keeps the kernels free of a per-bias-dtype variant."""
-        if _is_device(value):
+        if isinstance(value, DeviceTensor):
             if name == "bias" and value.dtype != np.float32:
                 return self._derive(("bias32", id(value)), value,
                                     lambda: value.numpy().astype(np.float32))
@@ -150,7 +149,7 @@ class WebGpuRuntime:
             head = np.array([1 + len(bl.offsets)], np.uint32)
             ids = bl.blocks.astype(np.uint32) | (bl.zero.astype(np.uint32) << np.uint32(31))
             return np.concatenate([head, bl.offsets.astype(np.uint32), ids, np.zeros(1, np.uint32)])
-        if _is_device(bias):
+        if isinstance(bias, DeviceTensor):
             return self._derive(("blocks", id(bias), q_tile, kv_tile), bias, packed)
         return self.memory.stage(f"blocks_{stage.family}", packed())
 
@@ -169,17 +168,12 @@ class WebGpuRuntime:
                 bound[f"block_list_{st.family}"] = self._block_list(spec, st, prog.consts, bias)
         if outputs and outputs.get("out") is not None:
             bound["out"] = outputs["out"].handle
-        key = (id(plan), bias_shape, tuple(sorted((n, id(b)) for n, b in bound.items())))
-        got = self._prepared.get(key)
+        key = (bias_shape, buffers_key(bound))
+        got = self._prepared.get(plan, key)
         if got is not None:
-            self._prepared.move_to_end(key)
             self.counters["prepared_hits"] += 1
             return got
-        got = self._build(plan, progs, bound, bias_shape)
-        self._prepared[key] = got
-        while len(self._prepared) > self.MAX_PREPARED:
-            self._prepared.popitem(last=False)
-        return got
+        return self._prepared.put(plan, key, self._build(plan, progs, bound, bias_shape))
 
     def _build(self, plan: Plan, progs: list[program.Program], bound: dict[str, Any],
                bias_shape: tuple[int, ...] | None) -> _Prepared:
@@ -190,19 +184,12 @@ class WebGpuRuntime:
         params = self.dev.device.create_buffer(label="params", size=common.SIZE,
                                                usage=U.UNIFORM | U.COPY_DST)
         self.dev.device.queue.write_buffer(params, 0, program.param_block(plan, bias_shape))
-        # out and the partial states have v's head size (Hv)
-        b, nq, s, h = spec.batch, spec.num_heads, spec.seq_len, spec.head_size_v
-        parts = b * nq * s * n_splits
         bound["params"] = params
-        if plan.op != "reduce":
-            bound.setdefault("o_parts", mem.storage("o_parts", parts * h * 4))
-            bound.setdefault("lse_parts", mem.storage("lse_parts", parts * 4))
-        if any(p.family == "decode_qk" for p in progs):
-            bound["scores"] = mem.storage("scores", b * nq * s * spec.capacity * 4)
-            bound["stats"] = mem.storage("stats", parts * 8)
-        bound.setdefault("out", mem.storage("out", b * nq * s * h * spec.itemsize))
-        if spec.return_lse:
-            bound["lse"] = mem.storage("lse", b * nq * s * 4)
+        # the scratch one stage hands the next and the outputs (out= brings its own)
+        written = ports.written([p.family for p in progs], spec, ports.WGSL)
+        for port in written:
+            if port.name not in bound:
+                bound[port.name] = mem.storage(port.name, port.nbytes(spec, n_splits))
         # Absent inputs bind a read-only stand-in, absent outputs a writable one: one buffer
         # may not be both in one dispatch.
         stand_in = {"uniform": None, "read": mem.dummy(False), "rw": mem.dummy(True)}
@@ -218,16 +205,8 @@ class WebGpuRuntime:
             self.counters["bind_groups"] += 1
             dispatches.append(_Dispatch(self.dev.pipeline(prog), group, prog.grid))
 
-        if plan.op == "partial":
-            outs = [_Output("o_parts", bound["o_parts"], parts * h * 4, "float32",
-                            (b, nq, s, n_splits, h)),
-                    _Output("lse_parts", bound["lse_parts"], parts * 4, "float32",
-                            (b, nq, s, n_splits))]
-        else:
-            outs = [_Output("out", bound["out"], b * nq * s * h * spec.itemsize, spec.dtype,
-                            spec.out_shape)]
-            if spec.return_lse:
-                outs.append(_Output("lse", bound["lse"], b * nq * s * 4, "float32", spec.lse_shape))
+        outs = [_Output(p.name, bound[p.name], p.nbytes(spec, n_splits), p.dtype(spec),
+                        p.shape_for(spec, n_splits)) for p in ports.results(plan.op, written)]
         held = (*bound.values(), *(x for x in stand_in.values() if x is not None))
         return _Prepared(plan, dispatches, outs, held)
 

@@ -83,7 +83,7 @@ def prelude(spec: AttentionSpec) -> str:
 
 
 def binding_type(kind: str, spec: AttentionSpec) -> str:
-    """The WGSL type of a binding of port kind ``kind`` (backends/ports.py) in this program."""
+    """The WGSL type of a binding of port kind ``kind`` (attnreg/ports.py) in this program."""
     if kind == "kv":
         return _STORED[spec.dtype]
     if kind == "kvc":

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...reference import within_reach
 from ...spec import AttentionSpec
 from .status import torch_status
 
@@ -163,14 +164,7 @@ class TorchSDPA:
             i = np.arange(S)[None, :, None]                          # [1, S, 1]
             lb = lengths[:, None, None]                              # [B, 1, 1]
             p = lb - S + i                                           # [B, S, 1]
-            vis = j < lb
-            if spec.causal:
-                vis = vis & (j <= p)
-            if spec.local_window > 0:
-                vis = vis & (j > p - spec.local_window)
-            if spec.right_window >= 0:
-                vis = vis & (j - p <= spec.right_window)
-            vis4 = vis[:, None]                                      # [B, 1, S, L]
+            vis4 = within_reach(spec, j < lb, j, p)[:, None]         # [B, 1, S, L]
             if spec.bias:
                 bias = np.asarray(t["bias"], dtype=np.float32)[..., :L]
                 fmask = np.where(vis4, bias, -np.inf).astype(spec.dtype)

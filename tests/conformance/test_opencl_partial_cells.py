@@ -1,0 +1,7 @@
+"""OpenCL's decode_partial cells (PoCL in CI) against the float64 reference: a
+module of their own, so that pytest-xdist's loadfile mode can give the matrix to both workers
+(tests.support.CELL_MODULES)."""
+
+from tests.support import cell_test
+
+test_cell = cell_test("test_opencl_partial_cells")

@@ -1,0 +1,7 @@
+"""WebGPU's unfused decode cells, decode_qk and decode_pv (lavapipe in CI) against the float64 reference: a
+module of their own, so that pytest-xdist's loadfile mode can give the matrix to both workers
+(tests.support.CELL_MODULES)."""
+
+from tests.support import cell_test
+
+test_cell = cell_test("test_webgpu_unfused_cells")

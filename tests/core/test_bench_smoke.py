@@ -1,0 +1,56 @@
+"""`attnreg bench --quick` runs on the CI devices (a smoke: no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import attnreg
+from attnreg.tools import bench_suites
+
+
+def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "attnreg.tools.cli", "bench", "--quick", "--suite", "decode",
+                        "--iters", "2", "--warmup", "1", "--no-peers", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())
+    backends = {row["backend"] for row in rows}
+    assert {d.backend for d in attnreg.devices() if d.available} <= backends
+    measured = set()
+    for row in rows:
+        if row["suite"] == "roof" or row["kernels"].startswith("n/a"):
+            continue          # n/a: the device cannot run that case (e.g. no shader-f16)
+        assert not row["kernels"].startswith("FAILED"), row
+        assert row["max_err"] is not None and row["max_err"] < 4e-3, row
+        assert row["wall_us"] > 0
+        measured.add(row["backend"])
+    assert {"reference", "webgpu", "opencl"} <= measured
+    assert "ratios" in r.stdout
+
+
+def test_traffic_counts_visible_pairs() -> None:
+    spec = attnreg.AttentionSpec(seq_len=4, past_len=0, head_size=8, causal=True)
+    assert bench_suites.visible_pairs(spec) == 1 + 2 + 3 + 4
+    assert bench_suites.visible_pairs(spec.replace(causal=False)) == 16
+    nbytes, flops = bench_suites.traffic(spec)
+    assert flops == 4.0 * 8 * 10 and nbytes > 0
+
+
+def test_kv_quant_quality_orders_the_storages() -> None:
+    """bench/kv_quant_quality.py: on random data int8 stays within 2% RMS of the exact output
+    and int4 within 25%; the error grows float16 < int8 < int4, and outlier channels in K
+    hurt int4 more than random data does."""
+    r = subprocess.run([sys.executable, "-m", "bench.kv_quant_quality", "--length", "512",
+                        "--seeds", "1"], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stdout + r.stderr
+    rel = {(ln.split()[0], ln.split()[1]): float(ln.split()[4]) for ln in r.stdout.splitlines()
+           if ln.split()[:1] in (["random"], ["outliers"])}
+    for data in ("random", "outliers"):
+        assert rel[(data, "float16")] < rel[(data, "int8")] < rel[(data, "int4")], rel
+    assert rel[("random", "int8")] < 2e-2 and rel[("random", "int4")] < 0.25, rel
+    assert rel[("outliers", "int4")] > rel[("random", "int4")], rel
