@@ -15,7 +15,7 @@ from .runtime import BrowserRuntime
 
 # WebGPU in headless Chromium, ranked below webgpu (10) and opencl (5), above reference
 # (-100): a CPU adapter behind a browser is for proving portability, not for speed.
-BACKEND = BackendInfo(probe.NAME, 0, probe.probe, lambda caps, flags: BrowserRuntime(caps))
+INFO = BackendInfo(probe.NAME, 0, probe.probe, lambda caps, flags: BrowserRuntime(caps))
 
 
 def _export_options(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ EXPORT_WGSL = attnreg.Command(
     _export_options, _export, takes_spec=True)
 
 
-attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_backends = registers(lambda: [INFO])
 attnreg_register_kernels = registers(kernels.declare)
 attnreg_register_rules = registers(lambda: [fit_tiles(probe.NAME)])
 attnreg_register_commands = registers(lambda: [EXPORT_WGSL])

@@ -33,7 +33,7 @@ def _open(caps: DeviceCaps, flags: Mapping[str, Any]) -> WebGpuRuntime:
 
 # WebGPU through Dawn and Tint in-process, ranked just below webgpu (wgpu-native, 10), which
 # remains the default WebGPU host where both see the same adapter.
-BACKEND = BackendInfo(probe.NAME, 8, probe.probe, _open)
+INFO = BackendInfo(probe.NAME, 8, probe.probe, _open)
 
 
 def _shim_options(p: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ VK_SHIM = attnreg.Command(
     "(gcc, libvulkan-dev)", _shim_options, _shim)
 
 
-attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_backends = registers(lambda: [INFO])
 attnreg_register_kernels = registers(kernels.declare)
 attnreg_register_rules = registers(lambda: [
     wrules.block_skip(probe.NAME), wrules.fit_tiles(probe.NAME), wrules.step_in_tile(probe.NAME)])

@@ -20,7 +20,7 @@ def _open(caps: DeviceCaps, flags: Mapping[str, Any]) -> attnreg.Runtime:
     return OpenCLRuntime(caps)
 
 
-BACKEND = BackendInfo(probe.NAME, 5, probe.probe, _open)
+INFO = BackendInfo(probe.NAME, 5, probe.probe, _open)
 attnreg_register_rules = registers(lambda: rules.RULES)
-attnreg_register_backends = registers(lambda: [BACKEND])
+attnreg_register_backends = registers(lambda: [INFO])
 attnreg_register_kernels = registers(kernels.declare)

@@ -88,6 +88,6 @@ def _kernels() -> list[attnreg.KernelInfo]:
 
 
 # priority -100: only when nothing else fits, or when asked for by name
-BACKEND = BackendInfo(NAME, -100, _probe, lambda caps, flags: ReferenceRuntime(caps))
-attnreg_register_backends = registers(lambda: [BACKEND])
+INFO = BackendInfo(NAME, -100, _probe, lambda caps, flags: ReferenceRuntime(caps))
+attnreg_register_backends = registers(lambda: [INFO])
 attnreg_register_kernels = registers(_kernels)

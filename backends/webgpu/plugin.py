@@ -8,8 +8,8 @@ from attnreg.hookspecs import BackendInfo, registers
 from . import kernels, mma, probe, rules
 from .runtime import WebGpuRuntime
 
-BACKEND = BackendInfo(probe.NAME, 10, probe.probe, lambda caps, flags: WebGpuRuntime(caps))
-attnreg_register_backends = registers(lambda: [BACKEND])
+INFO = BackendInfo(probe.NAME, 10, probe.probe, lambda caps, flags: WebGpuRuntime(caps))
+attnreg_register_backends = registers(lambda: [INFO])
 attnreg_register_kernels = registers(
     lambda: kernels.declare() + kernels.declare_block_skip() + mma.declare_matrix())
 attnreg_register_rules = registers(lambda: rules.RULES)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from attnreg.hookspecs import BackendInfo
+
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ROOT / "backends"
 # The design's modules, one per concern (docs/architecture.md "backends/: one plugin each").
@@ -68,7 +70,7 @@ def test_every_extra_is_used() -> None:
 @pytest.mark.parametrize("folder", _folders(), ids=lambda p: p.name)
 def test_the_backend_name_is_probe_name(folder: Path) -> None:
     """One place for the name: probe.NAME (plugin.NAME without a probe module); the plugin's
-    Backend reports it, and no other module defines a name of its own."""
+    BackendInfo reports it, and no other module defines a name of its own."""
     home = "probe" if (folder / "probe.py").is_file() else "plugin"
     module = importlib.import_module(f"attnreg.backends.{folder.name}.{home}")
     assert folder.name == module.NAME
@@ -81,6 +83,5 @@ def test_the_backend_name_is_probe_name(folder: Path) -> None:
                    if isinstance(t, ast.Name) and t.id in NAME_HOLDERS]
         assert not defined, f"backends/{folder.name}/{path.name} defines {defined}"
     plugin = importlib.import_module(f"attnreg.backends.{folder.name}.plugin")
-    backends = [v for v in vars(plugin).values()
-                if isinstance(v, type) and v.__module__ == plugin.__name__ and hasattr(v, "probe")]
+    backends = [v for v in vars(plugin).values() if isinstance(v, BackendInfo)]
     assert [b.name for b in backends] == [folder.name]

@@ -40,42 +40,35 @@ def test_contracts_are_kept(tmp_path: Path) -> None:
     assert "6 kept, 0 broken" in res.stdout, res.stdout
 
 
-def test_a_core_module_importing_a_backend_breaks_the_check(tmp_path: Path) -> None:
+# (what a test appends to which module of the installed view, what the report then says)
+BREAKS = {
+    "core-imports-backend": (
+        "plan.py", "\nfrom .backends.webgpu import program  # noqa\n",
+        ("only backends import backends",
+         "attnreg.plan -> attnreg.backends.webgpu.program")),
+    "backend-imports-tool": (
+        "backends/opencl/runtime.py", "\nfrom attnreg.tools import cases  # noqa\n",
+        ("layers: tools and integrations above backends",
+         "only the command imports the tools BROKEN")),
+    "core-circle": (                                      # session -> spec
+        "spec.py", "\nfrom . import session  # noqa\n",
+        ("no import circle among the modules of a package BROKEN",)),
+    # Imports made only for type checking count: a DeviceTensor typed by the Session that
+    # makes it would be a circle (session -> device_tensor -> session).
+    "type-checking-circle": (
+        "device_tensor.py", "\nfrom typing import TYPE_CHECKING  # noqa\n\n"
+        "if TYPE_CHECKING:\n    from .session import Session  # noqa\n",
+        ("no import circle among the modules of a package BROKEN",)),
+}
+
+
+@pytest.mark.parametrize("case", list(BREAKS))
+def test_a_broken_layer_breaks_the_check(tmp_path: Path, case: str) -> None:
+    module, addition, said = BREAKS[case]
     view = _view(tmp_path)
-    plan = view / "attnreg" / "plan.py"
-    plan.write_text(plan.read_text() + "\nfrom .backends.webgpu import program  # noqa\n")
+    path = view / "attnreg" / module
+    path.write_text(path.read_text() + addition)
     res = _lint(view)
     assert res.returncode != 0
-    assert "only backends import backends" in res.stdout, res.stdout
-    assert "attnreg.plan -> attnreg.backends.webgpu.program" in res.stdout, res.stdout
-
-
-def test_a_backend_importing_a_tool_breaks_the_check(tmp_path: Path) -> None:
-    view = _view(tmp_path)
-    runtime = view / "attnreg" / "backends" / "opencl" / "runtime.py"
-    runtime.write_text(runtime.read_text() + "\nfrom attnreg.tools import cases  # noqa\n")
-    res = _lint(view)
-    assert res.returncode != 0
-    assert "layers: tools and integrations above backends" in res.stdout, res.stdout
-    assert "only the command imports the tools BROKEN" in res.stdout, res.stdout
-
-
-def test_an_import_circle_in_the_core_breaks_the_check(tmp_path: Path) -> None:
-    view = _view(tmp_path)
-    spec = view / "attnreg" / "spec.py"
-    spec.write_text(spec.read_text() + "\nfrom . import session  # noqa\n")   # session -> spec
-    res = _lint(view)
-    assert res.returncode != 0
-    assert "no import circle among the modules of a package BROKEN" in res.stdout, res.stdout
-
-
-def test_a_type_checking_import_circle_breaks_the_check(tmp_path: Path) -> None:
-    """Imports made only for type checking count: a DeviceTensor typed by the Session that
-    makes it would be a circle (session -> device_tensor -> session)."""
-    view = _view(tmp_path)
-    dt = view / "attnreg" / "device_tensor.py"
-    dt.write_text(dt.read_text() + "\nfrom typing import TYPE_CHECKING  # noqa\n\n"
-                  "if TYPE_CHECKING:\n    from .session import Session  # noqa\n")
-    res = _lint(view)
-    assert res.returncode != 0
-    assert "no import circle among the modules of a package BROKEN" in res.stdout, res.stdout
+    for line in said:
+        assert line in res.stdout, res.stdout

@@ -180,7 +180,7 @@ class OrtWebGPUAttention:
         profiling cost.
         """
         if self._binding is None:
-            from ..testing import make_tensors
+            from attnreg.testing import make_tensors
 
             self.load(make_tensors(self.spec, seed=0, poison=False))
         for _ in range(warmup):

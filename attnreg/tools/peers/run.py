@@ -64,7 +64,7 @@ def _cases(which: str) -> list[tuple[str, AttentionSpec]]:
 def bench_peers(cases: list[tuple[str, AttentionSpec]], *, iters: int = 100, warmup: int = 10,
                 torch_device: str | None = None, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Time both peers on each case and check them against the float64 reference."""
-    from ..testing import compare, expected, make_tensors
+    from attnreg.testing import compare, expected, make_tensors
 
     rows: list[dict[str, Any]] = []
     for name, spec in cases:

@@ -183,7 +183,7 @@ class TorchSDPA:
             return (tq, tk, tv), ({**kwargs, "enable_gqa": True} if gqa == "enable" else kwargs)
 
         if self.backend is None:
-            from ..testing import expected
+            from attnreg.testing import expected
 
             self._select(for_strategy, want if want is not None else expected(spec, t))
         else:
@@ -192,7 +192,7 @@ class TorchSDPA:
     def _select(self, for_strategy: Callable[[str | None], tuple[tuple[Any, ...], dict[str, Any]]],
                 want: tuple[np.ndarray, np.ndarray]) -> None:
         """Run each candidate once, keep the correct ones, time them, keep the fastest."""
-        from ..testing import compare
+        from attnreg.testing import compare
 
         self.tried = {}
         timed: dict[tuple[str, str], tuple[float, tuple[Any, ...], dict[str, Any]]] = {}
@@ -247,7 +247,7 @@ class TorchSDPA:
         """Per-call seconds of the kept backend: wall_s (call + synchronize), and gpu_s from
         CUDA events around BATCH back-to-back calls on CUDA."""
         if not self._args:
-            from ..testing import make_tensors
+            from attnreg.testing import make_tensors
 
             self.load(make_tensors(self.spec, seed=0, poison=False))
         assert self.backend is not None

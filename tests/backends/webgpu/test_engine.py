@@ -84,7 +84,10 @@ def no_subgroups(monkeypatch):
 
     def probe():
         return [c.model_copy(update={"features": c.features - {"subgroups"}}) for c in real()]
-    monkeypatch.setattr(wprobe, "probe", probe)
+    # the registered backend holds the probe function it was given (hookspecs.BackendInfo)
+    reg = attnreg.registry.get()
+    monkeypatch.setitem(reg._backends, "webgpu",
+                        dataclasses.replace(reg.backend("webgpu"), probe=probe))
     attnreg.devices("webgpu", refresh=True)
     yield
     monkeypatch.undo()
