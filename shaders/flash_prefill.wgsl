@@ -25,6 +25,22 @@
 // SHUFFLE_LANES, PREFETCH, STAGED, STAGED_KEYS (k_s / v_s rows: KV_TILE, or 1 when direct),
 // O_SPLIT, OUT_UNIT, OUT_UNITS, LANE_UNITS, LANE_SLOTS, REG_SLOTS, WG_SLOTS, O_S_SIZE (o_s's
 // length).
+//
+// main is one body of about 290 lines, past the 80 lines a function that the house rules set:
+// a measured exception (#34). Splits of it were slower on the H100 (Dawn: Tint's SPIR-V on
+// NVIDIA's Vulkan driver; `attnreg bench --gpu-only --backend dawn --suite prefill --iters 30`,
+// GPU us, two rounds alternated with the a244720 tree, whose kernel this is, in each call):
+//                                                    S512 (a244720)        S2048 (a244720)
+//   this body                                        211.0 211.0 (211.0)   2390 2390 (2387)
+//   main <= 80 lines, m/l/o updated in main's own    222.1 222.4 (211.0)   2529 2528 (2387)
+//     loops; scores, logits, p_s, tile loads and staging in functions
+//   main <= 80 lines, m/l/o passed through the step  233.1 233.6 (211.0)   2655 2655 (2385)
+//     functions by value; by pointer 234.3 234.3, as var<private> 232.5 231.1
+//   this body with only its PV loops in a function   226.6 226.5 (211.0)   2585 2585 (2389)
+//   the two PV loops (full, edge) as one loop with   331.0 331.0 (211.0)   3950 3951 (2387)
+//     a run-time test
+// Why NVIDIA's build of the splits is slower is not known. The twins in main (the staging
+// for both PREFETCH orders, the PV loop for full and edge steps) stay for the same reason.
 
 const LANE_KEYS: u32 = K_STEP / ROW_LANES;      // scores per lane and row in a step
 const THREADS: u32 = (Q_TILE / ROWS_PER_LANE) * ROW_LANES;
@@ -133,18 +149,31 @@ fn unit_of(it: u32, u_first: u32, l_first: u32) -> vec2<u32> {
   return vec2<u32>((u_first + it) * KV_TILE, 1u);
 }
 
-// A lane's values of one inner step: ROWS_PER_LANE rows x LANE_KEYS keys (tx, tx+ROW_LANES..).
-alias Scores = array<array<f32, LANE_KEYS>, ROWS_PER_LANE>;
+@compute @workgroup_size(THREADS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let w = prefill_wg(wid, nwg, Q_TILE);
+  if (!w.ok) {
+    return;
+  }
+  let rt = w.rt;
+  let n_rt = w.n_rt;
+  let h = w.h;
+  let b = w.b;
+  let kvh = w.kvh;
+  let sq = w.seq;
+  let ty = lid / ROW_LANES;
+  let tx = lid % ROW_LANES;
+  let i0 = w.i0;
+  let span = w.span;
+  let seen_all = common_span(sq, i0, min(i0 + Q_TILE, P.seq_len) - 1u);
+  var rk: array<vec2<i32>, ROWS_PER_LANE>;    // the keys each of the lane's rows sees
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+    rk[a] = row_span(row_pos(sq, i0 + ty * ROWS_PER_LANE + a), sq);
+  }
+  let lo = u32(span.x);
+  let hi = u32(span.y);
 
-// A lane's rows: running maximum, its part of the sum, its register output slots.
-struct Rows {
-  m: array<f32, ROWS_PER_LANE>,
-  l: array<f32, ROWS_PER_LANE>,
-  o: array<array<vec4<f32>, O_REGS>, ROWS_PER_LANE>,
-}
-
-// The workgroup's Q_TILE query rows, scaled, into q_s; padding rows' q is never read.
-fn stage_queries(w: PrefillWg, lid: u32) {
   for (var u = 0u; u < (Q_TILE * QK_GRANULES + THREADS - 1u) / THREADS; u++) {
     let idx = lid + u * THREADS;
     if (idx >= Q_TILE * QK_GRANULES) {
@@ -153,262 +182,47 @@ fn stage_queries(w: PrefillWg, lid: u32) {
     let r = idx / QK_GRANULES;
     let g = idx % QK_GRANULES;
     var gv = GV();
-    if (w.i0 + r < w.seq.rows) {
-      gv = load_q(q_granule(w.b, w.h, w.i0 + r) + g);
+    if (i0 + r < sq.rows) {               // padding rows' q is never read
+      gv = load_q(q_granule(b, h, i0 + r) + g);
     }
     for (var s = 0u; s < GRANULE_VEC4S; s++) {
       q_s[r * QK_VEC4S + g * GRANULE_VEC4S + s] = vec4<f32>(g_part(gv, s)) * P.scale;
     }
   }
-}
+  workgroupBarrier();     // q_s is read by every lane (STAGED 0 has no staging barrier first)
 
-// Keys [lo, hi) each of the lane's rows sees (row_span).
-fn row_spans(w: PrefillWg, ty: u32) -> array<vec2<i32>, ROWS_PER_LANE> {
-  var rk: array<vec2<i32>, ROWS_PER_LANE>;
+  var m: array<f32, ROWS_PER_LANE>;
+  var l: array<f32, ROWS_PER_LANE>;
+  var o: array<array<vec4<f32>, O_REGS>, ROWS_PER_LANE>;
   for (var a = 0u; a < ROWS_PER_LANE; a++) {
-    rk[a] = row_span(row_pos(w.seq, w.i0 + ty * ROWS_PER_LANE + a), w.seq);
-  }
-  return rk;
-}
-
-// A lane's rows before the first key (and its o_s slots zero).
-fn start_rows(ty: u32, tx: u32) -> Rows {
-  var r: Rows;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
-    r.m[a] = MASKED;
-    r.l[a] = 0.0;
+    m[a] = MASKED;
+    l[a] = 0.0;
     for (var c = 0u; c < O_REGS; c++) {
-      r.o[a][c] = vec4<f32>(0.0);
+      o[a][c] = vec4<f32>(0.0);
     }
     for (var c = 0u; c < WG_SLOTS; c++) {
       o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] = vec4<f32>(0.0);
     }
   }
-  return r;
-}
 
-// The units to visit, (first unit, unit count, first list entry): every unit meeting the
-// span of keys the rows see, or the listed blocks there (BLOCKS 1).
-fn unit_range(w: PrefillWg) -> vec3<u32> {
-  let lo = u32(w.span.x);
-  let hi = u32(w.span.y);
-  let u_first = lo / KV_TILE;
-  var n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > lo);
+  // The units to visit: every unit meeting [span.x, span.y), or the listed blocks there.
+  let u_first = u32(span.x) / KV_TILE;
+  var n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > u32(span.x));
   var l_first = 0u;
   if (BLOCKS == 1u) {
-    let ls = blk_span(blk_row(w.b, w.h, w.rt, w.n_rt), lo, hi, KV_TILE);
+    let ls = blk_span(blk_row(b, h, rt, n_rt), u32(span.x), hi, KV_TILE);
     l_first = ls.x;
     n_units = ls.y - ls.x;
   }
-  return vec3<u32>(u_first, n_units, l_first);
-}
 
-// S = QK^T for the lane's rows and the keys of step st (from js), accumulated in private
-// memory: from k_s (STAGED 1) or straight from k (STAGED 0: only keys some row sees).
-fn step_scores(st: u32, js: u32, ty: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi: u32
-               ) -> Scores {
-  var sc: Scores;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      sc[a][e] = 0.0;
-    }
-  }
-  if (STAGED == 1u) {
-    for (var c = 0u; c < QK_VEC4S; c++) {
-      var kc: array<vec4<f32>, LANE_KEYS>;
-      for (var e = 0u; e < LANE_KEYS; e++) {
-        kc[e] = ts_f32(k_s[(st * K_STEP + tx + ROW_LANES * e) * K_STRIDE + c]);
-      }
-      for (var a = 0u; a < ROWS_PER_LANE; a++) {
-        let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + c];
-        for (var e = 0u; e < LANE_KEYS; e++) {
-          sc[a][e] += dot(qa, kc[e]);
-        }
-      }
-    }
-  } else {
-    var kb: array<u32, LANE_KEYS>;
-    var ok: array<bool, LANE_KEYS>;
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      let j = js + tx + ROW_LANES * e;
-      ok[e] = j >= lo && j < hi;        // only keys some row sees
-      kb[e] = 0u;
-      if (ok[e]) {
-        kb[e] = kv_granule(b, kvh, j);
-      }
-    }
-    for (var g = 0u; g < QK_GRANULES; g++) {
-      var kg: array<GV, LANE_KEYS>;
-      for (var e = 0u; e < LANE_KEYS; e++) {
-        kg[e] = GV();
-        if (ok[e]) {
-          kg[e] = load_k(kb[e] + g);
-        }
-      }
-      for (var s = 0u; s < GRANULE_VEC4S; s++) {
-        for (var a = 0u; a < ROWS_PER_LANE; a++) {
-          let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + g * GRANULE_VEC4S + s];
-          for (var e = 0u; e < LANE_KEYS; e++) {
-            sc[a][e] += dot(qa, vec4<f32>(g_part(kg[e], s)));
-          }
-        }
-      }
-    }
-  }
-  return sc;
-}
-
-// The step's scores as logits, MASKED where the row does not see the key; wb false: the
-// unit's bias is known to be 0 (not loaded).
-fn step_logits(raw: Scores, js: u32, ty: u32, tx: u32, w: PrefillWg, hi: u32, wb: bool
-               ) -> Scores {
-  var sc = raw;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
-    let i = w.i0 + ty * ROWS_PER_LANE + a;
-    let pos = row_pos(w.seq, i);
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      let j = js + tx + ROW_LANES * e;
-      var x = MASKED;
-      if (i < P.seq_len && j < hi && key_visible(i32(j), pos, w.seq)) {
-        x = logit_b(sc[a][e], w.b, w.h, i, j, pos, wb);
-      }
-      sc[a][e] = x;
-    }
-  }
-  return sc;
-}
-
-// The lane's maximum logit of each row.
-fn rows_max(sc: Scores) -> array<f32, ROWS_PER_LANE> {
-  var mx: array<f32, ROWS_PER_LANE>;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
-    var best = MASKED;
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      best = max(best, sc[a][e]);
-    }
-    mx[a] = best;
-  }
-  return mx;
-}
-
-// The rows after the step's softmax: the running maximum moved to mx (the rows' step max),
-// the weights P = exp(x - m) of the lane's logits into p_s, the sums and the output
-// rescaled. p_s's previous readers must be done.
-fn step_weights(rows: Rows, sc: Scores, mx: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32
-                ) -> Rows {
-  var r = rows;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
-    let m_new = max(r.m[a], mx[a]);
-    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
-    let m_use = select(m_new, 0.0, m_new <= MASKED);
-    let alpha = exp(r.m[a] - m_use);
-    r.m[a] = m_new;
-    var psum = 0.0;
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      let p = weight_of(sc[a][e], m_use);
-      psum += p;
-      p_s[(ty * ROWS_PER_LANE + a) * K_STEP + tx + ROW_LANES * e] = p;
-    }
-    r.l[a] = r.l[a] * alpha + psum;
-    for (var c = 0u; c < O_REGS; c++) {
-      r.o[a][c] *= alpha;
-    }
-    for (var c = 0u; c < WG_SLOTS; c++) {
-      o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] *= alpha;
-    }
-  }
-  return r;
-}
-
-// The rows plus P V over the step's keys, on the lane's output units tx, tx+ROW_LANES, ...;
-// full: every row takes every key (the step lies where all rows see), else each row only
-// the keys it sees (rk: on the causal diagonal or a window's edge).
-fn step_pv(rows: Rows, st: u32, js: u32, ty: u32, tx: u32, b: u32, kvh: u32, lo: u32,
-           hi: u32, rk: array<vec2<i32>, ROWS_PER_LANE>, full: bool) -> Rows {
-  // Both calls pass full as a literal, so each inlined call is the loop it needs.
-  if (full) {
-    return step_keys(rows, st, js, ty, tx, b, kvh, lo, hi, rk, true);
-  }
-  return step_keys(rows, st, js, ty, tx, b, kvh, lo, hi, rk, false);
-}
-
-fn step_keys(rows: Rows, st: u32, js: u32, ty: u32, tx: u32, b: u32, kvh: u32, lo: u32,
-             hi: u32, rk: array<vec2<i32>, ROWS_PER_LANE>, full: bool) -> Rows {
-  var r = rows;
-  for (var jj = 0u; jj < K_STEP; jj++) {
-    let j = js + jj;
-    let vv = step_values(st, jj, j, tx, b, kvh, lo, hi);
-    for (var a = 0u; a < ROWS_PER_LANE; a++) {
-      // a branch per (key, row), not a select per element: the edge steps then cost what
-      // the full ones do
-      if (full || (i32(j) >= rk[a].x && i32(j) < rk[a].y)) {
-        let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
-        for (var c = 0u; c < REG_SLOTS; c++) {
-          r.o[a][c] += p * vv[c];
-        }
-        for (var c = 0u; c < WG_SLOTS; c++) {
-          let at = osi(ty * ROWS_PER_LANE + a, tx, c);
-          o_s[at] += p * vv[REG_SLOTS + c];
-        }
-      }
-    }
-  }
-  return r;
-}
-
-// The lane's rows out: each lane summed only its own columns, so the row sum is the sum over
-// the row group (rows_reduce: called by every lane).
-fn write_rows(rows: Rows, w: PrefillWg, ty: u32, tx: u32) {
-  let l = rows_reduce(rows.l, ty, tx, false);
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
-    let i = w.i0 + ty * ROWS_PER_LANE + a;
-    if (i < P.seq_len) {
-      let fin = finish_row(rows.m[a], l[a], row_sink(w.h, w.seq, i));
-      let base = out_vec4(w.b, w.h, i);
-      for (var c = 0u; c < LANE_SLOTS; c++) {
-        let un = tx + ROW_LANES * (c / OUT_UNIT);
-        if (un < OUT_UNITS) {
-          var acc = vec4<f32>(0.0);
-          if (c < REG_SLOTS) {
-            acc = rows.o[a][c];
-          } else {
-            acc = o_s[osi(ty * ROWS_PER_LANE + a, tx, c - REG_SLOTS)];
-          }
-          store_out(base + un * OUT_UNIT + c % OUT_UNIT, finite_or_nan4(acc * fin.x));
-        }
-      }
-      if (P.return_lse != 0u && tx == 0u) {
-        lse[(w.b * P.num_heads + w.h) * P.seq_len + i] = fin.y;
-      }
-    }
-  }
-}
-
-@compute @workgroup_size(THREADS)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-  let w = prefill_wg(wid, nwg, Q_TILE);
-  if (!w.ok) {
-    return;
-  }
-  let ty = lid / ROW_LANES;
-  let tx = lid % ROW_LANES;
-  let seen_all = common_span(w.seq, w.i0, min(w.i0 + Q_TILE, P.seq_len) - 1u);
-  let rk = row_spans(w, ty);                  // the keys each of the lane's rows sees
-  let lo = u32(w.span.x);
-  let hi = u32(w.span.y);
-
-  stage_queries(w, lid);
-  workgroupBarrier();     // q_s is read by every lane (STAGED 0 has no staging barrier first)
-  var rows = start_rows(ty, tx);
-  let units = unit_range(w);
-
-  // Unit loop, with STAGED 1 pipelined as decode_partial's tile loop (which says why its
-  // loads and staging are written out here): with PREFETCH, tile it-1 is staged, tile it's
-  // loads issued, then tile it-1 computed while they fly.
+  // Unit loop. STAGED 1 with PREFETCH: iteration it stores tile it-1 (already in registers)
+  // to workgroup memory, issues the loads of tile it, then computes tile it-1, so the loads
+  // fly during the compute. The loads have a constant trip count (the compiler unrolls them
+  // and issues all before the first use) and sit in main with their staging, written out
+  // for both orders, as in decode_partial (which says why).
   var kr: array<GV, K_LOADS>;
   var vr: array<GV, V_LOADS>;
-  for (var it = 0u; it < units.y + AHEAD; it++) {
+  for (var it = 0u; it < n_units + AHEAD; it++) {
     if (STAGED == 1u) {
       if (AHEAD == 1u && it > 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
@@ -421,19 +235,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
       }
       var jf = 0u;
-      if (it < units.y) {
-        jf = unit_of(it, units.x, units.z).x;
+      if (it < n_units) {
+        jf = unit_of(it, u_first, l_first).x;
       }
-      for (var u = 0u; u < K_LOADS; u++) {     // only keys some row sees
-        let g = kv_granules(lid + u * THREADS, w.b, w.kvh, jf, lo, hi, it < units.y);
-        kr[u] = g.k;
+      for (var u = 0u; u < K_LOADS; u++) {
+        let idx = lid + u * THREADS;
+        let jj = idx / QK_GRANULES;
+        kr[u] = GV();
         if (V_GRANULES == QK_GRANULES) {
-          vr[u] = g.v;
+          vr[u] = GV();
+        }
+        // only keys some row sees: never past the valid length, never left of the window
+        // or of kv_start
+        if (idx < KV_TILE * QK_GRANULES && it < n_units && jf + jj >= lo && jf + jj < hi) {
+          let at = kv_granule(b, kvh, jf + jj) + idx % QK_GRANULES;
+          kr[u] = load_k(at);
+          if (V_GRANULES == QK_GRANULES) {    // v's rows are k's: the same granules
+            vr[u] = load_v(at);
+          }
         }
       }
       if (V_GRANULES != QK_GRANULES) {
         for (var u = 0u; u < V_LOADS; u++) {
-          vr[u] = v_granules(lid + u * THREADS, w.b, w.kvh, jf, lo, hi, it < units.y);
+          let idx = lid + u * THREADS;
+          let jj = idx / V_GRANULES;
+          vr[u] = GV();
+          if (idx < KV_TILE * V_GRANULES && it < n_units && jf + jj >= lo && jf + jj < hi) {
+            vr[u] = load_v(v_granule(b, kvh, jf + jj) + idx % V_GRANULES);
+          }
         }
       }
       if (AHEAD == 0u) {
@@ -450,18 +279,165 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         continue;
       }
     }
-    let cur = unit_of(it - AHEAD, units.x, units.z);    // (first key, bias needed)
+    let cur = unit_of(it - AHEAD, u_first, l_first);
+    let wb = cur.y == 1u;
+
     for (var st = 0u; st < STEPS; st++) {
       let js = cur.x + st * K_STEP;           // first key of this step
-      let sc = step_logits(step_scores(st, js, ty, tx, w.b, w.kvh, lo, hi), js, ty, tx, w, hi,
-                           cur.y == 1u);
-      let mx = rows_reduce(rows_max(sc), ty, tx, true);
+
+      // S = QK^T for the lane's ROWS_PER_LANE rows and LANE_KEYS keys, accumulated in
+      // private memory.
+      var sc: array<array<f32, LANE_KEYS>, ROWS_PER_LANE>;
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+        for (var e = 0u; e < LANE_KEYS; e++) {
+          sc[a][e] = 0.0;
+        }
+      }
+      if (STAGED == 1u) {
+        for (var c = 0u; c < QK_VEC4S; c++) {
+          var kc: array<vec4<f32>, LANE_KEYS>;
+          for (var e = 0u; e < LANE_KEYS; e++) {
+            kc[e] = ts_f32(k_s[(st * K_STEP + tx + ROW_LANES * e) * K_STRIDE + c]);
+          }
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+            let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + c];
+            for (var e = 0u; e < LANE_KEYS; e++) {
+              sc[a][e] += dot(qa, kc[e]);
+            }
+          }
+        }
+      } else {
+        var kb: array<u32, LANE_KEYS>;
+        var ok: array<bool, LANE_KEYS>;
+        for (var e = 0u; e < LANE_KEYS; e++) {
+          let j = js + tx + ROW_LANES * e;
+          ok[e] = j >= lo && j < hi;        // only keys some row sees
+          kb[e] = 0u;
+          if (ok[e]) {
+            kb[e] = kv_granule(b, kvh, j);
+          }
+        }
+        for (var g = 0u; g < QK_GRANULES; g++) {
+          var kg: array<GV, LANE_KEYS>;
+          for (var e = 0u; e < LANE_KEYS; e++) {
+            kg[e] = GV();
+            if (ok[e]) {
+              kg[e] = load_k(kb[e] + g);
+            }
+          }
+          for (var s = 0u; s < GRANULE_VEC4S; s++) {
+            for (var a = 0u; a < ROWS_PER_LANE; a++) {
+              let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + g * GRANULE_VEC4S + s];
+              for (var e = 0u; e < LANE_KEYS; e++) {
+                sc[a][e] += dot(qa, vec4<f32>(g_part(kg[e], s)));
+              }
+            }
+          }
+        }
+      }
+
+      var mx: array<f32, ROWS_PER_LANE>;
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+        let i = i0 + ty * ROWS_PER_LANE + a;
+        let pos = row_pos(sq, i);
+        var best = MASKED;
+        for (var e = 0u; e < LANE_KEYS; e++) {
+          let j = js + tx + ROW_LANES * e;
+          var x = MASKED;
+          if (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq)) {
+            x = logit_b(sc[a][e], b, h, i, j, pos, wb);
+          }
+          sc[a][e] = x;
+          best = max(best, x);
+        }
+        mx[a] = best;
+      }
+      mx = rows_reduce(mx, ty, tx, true);
       workgroupBarrier();     // the previous step's readers are done with p_s
-      rows = step_weights(rows, sc, mx, ty, tx);
+
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+        let m_new = max(m[a], mx[a]);
+        // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
+        let m_use = select(m_new, 0.0, m_new <= MASKED);
+        let alpha = exp(m[a] - m_use);
+        m[a] = m_new;
+        var psum = 0.0;
+        for (var e = 0u; e < LANE_KEYS; e++) {
+          let p = weight_of(sc[a][e], m_use);
+          psum += p;
+          p_s[(ty * ROWS_PER_LANE + a) * K_STEP + tx + ROW_LANES * e] = p;
+        }
+        l[a] = l[a] * alpha + psum;
+        for (var c = 0u; c < O_REGS; c++) {
+          o[a][c] *= alpha;
+        }
+        for (var c = 0u; c < WG_SLOTS; c++) {
+          o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] *= alpha;
+        }
+      }
       workgroupBarrier();
-      rows = step_pv(rows, st, js, ty, tx, w.b, w.kvh, lo, hi, rk,
-                     all_see(js, js + K_STEP, w.span, seen_all));
+
+      // O += P V over the step's keys; the lane's output units are tx, tx+ROW_LANES, ... A step
+      // on the causal diagonal or the window's edge adds only the keys each row sees.
+      if (all_see(js, js + K_STEP, span, seen_all)) {
+        for (var jj = 0u; jj < K_STEP; jj++) {
+          let vv = step_values(st, jj, js + jj, tx, b, kvh, lo, hi);
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+            let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
+            for (var c = 0u; c < REG_SLOTS; c++) {
+              o[a][c] += p * vv[c];
+            }
+            for (var c = 0u; c < WG_SLOTS; c++) {
+              let at = osi(ty * ROWS_PER_LANE + a, tx, c);
+              o_s[at] += p * vv[REG_SLOTS + c];
+            }
+          }
+        }
+      } else {
+        for (var jj = 0u; jj < K_STEP; jj++) {
+          let j = js + jj;
+          let vv = step_values(st, jj, j, tx, b, kvh, lo, hi);
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+            // a branch per (key, row), not a select per element: the edge steps then
+            // cost what the full ones do
+            if (i32(j) >= rk[a].x && i32(j) < rk[a].y) {
+              let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
+              for (var c = 0u; c < REG_SLOTS; c++) {
+                o[a][c] += p * vv[c];
+              }
+              for (var c = 0u; c < WG_SLOTS; c++) {
+                let at = osi(ty * ROWS_PER_LANE + a, tx, c);
+                o_s[at] += p * vv[REG_SLOTS + c];
+              }
+            }
+          }
+        }
+      }
     }
   }
-  write_rows(rows, w, ty, tx);
+
+  // Each lane summed only its own columns: the row sum is the sum over the row group.
+  l = rows_reduce(l, ty, tx, false);
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+    let i = i0 + ty * ROWS_PER_LANE + a;
+    if (i < P.seq_len) {
+      let fin = finish_row(m[a], l[a], row_sink(h, sq, i));
+      let base = out_vec4(b, h, i);
+      for (var c = 0u; c < LANE_SLOTS; c++) {
+        let un = tx + ROW_LANES * (c / OUT_UNIT);
+        if (un < OUT_UNITS) {
+          var acc = vec4<f32>(0.0);
+          if (c < REG_SLOTS) {
+            acc = o[a][c];
+          } else {
+            acc = o_s[osi(ty * ROWS_PER_LANE + a, tx, c - REG_SLOTS)];
+          }
+          store_out(base + un * OUT_UNIT + c % OUT_UNIT, finite_or_nan4(acc * fin.x));
+        }
+      }
+      if (P.return_lse != 0u && tx == 0u) {
+        lse[(b * P.num_heads + h) * P.seq_len + i] = fin.y;
+      }
+    }
+  }
 }
