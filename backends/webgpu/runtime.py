@@ -141,8 +141,8 @@ class WebGpuRuntime:
         """The masked-block list of the bias for this stage's tiles, packed for the kernel:
         [entries base, CSR offsets, block id | all-zero flag << 31]. Lists of a DeviceTensor
         bias are built once per written version; host biases are rebuilt per call."""
-        q_tile = consts["BR"] if stage.family == "prefill" else consts["M"]
-        kv_tile = consts["BC"]
+        q_tile = consts["Q_TILE"] if stage.family == "prefill" else consts["M_TILE"]
+        kv_tile = consts["KV_TILE"]
 
         def packed() -> np.ndarray:
             bl = blockmod.cached(spec, bias, q_tile, kv_tile)
