@@ -77,7 +77,9 @@ class Runtime(Memory, Protocol):
                 warmup: int = 3) -> dict[str, Any]:
         """Seconds per launch of ``plan`` with inputs bound once and nothing read back:
         ``wall_s`` always, ``gpu_s`` where the device has timers (timestamp queries,
-        profiling events); backends may add detail under other keys."""
+        profiling events); ``b2b_s`` where measured: ``iters`` launches enqueued without
+        waiting, the first one's start to the last one's end divided by ``iters`` (one
+        value per burst); backends may add detail under other keys."""
         ...
 
     def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
