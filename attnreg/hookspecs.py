@@ -87,6 +87,13 @@ class Runtime(Memory, Protocol):
         copying ``nbytes``: the roof the bench compares kernels with."""
         ...
 
+    def matrix_peak(self) -> tuple[float | None, str]:
+        """The f16 x f16 -> f32 matrix-product rate in TFLOP/s that this backend's kernels
+        can reach on the device's matrix units, measured by a GEMM probe, with a line
+        naming the probe's config; or None and why there is none (no matrix units reachable
+        through this API). The bench's peak for the matrix kernels."""
+        ...
+
     def close(self) -> None:
         """Free this session's buffers (compiled code may stay cached in the backend)."""
         ...

@@ -115,6 +115,9 @@ class OpenCLRuntime:
         with self._lock:
             return self.mem.copy_bandwidth(nbytes)
 
+    def matrix_peak(self) -> tuple[float | None, str]:
+        return None, "no GEMM probe for OpenCL (its tensor-core kernels are inline PTX)"
+
     # -- quantized KV caches (the Runtime contract's quantize methods; quantize.py) --------
     def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
         return quantize.refusal(kv_dtype, dtype, head_size)

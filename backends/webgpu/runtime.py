@@ -96,6 +96,10 @@ class WebGpuRuntime:
 
     def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
         return self.memory.copy_bandwidth(nbytes, repeats)
+
+    def matrix_peak(self) -> tuple[float | None, str]:
+        return self.dev.matrix_peak()
+
     def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,
                   dst_pitch: int) -> None:
         self.memory.copy_rows(src, dst, rows, row_bytes, src_pitch, dst_pitch)
