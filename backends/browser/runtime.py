@@ -159,6 +159,10 @@ class BrowserRuntime(HostMemory):
         self.counters["launches"] += 1
         return self.place_outputs(res, outputs)
 
+    def matrix_peak(self) -> tuple[float | None, str]:
+        return None, ("the GEMM probe runs in-process through Dawn (backend dawn), not in "
+                      "the page")
+
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3) -> dict[str, list[float]]:
         """Wall time per launch (a round trip to the page, inputs sent each time) and
