@@ -14,6 +14,7 @@ import pytest
 
 import attnreg
 from attnreg.tools import bench_suites
+from tests.support import missing
 
 
 def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
@@ -57,7 +58,7 @@ def test_torch_peer_row_on_the_cpu() -> None:
 
     why = peers.torch_status()
     if why:
-        pytest.skip(why)          # CI has no torch (tests/integrations/test_peers.py)
+        missing(why)              # CI installs torch (CPU) with the clients extra
     spec = attnreg.AttentionSpec(seq_len=1, past_len=31, num_heads=2, kv_num_heads=1,
                                  head_size=16, dtype="float32", causal=True)
     case = bench_suites.Case("tiny-decode", spec)
