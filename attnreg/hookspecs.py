@@ -77,12 +77,21 @@ class Runtime(Memory, Protocol):
                 warmup: int = 3) -> dict[str, Any]:
         """Seconds per launch of ``plan`` with inputs bound once and nothing read back:
         ``wall_s`` always, ``gpu_s`` where the device has timers (timestamp queries,
-        profiling events); backends may add detail under other keys."""
+        profiling events); ``b2b_s`` where measured: ``iters`` launches enqueued without
+        waiting, the first one's start to the last one's end divided by ``iters`` (one
+        value per burst); backends may add detail under other keys."""
         ...
 
     def copy_bandwidth(self, nbytes: int = 256 << 20) -> float:
         """Measured copy bandwidth of the device's memory in GB/s (bytes read + written),
         copying ``nbytes``: the roof the bench compares kernels with."""
+        ...
+
+    def matrix_peak(self) -> tuple[float | None, str]:
+        """The f16 x f16 -> f32 matrix-product rate in TFLOP/s that this backend's kernels
+        can reach on the device's matrix units, measured by a GEMM probe, with a line
+        naming the probe's config; or None and why there is none (no matrix units reachable
+        through this API). The bench's peak for the matrix kernels."""
         ...
 
     def close(self) -> None:

@@ -20,36 +20,32 @@ import attnreg
 from attnreg import testing
 from attnreg.backends.webgpu import program
 
-QK_PF = "acc = mm_qk(acc, sg * 16u * QST + dc * 16u, kc * 16u * KST + dc * 16u);"
-PV_PF = "acc = mm_pv(acc, sg * 16u * PST + kc * 16u, kc * 16u * VST + c * 16u);"
-QK_DEC = "acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);"
-PV_DEC = "acc = mm_pv(acc, kc * 16u, kc * 16u * VST + (sg + t * NSG) * 16u);"
-LOGIT_DEC = "xv = logit(s_s[rr * SST + jl] * P.scale, d.b, h, i, j, pos);"
-LOGIT_PF = "xv = logit(s_s[rr * SST + jl] * P.scale, b, h, i, j, pos);"
+# An edit: (source file, text, replacement). The softmax's logits are in mma_common.wgsl,
+# which both kernels include.
+Edit = tuple[str, str, str]
+PF, DEC, COMMON = "flash_prefill_mma", "decode_mma", "mma_common"
+QK_PF = (PF, "acc = mm_qk(acc, sg * 16u * Q_STRIDE + dc * 16u, kc * 16u * K_STRIDE + dc * 16u);",
+         "")
+PV_PF = (PF, "acc = mm_pv(acc, sg * 16u * P_STRIDE + kc * 16u, kc * 16u * V_STRIDE + c * 16u);",
+         "")
+QK_DEC = (DEC, "acc = mm_qk(acc, dc * 16u, kc * 16u * K_STRIDE + dc * 16u);", "")
+PV_DEC = (DEC, "acc = mm_pv(acc, kc * 16u, kc * 16u * V_STRIDE + (sg + t * SUBGROUPS) * 16u);",
+          "")
+LOGITS = (COMMON, "xv = logit(s_s[rr * S_STRIDE + jl] * P.scale, b, h, i, j, pos);", "xv = 0.0;")
 
 
-def _phases(bound: str, tile: str, qk: str, pv: str, stage: str, logit: str
-            ) -> dict[str, list[tuple[str, str]]]:
-    """phase -> the (text, replacement) edits that take it out of one kernel's source: the PV
-    loop's runtime bound ``bound`` (min with the constant ``tile``), the statements qk, pv and
-    logit, and the K/V staging test that starts with ``stage``."""
-    return {
-        "full kernel": [],
-        "PV loop bound constant": [(bound, tile)],
-        "no QK product": [(qk, "")],
-        "no PV product": [(pv, "")],
-        "no matrix product at all": [(qk, ""), (pv, "")],
-        "no K/V staging": [(stage, stage.replace("if (", "if (false && ", 1))],
-        "no logits (scores used raw)": [(logit, "xv = 0.0;")],
-    }
+def _phases(qk: Edit, pv: Edit, bound: Edit, staging: Edit) -> dict[str, list[Edit]]:
+    """A kernel's phases -> the edits that take each out."""
+    return {"full kernel": [], "PV loop bound constant": [bound], "no QK product": [qk],
+            "no PV product": [pv], "no matrix product at all": [qk, pv],
+            "no K/V staging": [staging], "no logits (scores used raw)": [LOGITS]}
 
 
-# source file -> phase -> (text, replacement) edits
-EDITS: dict[str, dict[str, list[tuple[str, str]]]] = {
-    "flash_prefill_mma": _phases("min(NOC, P.seq_len + NOC)", "NOC", QK_PF, PV_PF,
-                                 "if (stage_granule(b", LOGIT_PF),
-    "decode_mma": _phases("min(TPS, P.seq_len + TPS)", "TPS", QK_DEC, PV_DEC,
-                          "if (stage_granule(d.b", LOGIT_DEC),
+EDITS: dict[str, dict[str, list[Edit]]] = {
+    PF: _phases(QK_PF, PV_PF, (PF, "min(OUT_TILES, P.seq_len + OUT_TILES)", "OUT_TILES"),
+                (PF, "stage_tiles(w.b, w.kvh, j0, lo, hi, lid);", "")),
+    DEC: _phases(QK_DEC, PV_DEC, (DEC, "min(SG_TILES, P.seq_len + SG_TILES)", "SG_TILES"),
+                 (DEC, "stage_tiles(d.b, d.kvh, j0, 0u, hi, lid);", "")),
 }
 GQA = dict(num_heads=32, kv_num_heads=8, head_size=128, dtype="float16", causal=True)
 CASES: list[tuple[str, str, attnreg.AttentionSpec, dict[str, Any]]] = [
@@ -70,13 +66,13 @@ def _median_us(sess: attnreg.Session, plan: attnreg.Plan, inputs: Mapping[str, A
     return statistics.median(t["gpu_s"] or t["wall_s"]) * 1e6
 
 
-def _source_with(fname: str, edits: list[tuple[str, str]]) -> Callable[[str], str]:
+def _source_with(edits: list[Edit]) -> Callable[[str], str]:
     original = program.load
 
     def load(name: str) -> str:
         text = original(name)
-        if name == fname:
-            for old, new in edits:
+        for fname, old, new in edits:
+            if name == fname:
                 if old not in text:
                     raise SystemExit(f"{fname}.wgsl no longer contains {old!r}: update EDITS")
                 text = text.replace(old, new)
@@ -105,7 +101,7 @@ def main() -> int:
         kernel = f"dawn.{'prefill' if fname == 'flash_prefill_mma' else 'decode_partial'}.f16.mma"
         for phase, edits in EDITS[fname].items():
             # program.build keys its cache by ``load``: each edit builds its own programs
-            program.load = _source_with(fname, edits)
+            program.load = _source_with(edits)
             try:
                 with attnreg.Session(backend="dawn", device=dev.id, flags={
                         "experimental_features": True, "matrix_units": "on"}) as s:

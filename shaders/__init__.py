@@ -1,13 +1,21 @@
-"""WGSL sources, one kernel family a file, loaded as package data (never by checkout path)."""
+"""WGSL sources, loaded as package data (never by checkout path): one kernel family a file,
+the code families share (attn_common, decode_*_common, mma_common, utility_common), and the
+pieces the program builder (backends/webgpu/program.py) picks between for a module's
+generated prefix."""
 
 from __future__ import annotations
 
 from functools import cache
 from importlib import resources
 
-FAMILIES = ("attn_common", "decode_lanes", "flash_prefill", "decode_partial", "reduce", "decode_qk",
-            "decode_pv", "patch16", "copy_bw", "flash_prefill_mma", "mma_hw", "mma_emu",
-            "mma_common", "decode_mma", "copy_rows")
+FAMILIES = ("attn_common", "flash_prefill", "decode_common", "decode_qk_common",
+            "decode_pv_common", "decode_partial", "decode_qk", "decode_pv", "reduce",
+            "mma_common", "mma_hw", "mma_emu", "flash_prefill_mma", "decode_mma",
+            "utility_common", "patch16", "copy_rows", "copy_bw", "quantize_kv")
+# Files of named pieces (not modules): ``// piece: NAME`` starts a piece, which runs to the
+# next such line; what comes before the first is the file's own comment.
+PIECE_FILES = ("prefix", "storage")
+_MARK = "// piece: "
 
 
 @cache
@@ -15,4 +23,27 @@ def load(name: str) -> str:
     """The text of ``shaders/<name>.wgsl`` (KeyError for an unknown name)."""
     if name not in FAMILIES:
         raise KeyError(f"no WGSL source {name!r}; known: {FAMILIES}")
+    return _read(name)
+
+
+@cache
+def pieces(name: str) -> dict[str, str]:
+    """The pieces of ``shaders/<name>.wgsl`` by name, each its lines up to the next piece
+    with the blank lines around them dropped, ending in a newline."""
+    if name not in PIECE_FILES:
+        raise KeyError(f"no WGSL piece file {name!r}; known: {PIECE_FILES}")
+    got: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in _read(name).splitlines():
+        if line.startswith(_MARK):
+            key = line[len(_MARK):].strip()
+            if key in got:
+                raise ValueError(f"shaders/{name}.wgsl: piece {key!r} twice")
+            current = got[key] = []
+        elif current is not None:
+            current.append(line)
+    return {k: "\n".join(v).strip("\n") + "\n" for k, v in got.items()}
+
+
+def _read(name: str) -> str:
     return resources.files(__name__).joinpath(f"{name}.wgsl").read_text(encoding="utf-8")

@@ -1,11 +1,12 @@
 // Inputs and per-key math shared by the attention families (flash_prefill and the decode ones).
 // The generated prefix defines: T (compute dtype: f16 for float16, f32 for float32 and
-// bfloat16), GV/GE/GS (the load granule of GE elements, its vec4 parts), g_part() (a part as
-// vec4<T>), TS / ts_part() / ts_f32() (a vec4 of a staged K/V tile in workgroup memory: as
-// computed, or bfloat16's bits, widened by ts_f32 where read),
-// HD/HV/HG (head size in elements, vec4s, granules: q and k rows), VD/VV/VG (the same of v's
-// and out's rows: v_head_size), the Params struct (backends/common.py,
-// shared with OpenCL) and the family's bindings, declared from attnreg/ports.py: P, q, k, v
+// bfloat16), GV (the load granule of GRANULE elements, GRANULE_VEC4S vec4s), g_part() (a part
+// as vec4<T>), TS / ts_part() / ts_f32() (a vec4 of a staged K/V tile in workgroup memory: as
+// computed, or bfloat16's bits, widened by ts_f32 where read), QK_DIM / QK_VEC4S /
+// QK_GRANULES (head size in elements, vec4s, granules: q and k rows), V_DIM / V_VEC4S /
+// V_GRANULES (the same of v's and out's rows: v_head_size), the Params struct
+// (backends/common.py, shared with OpenCL) and the family's bindings, declared from
+// attnreg/ports.py: P, q, k, v
 // (as stored), bias (float32: a float16 bias is widened on the host, exactly), seqlens, sink,
 // k_scale/v_scale (quantized K/V only), and the family's outputs. Kernels read q, k, v only
 // through load_q/load_k/load_v(granule) and write out only through store_out(vec4 index, x):
@@ -97,27 +98,35 @@ fn right_end(pos: i32, hi: i32) -> i32 {
   return hi;
 }
 
+// Keys [lo, hi) of the existing keys [s.lo, s.len) that lie neither left of the local window
+// of a row at left_pos nor right of the causal diagonal or right window of a row at
+// right_pos: the spans below differ only in which rows set the two edges.
+fn window_span(s: Seq, left_pos: i32, right_pos: i32) -> vec2<i32> {
+  var hi = i32(s.len);
+  if (P.causal != 0u) {
+    hi = min(hi, right_pos + 1);
+  }
+  hi = right_end(right_pos, hi);
+  var lo = i32(s.lo);
+  if (P.local_window > 0) {
+    lo = max(lo, left_pos - P.local_window + 1);
+  }
+  return vec2<i32>(lo, hi);
+}
+
 // [lo, hi) of the keys that rows i_first..i_last can see: whole tiles outside it are
 // skipped by loop bounds (kv_start, causal diagonal, seqlens_k, the windows, padding rows),
 // and keys outside it are never loaded (zeros stand in for them).
 fn key_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
-  var lo = i32(s.lo);
   var last = i_last;
   if (Q_ROWS == 1u) {
     if (i_first >= s.rows) {
-      return vec2<i32>(lo, lo);         // padding rows only: nothing to see
+      return vec2<i32>(i32(s.lo), i32(s.lo));     // padding rows only: nothing to see
     }
     last = min(i_last, s.rows - 1u);
   }
-  var hi = i32(s.len);
-  if (P.causal != 0u) {
-    hi = min(hi, row_pos(s, last) + 1);
-  }
-  hi = right_end(row_pos(s, last), hi);
-  if (P.local_window > 0) {
-    lo = max(lo, row_pos(s, i_first) - P.local_window + 1);
-  }
-  return vec2<i32>(lo, max(lo, hi));
+  let span = window_span(s, row_pos(s, i_first), row_pos(s, last));
+  return vec2<i32>(span.x, max(span.x, span.y));
 }
 
 // [lo, hi) of the keys that every row i_first..i_last sees. P.V multiplies a tile's weights
@@ -130,16 +139,7 @@ fn common_span(s: Seq, i_first: u32, i_last: u32) -> vec2<i32> {
   if (Q_ROWS == 1u && i_last >= s.rows) {
     return vec2<i32>(0, 0);             // a padding row sees nothing
   }
-  var hi = i32(s.len);
-  if (P.causal != 0u) {
-    hi = min(hi, row_pos(s, i_first) + 1);
-  }
-  hi = right_end(row_pos(s, i_first), hi);
-  var lo = i32(s.lo);
-  if (P.local_window > 0) {
-    lo = max(lo, row_pos(s, i_last) - P.local_window + 1);
-  }
-  return vec2<i32>(lo, hi);
+  return window_span(s, row_pos(s, i_last), row_pos(s, i_first));
 }
 
 // Whether every key of [a, b) inside span (the loaded keys) lies in seen_all (common_span).
@@ -161,7 +161,6 @@ struct DecodeWg {
   kvh: u32,
   b: u32,
   seq: Seq,
-  len: u32,
   i0: u32,
   span: vec2<i32>,
   seen_all: vec2<i32>,
@@ -181,7 +180,6 @@ struct PrefillWg {
   kvh: u32,
   b: u32,
   seq: Seq,
-  len: u32,
   i0: u32,
   span: vec2<i32>,
 }
@@ -200,7 +198,6 @@ fn prefill_wg(wid: vec3<u32>, nwg: vec3<u32>, br: u32) -> PrefillWg {
   w.b = lin / (w.n_rt * P.num_heads);
   w.kvh = w.h / P.group_size;
   w.seq = seq_of(w.b);
-  w.len = w.seq.len;
   w.i0 = w.rt * br;
   w.span = key_span(w.seq, w.i0, min(w.i0 + br, P.seq_len) - 1u);
   return w;
@@ -227,7 +224,6 @@ fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
   d.kvh = rest % P.kv_num_heads;
   d.b = rest / P.kv_num_heads;
   d.seq = seq_of(d.b);
-  d.len = d.seq.len;
   d.i0 = d.rt * m;
   d.span = key_span(d.seq, d.i0, min(d.i0 + m, P.seq_len) - 1u);
   d.seen_all = common_span(d.seq, d.i0, min(d.i0 + m, P.seq_len) - 1u);
@@ -237,29 +233,55 @@ fn decode_wg(wid: vec3<u32>, nwg: vec3<u32>, m: u32, gt: u32) -> DecodeWg {
   return d;
 }
 
-// Granule idx of a tile (key idx / ng, granule idx % ng; ng granules a row: HG for K, VG
-// for V) in workgroup memory whose key rows are `stride` vec4s apart: one layout for every
-// family's staging stores, matching the readers' key * stride + vec4 column.
+// Granule idx of a tile (key idx / ng, granule idx % ng; ng granules a row: QK_GRANULES for
+// K, V_GRANULES for V) in workgroup memory whose key rows are `stride` vec4s apart: one
+// layout for every family's staging stores, matching the readers' key * stride + vec4
+// column.
 fn tile_at(idx: u32, stride: u32, ng: u32) -> u32 {
-  return (idx / ng) * stride + (idx % ng) * GS;
+  return (idx / ng) * stride + (idx % ng) * GRANULE_VEC4S;
+}
+
+// A lane's granule idx of the K tile of keys jf.. as its register tile holds it: zeros unless
+// live and the key lies in [lo, hi) (the keys some row sees); and where v's rows are k's
+// (V_GRANULES == QK_GRANULES), V's granule at the same address. One granule at a time, by
+// value: never the register tile (decode_partial's tile loop says why).
+struct KvGranules {
+  k: GV,
+  v: GV,
+}
+
+fn kv_granules(idx: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool
+               ) -> KvGranules {
+  var g = KvGranules();
+  let jj = idx / QK_GRANULES;
+  if (idx < KV_TILE * QK_GRANULES && live && jf + jj >= lo && jf + jj < hi) {
+    let at = kv_granule(b, kvh, jf + jj) + idx % QK_GRANULES;
+    g.k = load_k(at);
+    if (V_GRANULES == QK_GRANULES) {
+      g.v = load_v(at);
+    }
+  }
+  return g;
+}
+
+// The same of V where v's rows differ from k's (V_GRANULES granules a key).
+fn v_granules(idx: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool) -> GV {
+  var g = GV();
+  let jj = idx / V_GRANULES;
+  if (idx < KV_TILE * V_GRANULES && live && jf + jj >= lo && jf + jj < hi) {
+    g = load_v(v_granule(b, kvh, jf + jj) + idx % V_GRANULES);
+  }
+  return g;
 }
 
 // Keys [lo, hi) a row at position pos sees (contiguous): edge loops test j against it.
 // Empty for a padding row.
 fn row_span(pos: i32, s: Seq) -> vec2<i32> {
-  var hi = i32(s.len);
-  var lo = i32(s.lo);
-  if (P.causal != 0u) {
-    hi = min(hi, pos + 1);
-  }
-  hi = right_end(pos, hi);
-  if (P.local_window > 0) {
-    lo = max(lo, pos - P.local_window + 1);
-  }
+  var span = window_span(s, pos, pos);
   if (Q_ROWS == 1u && pos >= i32(s.len)) {
-    hi = lo;
+    span.y = span.x;
   }
-  return vec2<i32>(lo, hi);
+  return span;
 }
 
 fn key_visible(j: i32, pos: i32, s: Seq) -> bool {
@@ -328,30 +350,30 @@ fn logit_b(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32, with_bias: boo
 
 // Granule index of element 0 of row (b, head, row) in q (q layout) or k/v (kv layout).
 fn q_granule(b: u32, h: u32, i: u32) -> u32 {
-  return (b * P.q_sb + h * P.q_sh + i * P.q_ss) / GE;
+  return (b * P.q_sb + h * P.q_sh + i * P.q_ss) / GRANULE;
 }
 
 // kv_elem (generated): contiguous layouts, or the page of key j through the block table.
 fn kv_granule(b: u32, n: u32, j: u32) -> u32 {
-  return kv_elem(b, n, j) / GE;
+  return kv_elem(b, n, j) / GRANULE;
 }
 
-// The same for v, whose rows are VD elements: its strides are k's scaled by VD / HD (every
-// stride of k is a multiple of HD in each layout).
+// The same for v, whose rows are V_DIM elements: its strides are k's scaled by V_DIM / QK_DIM
+// (every stride of k is a multiple of QK_DIM in each layout).
 fn v_granule(b: u32, n: u32, j: u32) -> u32 {
-  if (VD == HD) {
+  if (V_DIM == QK_DIM) {
     return kv_granule(b, n, j);
   }
-  return kv_elem(b, n, j) / HD * VD / GE;
+  return kv_elem(b, n, j) / QK_DIM * V_DIM / GRANULE;
 }
 
-// vec4 index of element 0 of out's row (b, head, row): q's layout with rows of VD elements.
+// vec4 index of element 0 of out's row (b, head, row): q's layout with rows of V_DIM elements.
 fn out_vec4(b: u32, h: u32, i: u32) -> u32 {
   let e = b * P.q_sb + h * P.q_sh + i * P.q_ss;
-  if (VD == HD) {
+  if (V_DIM == QK_DIM) {
     return e / 4u;
   }
-  return e / HD * VD / 4u;
+  return e / QK_DIM * V_DIM / 4u;
 }
 
 // The head sink as an extra logit, or MASKED when absent (a -inf sink means no sink).

@@ -1,52 +1,138 @@
-// decode_mma: split-KV decode partials whose two products run on matrix units, through the
-// mm_* primitive (mma_hw.wgsl: subgroup matrices; mma_emu.wgsl: the same contract in
-// software). One workgroup = one (batch, kv head, split, tile of M query rows, chunk of GT
-// query heads): its R = GT * M <= 16 query vectors are the 16 rows of one M tile (row
-// r: head hc*GT + r/M of the group, query row i0 + r%M; rows past R are zero). Per tile of
-// BC keys of the split, staged in workgroup memory by every lane:
-//   S = Q K^T: subgroup g takes key tiles g, g+NSG, .. (NOC products each) -> s_s;
-//   softmax in scalar code: lane (row lid%16, part lid/16) takes KPL of the row's scores,
-//   applies the logit (attn_common.wgsl) and masks, writes P = exp(x - m) as f16 to p_s;
-//   O += P V: subgroup g owns output column tiles g, g+NSG, .. (TPS of them) in registers.
-// The running max is lazy (mma_common.wgsl), as in flash_prefill_mma. Non-finite v: staged
-// as 0 and flagged; a slow path marks, per lane, the output columns of its row that see it.
-// Writes the contract's partial state of the split: o_t normalised over the split's visible
-// keys and lse_t (0 and -inf for a split with no visible key).
-// Prefix constants: M, GT, BC, NSG, WG (32 NSG), NDC (HD/16: QK's depth tiles), NOC (VD/16:
-// output column tiles), NKC (BC/16), TPS (NOC/NSG), PARTS (WG/16), KPL (BC/PARTS), QST,
-// KST, VST, SST, PST, VW (words of a lane's column mask).
+// decode_mma: split-KV decode partials whose two products run on matrix units, through the mm_*
+// primitive (mma_hw.wgsl: subgroup matrices; mma_emu.wgsl: the same contract in software). One
+// workgroup = one (batch, kv head, split, tile of M_TILE query rows, chunk of GROUP_TILE query
+// heads): its VECTORS = GROUP_TILE * M_TILE <= 16 query vectors are the 16 rows of one matrix
+// tile (row r: head hc*GROUP_TILE + r/M_TILE of the group, query row i0 + r%M_TILE; rows past
+// VECTORS are zero). Per tile of KV_TILE keys of the split, staged in workgroup memory by every
+// lane (mma_common.wgsl):
+//   S = Q K^T: subgroup g takes key tiles g, g+SUBGROUPS, .. (DEPTH_TILES products each) -> s_s;
+//   softmax in scalar code (mma_common.wgsl): lane (row lid%16, part lid/16) takes LANE_KEYS of
+//     the row's scores, applies the logit (attn_common.wgsl) and masks, writes P = exp(x - m)
+//     as f16 to p_s;
+//   O += P V: subgroup g owns output column tiles g, g+SUBGROUPS, .. (SG_TILES of them) in
+//     registers.
+// The running max is lazy, as in flash_prefill_mma. Non-finite v: staged as 0 and flagged; a
+// slow path marks, per lane, the output columns of its row that see it. Writes the contract's
+// partial state of the split: o_t normalised over the split's visible keys and lse_t (0 and
+// -inf for a split with no visible key).
+// Prefix constants: M_TILE, GROUP_TILE, KV_TILE, SUBGROUPS, THREADS (32 SUBGROUPS), DEPTH_TILES
+// (QK_DIM/16: QK's depth tiles), OUT_TILES (V_DIM/16: output column tiles), KEY_TILES
+// (KV_TILE/16), SG_TILES (OUT_TILES/SUBGROUPS), ROW_LANES (THREADS/16), LANE_KEYS
+// (KV_TILE/ROW_LANES), Q_STRIDE, K_STRIDE, V_STRIDE, S_STRIDE, P_STRIDE, MASK_WORDS (words of a
+// lane's column mask).
 
-const R: u32 = GT * M;
+const VECTORS: u32 = GROUP_TILE * M_TILE;
 
-var<workgroup> q_s: array<f16, 16u * QST>;
-var<workgroup> k_s: array<f16, BC * KST>;
-var<workgroup> v_s: array<f16, BC * VST>;
-var<workgroup> s_s: array<f32, 16u * SST>;
+var<workgroup> q_s: array<f16, 16u * Q_STRIDE>;
+var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
+var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
+var<workgroup> s_s: array<f32, 16u * S_STRIDE>;
 // Each subgroup's 16 x 16 O scratch: its own array, as in flash_prefill_mma (sharing s_s gave
 // wrong products on the H100).
-var<workgroup> o_x: array<f32, NSG * 256u>;
-var<workgroup> p_s: array<f16, 16u * PST>;
-var<workgroup> red_s: array<f32, 16u * PARTS>;
+var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
+var<workgroup> p_s: array<f16, 16u * P_STRIDE>;
+var<workgroup> red_s: array<f32, 16u * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, 16u>;
-var<workgroup> flag_a: atomic<u32>;
-var<workgroup> flag_u: u32;
 
-// (query head of the group, query row) of M-tile row r; x past the group or y past seq_len
-// for rows no query fills.
+// (query head of the group, query row) of matrix-tile row r; x past the group or y past
+// seq_len for rows no query fills.
 fn tile_row(hc: u32, i0: u32, r: u32) -> vec2<u32> {
-  if (r >= R) {
+  if (r >= VECTORS) {
     return vec2<u32>(P.group_size, P.seq_len);
   }
-  return vec2<u32>(hc * GT + r / M, i0 + r % M);
+  return vec2<u32>(hc * GROUP_TILE + r / M_TILE, i0 + r % M_TILE);
+}
+
+// vbad with the bits of the output columns this lane writes (8 of each of its subgroup's
+// tiles) set where a key of the tile j0.. that its row sees has a non-finite v: the slow path
+// of a tile that raised flag 2.
+fn mark_bad_v(bad: array<u32, MASK_WORDS>, d: DecodeWg, j0: u32, hi: u32, pos: i32, sg: u32,
+              hf: u32) -> array<u32, MASK_WORDS> {
+  var vbad = bad;
+  for (var jl = 0u; jl < KV_TILE; jl++) {
+    let j = j0 + jl;
+    if (j < hi && key_visible(i32(j), pos, d.seq)) {
+      for (var t = 0u; t < SG_TILES; t++) {
+        for (var c = 0u; c < 8u; c++) {
+          if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * SUBGROUPS) * 16u + hf * 8u + c))) {
+            let bit = t * 8u + c;
+            vbad[bit / 32u] |= 1u << (bit % 32u);
+          }
+        }
+      }
+    }
+  }
+  return vbad;
+}
+
+// The Q tile: its rows (tile_row) from q, absent and padding rows zero.
+fn stage_queries(d: DecodeWg, lid: u32) {
+  for (var idx = lid; idx < 16u * QK_GRANULES; idx += THREADS) {
+    let r = idx / QK_GRANULES;
+    let qr = tile_row(d.hc, d.i0, r);
+    stage_q_granule(r, idx % QK_GRANULES, q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y),
+                    qr.x < P.group_size && qr.y < d.seq.rows);
+  }
+}
+
+// Row rr's maximum logit of the tile, over its lanes' maxima (red_s).
+fn row_max(rr: u32) -> f32 {
+  var m_tile = MASKED;
+  for (var p = 0u; p < ROW_LANES; p++) {
+    m_tile = max(m_tile, red_s[rr * ROW_LANES + p]);
+  }
+  return m_tile;
+}
+
+// The row's factor (alpha_s[rr]) and lse_t (lse_parts[row], where live) from its lanes'
+// parts of the sum; no sink: the reduce adds it. Called by every lane.
+fn finish_lane_row(ml: vec2<f32>, rr: u32, part: u32, row: u32, live: bool) {
+  workgroupBarrier();
+  red_s[rr * ROW_LANES + part] = ml.y;
+  workgroupBarrier();
+  var lsum = 0.0;
+  for (var p = 0u; p < ROW_LANES; p++) {
+    lsum += red_s[rr * ROW_LANES + p];
+  }
+  let fin = finish_row(ml.x, lsum, MASKED);
+  if (part == 0u) {
+    alpha_s[rr] = fin.x;
+    if (live) {
+      lse_parts[row] = fin.y;
+    }
+  }
+}
+
+// Output tile t (column tile sg + t * SUBGROUPS) of o_t through the subgroup's o_x: lane
+// (row rr, hf) writes 8 of its columns, times the row's factor (alpha_s), NaN where vbad says
+// a non-finite v was seen. Called by every lane.
+fn write_tile(acc: MAcc, t: u32, vbad: array<u32, MASK_WORDS>, row: u32, rr: u32, hf: u32,
+              sg: u32, live: bool) {
+  mm_store_x(acc, sg * 256u);
+  workgroupBarrier();
+  if (live) {
+    for (var u = 0u; u < 2u; u++) {
+      var o4 = vec4<f32>(0.0);
+      for (var e = 0u; e < 4u; e++) {
+        o4[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
+        let bit = t * 8u + u * 4u + e;
+        if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
+          o4[e] = nan_f32();
+        }
+      }
+      o_parts[row * V_VEC4S + (sg + t * SUBGROUPS) * 4u + hf * 2u + u] = finite_or_nan4(o4);
+    }
+  }
+  workgroupBarrier();
 }
 
 fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
-  let d = decode_wg(wid, nwg, M, GT);
+  let d = decode_wg(wid, nwg, M_TILE, GROUP_TILE);
   if (!d.ok) {
     return;
   }
   let rr = lid % 16u;                  // this lane's row (softmax, output)
-  let part = lid / 16u;                // which KPL scores of the row
+  let part = lid / 16u;                // which LANE_KEYS scores of the row
   let hf = lane / 16u;                 // which 8 columns of its subgroup's tiles it writes
   let ri = tile_row(d.hc, d.i0, rr);
   let live = ri.x < P.group_size && ri.y < P.seq_len;
@@ -56,183 +142,66 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let lo = d.klo;
   let hi = d.khi;
 
-  // Q tile (raw: the scale is applied to the f32 scores), absent and padding rows zero.
-  for (var idx = lid; idx < 16u * HG; idx += WG) {
-    let r = idx / HG;
-    let g = idx % HG;
-    let qr = tile_row(d.hc, d.i0, r);
-    var gv = GV();
-    if (qr.x < P.group_size && qr.y < d.seq.rows) {
-      gv = load_q(q_granule(d.b, d.kvh * P.group_size + qr.x, qr.y) + g);
-    }
-    for (var e = 0u; e < GE; e++) {
-      q_s[r * QST + g * GE + e] = g_part(gv, e / 4u)[e % 4u];
-    }
-  }
+  stage_queries(d, lid);
 
-  var o: array<MAcc, TPS>;
-  for (var t = 0u; t < TPS; t++) {
+  var o: array<MAcc, SG_TILES>;
+  for (var t = 0u; t < SG_TILES; t++) {
     o[t] = mm_zero();
   }
-  var m = MASKED;
-  var l = 0.0;                         // this lane's part of the row sum
-  var vbad: array<u32, VW>;            // output columns of this lane poisoned by a v
-  for (var w = 0u; w < VW; w++) {
-    vbad[w] = 0u;
-  }
+  var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's part of its sum
+  var vbad: array<u32, MASK_WORDS>;    // output columns of this lane poisoned by a v (zeros)
 
-  let n_tiles = select(0u, cdiv(hi - lo, BC), hi > lo);
+  let n_tiles = select(0u, cdiv(hi - lo, KV_TILE), hi > lo);
   for (var it = 0u; it < n_tiles; it++) {
-    let j0 = lo + it * BC;
-    workgroupBarrier();                // the previous tile's readers are done
-    for (var idx = lid; idx < BC * HG; idx += WG) {
-      let jj = idx / HG;
-      stage_k_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi);
-      if (VG == HG && stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % HG, j0 + jj < hi)) {
-        atomicOr(&flag_a, 2u);
-      }
-    }
-    if (VG != HG) {                    // v's rows differ from k's: their own granules
-      for (var idx = lid; idx < BC * VG; idx += WG) {
-        let jj = idx / VG;
-        if (stage_v_granule(d.b, d.kvh, j0 + jj, jj, idx % VG, j0 + jj < hi)) {
-          atomicOr(&flag_a, 2u);
-        }
-      }
-    }
-    workgroupBarrier();
+    let j0 = lo + it * KV_TILE;
+    stage_tiles(d.b, d.kvh, j0, 0u, hi, lid);   // the tiles start at lo
 
-    // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal
-    // NKC / NSG and NDC): with constant bounds, head_size 32 (NDC 2) gave wrong products on
-    // the H100 (43 of 52 cells failed; all pass with these bounds), like the PV loop below.
-    for (var u = 0u; u < min(NKC / NSG, P.seq_len + NKC / NSG); u++) {
-      let kc = sg + u * NSG;
+    // S = Q K^T: this subgroup's key tiles. Both bounds are read at run time (they equal KEY_TILES
+    // / SUBGROUPS and DEPTH_TILES): with constant bounds, head_size 32 (DEPTH_TILES 2) gave wrong
+    // products on the H100 (43 of 52 cells failed; all pass with these bounds), like the PV loop
+    // below.
+    for (var u = 0u; u < min(KEY_TILES / SUBGROUPS, P.seq_len + KEY_TILES / SUBGROUPS); u++) {
+      let kc = sg + u * SUBGROUPS;
       var acc = mm_zero();
-      for (var dc = 0u; dc < min(NDC, P.seq_len + NDC); dc++) {
-        acc = mm_qk(acc, dc * 16u, kc * 16u * KST + dc * 16u);
+      for (var dc = 0u; dc < min(DEPTH_TILES, P.seq_len + DEPTH_TILES); dc++) {
+        acc = mm_qk(acc, dc * 16u, kc * 16u * K_STRIDE + dc * 16u);
       }
       mm_store_s(acc, kc * 16u);
     }
     workgroupBarrier();
 
-    // Logits of this lane's part of the row, and their max.
-    var x: array<f32, KPL>;
-    var best = MASKED;
-    for (var e = 0u; e < KPL; e++) {
-      let jl = part * KPL + e;
-      let j = j0 + jl;
-      var xv = MASKED;
-      if (live && j < hi && key_visible(i32(j), pos, d.seq)) {
-        xv = logit(s_s[rr * SST + jl] * P.scale, d.b, h, i, j, pos);
-      }
-      x[e] = xv;
-      best = max(best, xv);
-    }
-    red_s[rr * PARTS + part] = best;
+    // The softmax of this lane's part of the row.
+    let x = lane_logits(rr, part, j0, hi, live, d.b, h, i, pos, d.seq);
     workgroupBarrier();
-    var m_tile = MASKED;
-    for (var p = 0u; p < PARTS; p++) {
-      m_tile = max(m_tile, red_s[rr * PARTS + p]);
-    }
-    let lm = lazy_max(m, m_tile);
-    let alpha = lm.y;
-    if (lm.x != m && m > MASKED) {
-      atomicOr(&flag_a, 1u);
-    }
-    m = lm.x;
-    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
-    let m_use = select(m, 0.0, m <= MASKED);
-    var psum = 0.0;
-    for (var e = 0u; e < KPL; e++) {
-      let p = weight_of(x[e], m_use);
-      psum += p;
-      p_s[rr * PST + part * KPL + e] = f16(p);
-    }
-    l = l * alpha + psum;
-    if (part == 0u) {
-      alpha_s[rr] = alpha;
-    }
-    workgroupBarrier();
-    if (lid == 0u) {
-      flag_u = atomicExchange(&flag_a, 0u);
-    }
-    let flags = workgroupUniformLoad(&flag_u);
+    ml = lane_weights(x, ml, row_max(rr), rr * P_STRIDE + part * LANE_KEYS, rr, part);
+    let flags = take_flags(lid);
 
     if ((flags & 1u) != 0u) {
       // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
-      for (var t = 0u; t < TPS; t++) {
-        mm_store_x(o[t], sg * 256u);
-        workgroupBarrier();
-        for (var e = lane; e < 256u; e += 32u) {
-          o_x[sg * 256u + e] *= alpha_s[e / 16u];
-        }
-        workgroupBarrier();
-        o[t] = mm_load_x(sg * 256u);
-        workgroupBarrier();
+      for (var t = 0u; t < SG_TILES; t++) {
+        o[t] = rescaled(o[t], sg, lane, 0u);
       }
     }
     if ((flags & 2u) != 0u && live) {
-      // A non-finite v in this tile: mark the columns this lane writes that its row sees.
-      for (var jl = 0u; jl < BC; jl++) {
-        let j = j0 + jl;
-        if (j < hi && key_visible(i32(j), pos, d.seq)) {
-          for (var t = 0u; t < TPS; t++) {
-            for (var c = 0u; c < 8u; c++) {
-              if (is_bad_f16(v_elem(d.b, d.kvh, j, (sg + t * NSG) * 16u + hf * 8u + c))) {
-                let bit = t * 8u + c;
-                vbad[bit / 32u] |= 1u << (bit % 32u);
-              }
-            }
-          }
-        }
-      }
+      vbad = mark_bad_v(vbad, d, j0, hi, pos, sg, hf);
     }
 
     // O += P V on this subgroup's column tiles. The bound is read at run time (it equals
-    // TPS), as in flash_prefill_mma: fully unrolled short chains gave wrong products on the
+    // SG_TILES), as in flash_prefill_mma: fully unrolled short chains gave wrong products on the
     // H100 (Dawn/Tint + NVIDIA's Vulkan driver).
-    for (var t = 0u; t < min(TPS, P.seq_len + TPS); t++) {
+    for (var t = 0u; t < min(SG_TILES, P.seq_len + SG_TILES); t++) {
       var acc = o[t];
-      for (var kc = 0u; kc < NKC; kc++) {
-        acc = mm_pv(acc, kc * 16u, kc * 16u * VST + (sg + t * NSG) * 16u);
+      for (var kc = 0u; kc < KEY_TILES; kc++) {
+        acc = mm_pv(acc, kc * 16u, kc * 16u * V_STRIDE + (sg + t * SUBGROUPS) * 16u);
       }
       o[t] = acc;
     }
   }
 
-  // The row sum over the parts, the row's factor and lse (no sink: the reduce adds it).
-  workgroupBarrier();
-  red_s[rr * PARTS + part] = l;
-  workgroupBarrier();
-  var lsum = 0.0;
-  for (var p = 0u; p < PARTS; p++) {
-    lsum += red_s[rr * PARTS + p];
-  }
-  let fin = finish_row(m, lsum, MASKED);
   let row = ((d.b * P.num_heads + h) * P.seq_len + i) * P.n_splits + d.t;
-  if (part == 0u) {
-    alpha_s[rr] = fin.x;
-    if (live) {
-      lse_parts[row] = fin.y;
-    }
-  }
-  // o_t, tile by tile through o_x: lane (row, hf) writes 8 columns of each of its tiles.
-  for (var t = 0u; t < TPS; t++) {
-    mm_store_x(o[t], sg * 256u);
-    workgroupBarrier();
-    if (live) {
-      for (var u = 0u; u < 2u; u++) {
-        var acc = vec4<f32>(0.0);
-        for (var e = 0u; e < 4u; e++) {
-          acc[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
-          let bit = t * 8u + u * 4u + e;
-          if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
-            acc[e] = nan_f32();
-          }
-        }
-        o_parts[row * VV + (sg + t * NSG) * 4u + hf * 2u + u] = finite_or_nan4(acc);
-      }
-    }
-    workgroupBarrier();
+  finish_lane_row(ml, rr, part, row, live);
+  // o_t, tile by tile through o_x.
+  for (var t = 0u; t < SG_TILES; t++) {
+    write_tile(o[t], t, vbad, row, rr, hf, sg, live);
   }
 }

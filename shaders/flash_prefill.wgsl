@@ -1,66 +1,87 @@
-// flash_prefill: one workgroup owns BR query rows of one head and streams the keys with an
+// flash_prefill: one workgroup owns Q_TILE query rows of one head and streams the keys with an
 // online softmax (FlashAttention-2 order: S = QK^T, row max, P = exp, O += PV). Threads form
-// BR/TR row groups of NCG lanes: a lane owns TR rows and the score columns tx, tx+NCG, ... of
-// each step, and a share of the output columns.
+// Q_TILE / ROWS_PER_LANE row groups of ROW_LANES lanes: a lane owns ROWS_PER_LANE rows and the
+// score columns tx, tx+ROW_LANES, ... of each step, and a share of the output columns.
 //
-// Keys arrive in units of BC keys and are consumed in inner steps of STEP keys (max_k_step:
-// the TR x STEP/NCG scores a lane keeps in private memory). Variants, all from prefix
-// constants (tiles.prefill_consts):
-//   STAGE 1 ("workgroup"): a unit is a K/V tile staged in workgroup memory by the whole
-//     workgroup (PREFETCH pipelines the next tile through registers), NSTEP steps per tile;
-//   STAGE 0 ("direct"): a unit is one step; each row group reads the step's K rows and V
+// Keys arrive in units of KV_TILE keys and are consumed in inner steps of K_STEP keys
+// (max_k_step: the ROWS_PER_LANE x LANE_KEYS scores a lane keeps in private memory). Variants,
+// all from prefix constants (tiles.prefill_consts):
+//   STAGED 1 ("workgroup"): a unit is a K/V tile staged in workgroup memory by the whole
+//     workgroup (PREFETCH pipelines the next tile through registers), STEPS steps per tile;
+//   STAGED 0 ("direct"): a unit is one step; each row group reads the step's K rows and V
 //     rows straight from memory (together it reads each of them once), no staging;
-//   OUTW 1 ("half_workgroup"): of a lane's OSL output vec4 slots (OCU units of OW vec4s),
-//     OSW = half, rounded up, live in workgroup memory (o_s, each lane its own entries), the
-//     other OSR in registers; OUTW 0: all OSL in registers;
+//   O_SPLIT 1 ("half_workgroup"): of a lane's LANE_SLOTS output vec4 slots per row
+//     (LANE_UNITS units of OUT_UNIT vec4s), WG_SLOTS = half, rounded up, live in workgroup
+//     memory (o_s, each lane its own entries), the other REG_SLOTS in registers; O_SPLIT 0:
+//     all LANE_SLOTS in registers;
 //   BLOCKS 1: units are the listed blocks of the masked-block list (block_skip), each with
 //     its all-zero flag (the bias is not loaded for those), instead of every unit in span.
-// An output unit is OW vec4 columns: one vec4 (STAGE 1, read from v_s) or one load granule
-// (STAGE 0, read from v); v's rows and so the output's are VD elements (v_head_size), q's
-// and k's HD. Row maxima and sums are combined over the NCG lanes of a row
-// group: lane_max()/lane_sum() (subgroup shuffles over SGW lanes in the subgroup variant),
-// then workgroup memory for the NCG/SGW groups left.
-// Prefix constants: BR, BC, STEP, NSTEP, TR, NCG, SGW, PREFETCH, STAGE, KVS, OUTW, OW, NU,
-// OCU, OSL, OSR, OSW, OSZ.
+// An output unit is OUT_UNIT vec4 columns: one vec4 (STAGED 1, read from v_s) or one load
+// granule (STAGED 0, read from v); OUT_UNITS of them make v's row, and so the output's, of V_DIM
+// elements (v_head_size); q's and k's are QK_DIM. Row maxima and sums are combined over the
+// ROW_LANES lanes of a row group: lane_max()/lane_sum() (subgroup shuffles over SHUFFLE_LANES
+// lanes in the subgroup variant), then workgroup memory for the LANE_GROUPS groups left.
+// Prefix constants: Q_TILE, KV_TILE, K_STEP, STEPS (steps per unit), ROWS_PER_LANE, ROW_LANES,
+// SHUFFLE_LANES, PREFETCH, STAGED, STAGED_KEYS (k_s / v_s rows: KV_TILE, or 1 when direct),
+// O_SPLIT, OUT_UNIT, OUT_UNITS, LANE_UNITS, LANE_SLOTS, REG_SLOTS, WG_SLOTS, O_S_SIZE (o_s's
+// length).
+//
+// main is one body of about 290 lines, past the 80 lines a function that the house rules set:
+// a measured exception (#34). Splits of it were slower on the H100 (Dawn: Tint's SPIR-V on
+// NVIDIA's Vulkan driver; `attnreg bench --gpu-only --backend dawn --suite prefill --iters 30`,
+// GPU us, two rounds alternated with the a244720 tree, whose kernel this is, in each call):
+//                                                    S512 (a244720)        S2048 (a244720)
+//   this body                                        211.0 211.0 (211.0)   2390 2390 (2387)
+//   main <= 80 lines, m/l/o updated in main's own    222.1 222.4 (211.0)   2529 2528 (2387)
+//     loops; scores, logits, p_s, tile loads and staging in functions
+//   main <= 80 lines, m/l/o passed through the step  233.1 233.6 (211.0)   2655 2655 (2385)
+//     functions by value; by pointer 234.3 234.3, as var<private> 232.5 231.1
+//   this body with only its PV loops in a function   226.6 226.5 (211.0)   2585 2585 (2389)
+//   the two PV loops (full, edge) as one loop with   331.0 331.0 (211.0)   3950 3951 (2387)
+//     a run-time test
+// Why NVIDIA's build of the splits is slower is not known. The twins in main (the staging
+// for both PREFETCH orders, the PV loop for full and edge steps) stay for the same reason.
 
-const TC: u32 = STEP / NCG;               // scores per lane and row in a step
-const WG: u32 = (BR / TR) * NCG;
-const KS: u32 = HV + 1u;                  // padded K row stride: lanes read distinct banks
-const NG: u32 = NCG / SGW;                // lane groups left after the shuffles
-const NLD: u32 = (BC * HG + WG - 1u) / WG; // K granules each lane loads per tile
-const NLV: u32 = (BC * VG + WG - 1u) / WG; // V granules each lane loads per tile
-const PRE: u32 = PREFETCH * STAGE;        // tiles in flight ahead of the compute
-const ORN: u32 = max(OSR, 1u);            // register accumulator vec4s per row
+const LANE_KEYS: u32 = K_STEP / ROW_LANES;      // scores per lane and row in a step
+const THREADS: u32 = (Q_TILE / ROWS_PER_LANE) * ROW_LANES;
+const K_STRIDE: u32 = QK_VEC4S + 1u;            // padded K row stride: lanes read distinct banks
+const LANE_GROUPS: u32 = ROW_LANES / SHUFFLE_LANES;     // lane groups left after the shuffles
+// K and V granules each lane loads per tile
+const K_LOADS: u32 = (KV_TILE * QK_GRANULES + THREADS - 1u) / THREADS;
+const V_LOADS: u32 = (KV_TILE * V_GRANULES + THREADS - 1u) / THREADS;
+const AHEAD: u32 = PREFETCH * STAGED;           // tiles in flight ahead of the compute
+const O_REGS: u32 = max(REG_SLOTS, 1u);         // register accumulator vec4s per row
 
-var<workgroup> q_s: array<vec4<f32>, BR * HV>;
-var<workgroup> k_s: array<TS, KVS * KS>;
-var<workgroup> v_s: array<TS, KVS * VV>;
-var<workgroup> p_s: array<f32, BR * STEP>;
-var<workgroup> red_s: array<f32, BR * NG>;
-var<workgroup> o_s: array<vec4<f32>, OSZ>;
+var<workgroup> q_s: array<vec4<f32>, Q_TILE * QK_VEC4S>;
+var<workgroup> k_s: array<TS, STAGED_KEYS * K_STRIDE>;
+var<workgroup> v_s: array<TS, STAGED_KEYS * V_VEC4S>;
+var<workgroup> p_s: array<f32, Q_TILE * K_STEP>;
+var<workgroup> red_s: array<f32, Q_TILE * LANE_GROUPS>;
+var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
 
-// Combine one value per row over the NCG lanes of a row group (max or sum). Called in
-// uniform control flow by every invocation (it holds a barrier when NG > 1).
-fn rows_reduce(x: array<f32, TR>, ty: u32, tx: u32, is_max: bool) -> array<f32, TR> {
+// Combine one value per row over the ROW_LANES lanes of a row group (max or sum). Called in
+// uniform control flow by every invocation (it holds a barrier when LANE_GROUPS > 1).
+fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool
+               ) -> array<f32, ROWS_PER_LANE> {
   var r = x;
-  for (var a = 0u; a < TR; a++) {
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {
     if (is_max) {
       r[a] = lane_max(r[a]);
     } else {
       r[a] = lane_sum(r[a]);
     }
   }
-  if (NG > 1u) {
-    if (tx % SGW == 0u) {
-      for (var a = 0u; a < TR; a++) {
-        red_s[(ty * TR + a) * NG + tx / SGW] = r[a];
+  if (LANE_GROUPS > 1u) {
+    if (tx % SHUFFLE_LANES == 0u) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+        red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + tx / SHUFFLE_LANES] = r[a];
       }
     }
     workgroupBarrier();
-    for (var a = 0u; a < TR; a++) {
-      var acc = red_s[(ty * TR + a) * NG];
-      for (var g = 1u; g < NG; g++) {
-        let y = red_s[(ty * TR + a) * NG + g];
+    for (var a = 0u; a < ROWS_PER_LANE; a++) {
+      var acc = red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS];
+      for (var g = 1u; g < LANE_GROUPS; g++) {
+        let y = red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + g];
         acc = select(acc + y, max(acc, y), is_max);
       }
       r[a] = acc;
@@ -70,48 +91,48 @@ fn rows_reduce(x: array<f32, TR>, ty: u32, tx: u32, is_max: bool) -> array<f32, 
   return r;
 }
 
-// Index of a lane's workgroup-memory output slot c (c < OSW) for one row.
+// Index of a lane's workgroup-memory output slot c (c < WG_SLOTS) for one row.
 fn osi(row: u32, tx: u32, c: u32) -> u32 {
-  return (row * NCG + tx) * OSW + c;
+  return (row * ROW_LANES + tx) * WG_SLOTS + c;
 }
 
 // One granule of the register tile into workgroup memory: by value, never the register
 // tile, for the reason given at decode_partial's stage_k.
 fn stage_k(idx: u32, kg: GV) {
-  if (idx < BC * HG) {
-    let ks = tile_at(idx, KS, HG);
-    for (var s = 0u; s < GS; s++) {
+  if (idx < KV_TILE * QK_GRANULES) {
+    let ks = tile_at(idx, K_STRIDE, QK_GRANULES);
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {
       k_s[ks + s] = ts_part(kg, s);
     }
   }
 }
 
 fn stage_v(idx: u32, vg: GV) {
-  if (idx < BC * VG) {
-    let vs = tile_at(idx, VV, VG);
-    for (var s = 0u; s < GS; s++) {
+  if (idx < KV_TILE * V_GRANULES) {
+    let vs = tile_at(idx, V_VEC4S, V_GRANULES);
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {
       v_s[vs + s] = ts_part(vg, s);
     }
   }
 }
 
-// The lane's output units (tx, tx+NCG, ...) of the value of key j, step key jj of step st:
-// from v_s (STAGE 1) or v (STAGE 0, zeros outside [lo, hi), the keys some row sees).
+// The lane's output units (tx, tx+ROW_LANES, ...) of the value of key j, step key jj of step st:
+// from v_s (STAGED 1) or v (STAGED 0, zeros outside [lo, hi), the keys some row sees).
 fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi: u32
-               ) -> array<vec4<f32>, OSL> {
-  var vv: array<vec4<f32>, OSL>;
-  for (var c = 0u; c < OCU; c++) {
-    let un = tx + NCG * c;
-    for (var s = 0u; s < OW; s++) {
-      vv[c * OW + s] = vec4<f32>(0.0);
+               ) -> array<vec4<f32>, LANE_SLOTS> {
+  var vv: array<vec4<f32>, LANE_SLOTS>;
+  for (var c = 0u; c < LANE_UNITS; c++) {
+    let un = tx + ROW_LANES * c;
+    for (var s = 0u; s < OUT_UNIT; s++) {
+      vv[c * OUT_UNIT + s] = vec4<f32>(0.0);
     }
-    if (un < NU) {
-      if (STAGE == 1u) {
-        vv[c] = ts_f32(v_s[(st * STEP + jj) * VV + un]);
+    if (un < OUT_UNITS) {
+      if (STAGED == 1u) {
+        vv[c] = ts_f32(v_s[(st * K_STEP + jj) * V_VEC4S + un]);
       } else if (j >= lo && j < hi) {
         let gv = load_v(v_granule(b, kvh, j) + un);
-        for (var s = 0u; s < OW; s++) {
-          vv[c * OW + s] = vec4<f32>(g_part(gv, s));
+        for (var s = 0u; s < OUT_UNIT; s++) {
+          vv[c * OUT_UNIT + s] = vec4<f32>(g_part(gv, s));
         }
       }
     }
@@ -123,15 +144,15 @@ fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
 fn unit_of(it: u32, u_first: u32, l_first: u32) -> vec2<u32> {
   if (BLOCKS == 1u) {
     let e = blk_entry(l_first + it);
-    return vec2<u32>((e & 0x7fffffffu) * BC, 1u - (e >> 31u));
+    return vec2<u32>((e & 0x7fffffffu) * KV_TILE, 1u - (e >> 31u));
   }
-  return vec2<u32>((u_first + it) * BC, 1u);
+  return vec2<u32>((u_first + it) * KV_TILE, 1u);
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-  let w = prefill_wg(wid, nwg, BR);
+  let w = prefill_wg(wid, nwg, Q_TILE);
   if (!w.ok) {
     return;
   }
@@ -141,75 +162,75 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let b = w.b;
   let kvh = w.kvh;
   let sq = w.seq;
-  let ty = lid / NCG;
-  let tx = lid % NCG;
+  let ty = lid / ROW_LANES;
+  let tx = lid % ROW_LANES;
   let i0 = w.i0;
   let span = w.span;
-  let seen_all = common_span(sq, i0, min(i0 + BR, P.seq_len) - 1u);
-  var rk: array<vec2<i32>, TR>;            // the keys each of the lane's rows sees
-  for (var a = 0u; a < TR; a++) {
-    rk[a] = row_span(row_pos(sq, i0 + ty * TR + a), sq);
+  let seen_all = common_span(sq, i0, min(i0 + Q_TILE, P.seq_len) - 1u);
+  var rk: array<vec2<i32>, ROWS_PER_LANE>;    // the keys each of the lane's rows sees
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+    rk[a] = row_span(row_pos(sq, i0 + ty * ROWS_PER_LANE + a), sq);
   }
   let lo = u32(span.x);
   let hi = u32(span.y);
 
-  for (var u = 0u; u < (BR * HG + WG - 1u) / WG; u++) {
-    let idx = lid + u * WG;
-    if (idx >= BR * HG) {
+  for (var u = 0u; u < (Q_TILE * QK_GRANULES + THREADS - 1u) / THREADS; u++) {
+    let idx = lid + u * THREADS;
+    if (idx >= Q_TILE * QK_GRANULES) {
       break;
     }
-    let r = idx / HG;
-    let g = idx % HG;
+    let r = idx / QK_GRANULES;
+    let g = idx % QK_GRANULES;
     var gv = GV();
     if (i0 + r < sq.rows) {               // padding rows' q is never read
       gv = load_q(q_granule(b, h, i0 + r) + g);
     }
-    for (var s = 0u; s < GS; s++) {
-      q_s[r * HV + g * GS + s] = vec4<f32>(g_part(gv, s)) * P.scale;
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {
+      q_s[r * QK_VEC4S + g * GRANULE_VEC4S + s] = vec4<f32>(g_part(gv, s)) * P.scale;
     }
   }
-  workgroupBarrier();     // q_s is read by every lane (STAGE 0 has no staging barrier first)
+  workgroupBarrier();     // q_s is read by every lane (STAGED 0 has no staging barrier first)
 
-  var m: array<f32, TR>;
-  var l: array<f32, TR>;
-  var o: array<array<vec4<f32>, ORN>, TR>;
-  for (var a = 0u; a < TR; a++) {
+  var m: array<f32, ROWS_PER_LANE>;
+  var l: array<f32, ROWS_PER_LANE>;
+  var o: array<array<vec4<f32>, O_REGS>, ROWS_PER_LANE>;
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {
     m[a] = MASKED;
     l[a] = 0.0;
-    for (var c = 0u; c < ORN; c++) {
+    for (var c = 0u; c < O_REGS; c++) {
       o[a][c] = vec4<f32>(0.0);
     }
-    for (var c = 0u; c < OSW; c++) {
-      o_s[osi(ty * TR + a, tx, c)] = vec4<f32>(0.0);
+    for (var c = 0u; c < WG_SLOTS; c++) {
+      o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] = vec4<f32>(0.0);
     }
   }
 
   // The units to visit: every unit meeting [span.x, span.y), or the listed blocks there.
-  let u_first = u32(span.x) / BC;
-  var n_units = select(0u, cdiv(hi, BC) - u_first, hi > u32(span.x));
+  let u_first = u32(span.x) / KV_TILE;
+  var n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > u32(span.x));
   var l_first = 0u;
   if (BLOCKS == 1u) {
-    let ls = blk_span(blk_row(b, h, rt, n_rt), u32(span.x), hi, BC);
+    let ls = blk_span(blk_row(b, h, rt, n_rt), u32(span.x), hi, KV_TILE);
     l_first = ls.x;
     n_units = ls.y - ls.x;
   }
 
-  // Unit loop. STAGE 1 with PREFETCH: iteration it stores tile it-1 (already in registers)
+  // Unit loop. STAGED 1 with PREFETCH: iteration it stores tile it-1 (already in registers)
   // to workgroup memory, issues the loads of tile it, then computes tile it-1, so the loads
   // fly during the compute. The loads have a constant trip count (the compiler unrolls them
-  // and issues all before the first use) and sit in main: a helper taking the register
-  // tile by pointer made a driver keep it in local memory.
-  var kr: array<GV, NLD>;
-  var vr: array<GV, NLV>;
-  for (var it = 0u; it < n_units + PRE; it++) {
-    if (STAGE == 1u) {
-      if (PRE == 1u && it > 0u) {
+  // and issues all before the first use) and sit in main with their staging, written out
+  // for both orders, as in decode_partial (which says why).
+  var kr: array<GV, K_LOADS>;
+  var vr: array<GV, V_LOADS>;
+  for (var it = 0u; it < n_units + AHEAD; it++) {
+    if (STAGED == 1u) {
+      if (AHEAD == 1u && it > 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
-        for (var u = 0u; u < NLD; u++) {
-          stage_k(lid + u * WG, kr[u]);
+        for (var u = 0u; u < K_LOADS; u++) {
+          stage_k(lid + u * THREADS, kr[u]);
         }
-        for (var u = 0u; u < NLV; u++) {
-          stage_v(lid + u * WG, vr[u]);
+        for (var u = 0u; u < V_LOADS; u++) {
+          stage_v(lid + u * THREADS, vr[u]);
         }
         workgroupBarrier();
       }
@@ -217,96 +238,97 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (it < n_units) {
         jf = unit_of(it, u_first, l_first).x;
       }
-      for (var u = 0u; u < NLD; u++) {
-        let idx = lid + u * WG;
-        let jj = idx / HG;
+      for (var u = 0u; u < K_LOADS; u++) {
+        let idx = lid + u * THREADS;
+        let jj = idx / QK_GRANULES;
         kr[u] = GV();
-        if (VG == HG) {
+        if (V_GRANULES == QK_GRANULES) {
           vr[u] = GV();
         }
         // only keys some row sees: never past the valid length, never left of the window
         // or of kv_start
-        if (idx < BC * HG && it < n_units && jf + jj >= lo && jf + jj < hi) {
-          let at = kv_granule(b, kvh, jf + jj) + idx % HG;
+        if (idx < KV_TILE * QK_GRANULES && it < n_units && jf + jj >= lo && jf + jj < hi) {
+          let at = kv_granule(b, kvh, jf + jj) + idx % QK_GRANULES;
           kr[u] = load_k(at);
-          if (VG == HG) {                   // v's rows are k's: the same granules
+          if (V_GRANULES == QK_GRANULES) {    // v's rows are k's: the same granules
             vr[u] = load_v(at);
           }
         }
       }
-      if (VG != HG) {
-        for (var u = 0u; u < NLV; u++) {
-          let idx = lid + u * WG;
-          let jj = idx / VG;
+      if (V_GRANULES != QK_GRANULES) {
+        for (var u = 0u; u < V_LOADS; u++) {
+          let idx = lid + u * THREADS;
+          let jj = idx / V_GRANULES;
           vr[u] = GV();
-          if (idx < BC * VG && it < n_units && jf + jj >= lo && jf + jj < hi) {
-            vr[u] = load_v(v_granule(b, kvh, jf + jj) + idx % VG);
+          if (idx < KV_TILE * V_GRANULES && it < n_units && jf + jj >= lo && jf + jj < hi) {
+            vr[u] = load_v(v_granule(b, kvh, jf + jj) + idx % V_GRANULES);
           }
         }
       }
-      if (PRE == 0u) {
+      if (AHEAD == 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
-        for (var u = 0u; u < NLD; u++) {
-          stage_k(lid + u * WG, kr[u]);
+        for (var u = 0u; u < K_LOADS; u++) {
+          stage_k(lid + u * THREADS, kr[u]);
         }
-        for (var u = 0u; u < NLV; u++) {
-          stage_v(lid + u * WG, vr[u]);
+        for (var u = 0u; u < V_LOADS; u++) {
+          stage_v(lid + u * THREADS, vr[u]);
         }
         workgroupBarrier();
       }
-      if (it < PRE) {
+      if (it < AHEAD) {
         continue;
       }
     }
-    let cur = unit_of(it - PRE, u_first, l_first);
+    let cur = unit_of(it - AHEAD, u_first, l_first);
     let wb = cur.y == 1u;
 
-    for (var st = 0u; st < NSTEP; st++) {
-      let js = cur.x + st * STEP;           // first key of this step
+    for (var st = 0u; st < STEPS; st++) {
+      let js = cur.x + st * K_STEP;           // first key of this step
 
-      // S = QK^T for the lane's TR rows and TC keys, accumulated in private memory.
-      var sc: array<array<f32, TC>, TR>;
-      for (var a = 0u; a < TR; a++) {
-        for (var e = 0u; e < TC; e++) {
+      // S = QK^T for the lane's ROWS_PER_LANE rows and LANE_KEYS keys, accumulated in
+      // private memory.
+      var sc: array<array<f32, LANE_KEYS>, ROWS_PER_LANE>;
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+        for (var e = 0u; e < LANE_KEYS; e++) {
           sc[a][e] = 0.0;
         }
       }
-      if (STAGE == 1u) {
-        for (var c = 0u; c < HV; c++) {
-          var kc: array<vec4<f32>, TC>;
-          for (var e = 0u; e < TC; e++) {
-            kc[e] = ts_f32(k_s[(st * STEP + tx + NCG * e) * KS + c]);
+      if (STAGED == 1u) {
+        for (var c = 0u; c < QK_VEC4S; c++) {
+          var kc: array<vec4<f32>, LANE_KEYS>;
+          for (var e = 0u; e < LANE_KEYS; e++) {
+            kc[e] = ts_f32(k_s[(st * K_STEP + tx + ROW_LANES * e) * K_STRIDE + c]);
           }
-          for (var a = 0u; a < TR; a++) {
-            let qa = q_s[(ty * TR + a) * HV + c];
-            for (var e = 0u; e < TC; e++) {
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+            let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + c];
+            for (var e = 0u; e < LANE_KEYS; e++) {
               sc[a][e] += dot(qa, kc[e]);
             }
           }
         }
       } else {
-        var kb: array<u32, TC>;
-        var ok: array<bool, TC>;
-        for (var e = 0u; e < TC; e++) {
-          let j = js + tx + NCG * e;
+        var kb: array<u32, LANE_KEYS>;
+        var ok: array<bool, LANE_KEYS>;
+        for (var e = 0u; e < LANE_KEYS; e++) {
+          let j = js + tx + ROW_LANES * e;
           ok[e] = j >= lo && j < hi;        // only keys some row sees
           kb[e] = 0u;
           if (ok[e]) {
             kb[e] = kv_granule(b, kvh, j);
           }
         }
-        for (var g = 0u; g < HG; g++) {
-          var kg: array<GV, TC>;
-          for (var e = 0u; e < TC; e++) {
+        for (var g = 0u; g < QK_GRANULES; g++) {
+          var kg: array<GV, LANE_KEYS>;
+          for (var e = 0u; e < LANE_KEYS; e++) {
             kg[e] = GV();
             if (ok[e]) {
               kg[e] = load_k(kb[e] + g);
             }
           }
-          for (var s = 0u; s < GS; s++) {
-            for (var a = 0u; a < TR; a++) {
-              let qa = q_s[(ty * TR + a) * HV + g * GS + s];
-              for (var e = 0u; e < TC; e++) {
+          for (var s = 0u; s < GRANULE_VEC4S; s++) {
+            for (var a = 0u; a < ROWS_PER_LANE; a++) {
+              let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + g * GRANULE_VEC4S + s];
+              for (var e = 0u; e < LANE_KEYS; e++) {
                 sc[a][e] += dot(qa, vec4<f32>(g_part(kg[e], s)));
               }
             }
@@ -314,13 +336,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
       }
 
-      var mx: array<f32, TR>;
-      for (var a = 0u; a < TR; a++) {
-        let i = i0 + ty * TR + a;
+      var mx: array<f32, ROWS_PER_LANE>;
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+        let i = i0 + ty * ROWS_PER_LANE + a;
         let pos = row_pos(sq, i);
         var best = MASKED;
-        for (var e = 0u; e < TC; e++) {
-          let j = js + tx + NCG * e;
+        for (var e = 0u; e < LANE_KEYS; e++) {
+          let j = js + tx + ROW_LANES * e;
           var x = MASKED;
           if (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq)) {
             x = logit_b(sc[a][e], b, h, i, j, pos, wb);
@@ -333,59 +355,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       mx = rows_reduce(mx, ty, tx, true);
       workgroupBarrier();     // the previous step's readers are done with p_s
 
-      for (var a = 0u; a < TR; a++) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {
         let m_new = max(m[a], mx[a]);
         // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
         let m_use = select(m_new, 0.0, m_new <= MASKED);
         let alpha = exp(m[a] - m_use);
         m[a] = m_new;
         var psum = 0.0;
-        for (var e = 0u; e < TC; e++) {
+        for (var e = 0u; e < LANE_KEYS; e++) {
           let p = weight_of(sc[a][e], m_use);
           psum += p;
-          p_s[(ty * TR + a) * STEP + tx + NCG * e] = p;
+          p_s[(ty * ROWS_PER_LANE + a) * K_STEP + tx + ROW_LANES * e] = p;
         }
         l[a] = l[a] * alpha + psum;
-        for (var c = 0u; c < ORN; c++) {
+        for (var c = 0u; c < O_REGS; c++) {
           o[a][c] *= alpha;
         }
-        for (var c = 0u; c < OSW; c++) {
-          o_s[osi(ty * TR + a, tx, c)] *= alpha;
+        for (var c = 0u; c < WG_SLOTS; c++) {
+          o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] *= alpha;
         }
       }
       workgroupBarrier();
 
-      // O += P V over the step's keys; the lane's output units are tx, tx+NCG, ... A step
+      // O += P V over the step's keys; the lane's output units are tx, tx+ROW_LANES, ... A step
       // on the causal diagonal or the window's edge adds only the keys each row sees.
-      if (all_see(js, js + STEP, span, seen_all)) {
-        for (var jj = 0u; jj < STEP; jj++) {
+      if (all_see(js, js + K_STEP, span, seen_all)) {
+        for (var jj = 0u; jj < K_STEP; jj++) {
           let vv = step_values(st, jj, js + jj, tx, b, kvh, lo, hi);
-          for (var a = 0u; a < TR; a++) {
-            let p = p_s[(ty * TR + a) * STEP + jj];
-            for (var c = 0u; c < OSR; c++) {
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+            let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
+            for (var c = 0u; c < REG_SLOTS; c++) {
               o[a][c] += p * vv[c];
             }
-            for (var c = 0u; c < OSW; c++) {
-              let at = osi(ty * TR + a, tx, c);
-              o_s[at] += p * vv[OSR + c];
+            for (var c = 0u; c < WG_SLOTS; c++) {
+              let at = osi(ty * ROWS_PER_LANE + a, tx, c);
+              o_s[at] += p * vv[REG_SLOTS + c];
             }
           }
         }
       } else {
-        for (var jj = 0u; jj < STEP; jj++) {
+        for (var jj = 0u; jj < K_STEP; jj++) {
           let j = js + jj;
           let vv = step_values(st, jj, j, tx, b, kvh, lo, hi);
-          for (var a = 0u; a < TR; a++) {
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {
             // a branch per (key, row), not a select per element: the edge steps then
             // cost what the full ones do
             if (i32(j) >= rk[a].x && i32(j) < rk[a].y) {
-              let p = p_s[(ty * TR + a) * STEP + jj];
-              for (var c = 0u; c < OSR; c++) {
+              let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
+              for (var c = 0u; c < REG_SLOTS; c++) {
                 o[a][c] += p * vv[c];
               }
-              for (var c = 0u; c < OSW; c++) {
-                let at = osi(ty * TR + a, tx, c);
-                o_s[at] += p * vv[OSR + c];
+              for (var c = 0u; c < WG_SLOTS; c++) {
+                let at = osi(ty * ROWS_PER_LANE + a, tx, c);
+                o_s[at] += p * vv[REG_SLOTS + c];
               }
             }
           }
@@ -396,21 +418,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
   // Each lane summed only its own columns: the row sum is the sum over the row group.
   l = rows_reduce(l, ty, tx, false);
-  for (var a = 0u; a < TR; a++) {
-    let i = i0 + ty * TR + a;
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+    let i = i0 + ty * ROWS_PER_LANE + a;
     if (i < P.seq_len) {
       let fin = finish_row(m[a], l[a], row_sink(h, sq, i));
       let base = out_vec4(b, h, i);
-      for (var c = 0u; c < OSL; c++) {
-        let un = tx + NCG * (c / OW);
-        if (un < NU) {
+      for (var c = 0u; c < LANE_SLOTS; c++) {
+        let un = tx + ROW_LANES * (c / OUT_UNIT);
+        if (un < OUT_UNITS) {
           var acc = vec4<f32>(0.0);
-          if (c < OSR) {
+          if (c < REG_SLOTS) {
             acc = o[a][c];
           } else {
-            acc = o_s[osi(ty * TR + a, tx, c - OSR)];
+            acc = o_s[osi(ty * ROWS_PER_LANE + a, tx, c - REG_SLOTS)];
           }
-          store_out(base + un * OW + c % OW, finite_or_nan4(acc * fin.x));
+          store_out(base + un * OUT_UNIT + c % OUT_UNIT, finite_or_nan4(acc * fin.x));
         }
       }
       if (P.return_lse != 0u && tx == 0u) {

@@ -1,10 +1,20 @@
-// Pieces both matrix-unit kernels (flash_prefill_mma, decode_mma) share: the lazy-max
-// threshold, non-finite tests on halves, and the staging of one K or V granule into the
-// primitive's k_s / v_s tiles (rows KST / VST halves apart; k rows are HD elements, HG
-// granules, v rows VD, VG granules).
+// What both matrix-unit kernels (flash_prefill_mma, decode_mma) share: the staging of a K/V
+// tile into the primitive's k_s / v_s (rows K_STRIDE / V_STRIDE halves apart; k rows are
+// QK_DIM elements, QK_GRANULES granules, v rows V_DIM, V_GRANULES granules), non-finite tests
+// on halves, and the softmax between the two products: ROW_LANES lanes per row of scores
+// (s_s, rows S_STRIDE apart) each take LANE_KEYS of a tile's keys, with a lazy running max
+// (a row keeps its reference max until a tile exceeds it by more than TAU) whose moves the
+// lanes flag to the workgroup. Each kernel declares q_s, k_s, v_s, s_s, p_s (P, rows
+// P_STRIDE apart), red_s (a value per row and lane), alpha_s (a factor per row) and o_x (the
+// subgroups' O scratch).
 
 // ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
 const TAU: f32 = 8.0;
+
+// Flags the lanes raise during a tile (take_flags): 1, a row's reference max moved (its O
+// needs rescaling); 2, the tile holds a non-finite v (the slow path marks who sees it).
+var<workgroup> flag_a: atomic<u32>;
+var<workgroup> flag_u: u32;
 
 // Which lanes of a vec4 of halves are not finite (bit tests: see attn_common.wgsl's NaN note).
 fn bad4(x: vec4<f16>) -> vec4<bool> {
@@ -18,8 +28,20 @@ fn is_bad_f16(x: f16) -> bool {
 
 // Element d of key j's row of v (kv layout), for the non-finite slow path.
 fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
-  let g = load_v(v_granule(b, kvh, j) + d / GE);
-  return g_part(g, (d % GE) / 4u)[d % 4u];
+  let g = load_v(v_granule(b, kvh, j) + d / GRANULE);
+  return g_part(g, (d % GRANULE) / 4u)[d % 4u];
+}
+
+// Granule g of query row r (its first granule at: q_granule) into q_s: zeros unless load.
+// Raw: the scale is applied to the f32 scores.
+fn stage_q_granule(r: u32, g: u32, at: u32, load: bool) {
+  var gv = GV();
+  if (load) {
+    gv = load_q(at + g);
+  }
+  for (var e = 0u; e < GRANULE; e++) {
+    q_s[r * Q_STRIDE + g * GRANULE + e] = g_part(gv, e / 4u)[e % 4u];
+  }
 }
 
 // Granule g of key j's k (tile row jj) into k_s: zeros unless load.
@@ -28,10 +50,10 @@ fn stage_k_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) {
   if (load) {
     kg = load_k(kv_granule(b, kvh, j) + g);
   }
-  for (var c = 0u; c < GE; c += 4u) {
+  for (var c = 0u; c < GRANULE; c += 4u) {
     let kh = g_part(kg, c / 4u);
     for (var e = 0u; e < 4u; e++) {
-      k_s[jj * KST + g * GE + c + e] = kh[e];
+      k_s[jj * K_STRIDE + g * GRANULE + c + e] = kh[e];
     }
   }
 }
@@ -44,13 +66,13 @@ fn stage_v_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) -> boo
     vg = load_v(v_granule(b, kvh, j) + g);
   }
   var bad = false;
-  for (var c = 0u; c < GE; c += 4u) {
+  for (var c = 0u; c < GRANULE; c += 4u) {
     let vraw = g_part(vg, c / 4u);
     let vb = bad4(vraw);
     bad = bad || any(vb);
     let vh = select(vraw, vec4<T>(0.0), vb);
     for (var e = 0u; e < 4u; e++) {
-      v_s[jj * VST + g * GE + c + e] = vh[e];
+      v_s[jj * V_STRIDE + g * GRANULE + c + e] = vh[e];
     }
   }
   return bad;
@@ -64,4 +86,100 @@ fn lazy_max(m: f32, m_tile: f32) -> vec2<f32> {
     return vec2<f32>(m_tile, select(1.0, exp(m - m_tile), m > MASKED));
   }
   return vec2<f32>(m, 1.0);
+}
+
+// The tile of keys j0.. into k_s / v_s, keys outside [lo, hi) as zeros (no row sees them); a
+// non-finite v half is staged as 0 and raises flag 2. Between barriers: the previous tile's
+// readers are done before, the tile is complete after.
+fn stage_tiles(b: u32, kvh: u32, j0: u32, lo: u32, hi: u32, lid: u32) {
+  workgroupBarrier();
+  for (var idx = lid; idx < KV_TILE * QK_GRANULES; idx += THREADS) {
+    let jj = idx / QK_GRANULES;
+    let ld = j0 + jj >= lo && j0 + jj < hi;
+    stage_k_granule(b, kvh, j0 + jj, jj, idx % QK_GRANULES, ld);
+    if (V_GRANULES == QK_GRANULES
+        && stage_v_granule(b, kvh, j0 + jj, jj, idx % QK_GRANULES, ld)) {
+      atomicOr(&flag_a, 2u);
+    }
+  }
+  if (V_GRANULES != QK_GRANULES) {      // v's rows differ from k's: their own granules
+    for (var idx = lid; idx < KV_TILE * V_GRANULES; idx += THREADS) {
+      let jj = idx / V_GRANULES;
+      if (stage_v_granule(b, kvh, j0 + jj, jj, idx % V_GRANULES, j0 + jj >= lo && j0 + jj < hi)) {
+        atomicOr(&flag_a, 2u);
+      }
+    }
+  }
+  workgroupBarrier();
+}
+
+// The logits of lane part `part` of score row rr (query row i at position pos, of head h;
+// live: the row exists): its LANE_KEYS keys from j0 + part * LANE_KEYS, MASKED where the row
+// does not see the key. Their max goes to red_s for the row's other lanes.
+fn lane_logits(rr: u32, part: u32, j0: u32, hi: u32, live: bool, b: u32, h: u32, i: u32,
+               pos: i32, s: Seq) -> array<f32, LANE_KEYS> {
+  var x: array<f32, LANE_KEYS>;
+  var best = MASKED;
+  for (var e = 0u; e < LANE_KEYS; e++) {
+    let jl = part * LANE_KEYS + e;
+    let j = j0 + jl;
+    var xv = MASKED;
+    if (live && j < hi && key_visible(i32(j), pos, s)) {
+      xv = logit(s_s[rr * S_STRIDE + jl] * P.scale, b, h, i, j, pos);
+    }
+    x[e] = xv;
+    best = max(best, xv);
+  }
+  red_s[rr * ROW_LANES + part] = best;
+  return x;
+}
+
+// After a tile whose row max is m_tile, a row's softmax state ml (its reference max m, the
+// lane's part of its sum l) from ml before it: the lazy max (a moved reference raises flag
+// 1), P = exp(x - m) of the lane's logits x into p_s from `at` as f16, and the row's factor
+// for O in alpha_s[rr]. A row's state starts as (MASKED, 0).
+fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, rr: u32,
+                part: u32) -> vec2<f32> {
+  let m = ml.x;
+  let lm = lazy_max(m, m_tile);
+  let alpha = lm.y;
+  if (lm.x != m && m > MASKED) {
+    atomicOr(&flag_a, 1u);
+  }
+  // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
+  let m_use = select(lm.x, 0.0, lm.x <= MASKED);
+  var psum = 0.0;
+  for (var e = 0u; e < LANE_KEYS; e++) {
+    let p = weight_of(x[e], m_use);
+    psum += p;
+    p_s[at + e] = f16(p);
+  }
+  if (part == 0u) {
+    alpha_s[rr] = alpha;
+  }
+  return vec2<f32>(lm.x, ml.y * alpha + psum);
+}
+
+// The flags the lanes raised since the last call, the same for every lane (called by all:
+// it starts with a barrier).
+fn take_flags(lid: u32) -> u32 {
+  workgroupBarrier();
+  if (lid == 0u) {
+    flag_u = atomicExchange(&flag_a, 0u);
+  }
+  return workgroupUniformLoad(&flag_u);
+}
+
+// Tile acc with its 16 rows times alpha_s[a0 + row], through the subgroup's O scratch (the
+// tiles are opaque). Called by every lane, in uniform control flow.
+fn rescaled(acc: MAcc, sg: u32, lane: u32, a0: u32) -> MAcc {
+  mm_store_x(acc, sg * 256u);
+  workgroupBarrier();
+  for (var e = lane; e < 256u; e += 32u) {
+    o_x[sg * 256u + e] *= alpha_s[a0 + e / 16u];
+  }
+  workgroupBarrier();
+  let got = mm_load_x(sg * 256u);
+  workgroupBarrier();
+  return got;
 }

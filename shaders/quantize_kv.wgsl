@@ -1,35 +1,33 @@
 // quantize_kv: float K/V vectors -> the codes and scales of a quantized KV cache, written at
 // the destination vectors the host lists (KVCache.append; backends/webgpu/quantize.py).
-// The host prepends: HD (head size), DT (the input: 0 float32, 1 float16, 2 bfloat16), Q
-// (1 int8, 2 int4), the `scales` binding and put_scale (a plain word store for int8's f32
+// The builder (backends/webgpu/program.py) declares VEC_DIM (head size), IN_DTYPE (the input: 0
+// float32, 1 float16, 2 bfloat16), QUANT (1 int8, 2 int4), THREADS, the bindings (job, src,
+// codes, scales) and put_scale from shaders/storage.wgsl (a plain word store for int8's f32
 // scales; two atomics for int4's f16 halves, because two blocks share a word).
 //
-// src: rows [R] (destination vector of source vector r) at word 0, the job's data (R * HD
-// values in DT, packed in words) at word QP.data_off. Stores are whole words: an int8
-// vector is HD bytes (HD % 4 == 0) and an int4 block 16 bytes, so no two invocations share a
-// code word. Inputs are finite (the host checked). Rounding follows attnreg.quantize_kv:
-// round() is half-to-even in WGSL, the f16 scale is rounded to nearest even here (f16_bits)
-// rather than by pack2x16float, whose rounding WGSL leaves to the implementation.
+// src: rows [R] (destination vector of source vector r) at word 0, the job's data (R * VEC_DIM
+// values in IN_DTYPE, packed in words) at word job.data_off. Stores are whole words: an int8
+// vector is VEC_DIM bytes (VEC_DIM % 4 == 0) and an int4 block 16 bytes, so no two
+// invocations share a code word. Inputs are finite (the host checked). Rounding follows
+// attnreg.quantize_kv: round() is half-to-even in WGSL, the f16 scale is rounded to nearest
+// even here (f16_bits) rather than by pack2x16float, whose rounding WGSL leaves to the
+// implementation.
 
-struct QParams {
+struct Job {
   rows: u32,        // R: source vectors
-  count: u32,       // invocations: R (int8) or R * HD / 32 blocks (int4)
+  count: u32,       // invocations: R (int8) or R * VEC_DIM / 32 blocks (int4)
   data_off: u32,    // word offset of the job's values in src
   pad: u32,
 };
 
-@group(0) @binding(0) var<uniform> QP: QParams;
-@group(0) @binding(1) var<storage, read> src: array<u32>;
-@group(0) @binding(2) var<storage, read_write> codes: array<u32>;
-
-// Value i of the job (flat over [R, HD]).
+// Value i of the job (flat over [R, VEC_DIM]).
 fn load_x(i: u32) -> f32 {
-  if (DT == 0u) {
-    return bitcast<f32>(src[QP.data_off + i]);
+  if (IN_DTYPE == 0u) {
+    return bitcast<f32>(src[job.data_off + i]);
   }
-  let w = src[QP.data_off + i / 2u];
+  let w = src[job.data_off + i / 2u];
   let odd = (i & 1u) == 1u;
-  if (DT == 1u) {
+  if (IN_DTYPE == 1u) {
     let p = unpack2x16float(w);
     return select(p.x, p.y, odd);
   }
@@ -88,24 +86,24 @@ fn f16_bits(x: f32) -> u32 {
   return sign | (r + up);               // a carry moves into the exponent, as it should
 }
 
-// int8: one invocation per vector; its max |x|, the scale, then HD/4 words of 4 codes.
+// int8: one invocation per vector; its max |x|, the scale, then VEC_DIM/4 words of 4 codes.
 fn quant_int8(r: u32) {
   let dst = src[r];
-  let base = r * HD;
+  let base = r * VEC_DIM;
   var amax = 0.0;
-  for (var i = 0u; i < HD; i++) {
+  for (var i = 0u; i < VEC_DIM; i++) {
     amax = max(amax, abs(load_x(base + i)));
   }
   let s = div127(amax);
   put_scale(dst, bitcast<u32>(s));
-  for (var w = 0u; w < HD / 4u; w++) {
+  for (var w = 0u; w < VEC_DIM / 4u; w++) {
     var word = 0u;
     for (var k = 0u; k < 4u; k++) {
       let q = clamp(round(load_x(base + 4u * w + k) / s), -127.0, 127.0);
       let c = select(0, i32(q), s > 0.0);
       word = word | ((bitcast<u32>(c) & 0xffu) << (8u * k));
     }
-    codes[dst * (HD / 4u) + w] = word;
+    codes[dst * (VEC_DIM / 4u) + w] = word;
   }
 }
 
@@ -119,11 +117,11 @@ fn code4(x: f32, s: f32) -> u32 {
 // int4: one invocation per block of 32: the element of largest magnitude m, the f16 scale
 // m / -8 (rounded, then used rounded), 4 words of packed nibbles.
 fn quant_int4(t: u32) {
-  let nb = HD / 32u;
+  let nb = VEC_DIM / 32u;
   let r = t / nb;
   let j = t % nb;
   let dst = src[r] * nb + j;
-  let base = r * HD + j * 32u;
+  let base = r * VEC_DIM + j * 32u;
   var m = load_x(base);                        // the first element, as argmax starts:
   var am = abs(m);                             // the sign of an all-zero block's scale
   for (var i = 1u; i < 32u; i++) {
@@ -148,14 +146,9 @@ fn quant_int4(t: u32) {
   }
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-  let t = (wid.x + nwg.x * wid.y) * 64u + lid;
-  if (t >= QP.count) {
-    return;
-  }
-  if (Q == 1u) {
+// Invocation t < count (utility_common.wgsl): vector t (int8) or block t (int4).
+fn job_item(t: u32) {
+  if (QUANT == 1u) {
     quant_int8(t);
   } else {
     quant_int4(t);

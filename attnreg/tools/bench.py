@@ -3,8 +3,11 @@ beside the peers; bench_report.py prints and plots the rows.
 
 Each case is timed through its runtime's ``timings()`` (inputs uploaded once, no read-back
 per iteration, GPU time from timestamp queries / profiling events where the device has them,
-wall clock otherwise).
-Reported: medians, effective GB/s (bytes that must move: q, visible k/v, out) and TFLOP/s.
+wall clock otherwise): per launch ("gpu us") and back to back ("b2b us": N launches
+enqueued without waiting, the first start to the last end, / N).
+Reported: medians, effective GB/s (bytes that must move: q, visible k/v, out), TFLOP/s, and
+the fraction of the case's limit (bench_limits.py: bytes over the measured copy roof, FLOPs
+over the GEMM probe's rate for subgroup-matrix kernels, over the datasheet's otherwise).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..quant import quantize_kv
 from ..session import Session
 from ..spec import AttentionSpec
 from ..tensors import check_tensors
+from . import bench_limits
 from .bench_report import Row
 from .bench_suites import QUICK, SUITES, Case, traffic
 
@@ -36,6 +40,18 @@ def _inputs(spec: AttentionSpec, seed: int = 0) -> dict[str, np.ndarray]:
         for n in ("k", "v"):
             t[n], t[f"{n}_scale"] = quantize_kv(t[n], spec.kv_dtype)
     return check_tensors(spec, t)
+
+
+# The float64 reference output of each spec's bench inputs (_inputs is seeded), computed once
+# per process rather than once per device (a prefill's is seconds of numpy).
+_EXPECTED: dict[AttentionSpec, np.ndarray] = {}
+
+
+def _expected(spec: AttentionSpec, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    from ..reference import attention, out_layout
+    if spec not in _EXPECTED:
+        _EXPECTED[spec] = out_layout(spec, attention(spec, inputs)[0])
+    return _EXPECTED[spec]
 
 
 def _median_us(xs: Sequence[float]) -> float:
@@ -66,8 +82,9 @@ OWN_SUITES = ("decode-loop", "context-parallel")
 
 def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str | None = None,
                quick: bool = False, iters: int = 50, warmup: int = 5, check: bool = True,
-               peers: bool = True, gpu_only: bool = False, cp_length: int | None = None,
-               cp_ranks: int = 2, log: Callable[[str], None] = print) -> list[Row]:
+               peers: bool = True, gpu_only: bool = False, flags: Mapping[str, Any] | None = None,
+               cp_length: int | None = None, cp_ranks: int = 2,
+               log: Callable[[str], None] = print) -> list[Row]:
     table = QUICK if quick else SUITES
     for s in suites:
         if s not in table and s not in OWN_SUITES:
@@ -78,16 +95,10 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
         devs = [d for d in devs if device in (d.id, d.name) or device.lower() in d.name.lower()]
     devs = _device_filter(devs, gpu_only)
     rows: list[Row] = []
+    _EXPECTED.clear()
     for dev in devs if any(s in table for s in suites) else []:
-        with Session(backend=dev.backend, device=dev.id) as session:
-            roof = copy_bandwidth(session, dev)
-            if roof is not None:
-                log(f"  {dev.backend}/{dev.slug}: measured copy bandwidth {roof:.1f} GB/s (the roof)")
-                rows.append(Row("roof", "copy-bandwidth", dev.backend, dev.slug, "copy", None,
-                                float("nan"), roof, None, None, {"roof": True}))
-            for suite in suites:
-                for case in table.get(suite, []):
-                    rows.append(_bench_one(session, dev, suite, case, iters, warmup, check, log))
+        cases = [(suite, case) for suite in suites for case in table.get(suite, [])]
+        rows += _bench_device(dev, cases, iters, warmup, check, flags, log)
     if "decode-loop" in suites:
         for dev in (d for d in devs if d.backend != "reference"):
             with Session(backend=dev.backend, device=dev.id) as session:
@@ -99,15 +110,43 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
                     log(f"  {dev.backend}/{dev.slug} decode-loop: n/a ({exc.explanation[:80]})")
     if "context-parallel" in suites:
         from . import bench_cp
-        names = backend.split(",") if backend else sorted(
+        cp_backends = backend.split(",") if backend else sorted(
             {d.backend for d in devs} - {"reference", "browser"})
-        rows += bench_cp.run(names, device=device, length=cp_length or (4096 if quick else 131072),
-                             ranks=cp_ranks, iters=iters, warmup=warmup, check=check, log=log)
+        rows += bench_cp.run(cp_backends, device=device, flags=flags,
+                             length=cp_length or (4096 if quick else 131072), ranks=cp_ranks,
+                             iters=iters, warmup=warmup, check=check, log=log)
     if peers:
         for suite in suites:
             for case in table.get(suite, []):
                 if case.spec.kv_dtype is None:      # the peers read float K/V only
                     rows += peer_rows(suite, case, iters, warmup, log)
+    return rows
+
+
+def _bench_device(dev: DeviceCaps, cases: list[tuple[str, Case]], iters: int, warmup: int,
+                  check: bool, flags: Mapping[str, Any] | None,
+                  log: Callable[[str], None]) -> list[Row]:
+    """The device's roofs (copy bandwidth, the GEMM probe's rate) and every case on it."""
+    rows: list[Row] = []
+    with Session(backend=dev.backend, device=dev.id, flags=flags) as session:
+        roof = copy_bandwidth(session, dev)
+        if roof is not None:
+            log(f"  {dev.backend}/{dev.slug}: measured copy bandwidth {roof:.1f} GB/s (the roof)")
+            rows.append(Row("roof", "copy-bandwidth", dev.backend, dev.slug, "copy", None,
+                            float("nan"), roof, None, None, {"roof": True}))
+        probe, how = matrix_peak(session)
+        log(f"  {dev.backend}/{dev.slug}: matrix units: "
+            + (f"{probe:.1f} TFLOP/s ({how})" if probe else how))
+        if probe:
+            rows.append(Row("roof", "matrix-gemm", dev.backend, dev.slug, how, None,
+                            float("nan"), None, probe, None, {"roof": True}))
+        sheet = bench_limits.datasheet(dev.name)
+        if sheet is not None:
+            log(f"  {dev.backend}/{dev.slug}: {bench_limits.SOURCE} peaks for {dev.name}: tensor "
+                f"{sheet[0]}, vector f16 {sheet[1]}, vector f32 {sheet[2]} TFLOP/s")
+        for suite, case in cases:
+            rows.append(_bench_one(session, dev, suite, case, iters, warmup, check, log,
+                                   (roof, probe)))
     return rows
 
 
@@ -118,6 +157,16 @@ def copy_bandwidth(session: Session, dev: DeviceCaps) -> float | None:
         return float(session.runtime(session.plan(spec)).copy_bandwidth())
     except Exception:            # a missing roof must not stop the bench
         return None
+
+
+def matrix_peak(session: Session) -> tuple[float | None, str]:
+    """The device's GEMM-probe rate in TFLOP/s and its config (Runtime.matrix_peak), or None
+    and why there is none."""
+    try:
+        spec = AttentionSpec(seq_len=1, past_len=0, head_size=8)
+        return session.runtime(session.plan(spec)).matrix_peak()
+    except Exception as exc:     # a failing probe must not stop the bench
+        return None, f"the GEMM probe failed: {exc!r}"[:200]
 
 
 def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps: int = 64,
@@ -167,6 +216,11 @@ def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps:
                {**{f"{k}_us": v for k, v in med.items()}, "plans": replans, "steps": steps})
 
 
+# What each peer's times are (its row's "timing"): torch's come with its result.
+ORT_TIMING = ("GPU time per call: the sum of the call's kernel durations from ORT's own WebGPU "
+              "profiler; wall: call + a read-back that waits")
+
+
 def peer_rows(suite: str, case: Case, iters: int, warmup: int,
               log: Callable[[str], None]) -> list[Row]:
     """ONNX Runtime WebGPU and torch SDPA on the same case, when they are installed."""
@@ -175,23 +229,37 @@ def peer_rows(suite: str, case: Case, iters: int, warmup: int,
         return []
     got = peermod.bench_peers([(case.name, case.spec)], iters=iters, warmup=warmup,
                               log=lambda m: log("  peer " + m))[0]
-    nbytes, flops = traffic(case.spec)
     out = []
     for key, name, kern in (("ort", "ort-webgpu", "com.microsoft attention op"),
                             ("torch", "torch", "scaled_dot_product_attention")):
         res = got.get(key, {})
         if not isinstance(res, dict) or "skipped" in res or "error" in res or "wall_us" not in res:
             continue
-        gpu, wall = res.get("gpu_us"), float(res["wall_us"])
-        basis = gpu if gpu is not None else wall
-        dev = str(res.get("describe", {}).get("device", "")) or name
-        kern = str(res.get("label") or kern)        # the torch peer names the SDPA backend it kept
-        out.append(Row(suite, case.name, name, dev[:24], kern, gpu, wall,
-                       nbytes / (basis * 1e-6) / 1e9, flops / (basis * 1e-6) / 1e12,
-                       res.get("max_err"), {"correct": res.get("correct"),
-                                            "problem": res.get("problem", ""),
-                                            "submit_us": res.get("submit_us")}))
+        out.append(_peer_row(suite, case, name, kern, res))
     return out
+
+
+def _peer_row(suite: str, case: Case, name: str, kern: str, res: dict[str, Any]) -> Row:
+    """A peer's result as a row. torch's GPU time is per call from a replayed CUDA graph of
+    back-to-back calls (its b2b time too); ORT's is its profiler's kernel sum."""
+    nbytes, flops = traffic(case.spec)
+    desc = res.get("describe", {})
+    gpu, wall = res.get("gpu_us"), float(res["wall_us"])
+    basis = gpu if gpu is not None else wall
+    dev = str(desc.get("device", "")) or name
+    kern = str(res.get("label") or kern)        # the torch peer names the SDPA backend it kept
+    extra = {"correct": res.get("correct"), "problem": res.get("problem", ""),
+             "submit_us": res.get("submit_us"), "tried": desc.get("tried", {}),
+             "timing": desc.get("timing", ORT_TIMING if name == "ort-webgpu" else "")}
+    lim = None
+    if name == "torch":   # its own copy roof; f16/bf16 SDPA runs on tensor cores, f32 not
+        units = None if case.spec.dtype == "float32" else "tensor"
+        pk = bench_limits.peak(str(desc.get("device_name", "")), case.spec.dtype, units, None)
+        lim = bench_limits.fraction(case.spec, basis * 1e-6, desc.get("copy_gb_s"), pk)
+    return Row(suite, case.name, name, dev[:24], kern, gpu, wall,
+               nbytes / (basis * 1e-6) / 1e9, flops / (basis * 1e-6) / 1e12,
+               res.get("max_err"), extra, b2b_us=gpu if name == "torch" else None,
+               limit=lim[0] if lim else None, limit_of=lim[1] if lim else "")
 
 
 def _device_filter(devs: list[DeviceCaps], gpu_only: bool) -> list[DeviceCaps]:
@@ -200,7 +268,9 @@ def _device_filter(devs: list[DeviceCaps], gpu_only: bool) -> list[DeviceCaps]:
 
 
 def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters: int,
-               warmup: int, check: bool, log: Callable[[str], None]) -> Row:
+               warmup: int, check: bool, log: Callable[[str], None],
+               roofs: tuple[float | None, float | None] = (None, None)) -> Row:
+    """One case on one device; ``roofs``: the device's copy GB/s and GEMM-probe TFLOP/s."""
     spec = case.spec
     inputs = _inputs(spec)
     n = max(3, iters // 10) if dev.backend == "reference" else iters
@@ -219,14 +289,28 @@ def _bench_one(session: Session, dev: DeviceCaps, suite: str, case: Case, iters:
     nbytes, flops = traffic(spec)
     gpu = _median_us(times["gpu_s"]) if times.get("gpu_s") else None
     wall = _median_us(times["wall_s"])
+    b2b = _median_us(times["b2b_s"]) if times.get("b2b_s") else None
     basis = gpu if gpu is not None else wall
     err = None
     if check:
-        from ..reference import attention, out_layout
         got = session.run(spec, inputs).astype(np.float64)
-        err = float(np.abs(got - out_layout(spec, attention(spec, inputs)[0])).max())
+        err = float(np.abs(got - _expected(spec, inputs)).max())
+    pk = bench_limits.peak(dev.name, spec.dtype, _matrix_api(session, session.plan(spec)),
+                           roofs[1])
+    lim = bench_limits.fraction(spec, basis * 1e-6, roofs[0], pk)
     row = Row(suite, case.name, dev.backend, dev.slug, kernels, gpu, wall,
-              nbytes / (basis * 1e-6) / 1e9, flops / (basis * 1e-6) / 1e12, err)
-    log(f"  {dev.backend}/{dev.slug} {case.name}: gpu {gpu and f'{gpu:.1f}'} us, wall "
-        f"{wall:.1f} us")
+              nbytes / (basis * 1e-6) / 1e9, flops / (basis * 1e-6) / 1e12, err, b2b_us=b2b,
+              limit=lim[0] if lim else None, limit_of=lim[1] if lim else "")
+    log(f"  {dev.backend}/{dev.slug} {case.name}: gpu {gpu and f'{gpu:.1f}'} us, b2b "
+        f"{b2b and f'{b2b:.1f}'} us, wall {wall:.1f} us"
+        + (f", {lim[0]:.2f} of {lim[1]}" if lim else ""))
     return row
+
+
+def _matrix_api(session: Session, plan: Plan) -> str | None:
+    """The API of the matrix units a plan's kernels run on (their hardware builds), or None."""
+    for st in plan.stages:
+        k = session.registry.kernel(st.kernel)
+        if k.matrix is not None and st.params.get("mma", "hardware") == "hardware":
+            return k.matrix.api
+    return None

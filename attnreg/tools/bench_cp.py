@@ -16,7 +16,7 @@ import datetime
 import socket
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,8 @@ def devices_for(backend: str, device: str | None) -> list[DeviceCaps]:
 
 
 def run(backends: Sequence[str], *, device: str | None, length: int, ranks: int, iters: int,
-        warmup: int, check: bool, log: Callable[[str], None] = print) -> list[Row]:
+        warmup: int, check: bool, flags: Mapping[str, Any] | None = None,
+        log: Callable[[str], None] = print) -> list[Row]:
     """The suite's rows for every backend (a backend without a device: a row saying so)."""
     import torch.multiprocessing as mp
     rows = []
@@ -59,7 +60,8 @@ def run(backends: Sequence[str], *, device: str | None, length: int, ranks: int,
                 " ranks share a device")
         ctx = mp.get_context("spawn")
         out = ctx.SimpleQueue()
-        args = (ranks, _free_port(), backend, [d.id for d in devs], length, iters, warmup, check, out)
+        where = (backend, [d.id for d in devs], dict(flags or {}))
+        args = (ranks, _free_port(), where, length, iters, warmup, check, out)
         try:
             mp.spawn(_rank, args=args, nprocs=ranks, join=True)
             got = out.get()
@@ -81,20 +83,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, world: int, port: int, backend: str, dev_ids: list[str], length: int,
-          iters: int, warmup: int, check: bool, out: Any) -> None:
+def _rank(rank: int, world: int, port: int, where: tuple[str, list[str], dict[str, Any]],
+          length: int, iters: int, warmup: int, check: bool, out: Any) -> None:
     """One rank: rank 0 times one device first (the others wait), then all time the
-    sharded call; rank 0 puts the rows on ``out``."""
+    sharded call; rank 0 puts the rows on ``out``. ``where``: the backend, the device ids
+    the ranks take in turn, the session flags."""
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=600))
+    backend, dev_ids, flags = where
     dev = dev_ids[rank % len(dev_ids)]
     rows = []
     if rank == 0:
         for n in (length, -(-length // world)):
-            rows.append(_one_device(backend, dev, n, iters, warmup, check and n == length))
+            with Session(backend=backend, device=dev, flags=flags) as s:
+                rows.append(_one_device(s, backend, dev, n, iters, warmup, check and n == length))
     dist.barrier()
-    with Session(backend=backend, device=dev) as session:
+    with Session(backend=backend, device=dev, flags=flags) as session:
         row = _sharded(session, backend, dev_ids, length, world, iters, warmup, check)
     if rank == 0:
         row["extra"]["vs_1dev_L/N"] = row["wall_us"] / rows[1]["wall_us"]
@@ -129,19 +134,18 @@ def _times(call: Callable[[], Any], iters: int, warmup: int, sync: Callable[[], 
     return ts
 
 
-def _one_device(backend: str, dev: str, length: int, iters: int, warmup: int,
+def _one_device(s: Session, backend: str, dev: str, length: int, iters: int, warmup: int,
                 check: bool) -> dict[str, Any]:
     """Session.run over one KVCache of ``length`` keys on one device."""
-    with Session(backend=backend, device=dev) as s:
-        cache = s.kv_cache(batch=1, kv_num_heads=NKV, head_size=H, capacity=length, dtype=DTYPE)
-        for k, v in _chunks(length):
-            cache.append(k, v)
-        spec = cache.spec(NQ, 1, causal=True)
-        q = _query(spec)
-        t = cache.tensors(q)
-        _, plan = s.run_with_plan(spec, t)
-        ts = _times(lambda: s.run(spec, t), iters, warmup, lambda: None)
-        err = _error(spec, lambda sp: s.run(sp, cache.tensors(q)), length) if check else None
+    cache = s.kv_cache(batch=1, kv_num_heads=NKV, head_size=H, capacity=length, dtype=DTYPE)
+    for k, v in _chunks(length):
+        cache.append(k, v)
+    spec = cache.spec(NQ, 1, causal=True)
+    q = _query(spec)
+    t = cache.tensors(q)
+    _, plan = s.run_with_plan(spec, t)
+    ts = _times(lambda: s.run(spec, t), iters, warmup, lambda: None)
+    err = _error(spec, lambda sp: s.run(sp, cache.tensors(q)), length) if check else None
     wall = statistics.median(ts) * 1e6
     return dict(suite="context-parallel", case=f"decode-f16-L{length}-1dev", backend=backend,
                 device=dev, kernels=" -> ".join(plan.kernels), gpu_us=None, wall_us=wall,

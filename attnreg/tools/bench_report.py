@@ -24,6 +24,16 @@ class Row:
     tflops: float | None
     max_err: float | None
     extra: dict[str, Any] = field(default_factory=dict)
+    # per call with N calls back to back, the first start to the last end / N (bench.py)
+    b2b_us: float | None = None
+    # the case's limit time / its kernel time, and what the limit is (bench_limits.py)
+    limit: float | None = None
+    limit_of: str = ""
+
+
+def _basis(r: Row) -> float:
+    """A row's time: GPU (kernel) time where measured, else wall clock."""
+    return r.gpu_us if r.gpu_us is not None else r.wall_us
 
 
 def storage_ratios(rows: Sequence[Row]) -> str:
@@ -31,9 +41,7 @@ def storage_ratios(rows: Sequence[Row]) -> str:
     (x = twin's time / the case's; GPU time where measured)."""
     from .textui import table
 
-    def basis(r: Row) -> float:
-        return r.gpu_us if r.gpu_us is not None else r.wall_us
-
+    basis = _basis
     ok = [r for r in rows if r.suite == "kv-dtypes" and not r.kernels.startswith(("FAILED", "n/a"))]
     by = {(r.backend, r.device, r.case): r for r in ok}
     out = []
@@ -101,12 +109,29 @@ def roofline_png(rows: Sequence[Row], path: str) -> str | None:
     return None
 
 
-def ratios(rows: Sequence[Row]) -> str:
-    """Per case: attnreg's best GPU-time row against each peer (x = peer time / ours)."""
-    from .textui import table
+def _versus(peer: Row, mine: Sequence[Row]) -> str:
+    """The peer's time against attnreg's best of ``mine``, like with like: kernel time
+    against kernel time (and back to back against back to back where both have it), or,
+    for a peer without a kernel time, wall clock against wall clock."""
+    flag = "" if peer.extra.get("correct", True) else " (peer WRONG)"
+    if peer.gpu_us is None:
+        best = min(mine, key=lambda r: r.wall_us)
+        return f"{peer.wall_us:.1f} us wall = {peer.wall_us / best.wall_us:.2f}x our wall{flag}"
+    timed = [r for r in mine if r.gpu_us is not None]
+    if not timed:
+        return f"{peer.gpu_us:.1f} us (no GPU time of ours to compare){flag}"
+    best = min(timed, key=lambda r: r.gpu_us or 0.0)
+    text = f"{peer.gpu_us:.1f} us = {peer.gpu_us / (best.gpu_us or 1.0):.2f}x"
+    b2b = [r for r in mine if r.b2b_us]
+    if peer.b2b_us and b2b:
+        text += f", {peer.b2b_us / min(r.b2b_us or 0.0 for r in b2b):.2f}x b2b"
+    return text + flag
 
-    def basis(r: Row) -> float:
-        return r.gpu_us if r.gpu_us is not None else r.wall_us
+
+def ratios(rows: Sequence[Row]) -> str:
+    """Per case: attnreg's best row against each peer (x = peer time / ours), like with like
+    (see _versus)."""
+    from .textui import table
 
     peers = ("ort-webgpu", "torch", "reference")
     out = []
@@ -116,25 +141,52 @@ def ratios(rows: Sequence[Row]) -> str:
                 and not r.kernels.startswith(("FAILED", "n/a"))]
         if not mine:
             continue
-        best = min(mine, key=basis)
-        webgpu = [r for r in mine if r.backend == "webgpu"]
+        best = min(mine, key=_basis)
         hosts: dict[str, str] = {}
-        for r in sorted(mine, key=basis):
-            hosts.setdefault(r.backend, f"{r.backend} {basis(r):.1f}")
-        cells = [case, f"{best.backend}/{best.device} {basis(best):.1f} us",
+        for r in sorted(mine, key=_basis):
+            hosts.setdefault(r.backend, f"{r.backend} {_basis(r):.1f}"
+                             + (f" (b2b {r.b2b_us:.1f})" if r.b2b_us else ""))
+        cells = [case, f"{best.backend}/{best.device} {_basis(best):.1f} us",
                  ", ".join(hosts.values())]
+        webgpu = [r for r in mine if r.backend == "webgpu"]
         for peer in peers:
             pr = next((r for r in rows if r.case == case and r.backend == peer), None)
-            mine_r = min(webgpu, key=basis) if peer == "ort-webgpu" and webgpu else best
-            if pr is None:
-                cells.append("-")
-                continue
-            flag = "" if pr.extra.get("correct", True) else " (peer WRONG)"
-            cells.append(f"{basis(pr):.1f} us = {basis(pr) / basis(mine_r):.2f}x{flag}")
+            cells.append("-" if pr is None else
+                         _versus(pr, webgpu if peer == "ort-webgpu" and webgpu else mine))
         out.append(cells)
     return table(("case", "attnreg best", "each backend (us)", "ORT WebGPU (vs our webgpu)",
-                  "torch SDPA",
-                  "numpy reference"), out)
+                  "torch SDPA", "numpy reference"), out)
+
+
+def limits(rows: Sequence[Row]) -> str:
+    """What each device's limits are (the "of limit" column's short names spelled out) and
+    how each peer's times were taken."""
+    lines = []
+    for backend, dev in dict.fromkeys((r.backend, r.device) for r in rows):
+        mine = [r for r in rows if (r.backend, r.device) == (backend, dev)]
+        used = sorted({r.limit_of for r in mine if r.limit_of})
+        timing = next((str(r.extra["timing"]) for r in mine if r.extra.get("timing")), "")
+        if used or timing:
+            lines.append(f"  {backend}/{dev}: " + "; ".join(used)
+                         + (f"  [times: {timing}]" if timing else ""))
+    return "\n".join(lines)
+
+
+def candidates(rows: Sequence[Row]) -> str:
+    """Every torch SDPA candidate the peer tried per case (each backend, both GQA
+    strategies): its time per call, or why it was not timed."""
+    lines = []
+    for r in rows:
+        tried = r.extra.get("tried") if r.backend == "torch" else None
+        if tried:
+            lines.append(f"  {r.case}: " + ", ".join(f"{k} {v}" for k, v in tried.items()))
+    return "\n".join(lines)
+
+
+def _limit_cell(r: Row) -> str:
+    if r.limit is None:
+        return "-"
+    return f"{r.limit:.2f} {r.limit_of.split(':')[0].split(' ')[0]}"
 
 
 def format_rows(rows: Sequence[Row]) -> str:
@@ -143,27 +195,28 @@ def format_rows(rows: Sequence[Row]) -> str:
     def f(x: float | None, fmt: str) -> str:
         return "-" if x is None or x != x else format(x, fmt)
 
-    # Ratios side by side: every row against the numpy reference of the same case.
+    # Ratios side by side: every row's wall clock against the numpy reference's.
     ref = {r.case: r.wall_us for r in rows if r.backend == "reference"}
     out = []
     for r in rows:
         if r.suite == "roof":
-            out.append((r.case, r.backend, r.device, "device-to-device copy", "-", "-",
-                        f(r.gb_s, ".1f"), "-", "-", "-"))
+            what = "device-to-device copy" if r.case == "copy-bandwidth" else r.kernels
+            out.append((r.case, r.backend, r.device, what, "-", "-", "-", f(r.gb_s, ".1f"),
+                        f(r.tflops, ".1f"), "-", "-", "-"))
             continue
         if r.suite == "decode-loop":
             e = r.extra
             parts = ", ".join(f"{k[:-3]} {v:.1f} us" for k, v in e.items()
                               if k.endswith("_us") and k != "step_waited_us")
             out.append((r.case, r.backend, r.device, f"{parts}; {e.get('plans')} plan(s)",
-                        "-", f(r.wall_us, ".1f"), "-", "-", "-", "-"))
+                        "-", "-", f(r.wall_us, ".1f"), "-", "-", "-", "-", "-"))
             continue
-        basis = r.gpu_us if r.gpu_us is not None else r.wall_us
-        vs = f"{ref[r.case] / basis:.1f}x" if r.case in ref and r.backend != "reference" else "-"
-        out.append((r.case, r.backend, r.device, r.kernels, f(r.gpu_us, ".1f"), f(r.wall_us, ".1f"),
-                    f(r.gb_s, ".1f"), f(r.tflops, ".3f"), vs, f(r.max_err, ".1e")))
-    return table(("case", "backend", "device", "kernels", "gpu us", "wall us", "GB/s", "TFLOP/s",
-                  "vs numpy", "max err"), out)
+        vs = f"{ref[r.case] / r.wall_us:.1f}x" if r.case in ref and r.backend != "reference" else "-"
+        out.append((r.case, r.backend, r.device, r.kernels, f(r.gpu_us, ".1f"), f(r.b2b_us, ".1f"),
+                    f(r.wall_us, ".1f"), f(r.gb_s, ".1f"), f(r.tflops, ".3f"), _limit_cell(r), vs,
+                    f(r.max_err, ".1e")))
+    return table(("case", "backend", "device", "kernels", "gpu us", "b2b us", "wall us", "GB/s",
+                  "TFLOP/s", "of limit", "vs numpy wall", "max err"), out)
 
 
 def read_json(path: str) -> list[Row]:

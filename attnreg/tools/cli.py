@@ -246,11 +246,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
     else:
         rows = bench.run_suites(suites, backend=a.backend, device=a.device, quick=a.quick,
                                 iters=a.iters, warmup=a.warmup, peers=a.peers,
-                                gpu_only=a.gpu_only, cp_length=a.cp_length, cp_ranks=a.cp_ranks,
+                                gpu_only=a.gpu_only, flags=flags_from_args(a.flag),
+                                cp_length=a.cp_length, cp_ranks=a.cp_ranks,
                                 log=lambda m: print(m, file=sys.stderr))
     print(bench_report.format_rows(rows))
     print()
-    print("ratios (peer time / attnreg time; > 1 means attnreg is faster):")
+    print("of limit: the case's limit time / its kernel time (gpu us), the limit being the larger "
+          "of bytes / copy roof and FLOPs / peak:")
+    print(bench_report.limits(rows))
+    tried = bench_report.candidates(rows)
+    if tried:
+        print("torch SDPA candidates (every backend, both GQA strategies; time per call):")
+        print(tried)
+    print()
+    print("ratios (peer time / attnreg time; > 1 means attnreg is faster; kernel time against "
+          "kernel time, b2b against b2b, wall against wall):")
     print(bench_report.ratios(rows))
     if any(r.suite == "kv-dtypes" for r in rows):
         print()
@@ -354,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "instead of measuring")
     b.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time ONNX Runtime WebGPU and torch SDPA when installed")
+    b.add_argument("--flag", action="append", default=[], metavar="NAME=VALUE",
+                   help="session flag for every device (repeatable), e.g. "
+                        "experimental_features=true and matrix_units=on for Dawn's matrix kernels")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("conformance", help="run the registry-generated conformance matrix")
     c.add_argument("--backend")

@@ -98,9 +98,9 @@ class Exported:
 
 
 def _threads(consts: Mapping[str, int]) -> int:
-    if "WG" in consts:
-        return int(consts["WG"])
-    return int(consts["BR"]) // int(consts["TR"]) * int(consts["NCG"])    # prefill
+    if "THREADS" in consts:
+        return int(consts["THREADS"])
+    return int(consts["Q_TILE"]) // int(consts["ROWS_PER_LANE"]) * int(consts["ROW_LANES"])
 
 
 def requirements(plan: Plan, progs: list[program.Program]) -> dict[str, Any]:
@@ -119,7 +119,7 @@ def requirements(plan: Plan, progs: list[program.Program]) -> dict[str, Any]:
         if program.SUBGROUP_MATRIX_DIRECTIVE in prog.wgsl:
             sg, matrix = max(sg, wmma.MMA_SUBGROUP), True
         elif prog.uses_subgroups:
-            sg = max(sg, int(prog.consts.get("SGW", 4)))
+            sg = max(sg, int(prog.consts.get("SHUFFLE_LANES", 4)))
     feats = (["shader-f16"] if spec.dtype == "float16" else []) + (["subgroups"] if sg > 1 else [])
     feats += [SUBGROUP_MATRIX_FEATURE] if matrix else []
     return {"features": feats, "subgroup_min_size": sg, "limits": {

@@ -159,6 +159,10 @@ class BrowserRuntime(HostMemory):
         self.counters["launches"] += 1
         return self.place_outputs(res, outputs)
 
+    def matrix_peak(self) -> tuple[float | None, str]:
+        return None, ("the GEMM probe runs in-process through Dawn (backend dawn), not in "
+                      "the page")
+
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3) -> dict[str, list[float]]:
         """Wall time per launch (a round trip to the page, inputs sent each time) and
@@ -177,16 +181,17 @@ class BrowserRuntime(HostMemory):
         to the read-back of its last bytes."""
         n = nbytes // 16 * 16
         n_wg = min(65535, 8 * (self.caps.compute_units or 16))
-        prog = {"key": f"copy_bw-{program.digest(program.load('copy_bw'))}", "label": "copy_bw",
-                "family": "copy_bw", "wgsl": program.load("copy_bw"), "entry": program.ENTRY,
+        copy = program.utility("copy_bw", dialect=program.TINT)
+        prog = {"key": f"copy_bw-{program.digest(copy.wgsl)}", "label": "copy_bw",
+                "family": "copy_bw", "wgsl": copy.wgsl, "entry": program.ENTRY,
                 "grid": [n_wg, 1, 1],
-                "bindings": [[0, "uniform", "cp"], [1, "read", "src"], [2, "rw", "dst"]]}
+                "bindings": [[b.index, b.access, b.name] for b in copy.bindings]}
         header = {"label": "copy_bw", "stages": [prog], "outputs": [
             {"name": "tail", "buffer": "dst", "size": 16}], "buffers": [
-            {"name": "cp", "usage": "uniform", "size": 16, "blob": "cp"},
+            {"name": "job", "usage": "uniform", "size": 16, "blob": "job"},
             {"name": "src", "usage": "storage", "size": n},
             {"name": "dst", "usage": "storage", "size": n}]}
-        blobs = {"cp": struct.pack("<4I", n // 16, n_wg * 256, 0, 0)}
+        blobs = {"job": struct.pack("<4I", n // 16, n_wg * copy.threads, 0, 0)}
         times = []
         with self._lock:
             for _ in range(repeats + 1):            # the first compiles and warms up

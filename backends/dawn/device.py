@@ -11,7 +11,7 @@ from attnreg.backends.webgpu import program
 from attnreg.backends.webgpu.device import GpuDevice
 from attnreg.caps import DeviceCaps
 
-from . import probe
+from . import gemm_probe, probe
 
 
 class DawnDevice(GpuDevice):
@@ -46,6 +46,14 @@ class DawnDevice(GpuDevice):
 
         self.device.queue.submit(commands)
         extras.process_events()
+
+    def matrix_peak(self) -> tuple[float | None, str]:
+        """The GEMM probe's best f16 -> f32 rate on this adapter (gemm_probe.py), run on
+        the device that requests the experimental feature; or None and why not."""
+        why = gemm_probe.refusal(self.caps)
+        if why:
+            return None, why
+        return gemm_probe.peak(self if self.experimental else get(self.caps, True))
 
     def module(self, label: str, wgsl: str) -> Any:
         """Tint's checks are Dawn's robustness toggle (toggles.py), not a naga option."""

@@ -115,6 +115,9 @@ class OpenCLRuntime:
         with self._lock:
             return self.mem.copy_bandwidth(nbytes)
 
+    def matrix_peak(self) -> tuple[float | None, str]:
+        return None, "no GEMM probe for OpenCL (its tensor-core kernels are inline PTX)"
+
     # -- quantized KV caches (the Runtime contract's quantize methods; quantize.py) --------
     def quantize_refusal(self, kv_dtype: str, dtype: str, head_size: int) -> str | None:
         return quantize.refusal(kv_dtype, dtype, head_size)
@@ -293,8 +296,9 @@ class OpenCLRuntime:
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3) -> dict[str, Any]:
         """Upload once, run ``iters`` times without reading back. gpu_s: first kernel's
-        start to last kernel's end (profiling events); wall_s: host time per launch
-        (enqueue to finish); stage_gpu_s: each kernel's own GPU time."""
+        start to last kernel's end (profiling events), one launch at a time; wall_s: host
+        time per launch (enqueue to finish); stage_gpu_s: each kernel's own GPU time;
+        b2b_s: back to back (see _back_to_back)."""
         with self._lock:
             prep = self._prepare(plan, inputs)
             self.mem.sync()
@@ -317,7 +321,21 @@ class OpenCLRuntime:
                                                                    self.device)),
                 "local_bytes": int(ln.kernel.get_work_group_info(info.LOCAL_MEM_SIZE, self.device)),
                 "work_items": ln.lsize, "groups": ln.gsize // ln.lsize} for ln in prep.launches}
-            return {"gpu_s": gpu, "wall_s": wall, "stage_gpu_s": stages, "kernels": kinfo}
+            return {"gpu_s": gpu, "wall_s": wall, "stage_gpu_s": stages, "kernels": kinfo,
+                    "b2b_s": self._back_to_back(prep, iters)}
+
+    def _back_to_back(self, prep: _Prepared, iters: int, bursts: int = 3) -> list[float]:
+        """Seconds per launch with ``iters`` launches enqueued without waiting: the first
+        kernel's start to the last kernel's end (profiling events) over ``iters``, once per
+        burst. The gaps between launches count, as in a decode loop that never waits."""
+        n, out = max(1, iters), []
+        for _ in range(bursts):
+            first = last = self._enqueue(prep)
+            for _ in range(n - 1):
+                last = self._enqueue(prep)
+            self.queue.finish()
+            out.append((last[-1].profile.end - first[0].profile.start) * 1e-9 / n)
+        return out
 
     def close(self) -> None:
         with self._lock:

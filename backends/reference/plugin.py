@@ -57,6 +57,9 @@ class ReferenceRuntime(HostMemory):
             res["lse"] = lse.astype(np.float32)
         return res
 
+    def matrix_peak(self) -> tuple[float | None, str]:
+        return None, "the numpy reference has no matrix units"
+
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3) -> dict[str, list[float]]:
         return wall_timings(lambda: self.launch(plan, inputs), iters, warmup)

@@ -113,6 +113,11 @@ class GpuDevice:
             self._layouts[accesses] = (bgl, pl)
         return self._layouts[accesses]
 
+    def matrix_peak(self) -> tuple[float | None, str]:
+        """The matrix units' measured rate (Runtime.matrix_peak): naga has no subgroup
+        matrices; backends.dawn overrides this."""
+        return None, "no subgroup matrices through wgpu-native (naga has none): use backend dawn"
+
     def module(self, label: str, wgsl: str) -> Any:
         """The shader module; naga's runtime checks follow ATTNREG_WGSL_CHECKS."""
         checks = _checks()

@@ -118,17 +118,18 @@ def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, 
 def _pv_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = pv_consts(spec, params)
     why = [f"{n}={c[k]} must be a power of two" for n, k in
-           (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
-    return why or _thread_check(lambda s, p: pv_consts(s, p)["WG"])(spec, caps, params)
+           (("kv_tile", "KV_TILE"), ("threads", "THREADS")) if not _pow2(c[k])]
+    return why or _thread_check(lambda s, p: pv_consts(s, p)["THREADS"])(spec, caps, params)
 
 
 def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = decode_consts(spec, params)
     why = [f"{n}={c[k]} must be a power of two" for n, k in
-           (("kv_tile", "BC"), ("threads", "WG")) if not _pow2(c[k])]
-    if c["WG"] < c["M"] * c["GT"]:
-        why.append(f"threads={c['WG']} < {c['M'] * c['GT']} query vectors per workgroup")
-    return why or _thread_check(lambda s, p: decode_consts(s, p)["WG"])(spec, caps, params)
+           (("kv_tile", "KV_TILE"), ("threads", "THREADS")) if not _pow2(c[k])]
+    if c["THREADS"] < c["M_TILE"] * c["GROUP_TILE"]:
+        why.append(f"threads={c['THREADS']} < {c['M_TILE'] * c['GROUP_TILE']} query vectors "
+                   "per workgroup")
+    return why or _thread_check(lambda s, p: decode_consts(s, p)["THREADS"])(spec, caps, params)
 
 
 KV_LAYOUTS = frozenset({"BSNH", "BNSH", "paged"})

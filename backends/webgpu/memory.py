@@ -25,9 +25,6 @@ from . import device, program
 # need the device's minStorageBufferOffsetAlignment (256 on every adapter we know).
 _WORD = 4
 _BIND_ALIGN = 256
-# The utility kernels (shaders/patch16.wgsl, copy_bw.wgsl) declare their own bindings:
-# a small uniform block, the source words, the destination words.
-_UTILITY_LAYOUT = ("uniform", "read", "rw")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -180,22 +177,24 @@ class DeviceMemory:
 
     def _utility(self, name: str, block: bytes, src: dict[str, Any], dst: dict[str, Any],
                  nwords: int) -> None:
-        """One dispatch of a utility kernel (shaders/<name>.wgsl: a uniform block, source
-        words, destination words; one invocation per destination word, 64 a workgroup) in
-        its own submit, ordered with uploads and launches by the queue; nothing waits."""
+        """One dispatch of a utility kernel (shaders/<name>.wgsl, built by program.utility:
+        a uniform block, source words, destination words; one invocation per destination
+        word) in its own submit, ordered with uploads and launches by the queue; nothing
+        waits."""
         U = self.wgpu.BufferUsage
         params = self.buffer(f"{name}_params", len(block), U.UNIFORM | U.COPY_DST)
         self.dev.device.queue.write_buffer(params, 0, block)
-        pipe = self.dev.compile(f"webgpu.{name}", program.load(name), _UTILITY_LAYOUT)
+        prog = program.utility(name, dialect=self.dev.dialect)
+        pipe = self.dev.compile(f"webgpu.{name}", prog.wgsl, prog.layout)
         group = self.dev.device.create_bind_group(
-            layout=self.dev.layout(_UTILITY_LAYOUT)[0],
+            layout=self.dev.layout(prog.layout)[0],
             entries=[{"binding": 0, "resource": {"buffer": params}},
                      {"binding": 1, "resource": src}, {"binding": 2, "resource": dst}])
         enc = self.dev.device.create_command_encoder()
         cp = enc.begin_compute_pass()
         cp.set_pipeline(pipe)
         cp.set_bind_group(0, group)
-        groups = cdiv(nwords, 64)
+        groups = cdiv(nwords, prog.threads)
         x = min(groups, 65535)
         cp.dispatch_workgroups(x, cdiv(groups, x), 1)
         cp.end()
@@ -290,15 +289,16 @@ class DeviceMemory:
         d = self.dev.device
         limit = self.caps.limit("storage_binding") or (128 << 20)
         window = max(16, min(nbytes, limit // _BIND_ALIGN * _BIND_ALIGN))
-        pipe = self.dev.compile("webgpu.copy_bw", program.load("copy_bw"), _UTILITY_LAYOUT)
+        prog = program.utility("copy_bw", dialect=self.dev.dialect)
+        pipe = self.dev.compile("webgpu.copy_bw", prog.wgsl, prog.layout)
         groups, params = [], []
         n_wg = min(65535, 8 * (self.caps.compute_units or 16))
         for off in range(0, nbytes, window):
             size = min(window, nbytes - off)
             p = d.create_buffer(size=16, usage=U.UNIFORM | U.COPY_DST)
-            d.queue.write_buffer(p, 0, struct.pack("<4I", size // 16, n_wg * 256, 0, 0))
+            d.queue.write_buffer(p, 0, struct.pack("<4I", size // 16, n_wg * prog.threads, 0, 0))
             params.append(p)
-            groups.append(d.create_bind_group(layout=self.dev.layout(_UTILITY_LAYOUT)[0], entries=[
+            groups.append(d.create_bind_group(layout=self.dev.layout(prog.layout)[0], entries=[
                 {"binding": 0, "resource": {"buffer": p}},
                 {"binding": 1, "resource": {"buffer": src, "offset": off, "size": size}},
                 {"binding": 2, "resource": {"buffer": dst, "offset": off, "size": size}}]))

@@ -48,19 +48,20 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
     br, bc = _p(params, d, "q_tile"), _p(params, d, "kv_tile")
     h, hv = spec.head_size, spec.head_size_v
     noc = hv // 16                      # output column tiles (v's head); QK runs over NDC
-    return {"BR": br, "BC": bc, "NSG": br // 16, "WG": MMA_SUBGROUP * (br // 16),
-            "NDC": h // 16, "NOC": noc, "NKC": bc // 16,
-            "QST": h, "KST": h, "VST": hv, "SST": bc,
-            "PST": bc, "HALF": bc // 2,
+    return {"Q_TILE": br, "KV_TILE": bc, "SUBGROUPS": br // 16,
+            "THREADS": MMA_SUBGROUP * (br // 16), "DEPTH_TILES": h // 16, "OUT_TILES": noc,
+            "KEY_TILES": bc // 16, "Q_STRIDE": h, "K_STRIDE": h, "V_STRIDE": hv,
+            "S_STRIDE": bc, "P_STRIDE": bc, "ROW_LANES": 2, "LANE_KEYS": bc // 2,
             # u32 words of a lane's column mask: it writes every other 16-column tile
-            "VW": max(1, -(-(-(-noc // 2) * 16) // 32))}
+            "MASK_WORDS": max(1, -(-(-(-noc // 2) * 16) // 32))}
 
 
 def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_prefill_consts(spec, params)
-    return (c["BR"] * c["QST"] * 2 + c["BC"] * (c["KST"] + c["VST"]) * 2
-            + c["BR"] * c["SST"] * 4 + c["BR"] * c["PST"] * 2 + c["NSG"] * 256 * 4
-            + c["BR"] * 12 + 8)
+    br, bc = c["Q_TILE"], c["KV_TILE"]
+    return (br * c["Q_STRIDE"] * 2 + bc * (c["K_STRIDE"] + c["V_STRIDE"]) * 2
+            + br * c["S_STRIDE"] * 4 + br * c["P_STRIDE"] * 2 + c["SUBGROUPS"] * 256 * 4
+            + br * 12 + 8)
 
 
 # The decode partials: m_tile query rows x the group's heads fill the 16 rows of one M tile;
@@ -85,18 +86,21 @@ def mma_decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[st
     while nsg > 1 and (noc % nsg or nkc % nsg):
         nsg //= 2
     tps = max(1, noc // nsg)
-    return {"M": m, "GT": max(1, min(spec.group_size, 16 // max(1, m))), "BC": bc,
-            "NSG": nsg, "WG": nsg * MMA_SUBGROUP, "NDC": spec.head_size // 16, "NOC": noc,
-            "NKC": nkc, "TPS": tps, "PARTS": 2 * nsg, "KPL": max(1, bc // (2 * nsg)),
-            "QST": spec.head_size, "KST": spec.head_size, "VST": spec.head_size_v,
-            "SST": bc, "PST": bc, "VW": max(1, -(-tps * 8 // 32))}
+    return {"M_TILE": m, "GROUP_TILE": max(1, min(spec.group_size, 16 // max(1, m))),
+            "KV_TILE": bc, "SUBGROUPS": nsg, "THREADS": nsg * MMA_SUBGROUP,
+            "DEPTH_TILES": spec.head_size // 16, "OUT_TILES": noc, "KEY_TILES": nkc,
+            "SG_TILES": tps, "ROW_LANES": 2 * nsg, "LANE_KEYS": max(1, bc // (2 * nsg)),
+            "Q_STRIDE": spec.head_size, "K_STRIDE": spec.head_size,
+            "V_STRIDE": spec.head_size_v, "S_STRIDE": bc, "P_STRIDE": bc,
+            "MASK_WORDS": max(1, -(-tps * 8 // 32))}
 
 
 def mma_decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_decode_consts(spec, params)
     h, hv = spec.head_size, spec.head_size_v
-    return (16 * h * 2 + c["BC"] * (h + hv) * 2 + 16 * c["BC"] * (4 + 2) + c["NSG"] * 256 * 4
-            + 16 * c["PARTS"] * 4 + 16 * 4 + 8)
+    bc = c["KV_TILE"]
+    return (16 * h * 2 + bc * (h + hv) * 2 + 16 * bc * (4 + 2) + c["SUBGROUPS"] * 256 * 4
+            + 16 * c["ROW_LANES"] * 4 + 16 * 4 + 8)
 
 
 def consts(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
@@ -152,7 +156,7 @@ def _checks(family: str, spec: AttentionSpec, caps: DeviceCaps,
                        f"hardware build needs head_size >= 32 and kv_tile >= {need} (shorter "
                        "product chains gave wrong results on the H100's driver; "
                        "matrix_units=emulate runs this kernel's logic at any size)")
-    return why or _thread_check(lambda s, p: consts(family, s, p)["WG"])(spec, caps, params)
+    return why or _thread_check(lambda s, p: consts(family, s, p)["THREADS"])(spec, caps, params)
 
 
 # family -> (defaults, choices, storage, doc) of its matrix variant

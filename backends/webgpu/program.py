@@ -10,7 +10,11 @@ A module is a generated prefix (compute type, load granule, the stage's constant
 reductions, the parameter block of backends/common.py, the binding declarations of
 attnreg/ports.py typed by the stored dtypes, the load/store helpers of wgsl_io.py, the
 paged/block-list memory helpers) followed by the family's files from shaders/. Variants
-differ only in that prefix.
+differ only in that prefix, whose WGSL comes from the pieces of shaders/prefix.wgsl and
+shaders/storage.wgsl: no WGSL is written here, only chosen and declared.
+
+The runtimes' own kernels (patch16, copy_rows, copy_bw, quantize_kv) are built here too
+(``utility``): constants and binding declarations generated the same way, then their files.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-from attnreg import ports
+from attnreg import ports, shaders
 from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
@@ -37,96 +42,14 @@ NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium
 # Which files make up each family's module, in order.
 FILES = {
     "prefill": ("attn_common", "flash_prefill"),
-    "decode_partial": ("attn_common", "decode_partial", "decode_lanes"),
+    "decode_partial": ("attn_common", "decode_common", "decode_qk_common", "decode_pv_common",
+                       "decode_partial"),
     "reduce": ("reduce",),
-    "decode_qk": ("attn_common", "decode_qk"),
-    "decode_pv": ("attn_common", "decode_pv", "decode_lanes"),
+    "decode_qk": ("attn_common", "decode_common", "decode_qk_common", "decode_qk"),
+    "decode_pv": ("attn_common", "decode_common", "decode_pv_common", "decode_pv"),
 }
 
 _ACCESS = {"read": "read", "rw": "read_write"}
-
-# Memory helpers every K/V-reading family calls. kv_elem: element offset of key j of
-# (batch b, kv head n), contiguous or through the paged block table (strides within a page);
-# blk_range / blk_entry: a masked-block list packed as [entries base, CSR offsets, entries],
-# entry = block id | all-zero flag << 31. Absent inputs get stubs, so one family source
-# serves every variant and a variant never refers to a binding its layout lacks.
-_KV_PAGED = """const PAGED: u32 = 1u;
-fn kv_elem(b: u32, n: u32, j: u32) -> u32 {
-  let page = u32(block_table[b * P.pages_per_seq + j / P.page_size]);
-  return page * P.kv_sb + n * P.kv_sh + (j % P.page_size) * P.kv_ss;
-}
-"""
-_KV_FLAT = """const PAGED: u32 = 0u;
-fn kv_elem(b: u32, n: u32, j: u32) -> u32 {
-  return b * P.kv_sb + n * P.kv_sh + j * P.kv_ss;
-}
-"""
-_BLOCKS = """const BLOCKS: u32 = 1u;
-fn blk_range(r: u32) -> vec2<u32> {
-  return vec2<u32>(block_list[1u + r], block_list[2u + r]);
-}
-fn blk_entry(i: u32) -> u32 {
-  return block_list[block_list[0] + i];
-}
-"""
-_NO_BLOCKS = """const BLOCKS: u32 = 0u;
-fn blk_range(r: u32) -> vec2<u32> {
-  return vec2<u32>(0u, 0u);
-}
-fn blk_entry(i: u32) -> u32 {
-  return 0u;
-}
-"""
-
-# The shapes real models need: kv_first(b) (kv_start[b], the first existing key) and
-# q_rows(b) (seqlens_q[b], S_b), read where the variant binds them; otherwise constants (0 and
-# seq_len), and KV_START / Q_ROWS 0 let the families drop the tests that need them, so a spec
-# without these features compiles to what it did before they existed.
-_KV_START = """const KV_START: u32 = 1u;
-fn kv_first(b: u32) -> u32 {
-  return u32(kv_start[b]);
-}
-"""
-_NO_KV_START = """const KV_START: u32 = 0u;
-fn kv_first(b: u32) -> u32 {
-  return 0u;
-}
-"""
-_Q_ROWS = """const Q_ROWS: u32 = 1u;
-fn q_rows(b: u32) -> u32 {
-  return u32(seqlens_q[b]);
-}
-"""
-_NO_Q_ROWS = """const Q_ROWS: u32 = 0u;
-fn q_rows(b: u32) -> u32 {
-  return P.seq_len;
-}
-"""
-
-# Row reductions over SGW lanes: subgroup shuffles in subgroup variants; absent otherwise,
-# so a non-subgroup variant never mentions a subgroup builtin (its device may lack them).
-_LANE_SG = """fn lane_max(x: f32) -> f32 {
-  var v = x;
-  for (var s = 1u; s < SGW; s = s << 1u) {
-    v = max(v, subgroupShuffleXor(v, s));
-  }
-  return v;
-}
-fn lane_sum(x: f32) -> f32 {
-  var v = x;
-  for (var s = 1u; s < SGW; s = s << 1u) {
-    v = v + subgroupShuffleXor(v, s);
-  }
-  return v;
-}
-"""
-_LANE_PLAIN = """fn lane_max(x: f32) -> f32 {
-  return x;
-}
-fn lane_sum(x: f32) -> f32 {
-  return x;
-}
-"""
 
 # Tint refuses subgroup builtins unless the module says `enable subgroups;`; naga (wgpu-py
 # 0.32) refuses that directive ("not yet supported").
@@ -175,8 +98,6 @@ class Program:
 
 def load(name: str) -> str:
     """One WGSL file's text (a seam for tests that need a source to fail to compile)."""
-    from attnreg import shaders
-
     return shaders.load(name)
 
 
@@ -212,14 +133,15 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
 def declarations(family: str, aux: frozenset[str], spec: AttentionSpec) -> str:
     """The binding declarations of a family's variant, from attnreg/ports.py; element
     types per the spec's stored dtypes (backends/webgpu/wgsl_io.py)."""
-    lines = []
-    for i, p in enumerate(ports.ports(family, ports.WGSL, aux)):
-        if p.access == "uniform":
-            lines.append(f"@group(0) @binding({i}) var<uniform> {p.ident}: Params;")
-        else:
-            lines.append(f"@group(0) @binding({i}) var<storage, {_ACCESS[p.access]}> "
-                         f"{p.ident}: {wgsl_io.binding_type(p.kind, spec)};")
-    return "\n".join(lines) + "\n"
+    return "".join(
+        _declaration(i, p.access, p.ident,
+                     "Params" if p.access == "uniform" else wgsl_io.binding_type(p.kind, spec))
+        for i, p in enumerate(ports.ports(family, ports.WGSL, aux)))
+
+
+def _declaration(index: int, access: str, ident: str, ty: str) -> str:
+    space = "uniform" if access == "uniform" else f"storage, {_ACCESS[access]}"
+    return f"@group(0) @binding({index}) var<{space}> {ident}: {ty};\n"
 
 
 def bindings(family: str, aux: frozenset[str]) -> tuple[Binding, ...]:
@@ -227,16 +149,28 @@ def bindings(family: str, aux: frozenset[str]) -> tuple[Binding, ...]:
                  for i, p in enumerate(ports.ports(family, ports.WGSL, aux)))
 
 
+def _variant(flag: str, bound: bool, on: str, off: str) -> str:
+    """``flag`` (1 where the input is bound) and the piece of shaders/prefix.wgsl that reads
+    the input, or its stub."""
+    return f"const {flag}: u32 = {int(bound)}u;\n" + shaders.pieces("prefix")[on if bound else off]
+
+
 def memory_helpers(aux: frozenset[str]) -> str:
-    """kv_elem / blk_range / blk_entry, reading the aux inputs the variant binds."""
-    return ((_KV_PAGED if "block_table" in aux else _KV_FLAT)
-            + (_BLOCKS if "block_list" in aux else _NO_BLOCKS))
+    """kv_elem / blk_range / blk_entry (and PAGED / BLOCKS), reading the aux inputs the
+    variant binds."""
+    return (_variant("PAGED", "block_table" in aux, "kv_paged", "kv_flat")
+            + _variant("BLOCKS", "block_list" in aux, "blocks", "no_blocks"))
 
 
 def shape_helpers(aux: frozenset[str]) -> str:
     """kv_first / q_rows (and KV_START / Q_ROWS), reading kv_start / seqlens_q where bound."""
-    return ((_KV_START if "kv_start" in aux else _NO_KV_START)
-            + (_Q_ROWS if "seqlens_q" in aux else _NO_Q_ROWS))
+    return (_variant("KV_START", "kv_start" in aux, "kv_start", "no_kv_start")
+            + _variant("Q_ROWS", "seqlens_q" in aux, "q_rows", "no_q_rows"))
+
+
+def lane_helpers(subgroups: bool) -> str:
+    """lane_max / lane_sum over SGW lanes: subgroup shuffles, or the identity."""
+    return shaders.pieces("prefix")["lanes_subgroup" if subgroups else "lanes_plain"]
 
 
 # The matrix-unit variants (params "mma"): the primitive on subgroup matrices or in software.
@@ -258,13 +192,13 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
     """The full WGSL module of one compiled variant."""
     ge = wgsl_io.granule(spec)
     h, hv = spec.head_size, spec.head_size_v
-    # HD/HV/HG: q and k rows in elements, vec4s, granules; VD/VV/VG: v and out rows (Hv)
-    head = [wgsl_io.prelude(spec), f"const HD: u32 = {h}u;", f"const HV: u32 = {h // 4}u;",
-            f"const HG: u32 = {h // ge}u;", f"const GS: u32 = {ge // 4}u;",
-            f"const VD: u32 = {hv}u;", f"const VV: u32 = {hv // 4}u;",
-            f"const VG: u32 = {max(1, hv // ge)}u;"]
+    # q and k rows in elements, vec4s, granules; the same of v and out rows (Hv)
+    head = [wgsl_io.prelude(spec), f"const QK_DIM: u32 = {h}u;",
+            f"const QK_VEC4S: u32 = {h // 4}u;", f"const QK_GRANULES: u32 = {h // ge}u;",
+            f"const GRANULE_VEC4S: u32 = {ge // 4}u;", f"const V_DIM: u32 = {hv}u;",
+            f"const V_VEC4S: u32 = {hv // 4}u;", f"const V_GRANULES: u32 = {max(1, hv // ge)}u;"]
     head += [f"const {k}: u32 = {int(v)}u;" for k, v in sorted(stage_consts.items())]
-    head += [_LANE_SG if subgroups else _LANE_PLAIN, common.wgsl_struct("Params")]
+    head += [lane_helpers(subgroups), common.wgsl_struct("Params")]
     text = "\n".join(head) + "\n" + declarations(family, aux, spec)
     text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)))
     text += shape_helpers(aux)
@@ -290,9 +224,9 @@ def workgroups(stage: Stage, spec: AttentionSpec, stage_consts: Mapping[str, int
     """How many workgroups the stage dispatches (before folding into a grid)."""
     c = stage_consts
     if stage.family == "prefill":
-        return -(-spec.seq_len // c["BR"]) * spec.num_heads * spec.batch
+        return -(-spec.seq_len // c["Q_TILE"]) * spec.num_heads * spec.batch
     if stage.family in ("decode_partial", "decode_qk", "decode_pv"):
-        return (n_splits * -(-spec.seq_len // c["M"]) * -(-spec.group_size // c["GT"])
+        return (n_splits * -(-spec.seq_len // c["M_TILE"]) * -(-spec.group_size // c["GROUP_TILE"])
                 * spec.kv_num_heads * spec.batch)
     return spec.batch * spec.num_heads * spec.seq_len
 
@@ -377,3 +311,60 @@ def param_block(plan: Plan, bias_shape: tuple[int, ...] | None = None,
         if plan.split.split_size is not None:
             geometry["split_size"] = plan.split.split_size
     return common.pack(spec or plan.spec, geometry, bias_shape)
+
+
+# -- the runtimes' own kernels ---------------------------------------------------------------
+# Kernels that are not attention (memory.py's, quantize.py's): a uniform block ``job`` (the
+# file's struct Job), then storage buffers (access, name, WGSL type), THREADS invocations a
+# workgroup. Those with one invocation per item of the job enter through
+# shaders/utility_common.wgsl, which calls the file's job_item(t) for t < job.count.
+_WORDS = (("read", "src", "array<u32>"), ("rw", "dst", "array<u32>"))
+UTILITIES: Mapping[str, tuple[tuple[str, str, str], ...]] = {
+    "patch16": _WORDS,
+    "copy_rows": _WORDS,
+    "copy_bw": (("read", "src", "array<vec4<u32>>"), ("rw", "dst", "array<vec4<u32>>")),
+    "quantize_kv": (_WORDS[0], ("rw", "codes", "array<u32>"), ("rw", "scales", "array<u32>")),
+}
+_PER_ITEM = frozenset({"patch16", "copy_rows", "quantize_kv"})
+_UTILITY_THREADS = {"copy_bw": 256}         # the others: 64
+
+
+@dataclass(frozen=True)
+class Utility:
+    """One of the runtimes' own kernels, as any WebGPU host needs it."""
+
+    name: str
+    wgsl: str
+    bindings: tuple[Binding, ...]
+    threads: int
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        return tuple(b.access for b in self.bindings)
+
+
+def utility(name: str, *, consts: Mapping[str, int] | None = None,
+            types: Mapping[str, str] | None = None, pieces: tuple[str, ...] = (),
+            dialect: str = NAGA) -> Utility:
+    """The module of utility kernel ``name``: its constants (THREADS and ``consts``), its
+    binding declarations (``types`` replacing a buffer's WGSL type), ``pieces`` of
+    shaders/storage.wgsl, the per-item entry point where it has one, and its file."""
+    return _utility(name, tuple(sorted((consts or {}).items())),
+                    tuple(sorted((types or {}).items())), pieces, dialect)
+
+
+@lru_cache(maxsize=64)
+def _utility(name: str, consts: tuple[tuple[str, int], ...], types: tuple[tuple[str, str], ...],
+             pieces: tuple[str, ...], dialect: str) -> Utility:
+    threads = _UTILITY_THREADS.get(name, 64)
+    retyped = dict(types)
+    buffers = (("uniform", "job", "Job"),) + tuple(
+        (access, ident, retyped.get(ident, ty)) for access, ident, ty in UTILITIES[name])
+    text = "".join(f"const {k}: u32 = {int(v)}u;\n" for k, v in (("THREADS", threads), *consts))
+    text += "".join(_declaration(i, *b) for i, b in enumerate(buffers))
+    text += "".join(shaders.pieces("storage")[p] for p in pieces)
+    if name in _PER_ITEM:
+        text += load("utility_common")
+    text += load(name)
+    return Utility(name, for_dialect(text, dialect),
+                   tuple(Binding(i, a, ident) for i, (a, ident, _) in enumerate(buffers)), threads)

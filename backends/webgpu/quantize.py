@@ -1,6 +1,7 @@
 """On-device K/V quantization for a WebGPU runtime (wgpu-native or Dawn): a KV cache's append
 with kv_dtype "int8" / "int4" uploads its new tokens once and one small kernel
-(shaders/quantize_kv.wgsl) writes codes and scales straight into the cache's buffers.
+(shaders/quantize_kv.wgsl, built by program.py) writes codes and scales straight into the
+cache's buffers.
 
 One upload per append (the destination rows and every job's values in one staging buffer),
 one encoder, one compute pass with a dispatch per job (k, v), one submit; nothing waits.
@@ -10,39 +11,23 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from attnreg.errors import SpecError
 
+from . import program
 from .device import GpuDevice
 from .memory import DeviceMemory, cdiv
-from .program import for_dialect
+from .program import Utility
 
-_WG = 64                                        # the shader's workgroup size
-_LAYOUT = ("uniform", "read", "rw", "rw")       # params, src, codes, scales
 _DT = {"float32": 0, "float16": 1, "bfloat16": 2}
 _Q = {"int8": 1, "int4": 2}
-
-# Per storage, the scales binding and its store: int8's f32 scale is a whole word; int4's
-# f16 scales pair up in a word that two invocations (two blocks) write, so each clears and
-# sets its own half with atomics (the order of the two does not matter: disjoint bits).
-_SCALES = {
-    "int8": """@group(0) @binding(3) var<storage, read_write> scales: array<u32>;
-fn put_scale(i: u32, bits: u32) {
-  scales[i] = bits;
-}
-""",
-    "int4": """@group(0) @binding(3) var<storage, read_write> scales: array<atomic<u32>>;
-fn put_scale(i: u32, bits: u32) {
-  let sh = (i & 1u) * 16u;
-  atomicAnd(&scales[i / 2u], ~(0xffffu << sh));
-  atomicOr(&scales[i / 2u], bits << sh);
-}
-""",
-}
+# Per storage, the scales binding's type and its store (shaders/storage.wgsl): int8's f32
+# scale is a whole word; int4's f16 scales pair up in a word that two blocks write.
+_SCALES = {"int8": ("array<u32>", "put_scale_word"),
+           "int4": ("array<atomic<u32>>", "put_scale_half")}
 
 
 def refusal(kv_dtype: str, dtype: str, head_size: int) -> str | None:
@@ -59,12 +44,12 @@ def refusal(kv_dtype: str, dtype: str, head_size: int) -> str | None:
     return None
 
 
-def source(kv_dtype: str, dtype: str, head_size: int, dialect: str) -> str:
-    """The module for one (storage, input dtype, head size)."""
-    text = resources.files("attnreg.shaders").joinpath("quantize_kv.wgsl").read_text("utf-8")
-    head = (f"const HD: u32 = {head_size}u;\nconst DT: u32 = {_DT[dtype]}u;\n"
-            f"const Q: u32 = {_Q[kv_dtype]}u;\n")
-    return for_dialect(head + _SCALES[kv_dtype] + text, dialect)
+def utility(kv_dtype: str, dtype: str, head_size: int, dialect: str) -> Utility:
+    """The kernel for one (storage, input dtype, head size)."""
+    ty, put = _SCALES[kv_dtype]
+    return program.utility("quantize_kv", consts={"VEC_DIM": head_size, "IN_DTYPE": _DT[dtype],
+                                                  "QUANT": _Q[kv_dtype]},
+                           types={"scales": ty}, pieces=(put,), dialect=dialect)
 
 
 def _words(arr: np.ndarray) -> np.ndarray:
@@ -95,10 +80,10 @@ def quantize_into(dev: GpuDevice, memory: DeviceMemory, kv_dtype: str, rows: np.
     staged = np.concatenate(parts)
     src = memory.stage("quant_src", staged)     # one host upload, counted
     U = dev.wgpu.BufferUsage
-    pipe = dev.compile(f"webgpu.quantize_kv.{kv_dtype}",
-                       source(kv_dtype, dtype, h, dev.dialect), _LAYOUT)
+    prog = utility(kv_dtype, dtype, h, dev.dialect)
+    pipe = dev.compile(f"webgpu.quantize_kv.{kv_dtype}", prog.wgsl, prog.layout)
     count = r if kv_dtype == "int8" else r * (h // 32)
-    groups = cdiv(count, _WG)
+    groups = cdiv(count, prog.threads)
     x_groups = min(groups, 65535)
     grid = (x_groups, cdiv(groups, x_groups), 1)
     enc = dev.device.create_command_encoder()
@@ -107,7 +92,7 @@ def quantize_into(dev: GpuDevice, memory: DeviceMemory, kv_dtype: str, rows: np.
     for j, (off, (_, codes, scales)) in enumerate(zip(offsets, jobs)):
         params = memory.buffer(f"quant_params{j}", 16, U.UNIFORM | U.COPY_DST)
         dev.device.queue.write_buffer(params, 0, struct.pack("<4I", r, count, off, 0))
-        group = dev.device.create_bind_group(layout=dev.layout(_LAYOUT)[0], entries=[
+        group = dev.device.create_bind_group(layout=dev.layout(prog.layout)[0], entries=[
             {"binding": 0, "resource": {"buffer": params}},
             {"binding": 1, "resource": {"buffer": src, "offset": 0, "size": staged.nbytes}},
             {"binding": 2, "resource": {"buffer": codes}},

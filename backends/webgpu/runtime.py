@@ -96,6 +96,10 @@ class WebGpuRuntime:
 
     def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
         return self.memory.copy_bandwidth(nbytes, repeats)
+
+    def matrix_peak(self) -> tuple[float | None, str]:
+        return self.dev.matrix_peak()
+
     def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,
                   dst_pitch: int) -> None:
         self.memory.copy_rows(src, dst, rows, row_bytes, src_pitch, dst_pitch)
@@ -141,8 +145,8 @@ class WebGpuRuntime:
         """The masked-block list of the bias for this stage's tiles, packed for the kernel:
         [entries base, CSR offsets, block id | all-zero flag << 31]. Lists of a DeviceTensor
         bias are built once per written version; host biases are rebuilt per call."""
-        q_tile = consts["BR"] if stage.family == "prefill" else consts["M"]
-        kv_tile = consts["BC"]
+        q_tile = consts["Q_TILE"] if stage.family == "prefill" else consts["M_TILE"]
+        kv_tile = consts["KV_TILE"]
 
         def packed() -> np.ndarray:
             bl = blockmod.cached(spec, bias, q_tile, kv_tile)
@@ -256,7 +260,8 @@ class WebGpuRuntime:
         compute pass, with the iterations submitted back to back, so the GPU stays busy
         and clocked up as in a decode loop. ``wall_s``: host time of submit + wait, one
         launch at a time. ``warmup_s`` keeps launching for that long first: an idle H100
-        sits at 345 MHz and short bursts of launches were timed 2-8x slow without it."""
+        sits at 345 MHz and short bursts of launches were timed 2-8x slow without it.
+        ``b2b_s``: back to back (see _back_to_back)."""
         dispatches = self._prepare(plan, inputs).dispatches
         t_end = time.perf_counter() + warmup_s
         n = 0
@@ -277,31 +282,61 @@ class WebGpuRuntime:
             self.dev.wait()
             wall.append(time.perf_counter() - t0)
         res["wall_s"] = wall
+        res["b2b_s"] = [self._back_to_back(dispatches, iters) for _ in range(3)]
         return res
 
+    def _back_to_back(self, dispatches: list[_Dispatch], iters: int) -> float:
+        """Seconds per launch with ``iters`` launches submitted without waiting: the first
+        launch's pass start to the last one's pass end (timestamp queries) over ``iters``;
+        where the adapter has no timestamps, host time from the first submit to the end
+        of the wait. The gaps between launches count, as in a decode loop that never waits."""
+        n = max(1, iters)
+        if not self.dev.has_timestamps:
+            cmds = [self._encode(dispatches).finish() for _ in range(n)]
+            t0 = time.perf_counter()
+            for cmd in cmds:
+                self.dev.submit([cmd])
+            self.dev.wait()
+            return (time.perf_counter() - t0) / n
+        qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2)
+        marks: list[dict[str, Any]] = [{} for _ in range(n)]
+        marks[0]["beginning_of_pass_write_index"] = 0
+        marks[-1]["end_of_pass_write_index"] = 1
+        cmds = [self._encode(dispatches, {"query_set": qs, **m} if m else None).finish()
+                for m in marks]
+        for cmd in cmds:
+            self.dev.submit([cmd])
+        ticks = self._read_timestamps(qs, 2)
+        return float(ticks[1] - ticks[0]) * 1e-9 / n
+
     def _gpu_times(self, dispatches: list[_Dispatch], iters: int) -> list[float]:
-        U = self.wgpu.BufferUsage
         qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2 * iters)
         cmds = [self._encode(dispatches, {"query_set": qs, "beginning_of_pass_write_index": 2 * i,
                                           "end_of_pass_write_index": 2 * i + 1}).finish()
                 for i in range(iters)]
         for cmd in cmds:
             self.dev.submit([cmd])
-        n = 16 * iters
+        ticks = self._read_timestamps(qs, 2 * iters)
+        return [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(iters)]
+
+    def _read_timestamps(self, qs: Any, count: int) -> np.ndarray:
+        """The query set's ``count`` timestamps (nanoseconds in WebGPU), after the work
+        submitted before; the query set is destroyed."""
+        U = self.wgpu.BufferUsage
+        n = 8 * count
         resolve = self.memory.buffer("ts_resolve", n, U.QUERY_RESOLVE | U.COPY_SRC)
         rb = self.memory.buffer("rb_ts", n, U.MAP_READ | U.COPY_DST)
         enc = self.dev.device.create_command_encoder()
-        enc.resolve_query_set(qs, 0, 2 * iters, resolve, 0)
+        enc.resolve_query_set(qs, 0, count, resolve, 0)
         enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
         self.dev.submit([enc.finish()])
         rb.map_sync(self.wgpu.MapMode.READ, 0, n)
         try:
-            ticks = np.frombuffer(bytes(rb.read_mapped(0, n)), dtype=np.uint64)
+            ticks = np.frombuffer(bytes(rb.read_mapped(0, n)), dtype=np.uint64).copy()
         finally:
             rb.unmap()
         qs.destroy()
-        # WebGPU timestamps are nanoseconds.
-        return [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(iters)]
+        return ticks
 
     def close(self) -> None:
         self._prepared.clear()

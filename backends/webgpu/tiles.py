@@ -93,11 +93,12 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     osl = ocu * ow                                    # output vec4 slots per lane and row
     half = _s(params, d, "out_tile") == "half_workgroup"
     osw = (osl + 1) // 2 if half else 0               # of which in workgroup memory
-    return {"BR": br, "BC": bc, "STEP": step, "NSTEP": bc // step, "TR": tr, "NCG": ncg,
-            "SGW": min(subgroup_width, ncg), "PREFETCH": int(bool(_p(params, d, "prefetch"))),
-            "STAGE": int(stage), "KVS": bc if stage else 1, "OUTW": int(half), "OW": ow,
-            "NU": nu, "OCU": ocu, "OSL": osl, "OSR": osl - osw, "OSW": osw,
-            "OSZ": max(1, br * ncg * osw)}
+    return {"Q_TILE": br, "KV_TILE": bc, "K_STEP": step, "STEPS": bc // step,
+            "ROWS_PER_LANE": tr, "ROW_LANES": ncg, "SHUFFLE_LANES": min(subgroup_width, ncg),
+            "PREFETCH": int(bool(_p(params, d, "prefetch"))), "STAGED": int(stage),
+            "STAGED_KEYS": bc if stage else 1, "O_SPLIT": int(half), "OUT_UNIT": ow,
+            "OUT_UNITS": nu, "LANE_UNITS": ocu, "LANE_SLOTS": osl, "REG_SLOTS": osl - osw,
+            "WG_SLOTS": osw, "O_S_SIZE": max(1, br * ncg * osw)}
 
 
 def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -106,14 +107,15 @@ def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     sgw = 4 if params.get("reduction") == "subgroup" else 1
     c = prefill_consts(spec, params, sgw)
     hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
-    return (c["BR"] * hv * 16 + c["KVS"] * (hv + 1) * 4 * e + c["KVS"] * vv * 4 * e
-            + c["BR"] * c["STEP"] * 4 + c["BR"] * max(1, c["NCG"] // c["SGW"]) * 4
-            + c["OSZ"] * 16)
+    return (c["Q_TILE"] * hv * 16 + c["STAGED_KEYS"] * (hv + 1) * 4 * e
+            + c["STAGED_KEYS"] * vv * 4 * e + c["Q_TILE"] * c["K_STEP"] * 4
+            + c["Q_TILE"] * max(1, c["ROW_LANES"] // c["SHUFFLE_LANES"]) * 4
+            + c["O_S_SIZE"] * 16)
 
 
 def prefill_threads(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = prefill_consts(spec, params)
-    return c["BR"] // c["TR"] * c["NCG"]
+    return c["Q_TILE"] // c["ROWS_PER_LANE"] * c["ROW_LANES"]
 
 
 # -- decode_partial -----------------------------------------------------------------------
@@ -129,23 +131,25 @@ def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
              max(1, MAX_VECTORS // int(params.get("m_tile", 1))))
     if blocks and bias_shape is not None and bias_shape[1] > 1:
         gt = 1
-    return {"M": int(params.get("m_tile", 1)), "GT": gt, "BC": _p(params, d, "kv_tile"),
-            "WG": _p(params, d, "threads"), "PREFETCH": int(bool(_p(params, d, "prefetch"))),
-            "BAL": int(blocks and op == "attention")}
+    return {"M_TILE": int(params.get("m_tile", 1)), "GROUP_TILE": gt,
+            "KV_TILE": _p(params, d, "kv_tile"), "THREADS": _p(params, d, "threads"),
+            "PREFETCH": int(bool(_p(params, d, "prefetch"))),
+            "BALANCE": int(blocks and op == "attention")}
 
 
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
-    hv, vv, e, r = spec.head_size // 4, spec.head_size_v // 4, _item(spec), c["M"] * c["GT"]
-    hs = max(1, c["WG"] // c["BC"])
+    hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
+    r, bc = c["M_TILE"] * c["GROUP_TILE"], c["KV_TILE"]
+    hs = max(1, c["THREADS"] // bc)
     # q_s holds a query, then the merged output: the longer of the two rows
-    return (r * max(hv, vv) * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * vv * 4 * e
-            + c["BC"] * r * 4 * (1 + hs) + 4 * r * 4)
+    return (r * max(hv, vv) * 16 + bc * (hv + 1) * 4 * e + bc * vv * 4 * e
+            + bc * r * 4 * (1 + hs) + 4 * r * 4)
 
 
 # -- reduce -------------------------------------------------------------------------------
 def reduce_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
-    return {"WG": REDUCE_THREADS}
+    return {"THREADS": REDUCE_THREADS}
 
 
 def reduce_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -172,19 +176,20 @@ def pv_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
     any row tiling works): up to 4 rows sharing each V tile, the GQA group's heads."""
     d = DECODE_DEFAULTS[spec.dtype]
     m = 4 if spec.seq_len >= 4 else 2 if spec.seq_len >= 2 else 1
-    return {"M": m, "GT": min(spec.group_size, _p(params, d, "group_tile"), MAX_VECTORS // m),
-            "BC": _p(params, d, "kv_tile"), "WG": _p(params, d, "threads"),
+    return {"M_TILE": m,
+            "GROUP_TILE": min(spec.group_size, _p(params, d, "group_tile"), MAX_VECTORS // m),
+            "KV_TILE": _p(params, d, "kv_tile"), "THREADS": _p(params, d, "threads"),
             "PREFETCH": int(bool(_p(params, d, "prefetch")))}
 
 
 def qk_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
-    hv, e, r = spec.head_size // 4, _item(spec), c["M"] * c["GT"]
-    hs = max(1, c["WG"] // c["BC"])
-    return r * hv * 16 + c["BC"] * (hv + 1) * 4 * e + c["BC"] * r * 4 * (1 + hs)
+    hv, e, r, bc = spec.head_size // 4, _item(spec), c["M_TILE"] * c["GROUP_TILE"], c["KV_TILE"]
+    hs = max(1, c["THREADS"] // bc)
+    return r * hv * 16 + bc * (hv + 1) * 4 * e + bc * r * 4 * (1 + hs)
 
 
 def pv_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = pv_consts(spec, params)
-    vv, e, r = spec.head_size_v // 4, _item(spec), c["M"] * c["GT"]
-    return c["BC"] * vv * 4 * e + c["BC"] * r * 4 + r * 8 + r * vv * 16
+    vv, e, r, bc = spec.head_size_v // 4, _item(spec), c["M_TILE"] * c["GROUP_TILE"], c["KV_TILE"]
+    return bc * vv * 4 * e + bc * r * 4 + r * 8 + r * vv * 16

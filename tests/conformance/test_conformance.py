@@ -14,7 +14,7 @@ import pytest
 
 import attnreg
 from attnreg.tools import conformance as conf
-from tests.support import IN_CI, CellRunner, conformance_cells, module_cells, parametrize_cells
+from tests.support import IN_CI, CellRunner, conformance_cells, module_cells, parametrize_cells, quick_keeps
 from tests.toy_plugin import ToyPlugin
 
 REQUIRED = conf.load_required(str(Path(__file__).parents[2] / "ci" / "required_matrix.json"))
@@ -35,6 +35,23 @@ def test_cells_are_distinct() -> None:
     assert len({c.id for c in everything}) == len(everything)
     kernels = {c.kernel for c in everything}
     assert kernels == {c.kernel for c in everything if c.kind == "covering"}
+
+
+def test_quick_matrix_keeps_every_kernels_covering_and_nonfinite_cells() -> None:
+    """What CI leaves out never takes a kernel's own proof on a device: every (kernel, device)
+    keeps every non-finite cell and at least one covering cell, and a kernel that is not a
+    dtype twin or an emulated build keeps every covering recipe (its twins' recipes are the
+    same source's, checked through this kernel)."""
+    full = [c for c in conformance_cells() if c.kind in ("covering", "nonfinite")]
+    kept = {c.id for c in full if quick_keeps(c)}
+    pairs: dict[tuple[str, str], list[conf.Case]] = {}
+    for c in full:
+        pairs.setdefault((c.kernel, c.device), []).append(c)
+    for (kernel, device), cells in pairs.items():
+        assert any(c.kind == "covering" and c.id in kept for c in cells), (kernel, device)
+        lost = [c.id for c in cells if c.id not in kept
+                and (c.kind == "nonfinite" or (c.spec.dtype == "float16" and not c.emulated))]
+        assert not lost, (kernel, device, lost[:5])
 
 
 def test_required_devices_present() -> None:

@@ -1,4 +1,7 @@
-"""`attnreg bench --quick` runs on the CI devices (a smoke: no timing asserts)."""
+"""`attnreg bench --quick` runs on the CI devices (a smoke: no timing asserts): every row,
+its back-to-back time and its fraction of the device's limit, the GEMM probe's refusal
+where Dawn has no subgroup matrices, and the torch peer's wall-clock row where torch runs on
+the CPU (no CUDA graph there)."""
 
 from __future__ import annotations
 
@@ -7,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import attnreg
 from attnreg.tools import bench_suites
+from tests.support import missing
 
 
 def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
@@ -27,9 +33,46 @@ def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
         assert not row["kernels"].startswith("FAILED"), row
         assert row["max_err"] is not None and row["max_err"] < 4e-3, row
         assert row["wall_us"] > 0
+        # fraction of the limit: a decode is bounded by the copy roof
+        assert row["limit"] > 0 and row["limit_of"].startswith("copy "), row
+        if row["backend"] in ("webgpu", "dawn", "opencl"):
+            assert row["b2b_us"] > 0, row
         measured.add(row["backend"])
     assert {"reference", "webgpu", "opencl"} <= measured
-    assert "ratios" in r.stdout
+    assert "ratios" in r.stdout and "b2b us" in r.stdout and "of limit" in r.stdout
+    for dev in attnreg.devices("dawn"):      # the GEMM probe: a rate, or why there is none
+        if not dev.available:
+            continue
+        probed = [x for x in rows if x["case"] == "matrix-gemm" and x["backend"] == "dawn"]
+        if "subgroup-matrix" in dev.features:
+            assert probed and probed[0]["tflops"] > 0
+        else:
+            assert not probed and f"dawn/{dev.slug}: matrix units: no subgroup matrices on this " \
+                "device" in r.stderr, r.stderr
+
+
+def test_torch_peer_row_on_the_cpu() -> None:
+    """Without CUDA the torch peer has no graph to replay: its row has wall time only, says
+    so, and is compared wall against wall."""
+    from attnreg.tools import bench, bench_report, peers
+
+    why = peers.torch_status()
+    if why:
+        missing(why)              # CI installs torch (CPU) with the clients extra
+    spec = attnreg.AttentionSpec(seq_len=1, past_len=31, num_heads=2, kv_num_heads=1,
+                                 head_size=16, dtype="float32", causal=True)
+    case = bench_suites.Case("tiny-decode", spec)
+    rows = bench.peer_rows("decode", case, iters=2, warmup=1, log=lambda _: None)
+    torch_row = next(r for r in rows if r.backend == "torch")
+    if torch_row.device.startswith("cuda"):
+        pytest.skip("torch has CUDA here: the CPU row is not made")
+    assert torch_row.gpu_us is None and torch_row.b2b_us is None and torch_row.wall_us > 0
+    assert "no CUDA graph" in torch_row.extra["timing"]
+    assert torch_row.limit and torch_row.limit_of.startswith("copy ")
+    mine = bench_report.Row("decode", "tiny-decode", "opencl", "x", "k", 5.0, 50.0, None, None,
+                            0.0, b2b_us=4.0)
+    assert "us wall = " in bench_report.ratios([mine, torch_row])
+    assert "no CUDA graph" in bench_report.limits([torch_row])
 
 
 def test_traffic_counts_visible_pairs() -> None:

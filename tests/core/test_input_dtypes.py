@@ -23,7 +23,7 @@ import attnreg
 from attnreg import reference as ref
 from attnreg.tensors import STORED_AS, accepted_dtypes, check_tensors
 from attnreg.tools import cases as cases_mod
-from tests.support import _quick_keeps, check_close, make_tensors, require_devices
+from tests.support import check_close, make_tensors, quick_keeps, require_devices
 
 GPU = ("opencl", "webgpu", "dawn", "browser")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -167,9 +167,9 @@ def _stored_dtype(case: Any, name: str) -> str:
 
 def test_quick_matrix_reads_every_accepted_dtype() -> None:
     """Per kernel that reads bias / head_sink, per dtype of the kernel: the quick matrix as
-    CI runs it (tests.support._quick_keeps) has a cell with that tensor stored in every dtype
+    CI runs it (tests.support.quick_keeps) has a cell with that tensor stored in every dtype
     the checks accept, on every available device (a future accepted dtype gets cells too)."""
-    cells = [c for c in cases_mod.cases(quick=True) if _quick_keeps(c)]
+    cells = [c for c in cases_mod.cases(quick=True) if quick_keeps(c)]
     assert cells
     have: dict[tuple[str, str, str, str], set[str]] = {}
     for c in cells:

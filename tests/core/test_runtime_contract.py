@@ -30,7 +30,7 @@ def test_runtime_is_the_protocol(session: attnreg.Session) -> None:
     assert isinstance(rt, attnreg.Runtime) and isinstance(rt, Memory)
     assert session.device_runtime(rt.caps.id) is rt
     for name in ("launch", "timings", "alloc", "upload", "download", "free", "copy_bandwidth",
-                 "close", "copy_rows", "write_refusal", "quantize_refusal", "quantize_into"):
+                 "matrix_peak", "close", "copy_rows", "write_refusal", "quantize_refusal", "quantize_into"):
         assert callable(getattr(type(rt), name, None)), name
     assert isinstance(rt.counters, dict)
 
@@ -66,7 +66,12 @@ def test_timings_and_roof(session: attnreg.Session) -> None:
     times = rt.timings(plan, attnreg.tensors.check_tensors(SPEC, t), iters=3, warmup=1)
     assert len(times["wall_s"]) == 3 and all(x > 0 for x in times["wall_s"])
     assert all(x > 0 for x in times.get("gpu_s", [1.0]))
+    # back to back: the device runtimes measure it (timestamps / events, else wall clock)
+    assert session.backend in ("reference", "browser") or times["b2b_s"]
+    assert all(x > 0 for x in times.get("b2b_s", [1.0]))
     assert 0.01 < rt.copy_bandwidth(nbytes=4 << 20) < 1e5
+    peak, how = rt.matrix_peak()            # a measured rate, or why there is none
+    assert how and (peak is None or (peak > 0 and "GEMM probe" in how)), (peak, how)
 
 
 def test_quantizes_or_says_why(session: attnreg.Session) -> None:

@@ -1,8 +1,9 @@
 """The optional bench peers (attnreg.tools.peers): availability reasons without the packages, and,
 where a peer is usable, its output against the float64 reference.
 
-CI has neither onnxruntime-webgpu nor torch, so the numerical tests skip there; the status
-and spec-mapping tests always run and need neither package. Sizes are small: a peer's test
+CI has no onnxruntime-webgpu, so its numerical tests skip there; CI installs torch (CPU, the
+clients extra), so a missing torch fails there (tests.support.missing). The status and
+spec-mapping tests always run and need neither package. Sizes are small: a peer's test
 costs well under a second on lavapipe.
 """
 
@@ -18,6 +19,7 @@ import pytest
 import attnreg
 from attnreg.testing import compare, expected, make_tensors
 from attnreg.tools import peers
+from tests.support import missing
 
 DECODE = dict(batch=1, seq_len=1, past_len=127, num_heads=4, kv_num_heads=2, head_size=64)
 
@@ -164,7 +166,7 @@ def test_ort_multi_token(case):
     assert not problem, problem
 
 
-# -- torch SDPA (skips without torch) ---------------------------------------------------------
+# -- torch SDPA (skips without torch; fails so in CI) ----------------------------------------
 @pytest.mark.parametrize("case", [
     dict(dtype="float32", q_layout="BNSH", kv_layout="BSNH"),
     dict(dtype="float16"),
@@ -174,9 +176,7 @@ def test_ort_multi_token(case):
 ])
 @pytest.mark.parametrize("gqa", ["auto", "enable", "repeat"])
 def test_torch_matches_reference(case, gqa):
-    why = peers.torch_status()
-    if why:
-        pytest.skip(why)
+    _torch_or_skip()
     spec = _spec(**case)
     t = make_tensors(spec, seed=5, poison=False)
     peer = peers.TorchSDPA(spec, "cpu", gqa=gqa)
@@ -190,7 +190,7 @@ def test_torch_matches_reference(case, gqa):
 def _torch_or_skip() -> None:
     why = peers.torch_status()
     if why:
-        pytest.skip(why)
+        missing(why)
 
 
 TRIED = r"(\d+\.\d us|error: .+|wrong: .+)"

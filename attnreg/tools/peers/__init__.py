@@ -13,8 +13,9 @@ Two optional peers, each computing the same contract math (docs/contract.md) for
   ``synchronize_outputs`` returns before the GPU work ends on this EP).
 * :class:`TorchSDPA` -- ``torch.nn.functional.scaled_dot_product_attention`` on CUDA when
   available, else CPU; tries each SDPA backend (cuDNN, flash, efficient, math) with both GQA
-  strategies and keeps the fastest correct one, named in its label; GPU time from CUDA
-  events around back-to-back calls.
+  strategies and keeps the fastest correct one, named in its label; GPU time per call from
+  a CUDA graph of back-to-back calls replayed between two CUDA events (kernel time, no
+  Python launch cost); on the CPU, wall clock, which the peer says.
 
 Nothing here is imported at module import time beyond numpy and the standard library:
 ``onnxruntime``, ``onnx`` and ``torch`` are imported inside functions, and each peer says

@@ -57,8 +57,43 @@ def _why_failed(backend: str, exc: BaseException, caught: list[warnings.WarningM
     return "; ".join(dict.fromkeys(said))[:240]
 
 
-# Calls per GPU-time sample (see _time).
-BATCH = 10
+# Calls captured back to back in the CUDA graph that each GPU-time sample replays (see _time).
+GRAPH_CALLS = 20
+# What the peer's times are, by device (describe()["timing"], the bench's label).
+TIMING_CUDA = (f"GPU time per call: a CUDA graph of {GRAPH_CALLS} back-to-back calls replayed "
+               f"between two CUDA events, / {GRAPH_CALLS}")
+TIMING_CPU = "no CUDA graph on the CPU: host wall time per call (no GPU time)"
+
+
+_ROOFS: dict[str, float] = {}
+
+
+def copy_bandwidth(device: str, repeats: int = 5) -> float:
+    """GB/s (bytes read + written) of a tensor copy on ``device`` (256 MiB on CUDA, timed by
+    CUDA events; 64 MiB on the CPU, wall clock), median of ``repeats`` after one warm-up:
+    the torch peer's copy roof, measured as attnreg's runtimes measure theirs. Cached."""
+    if device not in _ROOFS:
+        import torch
+
+        cuda = device.startswith("cuda")
+        n = (256 if cuda else 64) << 20
+        src = torch.empty(n, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        secs = []
+        for _ in range(repeats + 1):
+            if cuda:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                dst.copy_(src)
+                e1.record()
+                e1.synchronize()
+                secs.append(e0.elapsed_time(e1) * 1e-3)
+            else:
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                secs.append(time.perf_counter() - t0)
+        _ROOFS[device] = 2 * n / statistics.median(secs[1:]) / 1e9
+    return _ROOFS[device]
 
 
 class TorchSDPA:
@@ -72,7 +107,9 @@ class TorchSDPA:
 
     On the first :meth:`load` every (backend, gqa) candidate runs once and is checked
     against the float64 reference at the contract tolerance; the correct ones are timed
-    (``select_iters`` calls each, GPU time on CUDA, wall on CPU) and the fastest is kept.
+    (``select_iters`` samples each, GPU time of a replayed CUDA graph on CUDA, wall on CPU)
+    and the fastest is kept; a candidate whose calls cannot be captured in a CUDA graph is
+    not timed ("no graph: ...").
     ``tried`` maps each candidate to "12.3 us", "error: ..." or "wrong: ..."; ``label``
     names the one kept, e.g. "torch-sdpa[cudnn]" or "torch-sdpa[flash,gqa=repeat]". When
     none works the peer raises RuntimeError("... unavailable ...") with the reasons.
@@ -212,7 +249,11 @@ class TorchSDPA:
                 if problem:
                     self.tried[key] = f"wrong: {problem}"
                     continue
-                us = statistics.median(self._time(backend, self.select_iters, 3)[basis]) * 1e6
+                try:
+                    us = statistics.median(self._time(backend, self.select_iters, 3)[basis]) * 1e6
+                except Exception as exc:   # graph capture refused: no kernel time to compare
+                    self.tried[key] = f"no graph: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
+                    continue
                 self.tried[key] = f"{us:.1f} us"
                 timed[backend, gqa] = (us, self._args, self._kwargs)
         self._args, self._kwargs = (), {}
@@ -244,8 +285,8 @@ class TorchSDPA:
         return self._output(self.backend)
 
     def timings(self, iters: int = 50, warmup: int = 5) -> dict[str, list[float]]:
-        """Per-call seconds of the kept backend: wall_s (call + synchronize), and gpu_s from
-        CUDA events around BATCH back-to-back calls on CUDA."""
+        """Per-call seconds of the kept backend: wall_s (call + synchronize, one at a time)
+        and on CUDA gpu_s (TIMING_CUDA: the kernels' time, no Python launch cost in it)."""
         if not self._args:
             from attnreg.testing import make_tensors
 
@@ -258,41 +299,57 @@ class TorchSDPA:
         cuda = self.device.startswith("cuda")
         sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
         wall: list[float] = []
-        gpu: list[float] = []
         with torch.no_grad(), self._kernel(backend):    # entered once: not part of a call's cost
             for _ in range(warmup):
                 self._call()
             sync()
             for _ in range(iters):
-                if cuda:
-                    e0 = torch.cuda.Event(enable_timing=True)
-                    e1 = torch.cuda.Event(enable_timing=True)
-                    t0 = time.perf_counter()
-                    self._call()
-                    sync()
-                    wall.append(time.perf_counter() - t0)
-                    # GPU time of BATCH calls back to back between two events, as attnreg's
-                    # runtimes time theirs: one call between events also timed the GPU
-                    # idling while the CPU launched it (56 us for every decode candidate).
-                    e0.record()
-                    for _ in range(BATCH):
-                        self._call()
-                    e1.record()
-                    e1.synchronize()
-                    gpu.append(e0.elapsed_time(e1) * 1e-3 / BATCH)
-                else:
-                    t0 = time.perf_counter()
-                    self._call()
-                    wall.append(time.perf_counter() - t0)
-        out: dict[str, list[float]] = {"wall_s": wall}
-        if cuda:
-            out["gpu_s"] = gpu
+                t0 = time.perf_counter()
+                self._call()
+                sync()
+                wall.append(time.perf_counter() - t0)
+            out: dict[str, list[float]] = {"wall_s": wall}
+            if cuda:
+                out["gpu_s"] = self._graph_times(iters)
+        return out
+
+    def _graph_times(self, iters: int) -> list[float]:
+        """Seconds per call from a CUDA graph of GRAPH_CALLS back-to-back calls, replayed
+        ``iters`` times between two events: the GPU time of the kernels alone. Timing Python
+        launches between events instead measured the launches (cuDNN's decode L=8192: 44-57
+        us that way, 12.1 us replayed)."""
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):          # capture needs warmed-up kernels (workspaces)
+            for _ in range(3):
+                self._call()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                self._call()
+        graph.replay()                          # the first replay uploads the graph
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(iters):
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record()
+            graph.replay()
+            e1.record()
+            e1.synchronize()
+            out.append(e0.elapsed_time(e1) * 1e-3 / GRAPH_CALLS)
+        del graph
         return out
 
     def describe(self) -> dict[str, Any]:
         name = self.torch.cuda.get_device_name() if self.device.startswith("cuda") else "cpu"
         return {"peer": self.name, "version": self.version, "device": self.device,
                 "device_name": name, "label": self.label, "backend": self.backend,
+                "timing": TIMING_CUDA if self.device.startswith("cuda") else TIMING_CPU,
+                "copy_gb_s": copy_bandwidth(self.device),
                 "enable_gqa": self.enable_gqa, "tried": dict(self.tried),
                 "mask": "attn_mask" in self._kwargs, "is_causal": bool(self._kwargs.get("is_causal"))}
 

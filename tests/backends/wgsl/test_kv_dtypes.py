@@ -138,7 +138,8 @@ def test_binding_types_and_helpers():
     8 values (vec4<u32>, float16's granule), bf16 out as word pairs; plain dtypes as before.
     Helpers exist only for what a program binds."""
     q8 = program.source("decode_partial", _spec(dtype="float16", kv_dtype="int8"),
-                        {"M": 1, "GT": 1, "BC": 16, "WG": 64, "PREFETCH": 1, "BAL": 0},
+                        {"M_TILE": 1, "GROUP_TILE": 1, "KV_TILE": 16, "THREADS": 64,
+                         "PREFETCH": 1, "BALANCE": 0},
                         aux=frozenset({"k_scale", "v_scale"}))
     assert "var<storage, read> k: array<u32>;" in q8
     assert "var<storage, read> k_scale: array<f32>;" in q8
@@ -153,12 +154,13 @@ def test_binding_types_and_helpers():
     assert "enable f16;" not in q4 and "unpack2x16float(" in q4
     assert "alias GV = mat2x4<f32>;" in q4 and "alias TS = vec4<f32>;" in q4
     bf = program.source("decode_partial", _spec(dtype="bfloat16"),
-                        {"M": 1, "GT": 1, "BC": 16, "WG": 64, "PREFETCH": 1, "BAL": 0})
+                        {"M_TILE": 1, "GROUP_TILE": 1, "KV_TILE": 16, "THREADS": 64,
+                         "PREFETCH": 1, "BALANCE": 0})
     for decl in ("var<storage, read> q: array<vec4<u32>>;", "var<storage, read> k: array<vec4<u32>>;",
-                 "alias GV = vec4<u32>;", "const GE: u32 = 8u;", "alias TS = vec2<u32>;",
-                 "var<workgroup> k_s: array<TS, BC * KS>;"):
+                 "alias GV = vec4<u32>;", "const GRANULE: u32 = 8u;", "alias TS = vec2<u32>;",
+                 "var<workgroup> k_s: array<TS, KV_TILE * K_STRIDE>;"):
         assert decl in bf, decl
-    red = program.source("reduce", _spec(dtype="bfloat16"), {"WG": 256})
+    red = program.source("reduce", _spec(dtype="bfloat16"), {"THREADS": 256})
     assert "fn bf16_pack(" in red and "fn load_q(" not in red
     assert wgsl_io.compute_itemsize(_spec(dtype="bfloat16")) == 4
     assert wgsl_io.granule(_spec(dtype="bfloat16")) == wgsl_io.granule(_spec(dtype="float16")) == 8

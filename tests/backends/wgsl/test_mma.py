@@ -183,9 +183,9 @@ def test_decode_subgroups_divide_the_tiles() -> None:
     for h, bc, wg, nsg in ((128, 64, 128, 4), (32, 64, 128, 2), (48, 64, 128, 1),
                            (128, 32, 128, 2), (64, 16, 64, 1)):
         c = wmma.mma_decode_consts(DECODE.replace(head_size=h), {"kv_tile": bc, "wg": wg})
-        assert (c["NSG"], c["WG"]) == (nsg, 32 * nsg), (h, bc, wg, c)
-        assert c["NOC"] % c["NSG"] == 0 and c["NKC"] % c["NSG"] == 0
-        assert c["KPL"] * c["PARTS"] == bc
+        assert (c["SUBGROUPS"], c["THREADS"]) == (nsg, 32 * nsg), (h, bc, wg, c)
+        assert c["OUT_TILES"] % c["SUBGROUPS"] == 0 and c["KEY_TILES"] % c["SUBGROUPS"] == 0
+        assert c["LANE_KEYS"] * c["ROW_LANES"] == bc
 
 
 def test_decode_hardware_build_needs_64_key_tiles() -> None:

@@ -322,7 +322,7 @@ def test_code_without_the_features_is_unchanged():
     assert aux == {"kv_start", "seqlens_q"}
     src = program.source("decode_partial", model, consts, aux=aux)
     assert "var<storage, read> kv_start: array<i32>;" in src
-    assert "return u32(seqlens_q[b]);" in src and "const VD: u32 = 32u;" in src
-    red = program.source("reduce", model, {"WG": 256},
+    assert "return u32(seqlens_q[b]);" in src and "const V_DIM: u32 = 32u;" in src
+    red = program.source("reduce", model, {"THREADS": 256},
                          aux=program.stage_aux(attnreg.plan.Stage("r", "reduce", {}), model))
     assert "u32(seqlens_q[b])" in red and "> kv_start:" not in red

@@ -1,0 +1,119 @@
+// The QK side that decode_partial and decode_qk share: the workgroup's query vectors staged
+// once in q_s (scaled, rows Q_STRIDE vec4s apart), K tiles staged in k_s, and QK^T of a tile
+// into p_s as logits. QK: SLICES lanes per key, each a slice of SLICE_VEC4S vec4s of the
+// head, all VECTORS query vectors; consecutive lanes take consecutive keys (distinct banks);
+// with SLICES > 1 the slices' partial dots meet in part_s.
+// Each family declares Q_STRIDE and LOW_KEYS (1 where a tile may start before the split's
+// first key klo: decode_partial's listed blocks).
+
+const SLICES: u32 = max(1u, THREADS / KV_TILE);                 // QK lanes per key
+const PASS_KEYS: u32 = THREADS / SLICES;                        // keys per QK pass
+const PASSES: u32 = KV_TILE / min(KV_TILE, PASS_KEYS);          // QK passes per tile
+const SLICE_VEC4S: u32 = (QK_VEC4S + SLICES - 1u) / SLICES;     // vec4s per QK lane
+const K_STRIDE: u32 = QK_VEC4S + 1u;    // padded K row stride: lanes read distinct banks
+const K_LOADS: u32 = (KV_TILE * QK_GRANULES + THREADS - 1u) / THREADS;  // K granules per lane
+
+var<workgroup> q_s: array<vec4<f32>, VECTORS * Q_STRIDE>;
+var<workgroup> k_s: array<TS, KV_TILE * K_STRIDE>;
+var<workgroup> part_s: array<f32, KV_TILE * VECTORS * SLICES>;
+
+// The workgroup's vectors and the keys [klo, khi) of its split that they may see.
+struct Wg {
+  b: u32,
+  kvh: u32,
+  hc: u32,
+  i0: u32,
+  seq: Seq,
+  klo: u32,
+  khi: u32,
+}
+
+// Logit of query vector r against key j, or MASKED if j is invisible to it or outside the
+// split's keys. with_bias false: the tile's bias is known to be all 0.
+fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
+  let gh = w.hc * GROUP_TILE + r / M_TILE;
+  let i = w.i0 + r % M_TILE;
+  let pos = row_pos(w.seq, i);
+  if (gh < P.group_size && i < P.seq_len && (LOW_KEYS == 0u || j >= w.klo) && j < w.khi
+      && key_visible(i32(j), pos, w.seq)) {
+    return logit_b(dot_qk, w.b, w.kvh * P.group_size + gh, i, j, pos, with_bias);
+  }
+  return MASKED;
+}
+
+// The scaled query vectors into q_s; absent vectors and padding rows (whose q is never read)
+// load zeros.
+fn stage_queries(d: DecodeWg, lid: u32) {
+  for (var u = 0u; u < (VECTORS * QK_GRANULES + THREADS - 1u) / THREADS; u++) {
+    let idx = lid + u * THREADS;
+    if (idx >= VECTORS * QK_GRANULES) {
+      break;
+    }
+    let r = idx / QK_GRANULES;
+    let g = idx % QK_GRANULES;
+    let gh = d.hc * GROUP_TILE + r / M_TILE;
+    let i = d.i0 + r % M_TILE;
+    var gv = GV();
+    if (gh < P.group_size && i < d.seq.rows) {
+      gv = load_q(q_granule(d.b, d.kvh * P.group_size + gh, i) + g);
+    }
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {
+      q_s[r * Q_STRIDE + g * GRANULE_VEC4S + s] = vec4<f32>(g_part(gv, s)) * P.scale;
+    }
+  }
+}
+
+// One granule of the register tile into workgroup memory, called from the unrolled loops of
+// both pipeline orders. It takes the granule's values, never the register tile: a helper
+// taking the tile by pointer made a driver keep it in local memory.
+fn stage_k(idx: u32, kg: GV) {
+  if (idx < KV_TILE * QK_GRANULES) {
+    let ks = tile_at(idx, K_STRIDE, QK_GRANULES);
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {
+      k_s[ks + s] = ts_part(kg, s);
+    }
+  }
+}
+
+// p_s = the logits of the staged K tile (keys j0..) for every query vector; with_bias false:
+// the tile's bias is known to be 0. Ends with p_s complete (a barrier).
+fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32) {
+  // Lane (slice h, key jj).
+  let h = lid / min(KV_TILE, PASS_KEYS);
+  for (var kk = 0u; kk < PASSES; kk++) {
+    let jj = lid % min(KV_TILE, PASS_KEYS) + PASS_KEYS * kk;
+    var sc: array<f32, VECTORS>;
+    for (var r = 0u; r < VECTORS; r++) {
+      sc[r] = 0.0;
+    }
+    for (var cc = 0u; cc < SLICE_VEC4S; cc++) {
+      let c = min(h * SLICE_VEC4S + cc, QK_VEC4S - 1u);
+      let kc = select(vec4<f32>(0.0), ts_f32(k_s[jj * K_STRIDE + c]),
+                      h * SLICE_VEC4S + cc < QK_VEC4S);
+      for (var r = 0u; r < VECTORS; r++) {
+        sc[r] += dot(q_s[r * Q_STRIDE + c], kc);
+      }
+    }
+    for (var r = 0u; r < VECTORS; r++) {
+      if (SLICES == 1u) {
+        p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
+      } else {
+        part_s[(jj * VECTORS + r) * SLICES + h] = sc[r];
+      }
+    }
+  }
+  workgroupBarrier();
+  if (SLICES > 1u) {
+    for (var u = 0u; u < LANE_ELEMS; u++) {
+      let e = lid + u * THREADS;
+      if (e < KV_TILE * VECTORS) {
+        var s = 0.0;
+        for (var hh = 0u; hh < SLICES; hh++) {
+          s += part_s[e * SLICES + hh];
+        }
+        p_s[e] = vec_logit(w, e % VECTORS, j0 + e / VECTORS, s, with_bias);
+      }
+    }
+    workgroupBarrier();
+  }
+}
