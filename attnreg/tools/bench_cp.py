@@ -24,6 +24,7 @@ import numpy as np
 from .. import api
 from ..caps import DeviceCaps
 from ..distributed import ShardedKVCache, sharded_attention
+from ..distributed.exchange import HEADER
 from ..session import Session
 from ..spec import AttentionSpec
 from ..tensors import check_tensors
@@ -156,8 +157,11 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
              iters: int, warmup: int, check: bool) -> dict[str, Any]:
     """sharded_attention over ``length`` keys split over the group's ranks."""
     import torch.distributed as dist
+    # the first (and only) all_gather of a call sized to the decode's states (exchange.py)
+    states = 4 * NQ * (H + 1)
     cache = ShardedKVCache(session, batch=1, kv_num_heads=NKV, head_size=H, dtype=DTYPE,
-                           shard_capacity=-(-length // world), group=dist.group.WORLD)
+                           shard_capacity=-(-length // world), group=dist.group.WORLD,
+                           exchange_bytes=HEADER + states)
     for k, v in _chunks(length):
         cache.append(k, v)
     spec = cache.spec(NQ, 1, causal=True)
