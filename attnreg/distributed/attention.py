@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import reference
 from ..device_tensor import DeviceTensor
 from ..errors import SpecError
 from ..session import Session
@@ -65,7 +66,7 @@ def _in_process(spec: Any, q: Any, cache: ShardedKVCache,
     call = check_call(spec, q, cache, tensors)
     states = cache.each_shard(lambda r: local_states(cache, r, call))
     t1 = time.perf_counter()
-    res = merge(cache.shards[0][0], call, states)
+    res = merge(cache.shards[0][0], call, states, cache.merge)
     cache.last_timings = {"local_s": t1 - t0, "exchange_s": 0.0,
                           "merge_s": time.perf_counter() - t1}
     return res
@@ -89,7 +90,8 @@ def _ranked(spec: Any, q: Any, cache: ShardedKVCache,
     got = exchange(cache.group, cache.exchange_bytes, cache.timeout, stamp, payload, failure)
     t2 = time.perf_counter()
     assert call is not None             # exchange raised the failure otherwise
-    res = merge(cache.shards[cache.rank][0], call, [_unpack(call.spec, x) for x in got])
+    res = merge(cache.shards[cache.rank][0], call, [_unpack(call.spec, x) for x in got],
+                cache.merge)
     cache.last_timings = {"local_s": t1 - t0, "exchange_s": t2 - t1,
                           "merge_s": time.perf_counter() - t2}
     return res
@@ -117,14 +119,19 @@ def local_states(cache: ShardedKVCache, r: int, call: Call) -> States:
     return shard_states(session, kv, call.spec, call.q, launches)
 
 
-def merge(session: Session, call: Call, states: list[States]) -> Any:
-    """The shards' states as the splits of one reduce on ``session``'s device; the sink, and
-    the padding rows of seqlens_q, are the reduce's."""
+def merge(session: Session, call: Call, states: list[States], where: str = "device") -> Any:
+    """The shards' states as the splits of one reduce: on ``session``'s device, or in float64
+    numpy (``where="host"``, the reference's reduce); the sink, and the padding rows of
+    seqlens_q, are the reduce's."""
     spec = call.spec
     o_parts = np.stack([o for o, _ in states], axis=3)
     lse_parts = np.stack([lse for _, lse in states], axis=3)
-    return session.reduce_states(reduce_spec(spec), o_parts, lse_parts,
-                                 call.extras.get("head_sink"), seqlens_q=call.extras.get("seqlens_q"))
+    sink, rows = call.extras.get("head_sink"), call.extras.get("seqlens_q")
+    if where == "device":
+        return session.reduce_states(reduce_spec(spec), o_parts, lse_parts, sink, seqlens_q=rows)
+    out, lse = reference.reduce(spec, o_parts, lse_parts, sink, rows)
+    out = np.ascontiguousarray(reference.out_layout(spec, out)).astype(spec.dtype)
+    return (out, lse.astype(np.float32)) if spec.return_lse else out
 
 
 @functools.lru_cache(maxsize=256)

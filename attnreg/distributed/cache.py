@@ -30,6 +30,8 @@ from .exchange import HEADER, Group, digest, exchange, group_place
 
 T = TypeVar("T")
 
+# Where a call's states are merged: one reduce on the device, or numpy's float64 reduce.
+MERGES = ("device", "host")
 # The spec fields a caller chooses per call; the rest describe the cache (cache.spec makes them).
 CALL_FIELDS = ("q_layout", "causal", "scale", "softcap", "local_window", "right_window",
                "alibi_max_bias", "head_sink", "return_lse", "kv_start", "seqlens_q")
@@ -45,15 +47,21 @@ class ShardedKVCache:
     other arguments are :meth:`attnreg.Session.kv_cache`'s, for every shard (a paged shard
     owns its block table). ``timeout``: seconds a call waits for the other ranks (None: the
     process group's timeout); ``exchange_bytes``: the size of a call's first all_gather
-    (exchange.py: states that fit take one collective). In a group every rank makes the cache
-    with the same arguments (its own Session), checked by one all_gather here.
+    (exchange.py: states that fit take one collective). ``merge``: where the states are
+    merged, "device" (one reduce on this process's device: the first Session's, or this
+    rank's) or "host" (the float64 reduce of the reference, in numpy). In a group every rank
+    makes the cache with the same arguments (its own Session), checked by one all_gather here.
     """
 
     def __init__(self, sessions: Session | Sequence[Session], *, batch: int, kv_num_heads: int,
                  head_size: int, shard_capacity: int | Sequence[int], dtype: str = "float16",
                  layout: str = "BSNH", kv_dtype: str | None = None, page_size: int | None = None,
                  v_head_size: int | None = None, group: Group | None = None,
-                 timeout: float | None = None, exchange_bytes: int = 65536) -> None:
+                 timeout: float | None = None, exchange_bytes: int = 65536,
+                 merge: str = "device") -> None:
+        if merge not in MERGES:
+            raise SpecError("merge", merge, f"one of {MERGES}")
+        self.merge = merge
         local = [sessions] if isinstance(sessions, Session) else list(sessions) \
             if isinstance(sessions, (list, tuple)) else None
         if not local or not all(isinstance(s, Session) for s in local):

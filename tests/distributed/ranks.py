@@ -117,6 +117,8 @@ def serve(rank: int, world: int, port: int, jobs: Any, results: Any) -> None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
+    # every rank on this host: gloo over loopback, whatever the host name resolves to
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     worker = Worker(rank, world)

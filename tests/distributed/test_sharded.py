@@ -101,6 +101,14 @@ def test_prefill_across_shards(ref3: list[attnreg.Session], fields: dict[str, An
     _call(cache, seq_len=20, **fields)
 
 
+def test_the_merge_in_numpy(ref3: list[attnreg.Session]) -> None:
+    """merge="host": the reference's float64 reduce instead of one on the device (the sink
+    and the padding rows of seqlens_q included), in q's layout and dtype."""
+    cache = _cache(ref3, (8, 8, 8), (4, 20), merge="host", dtype="float16")
+    _call(cache, seq_len=12, causal=True, head_sink=True, seqlens_q=True, q_layout="BNSH")
+    _call(cache, local_window=13, head_sink=True)
+
+
 def test_causal_prefill_runs_only_the_shards_rows_see() -> None:
     """Rows 0..9 at positions 14..23 of shards of 8 keys, window 5: shard 0 (keys 0..7) is
     out of every window and runs nothing; shard 1 (keys 8..15) runs the rows whose windows
@@ -178,6 +186,8 @@ def test_refusals(ref3: list[attnreg.Session]) -> None:
         sharded_attention(spec, q, cache, tensors={"kv_start": np.zeros(2, np.int32)})
     with pytest.raises(attnreg.SpecError, match="shard_capacity"):
         ShardedKVCache(ref3, batch=1, kv_num_heads=1, head_size=8, shard_capacity=[4, 4])
+    with pytest.raises(attnreg.SpecError, match="merge"):
+        ShardedKVCache(ref3, batch=1, kv_num_heads=1, head_size=8, shard_capacity=4, merge="gpu")
 
 
 def test_attnreg_and_in_process_shards_need_no_torch() -> None:
