@@ -115,6 +115,8 @@ def _piece(b: int, u: int, v: int, p0: int, n: int, start: int, right: int | Non
 
 def _group(pieces: Sequence[Piece]) -> list[Launch]:
     """Pieces with the same bounds, one per entry, as launches (in a stable order)."""
+    if pieces and all(p.bounds == pieces[0].bounds and p.b == b for b, p in enumerate(pieces)):
+        return [Launch(pieces[0].bounds, tuple(pieces))]      # a decode: one launch
     by_bounds: dict[Bounds, dict[int, list[Piece]]] = defaultdict(lambda: defaultdict(list))
     for p in pieces:
         by_bounds[p.bounds][p.b].append(p)
