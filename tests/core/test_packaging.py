@@ -40,7 +40,7 @@ def test_one_top_level_package(wheel: Path) -> None:
                  "attnreg/backends/browser/page.js", "attnreg/shaders/attn_common.wgsl",
                  "attnreg/kernels_cl/decode_core.cl", "attnreg/tools/cli.py",
                  "attnreg/data/profiles.json", "attnreg/data/vkshim.c", "attnreg/py.typed",
-                 "attnreg/backends/dawn/plugin.py"):
+                 "attnreg/backends/dawn/plugin.py", "attnreg/distributed/attention.py"):
         assert must in names, must
     meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     eps = zipfile.ZipFile(wheel).read(meta).decode()
