@@ -7,6 +7,7 @@ counted there, once."""
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,10 +104,12 @@ def _spec_text(spec: AttentionSpec) -> str:
 
 
 def _unpack(spec: AttentionSpec, data: np.ndarray) -> States:
-    o, lse = empty_states(spec)
-    cut = o.nbytes
-    return (data[:cut].view(np.float32).reshape(o.shape),
-            data[cut:cut + lse.nbytes].view(np.float32).reshape(lse.shape))
+    """A rank's payload as its (o, lse): the bytes _ranked packed."""
+    rows = (spec.batch, spec.num_heads, spec.seq_len)
+    flat = data.view(np.float32)
+    cut = math.prod(rows) * spec.head_size_v
+    return (flat[:cut].reshape(*rows, spec.head_size_v),
+            flat[cut:cut + math.prod(rows)].reshape(rows))
 
 
 def local_states(cache: ShardedKVCache, r: int, call: Call) -> States:

@@ -82,7 +82,7 @@ def exchange(group: Group, size: int, timeout: float | None, stamp: bytes,
     head = min(data.size, size - HEADER)
     first[HEADER:HEADER + head] = data[:head]
     got = _all_gather(group, first, world, rank, timeout)
-    _check(got, rank, stamp)
+    _check(got, rank)
     if failure is not None:
         raise failure                   # the others raise RankError naming this rank
     rest = data.size - head             # the same on every rank: _check compared the sizes
@@ -101,7 +101,7 @@ def _header(buf: np.ndarray, stamp: bytes, size: int, failure: BaseException | N
         buf[40:40 + len(text)] = np.frombuffer(text, np.uint8)
 
 
-def _check(got: list[np.ndarray], rank: int, stamp: bytes) -> None:
+def _check(got: list[np.ndarray], rank: int) -> None:
     """RankError on every rank if some rank failed (not on the failing one: it raises its
     own error) or the ranks' stamps or payload sizes differ."""
     failed = [r for r, x in enumerate(got) if x[4:8].view(np.int32)[0] != 0]
