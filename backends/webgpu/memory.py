@@ -74,14 +74,15 @@ class DeviceMemory:
 
     # -- the runtime's own buffers ----------------------------------------------------------
     def buffer(self, name: str, nbytes: int, usage: int) -> Any:
-        """A named buffer of at least nbytes, reused while big enough. Growing it destroys
-        the old one, and everything prepared with it is forgotten."""
+        """A named buffer of at least nbytes, reused while big enough. Growing it lets go of
+        the old one, and everything prepared with it is forgotten; the old one is released,
+        not destroyed: a caller's encoder that a launch was recorded into may still hold it
+        unsubmitted (wgpu frees it once nothing uses it)."""
         nbytes = max(16, cdiv(nbytes, 16) * 16)
         got = self._bufs.get(name)
         if got is None or got[1] < nbytes:
             if got is not None:
                 self._forget(got[0])
-                got[0].destroy()
             buf = self.dev.device.create_buffer(label=name, size=nbytes, usage=usage)
             self._bufs[name] = got = (buf, nbytes)
         return got[0]
@@ -111,7 +112,8 @@ class DeviceMemory:
         U = self.wgpu.BufferUsage
         size = cdiv(nbytes, _WORD) * _WORD
         self._need(handle, U.COPY_SRC, "COPY_SRC", "read it back (numpy())")
-        buf, first, _ = span(handle)
+        # (not span(): a buffer's size is a wgpu call this path need not make)
+        buf, first = (handle.buffer, handle.offset) if isinstance(handle, Window) else (handle, 0)
         rb = self.buffer("rb_download", size, U.MAP_READ | U.COPY_DST)
         enc = enc or self.dev.device.create_command_encoder()
         enc.copy_buffer_to_buffer(buf, first, rb, 0, size)
@@ -302,6 +304,12 @@ class DeviceMemory:
         if self._owned.pop(id(handle), None) is not None:
             handle.destroy()
             self.counters["frees"] += 1
+
+    def drop(self, handle: Any) -> None:
+        """Forget a buffer from alloc() without destroying it: wgpu releases it once no
+        command buffer (a caller's recorded one, not submitted yet, included) holds it."""
+        self._forget(handle)
+        self._owned.pop(id(handle), None)
 
     def close(self) -> None:
         for buf, _ in self._bufs.values():

@@ -133,7 +133,9 @@ class WebGpuRuntime:
         if hit is not None and hit[0] is tensor and hit[1] == tensor.version:
             return hit[2]
         if hit is not None:
-            self._forget(hit[2])
+            # let go of the old copy without destroying it: a command buffer recorded with it
+            # may not be submitted yet (wgpu frees it once nothing uses it)
+            self.memory.drop(hit[2])
         data = np.ascontiguousarray(make())
         buf = self.memory.alloc(data.nbytes)
         self.memory.upload(buf, data, 0)

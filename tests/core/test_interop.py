@@ -78,6 +78,22 @@ def test_runs_and_records_on_the_callers_buffers(engine: Engine) -> None:
     check_close(SPEC, out.numpy(), t, what="recorded into the caller's stream")
 
 
+def test_records_into_the_callers_compute_pass() -> None:
+    """WebGPU: the dispatches go into a pass the caller began, between its own."""
+    e = Engine("webgpu")
+    with e.session as s:
+        t = make_tensors(SPEC, seed=9)
+        out = s.wrap(e.buffer(np.zeros(SPEC.out_shape, np.float16)), SPEC.out_shape, "float16")
+        prepared = s.prepare(SPEC, e.wrapped(t), out=out)
+        out.write(np.full(SPEC.out_shape, np.nan, np.float16))
+        enc = e.obj.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        prepared.encode(cp)
+        cp.end()
+        e.obj.queue.submit([enc.finish()])
+        check_close(SPEC, out.numpy(), t, what="recorded into the caller's compute pass")
+
+
 def test_wrap_names_what_is_wrong(engine: Engine) -> None:
     s = engine.session
     buf = engine.buffer(np.zeros(64, np.float32))
