@@ -77,7 +77,7 @@ class Session:
         self._runtimes: dict[str, Runtime] = {}    # device id -> the runtime opened on it
         # the runtime on the caller's device object, whose caps every plan is made for
         self._adopted: Runtime | None = None
-        if device is not None and (isinstance(device, bool) or not isinstance(device, (str, int))):
+        if device is not None and not isinstance(device, (str, int)):
             self._adopted = self.registry.adopt(backend, device, flagmod.resolve(self.flags))
             self._runtimes[self._adopted.caps.id] = self._adopted
         elif device is not None:
