@@ -152,16 +152,27 @@ def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps:
         parts["step_waited"].append(t4 - t0)
     per_step = moved() / steps
     replans = len(session._plans) - plans_before
-    med = {k: _median_us(v) for k, v in parts.items()}
+    med, row = _loop_row(dev, f"decode-loop-{_tag(dtype)}-L{length}-{layout}",
+                         "prepared call over a KV cache", parts, plans=replans, steps=steps,
+                         transfers_per_step=per_step)
     log(f"  {dev.backend}/{dev.slug} decode-loop L={length} {layout}: call {med['call']:.1f} us, "
         f"append {med['append']:.1f} us, q write {med['q_write']:.1f} us, waited step "
         f"{med['step_waited']:.1f} us, {per_step:.1f} host transfers a step ({replans} plan(s) "
         f"for {steps} steps)")
-    dt = "f16" if dtype == "float16" else "f32"
-    return Row("decode-loop", f"decode-loop-{dt}-L{length}-{layout}", dev.backend, dev.slug,
-               "prepared call over a KV cache", None, med["step_waited"], None, None, None,
-               {**{f"{k}_us": v for k, v in med.items()}, "plans": replans, "steps": steps,
-                "transfers_per_step": per_step})
+    return row
+
+
+def _tag(dtype: str) -> str:
+    return "f16" if dtype == "float16" else "f32"
+
+
+def _loop_row(dev: DeviceCaps, case: str, what: str, parts: Mapping[str, list[float]],
+              **extra: Any) -> tuple[dict[str, float], Row]:
+    """A decode-loop row: the medians of its timed parts (``step_waited`` the row's wall
+    time), in microseconds."""
+    med = {k: _median_us(v) for k, v in parts.items()}
+    return med, Row("decode-loop", case, dev.backend, dev.slug, what, None, med["step_waited"],
+                    None, None, None, {**{f"{k}_us": v for k, v in med.items()}, **extra})
 
 
 def _transfers(counters: Mapping[str, int]) -> Callable[[], int]:
@@ -214,17 +225,15 @@ def engine_loop(dev: DeviceCaps, *, length: int = 2048, steps: int = 64, dtype: 
                 parts["step_waited"].append(t2 - t0)
                 parts["session_step"].append(time.perf_counter() - t2)
         per_step, own_per_step = moved() / (steps + 1), own_moved() / (steps + 1)
-    med = {k: _median_us(v) for k, v in parts.items()}
+    med, row = _loop_row(dev, f"decode-loop-{_tag(dtype)}-L{length}-engine",
+                         "recorded into the engine's stream, its buffers", parts, plans=1,
+                         steps=steps, transfers_per_step=per_step,
+                         session_transfers_per_step=own_per_step)
     log(f"  {dev.backend}/{dev.slug} decode-loop L={length} engine: recorded step "
         f"{med['step_waited']:.1f} us (record + submit {med['record']:.1f} us), {per_step:.1f} "
         f"host transfers a step; the Session's own loop beside it {med['session_step']:.1f} us, "
         f"{own_per_step:.1f} host transfers a step")
-    dt = "f16" if dtype == "float16" else "f32"
-    return [Row("decode-loop", f"decode-loop-{dt}-L{length}-engine", dev.backend, dev.slug,
-                "recorded into the engine's stream, its buffers", None, med["step_waited"], None,
-                None, None, {**{f"{k}_us": v for k, v in med.items()}, "plans": 1,
-                             "steps": steps, "transfers_per_step": per_step,
-                             "session_transfers_per_step": own_per_step})]
+    return [row]
 
 
 def peer_rows(suite: str, case: Case, iters: int, warmup: int,
