@@ -76,7 +76,7 @@ _CACHE: dict[tuple[int, int, int, int], tuple[object, BlockList]] = {}
 def cached(spec: AttentionSpec, bias: object, q_tile: int, kv_tile: int) -> BlockList:
     """Block list for a bias; DeviceTensors are cached by (identity, version)."""
     from .device_tensor import DeviceTensor
-    if isinstance(bias, DeviceTensor):
+    if isinstance(bias, DeviceTensor) and bias.owned:   # a caller's buffer: built per call
         key = (id(bias), bias.version, q_tile, kv_tile)
         hit = _CACHE.get(key)
         if hit is not None and hit[0] is bias:
@@ -84,4 +84,5 @@ def cached(spec: AttentionSpec, bias: object, q_tile: int, kv_tile: int) -> Bloc
         bl = build(spec, bias.numpy(), q_tile, kv_tile)
         _CACHE[key] = (bias, bl)
         return bl
-    return build(spec, np.asarray(bias), q_tile, kv_tile)
+    host = bias.numpy() if isinstance(bias, DeviceTensor) else np.asarray(bias)
+    return build(spec, host, q_tile, kv_tile)

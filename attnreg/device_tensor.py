@@ -27,15 +27,18 @@ DTYPES = ("float32", "float16", "bfloat16", "int32", "int8", "uint8")
 
 
 class DeviceTensor:
-    """An array resident on one device of one Session (``Session.tensor`` / ``Session.empty``).
+    """An array resident on one device of one Session (``Session.tensor`` / ``Session.empty``,
+    or a caller's buffer: ``Session.wrap``).
 
     ``memory`` is the runtime that holds it; ``host`` optionally mirrors small integer
-    tensors (seqlens) so that range checks need no device read-back.
+    tensors (seqlens) so that range checks need no device read-back. ``owned`` is False for
+    a caller's buffer: attnreg never frees it, and its contents may change on the device at
+    any time, so nothing derived from them is kept (its ``version`` changes on every read).
     """
 
     def __init__(self, session: object, guard: Guard, memory: Memory, device_id: str,
                  handle: Any, shape: tuple[int, ...], dtype: str,
-                 host: np.ndarray | None = None) -> None:
+                 host: np.ndarray | None = None, *, owned: bool = True) -> None:
         self.session = session      # the owner, for the "a tensor of this Session" checks
         self.guard, self.memory = guard, memory
         self.device_id = device_id
@@ -43,8 +46,22 @@ class DeviceTensor:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.host = host
+        self.owned = owned
         self.freed = False
-        self.version = 0            # bumped on every write: derived data (block lists) keys on it
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """Bumped on every write: derived data (block lists, padded twins, a widened bias)
+        keys on it. A caller's buffer is written behind attnreg's back, so each read gives
+        a new version and anything derived from it is derived again."""
+        if not self.owned:
+            self._version += 1
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._version = value
 
     def check_live(self, field: str = "tensor") -> None:
         """ClosedError naming ``field`` if the tensor was freed or its Session closed."""
@@ -71,8 +88,9 @@ class DeviceTensor:
         return np.frombuffer(bytes(raw), dtype=self.dtype, count=count).reshape(self.shape)
 
     def free(self) -> None:
-        """Release the device memory now; any later use raises ClosedError. Freeing twice,
-        or after the Session closed (which freed everything), is harmless."""
+        """Release the device memory now (a caller's buffer is only let go: it stays its
+        owner's); any later use raises ClosedError. Freeing twice, or after the Session
+        closed (which freed everything), is harmless."""
         with self.guard.held(check_open=False):
             if self.freed:
                 return
@@ -110,7 +128,9 @@ class DeviceTensor:
         return arr, off
 
     def __repr__(self) -> str:
-        return f"DeviceTensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device_id})"
+        whose = "" if self.owned else ", the caller's buffer"
+        return (f"DeviceTensor(shape={self.shape}, dtype={self.dtype.name}, "
+                f"device={self.device_id}{whose})")
 
 
 class TensorSource(Protocol):
@@ -141,6 +161,10 @@ class KVCache:
       it, checks that written pages exist and that one append never writes a slot twice,
       and never changes it.
 
+    ``k`` / ``v`` (and ``k_scale`` / ``v_scale``) may be DeviceTensors the caller brings,
+    such as its engine's own buffers (``Session.wrap``): of this Session, in the cache's
+    shape and storage dtype (a paged pool for ``"paged"``); appends write into them.
+
     ``kv_dtype`` "int8" / "int4" stores quantized K/V (docs/contract.md "Storage dtypes and
     quantized K/V"): k, v hold codes (spec.kv_code_shape / kv_code_dtype) and k_scale, v_scale the
     scales; ``append`` takes float K/V in ``dtype`` and quantizes it on the device (the runtime's
@@ -154,7 +178,8 @@ class KVCache:
                  capacity: int, dtype: str = "float16", layout: str = "BSNH",
                  kv_dtype: str | None = None, page_size: int | None = None,
                  num_pages: int | None = None, block_table: np.ndarray | None = None,
-                 device: str | int | None = None, v_head_size: int | None = None) -> None:
+                 device: str | int | None = None, v_head_size: int | None = None,
+                 given: dict[str, DeviceTensor | None] | None = None) -> None:
         paged = layout == "paged"
         if paged and page_size is None:
             raise SpecError("page_size", page_size, "an integer >= 1, because layout is 'paged'")
@@ -179,13 +204,16 @@ class KVCache:
         if kv_dtype is not None:
             for h in {head_size, probe.head_size_v}:
                 _quantizer(session.device_runtime(dev), kv_dtype, dtype, h)
-        self.k = session.empty(probe.kv_code_shape, probe.kv_code_dtype, device=dev)
-        self.v = session.empty(probe.v_code_shape, probe.kv_code_dtype, device=dev)
-        self.guard = self.k.guard
-        self.k_scale = self.v_scale = None
+        shapes = {"k": (probe.kv_code_shape, probe.kv_code_dtype),
+                  "v": (probe.v_code_shape, probe.kv_code_dtype)}
         if kv_dtype is not None:
-            self.k_scale = session.empty(probe.kv_scale_shape, probe.kv_scale_dtype, device=dev)
-            self.v_scale = session.empty(probe.v_scale_shape, probe.kv_scale_dtype, device=dev)
+            shapes.update(k_scale=(probe.kv_scale_shape, probe.kv_scale_dtype),
+                          v_scale=(probe.v_scale_shape, probe.kv_scale_dtype))
+        made = {n: _given(session, dev, n, (given or {}).get(n), shape, dt)
+                or session.empty(shape, dt, device=dev) for n, (shape, dt) in shapes.items()}
+        self.k, self.v = made["k"], made["v"]
+        self.guard = self.k.guard
+        self.k_scale, self.v_scale = made.get("k_scale"), made.get("v_scale")
         self.lengths = np.zeros(batch, np.int32)
         self.seqlens = session.tensor(self.lengths.copy(), device=dev)
         self.block_table: DeviceTensor | None = None
@@ -396,6 +424,20 @@ class KVCache:
     def _tensors(self) -> list[DeviceTensor]:
         return [t for t in (self.k, self.v, self.seqlens, self.k_scale, self.v_scale,
                             self.block_table) if t is not None]
+
+
+def _given(session: TensorSource, dev: str, name: str, t: Any, shape: tuple[int, ...],
+           dtype: str) -> DeviceTensor | None:
+    """A cache tensor the caller brought (None: the cache makes its own), checked: a live
+    DeviceTensor of this Session on the cache's device, in the cache's shape and dtype."""
+    if t is None:
+        return None
+    want = f"a DeviceTensor of this Session on {dev}, {dtype} {list(shape)}"
+    if not isinstance(t, DeviceTensor) or t.session is not session or t.device_id != dev \
+            or t.shape != tuple(shape) or t.dtype != np.dtype(dtype):
+        raise SpecError(name, t, want)
+    t.check_live(name)
+    return t
 
 
 def _check_finite(k_new: np.ndarray, v_new: np.ndarray, kv_dtype: str) -> None:

@@ -94,6 +94,22 @@ class Runtime(Memory, Protocol):
         through this API). The bench's peak for the matrix kernels."""
         ...
 
+    def record_refusal(self, plan: Plan, inputs: Mapping[str, Any]) -> str | None:
+        """None if :meth:`record` can record ``plan`` on these inputs (DeviceTensors of this
+        runtime, the output on the device: the caller checked); otherwise why not, in words
+        (a device runtime refuses what it would derive on the host per launch)."""
+        ...
+
+    def record(self, plan: Plan, inputs: Mapping[str, Any], outputs: Mapping[str, DeviceTensor],
+               stream: Any, wait_for: Any = None) -> Any:
+        """Record a launch of ``plan`` into the caller's command stream instead of running it
+        (``PreparedRun.encode``): WebGPU dispatches into a GPUCommandEncoder (in a compute
+        pass of their own) or a GPUComputePassEncoder, for the caller to submit; OpenCL
+        enqueues on its CommandQueue after the events ``wait_for`` and returns the event of
+        the last stage. Nothing is uploaded, read back or waited for. Called only where
+        :meth:`record_refusal` said None."""
+        ...
+
     def close(self) -> None:
         """Free this session's buffers (compiled code may stay cached in the backend)."""
         ...
@@ -126,6 +142,30 @@ class BackendInfo:
     priority: int
     probe: Callable[[], list[DeviceCaps]]
     open: Callable[[DeviceCaps, Mapping[str, Any]], Runtime]
+
+
+@dataclass(frozen=True)
+class Interop:
+    """How a backend runs on a device its caller opened (``Session(backend=..., device=<the
+    device object>)``) and what an engine does there, for tests, the interop conformance
+    cells and the bench (registered through ``attnreg_register_interop``)."""
+
+    backend: str
+    adopt: Callable[[Any, Mapping[str, Any], list[DeviceCaps]], Runtime]
+    """(the caller's device object, the Session's resolved flags, the backend's probed
+    devices) -> a Runtime on that device, whose caps are the device's as the caller opened
+    it; a SpecError if the object is not one this backend runs on."""
+    device: Callable[[DeviceCaps, Mapping[str, Any]], Any]
+    """(a probed device, a Session's flags) -> its object as an engine holds it: the device
+    attnreg opens for it under those flags, so compiled programs are shared."""
+    buffer: Callable[[Any, Any], Any]
+    """(device object, numpy array) -> a buffer of the engine's holding the array's bytes,
+    usable as a storage buffer and copied to and from."""
+    submit: Callable[[Any, Callable[[Any], Any]], Any]
+    """(device object, record) -> calls ``record(stream)`` with a new command stream of the
+    engine's (an encoder; the queue) and submits it, without waiting."""
+    wait: Callable[[Any], None]
+    """Until the device object's queue has finished everything submitted."""
 
 
 def registers(items: Callable[[], Iterable[Any]]) -> Callable[[Callable[[Any], None]], None]:
@@ -176,6 +216,11 @@ def attnreg_register_rules(register: Callable[[Rule], None]) -> None:
 @hookspec
 def attnreg_register_flags(register: Callable[[Flag], None]) -> None:
     """Declare extra session flags (:class:`attnreg.flags.Flag`)."""
+
+
+@hookspec
+def attnreg_register_interop(register: Callable[[Interop], None]) -> None:
+    """Say how a backend runs on its caller's device objects (:class:`Interop`)."""
 
 
 @hookspec

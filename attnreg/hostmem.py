@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 
 from .device_tensor import DeviceTensor
+from .errors import SpecError
+from .plan import Plan
 from .quant import quantize_kv
+
+# Why host-memory runtimes take no caller's buffers and record into no caller's stream.
+_HOST_ONLY = "this runtime keeps its tensors in host memory and runs each launch itself"
 
 
 class HostMemory:
@@ -36,6 +41,17 @@ class HostMemory:
     def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
                       tensor_bytes: int) -> str | None:
         return None
+
+    def wrap(self, buffer: Any, offset_bytes: int, nbytes: int, dtype: np.dtype) -> Any:
+        raise SpecError("buffer", buffer, f"a device buffer of a backend that runs on one "
+                        f"({_HOST_ONLY})")
+
+    def record_refusal(self, plan: Plan, inputs: Mapping[str, Any]) -> str | None:
+        return f"there is no command stream of the caller's to record into ({_HOST_ONLY})"
+
+    def record(self, plan: Plan, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+               stream: Any, wait_for: Any = None) -> Any:
+        raise SpecError("stream", stream, self.record_refusal(plan, inputs) or "")
 
     def upload(self, handle: np.ndarray, array: np.ndarray, offset_bytes: int = 0) -> None:
         raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)

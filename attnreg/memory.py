@@ -28,6 +28,14 @@ class Memory(Protocol):
         """A buffer of at least ``nbytes`` for a DeviceTensor (contents unspecified)."""
         ...
 
+    def wrap(self, buffer: Any, offset_bytes: int, nbytes: int, dtype: np.dtype) -> Any:
+        """A handle over ``nbytes`` bytes of a caller's buffer from ``offset_bytes``, for a
+        DeviceTensor of ``dtype`` elements (``Session.wrap``), checked against what the
+        buffer is, its device, its size, its usage and the device's alignment rules: a
+        SpecError naming what is wrong. The buffer stays its owner's: :meth:`free` of the
+        handle forgets what was prepared with it and never destroys the buffer."""
+        ...
+
     def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
                       tensor_bytes: int) -> str | None:
         """None if :meth:`upload` can write ``nbytes`` at ``offset_bytes`` of a tensor of
@@ -45,7 +53,8 @@ class Memory(Protocol):
         ...
 
     def free(self, handle: Any) -> None:
-        """Release a buffer from :meth:`alloc`; nothing prepared with it is used again."""
+        """Release a buffer from :meth:`alloc`; nothing prepared with it is used again. A
+        handle from :meth:`wrap` is forgotten the same way, its buffer left to its owner."""
         ...
 
     def copy_rows(self, src: Any, dst: Any, rows: int, row_bytes: int, src_pitch: int,

@@ -17,7 +17,7 @@ from . import headpad, hookspecs, rules
 from . import params as paramsmod
 from .caps import DeviceCaps, unavailable
 from .errors import NoKernelError, SpecError
-from .hookspecs import Backend, Command, Runtime
+from .hookspecs import Backend, Command, Interop, Runtime
 from .kernel import KernelInfo
 from .plan import OPS, Plan
 from .planner import DevicePlanner
@@ -39,6 +39,7 @@ class Registry:
         self._kernels: dict[str, KernelInfo] = {}
         self._rules: list[rules.Rule] = []
         self._commands: dict[str, Command] = {}
+        self._interop: dict[str, Interop] = {}
         self._devices: dict[str, list[DeviceCaps]] = {}
 
     # -- loading -----------------------------------------------------------------------
@@ -88,9 +89,13 @@ class Registry:
         def add_command(c: Command) -> None:
             _add_once(commands, c.name, c, "command")
 
+        interop: dict[str, Interop] = {}
         self.pm.hook.attnreg_register_rules(register=extra_rules.append)
         self.pm.hook.attnreg_register_commands(register=add_command)
+        self.pm.hook.attnreg_register_interop(
+            register=lambda i: _add_once(interop, i.backend, i, "interop of backend"))
         self._backends, self._kernels, self._commands = backends, kernels, commands
+        self._interop = interop
         self._rules = list(rules.BUILTIN_RULES) + extra_rules
         self._devices = {n: d for n, d in self._devices.items() if n in backends}
 
@@ -146,6 +151,23 @@ class Registry:
         """A runtime for a probed device, given the Session's resolved flags (dawn:
         experimental_features picks the device)."""
         return self.backend(caps.backend).open(caps, dict(flags))
+
+    def interop(self, backend: str) -> Interop | None:
+        """How ``backend`` runs on its caller's device objects, or None where it does not."""
+        self.load()
+        return self._interop.get(backend)
+
+    def adopt(self, backend: str | None, device: object, flags: Mapping[str, Any]) -> Runtime:
+        """A runtime on a device object the caller opened (Session(device=<object>))."""
+        if backend is None:
+            raise SpecError("backend", backend, "a backend name, because device is a device "
+                            f"object ({type(device).__name__}), not a device id")
+        self.backend(backend)
+        interop = self.interop(backend)
+        if interop is None:
+            raise SpecError("device", device, f"a device id, index or name: backend "
+                            f"{backend!r} runs on no caller's device objects")
+        return interop.adopt(device, flags, [d for d in self.devices(backend) if d.available])
 
     # -- devices -----------------------------------------------------------------------
     def devices(self, backend: str | None = None, refresh: bool = False) -> list[DeviceCaps]:

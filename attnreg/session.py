@@ -59,19 +59,29 @@ class Session:
     (1, 1, 1, 8)
     """
 
-    def __init__(self, backend: str | None = None, device: str | int | None = None,
+    def __init__(self, backend: str | None = None, device: Any = None,
                  flags: Mapping[str, Any] | None = None) -> None:
+        """``device``: an id, index or part of a name of a probed device (None: the best
+        one), or a device the caller opened -- a ``wgpu.GPUDevice`` (webgpu), a wgpudawn
+        device (dawn), a ``pyopencl.CommandQueue`` (opencl) -- which the Session then runs
+        on as the caller opened it (its features and limits) and never destroys or waits
+        for (docs/interop.md)."""
         self.registry = regmod.get()
         if backend is not None:
             self.registry.backend(backend)          # unknown backend -> SpecError now
         self.backend = backend
         self.device = device
-        if device is not None:
-            self.registry.find_device(backend, device)
         self.flags = dict(flags or {})
         flagmod.resolve(self.flags)                 # unknown or ill-typed flags -> SpecError now
         self._plans: dict[Any, Plan] = {}
         self._runtimes: dict[str, Runtime] = {}    # device id -> the runtime opened on it
+        # the runtime on the caller's device object, whose caps every plan is made for
+        self._adopted: Runtime | None = None
+        if device is not None and not isinstance(device, (str, int)):
+            self._adopted = self.registry.adopt(backend, device, flagmod.resolve(self.flags))
+            self._runtimes[self._adopted.caps.id] = self._adopted
+        elif device is not None:
+            self.registry.find_device(backend, device)
         self._failed: dict[tuple[str, str], str] = {}
         self._home: str | None = None
         # the lock and open state its tensors, KV caches and prepared runs share
@@ -118,9 +128,11 @@ class Session:
             plan = self._plans.get(key)
             if plan is None:
                 merged = flagmod.resolve(self.flags, flags)
-                plan = self.registry.plan(spec, op=op, backend=self.backend, device=self.device,
-                                          flags=merged, kernel=kernel, params=params,
-                                          exclude=self._failed)
+                where = {"caps": self._adopted.caps} if self._adopted is not None \
+                    else {"device": self.device}
+                plan = self.registry.plan(spec, op=op, backend=self.backend, flags=merged,
+                                          kernel=kernel, params=params, exclude=self._failed,
+                                          **where)
                 self._plans[key] = plan
             return plan
 
@@ -178,6 +190,12 @@ class Session:
     def home_device(self, device: str | int | None = None) -> str:
         """The device id DeviceTensors of this session live on (chosen once, best first)."""
         with self._guard.lock:
+            if self._adopted is not None:
+                here = self._adopted.caps.id
+                if device not in (None, here):
+                    raise SpecError("device", device, f"None or {here!r}: this Session runs on "
+                                    "the caller's device")
+                return here
             if device is None and self._home is not None:
                 return self._home
             devs = [d for d in self.registry.find_device(self.backend, device if device is not None
@@ -191,7 +209,9 @@ class Session:
     def device_runtime(self, device_id: str) -> Runtime:
         """The runtime opened on a device (opened now if needed): its memory holds this
         session's DeviceTensors there."""
-        return self._runtime(self._caps(device_id))
+        with self._guard.lock:
+            rt = self._runtimes.get(device_id)
+        return rt if rt is not None else self._runtime(self._caps(device_id))
 
     def _caps(self, device_id: str) -> DeviceCaps:
         """A device of this session by id: among its backend's devices when it has one (so
@@ -202,26 +222,38 @@ class Session:
     def empty(self, shape: Sequence[int], dtype: str, *, device: str | int | None = None
               ) -> DeviceTensor:
         """An uninitialised tensor on the session's device (contents are unspecified)."""
-        name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
-        if name not in DTYPES:
-            raise SpecError("dtype", dtype, f"one of {DTYPES}")
-        if not isinstance(shape, (tuple, list)) or not all(
-                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in shape):
-            raise SpecError("shape", shape, "a tuple of integers")
-        shape = tuple(int(x) for x in shape)
-        if any(x < 1 for x in shape):
-            raise SpecError("shape", shape, "positive sizes")
-        if math.prod(shape) > paramsmod.INT_MAX:
-            raise SpecError("shape", shape, "at most 2**31-1 elements (kernels index with int32)")
+        shape, name = _check_layout(shape, dtype)
         dev = self.home_device(device)
         nbytes = math.prod(shape) * np.dtype(name).itemsize
-        caps = self._caps(dev)
-        cap = caps.limit("buffer_size")
-        if cap is not None and nbytes > cap:
-            raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {caps.name} "
-                            f"({nbytes} bytes asked)")
         rt = self.device_runtime(dev)
+        cap = rt.caps.limit("buffer_size")
+        if cap is not None and nbytes > cap:
+            raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {rt.caps.name} "
+                            f"({nbytes} bytes asked)")
         return DeviceTensor(self, self._guard, rt, dev, rt.alloc(nbytes), shape, name)
+
+    @serialized
+    def wrap(self, buffer: Any, shape: Sequence[int], dtype: str, *, offset: int = 0,
+             strides: Sequence[int] | None = None) -> DeviceTensor:
+        """A DeviceTensor over a buffer the caller owns (a ``wgpu.GPUBuffer``, a
+        ``pyopencl.Buffer`` or ``pyopencl.array.Array``) of this Session's device: ``shape``
+        ``dtype`` elements from byte ``offset``, contiguous (``strides``, in elements, may say
+        so). Checked against the buffer's size, usage and the device's alignment rules (a
+        SpecError names what is wrong); runs read and write it in place, and attnreg never
+        frees it (``free()`` only lets go of it). See docs/interop.md."""
+        shape, name = _check_layout(shape, dtype)
+        dense = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        if strides is not None and (not isinstance(strides, (tuple, list))
+                                    or tuple(strides) != dense):
+            raise SpecError("strides", strides, f"None or the contiguous strides {dense} (in "
+                            "elements): the kernels read tensors whole, laid out as the spec says")
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise SpecError("offset", offset, "a byte offset >= 0 into the buffer")
+        dev = self.home_device()
+        rt = self.device_runtime(dev)
+        dt = np.dtype(name)
+        handle = rt.wrap(buffer, int(offset), math.prod(shape) * dt.itemsize, dt)
+        return DeviceTensor(self, self._guard, rt, dev, handle, shape, name, owned=False)
 
     @serialized
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor:
@@ -241,15 +273,20 @@ class Session:
                  dtype: str = "float16", layout: str = "BSNH", kv_dtype: str | None = None,
                  page_size: int | None = None, num_pages: int | None = None,
                  block_table: np.ndarray | None = None,
-                 device: str | int | None = None, v_head_size: int | None = None) -> KVCache:
+                 device: str | int | None = None, v_head_size: int | None = None,
+                 k: DeviceTensor | None = None, v: DeviceTensor | None = None,
+                 k_scale: DeviceTensor | None = None, v_scale: DeviceTensor | None = None
+                 ) -> KVCache:
         """A static KV cache on the device: layout BSNH, BNSH or paged (page_size, num_pages,
         an owned or given block_table), float K/V in ``dtype`` or quantized on append
         (kv_dtype "int8" / "int4"), v vectors of ``v_head_size`` (None: head_size) elements;
+        over the caller's ``k`` / ``v`` (and scales) where given, e.g. wrapped engine buffers;
         see :class:`attnreg.KVCache`."""
         return KVCache(self, batch=batch, kv_num_heads=kv_num_heads, head_size=head_size,
                        capacity=capacity, dtype=dtype, layout=layout, kv_dtype=kv_dtype,
                        page_size=page_size, num_pages=num_pages, block_table=block_table,
-                       device=device, v_head_size=v_head_size)
+                       device=device, v_head_size=v_head_size,
+                       given={"k": k, "v": v, "k_scale": k_scale, "v_scale": v_scale})
 
     def _check_resident(self, plan: Plan, inputs: Mapping[str, Any]) -> None:
         """DeviceTensors must be live tensors of this session on the planned device."""
@@ -353,6 +390,22 @@ class Session:
         spec, o_parts, lse_parts, lead = merge_as_reduce(states, how)
         out, lse = self.reduce_states(spec, o_parts, lse_parts)
         return out.reshape(*lead, spec.head_size), restore_lse(lse.reshape(lead), how)
+
+
+def _check_layout(shape: Any, dtype: Any) -> tuple[tuple[int, ...], str]:
+    """A DeviceTensor's shape (positive ints, int32-indexable) and dtype name, checked."""
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
+    if name not in DTYPES:
+        raise SpecError("dtype", dtype, f"one of {DTYPES}")
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in shape):
+        raise SpecError("shape", shape, "a tuple of integers")
+    dims = tuple(int(x) for x in shape)
+    if any(x < 1 for x in dims):
+        raise SpecError("shape", dims, "positive sizes")
+    if math.prod(dims) > paramsmod.INT_MAX:
+        raise SpecError("shape", dims, "at most 2**31-1 elements (kernels index with int32)")
+    return dims, name
 
 
 def _check_out(spec: AttentionSpec, out: Any) -> None:

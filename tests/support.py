@@ -263,13 +263,13 @@ class CellRunner:
 
     def __init__(self, part: str) -> None:
         self.part = part
-        self.sessions: dict[str, attnreg.Session] = {}
+        self.sessions: dict[tuple[str, bool], attnreg.Session] = {}
         self.results: list[conf.Result] = []
 
     def run(self, case: cmod.Case) -> conf.Result:
-        s = self.sessions.get(case.device)
+        s = self.sessions.get(conf.session_key(case))
         if s is None:
-            s = self.sessions[case.device] = conf.session_for(case)
+            s = self.sessions[conf.session_key(case)] = conf.session_for(case)
         r = conf.run_case(case, s)
         self.results.append(r)
         return r

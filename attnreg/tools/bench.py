@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import api, headpad
+from .. import registry as regmod
 from ..caps import DeviceCaps
 from ..errors import NoKernelError, SpecError
 from ..plan import Plan
@@ -106,6 +107,8 @@ def run_suites(suites: Sequence[str], *, backend: str | None = None, device: str
                     for layout in ("BSNH", "BNSH"):
                         rows.append(decode_loop(session, dev, length=512 if quick else 2048,
                                                 steps=8 if quick else 64, layout=layout, log=log))
+                    rows += engine_loop(dev, length=512 if quick else 2048,
+                                        steps=8 if quick else 64, log=log)
                 except NoKernelError as exc:
                     log(f"  {dev.backend}/{dev.slug} decode-loop: n/a ({exc.explanation[:80]})")
     if "context-parallel" in suites:
@@ -191,6 +194,7 @@ def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps:
     plans_before = len(session._plans)
     call = session.prepare(spec, cache.tensors(q), out=out)      # plan once, run many
     parts: dict[str, list[float]] = {"q_write": [], "append": [], "call": [], "step_waited": []}
+    moved = _transfers(call.runtime.counters)
     for _ in range(steps):
         t0 = time.perf_counter()
         q.write(q_host)
@@ -205,15 +209,90 @@ def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps:
         parts["append"].append(t2 - t1)
         parts["call"].append(t3 - t2)
         parts["step_waited"].append(t4 - t0)
+    per_step = moved() / steps
     replans = len(session._plans) - plans_before
-    med = {k: _median_us(v) for k, v in parts.items()}
+    med, row = _loop_row(dev, f"decode-loop-{_tag(dtype)}-L{length}-{layout}",
+                         "prepared call over a KV cache", parts, plans=replans, steps=steps,
+                         transfers_per_step=per_step)
     log(f"  {dev.backend}/{dev.slug} decode-loop L={length} {layout}: call {med['call']:.1f} us, "
         f"append {med['append']:.1f} us, q write {med['q_write']:.1f} us, waited step "
-        f"{med['step_waited']:.1f} us ({replans} plan(s) for {steps} steps)")
-    dt = "f16" if dtype == "float16" else "f32"
-    return Row("decode-loop", f"decode-loop-{dt}-L{length}-{layout}", dev.backend, dev.slug,
-               "prepared call over a KV cache", None, med["step_waited"], None, None, None,
-               {**{f"{k}_us": v for k, v in med.items()}, "plans": replans, "steps": steps})
+        f"{med['step_waited']:.1f} us, {per_step:.1f} host transfers a step ({replans} plan(s) "
+        f"for {steps} steps)")
+    return row
+
+
+def _tag(dtype: str) -> str:
+    return "f16" if dtype == "float16" else "f32"
+
+
+def _loop_row(dev: DeviceCaps, case: str, what: str, parts: Mapping[str, list[float]],
+              **extra: Any) -> tuple[dict[str, float], Row]:
+    """A decode-loop row: the medians of its timed parts (``step_waited`` the row's wall
+    time), in microseconds."""
+    med = {k: _median_us(v) for k, v in parts.items()}
+    return med, Row("decode-loop", case, dev.backend, dev.slug, what, None, med["step_waited"],
+                    None, None, None, {**{f"{k}_us": v for k, v in med.items()}, **extra})
+
+
+def _transfers(counters: Mapping[str, int]) -> Callable[[], int]:
+    """Host transfers (uploads and read-backs) a runtime made since this call."""
+    def count() -> int:
+        return sum(counters.get(n, 0) for n in ("host_uploads", "readbacks"))
+    start = count()
+    return lambda: count() - start
+
+
+def engine_loop(dev: DeviceCaps, *, length: int = 2048, steps: int = 64, dtype: str = "float16",
+                log: Callable[[str], None] = print) -> list[Row]:
+    """The decode loop of an engine that owns its device and buffers (docs/interop.md), where
+    the backend runs on device objects: GQA 32/8 H=128, q, K/V (BSNH, ``length`` keys), the
+    lengths and out in the engine's buffers, the prepared attention recorded into a command
+    stream of the engine's (encoder / queue), submitted and waited for each step. Steps
+    alternate with today's loop through a Session's own tensors (the prepared call, then out
+    read back: ``session_step``), so both see the same machine. The engine's own kernels,
+    which would write q and the new token's K/V on the device, are not in the loop."""
+    interop = regmod.get().interop(dev.backend)
+    if interop is None:
+        return []
+    rng = np.random.default_rng(0)
+    obj = interop.device(dev, {})
+    spec = AttentionSpec(batch=1, seq_len=1, past_len=length - 1, num_heads=32, kv_num_heads=8,
+                         head_size=128, dtype=dtype, kv_layout="BSNH", seqlens_k=True,
+                         kv_capacity=length + steps, causal=True)
+    host = {n: rng.standard_normal(shape).astype(dtype) for n, shape in
+            (("q", spec.q_shape), ("k", spec.kv_shape), ("v", spec.kv_shape))}
+    host["seqlens_k"] = np.array([length], np.int32)
+    with Session(backend=dev.backend, device=obj) as s, \
+            Session(backend=dev.backend, device=dev.id) as own:
+        t = {n: s.wrap(interop.buffer(obj, a), a.shape, a.dtype.name) for n, a in host.items()}
+        out = s.wrap(interop.buffer(obj, np.zeros(spec.out_shape, dtype)), spec.out_shape, dtype)
+        call = s.prepare(spec, t, out=out)
+        own_out = own.empty(spec.out_shape, dtype)
+        own_call = own.prepare(spec, {n: own.tensor(a) for n, a in host.items()}, out=own_out)
+        parts: dict[str, list[float]] = {"record": [], "step_waited": [], "session_step": []}
+        moved, own_moved = _transfers(call.runtime.counters), _transfers(own_call.runtime.counters)
+        for i in range(steps + 1):                 # the first: a warm-up, not timed
+            t0 = time.perf_counter()
+            interop.submit(obj, call.encode)
+            t1 = time.perf_counter()
+            interop.wait(obj)
+            t2 = time.perf_counter()
+            own_call()
+            own_out.numpy()
+            if i:
+                parts["record"].append(t1 - t0)
+                parts["step_waited"].append(t2 - t0)
+                parts["session_step"].append(time.perf_counter() - t2)
+        per_step, own_per_step = moved() / (steps + 1), own_moved() / (steps + 1)
+    med, row = _loop_row(dev, f"decode-loop-{_tag(dtype)}-L{length}-engine",
+                         "recorded into the engine's stream, its buffers", parts, plans=1,
+                         steps=steps, transfers_per_step=per_step,
+                         session_transfers_per_step=own_per_step)
+    log(f"  {dev.backend}/{dev.slug} decode-loop L={length} engine: recorded step "
+        f"{med['step_waited']:.1f} us (record + submit {med['record']:.1f} us), {per_step:.1f} "
+        f"host transfers a step; the Session's own loop beside it {med['session_step']:.1f} us, "
+        f"{own_per_step:.1f} host transfers a step")
+    return [row]
 
 
 # What each peer's times are (its row's "timing"): torch's come with its result.

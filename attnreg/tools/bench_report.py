@@ -208,7 +208,9 @@ def format_rows(rows: Sequence[Row]) -> str:
             e = r.extra
             parts = ", ".join(f"{k[:-3]} {v:.1f} us" for k, v in e.items()
                               if k.endswith("_us") and k != "step_waited_us")
-            out.append((r.case, r.backend, r.device, f"{parts}; {e.get('plans')} plan(s)",
+            moved = f", {e['transfers_per_step']:.1f} host transfers/step" \
+                if "transfers_per_step" in e else ""
+            out.append((r.case, r.backend, r.device, f"{parts}; {e.get('plans')} plan(s){moved}",
                         "-", "-", f(r.wall_us, ".1f"), "-", "-", "-", "-", "-"))
             continue
         vs = f"{ref[r.case] / r.wall_us:.1f}x" if r.case in ref and r.backend != "reference" else "-"

@@ -23,6 +23,9 @@ execute them; a kernel whose device lacks a feature it needs runs under its decl
   partial route too where the kernel writes partial states, with NaN / inf planted where
   some rows see them and others do not; the reference says which rows turn NaN.
 - profile cells: the plan of every stored device profile, forced on a device here.
+- interop cells (tools.interop_cells): per family, a covering cell run on the caller's device
+  object and buffers, recorded into the caller's command stream, where the backend runs on
+  device objects.
 
 The quick matrix (CI) leaves out the full matrix's sweeps, and gives a kernel that runs
 emulated on a device its covering cells only.
@@ -44,6 +47,7 @@ from ..kernel import SPLIT_FAMILIES, KernelInfo
 from ..spec import AttentionSpec
 from . import cells, recipes
 from .cells import Case, dtype_rank, emulation_params, everything_fields, unique, variant_ranks
+from .interop_cells import interop_cells
 from .nonfinite_cells import nonfinite_cells
 from .profile_cells import profile_cases
 from .rotation import Rotation
@@ -465,6 +469,7 @@ def cases(devices: Iterable[DeviceCaps] | None = None, *, backend: str | None = 
         ranks, slots = variant_ranks(mine)
         for k in mine:
             out += _Gen(k, dev, quick, ranks[k.id], slots[k.id]).generate()
+    out += interop_cells(out)
     if kernels is None:
         out += profile_cases(devs)[0]
     return list(unique(out))

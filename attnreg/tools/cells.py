@@ -75,7 +75,9 @@ class Case:
     rerun: bool = False         # also run twice and require bitwise-identical results
     nonfinite: bool = False     # NaN / inf planted (testing.plant_nonfinite; reduce: partials)
     emulated: bool = False      # params include the kernel's emulation
-    kind: str = "feature"       # "feature" | "covering" | "nonfinite" | "profile" (tools.cases)
+    kind: str = "feature"       # "feature" | "covering" | "nonfinite" | "profile" | "interop"
+    # run on the caller's device object, buffers and command stream (tools.interop_cells)
+    interop: bool = False
     feature: str = ""           # the contract feature or recipe the cell exercises
     seed: int = 0
 
@@ -98,7 +100,7 @@ class Case:
         """What makes two cells the same test (labels and seeds aside)."""
         return (self.device, self.kernel, self.check, self.spec, self.params, self.lengths,
                 self.bias_shape, self.mask_frac, self.stored, self.mask_rows, self.docs,
-                self.doc_values, self.rerun, self.nonfinite)
+                self.doc_values, self.rerun, self.nonfinite, self.interop)
 
 
 def emulation_params(k: KernelInfo, dev: DeviceCaps) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from ..tensors import check_tensors
 from ..testing import compare, compare_partials, expected, make_tensors, plant_nonfinite
 from .cases import cases, uncovered
 from .cells import Case
+from .interop_cells import run_interop
+from .interop_cells import session_for as interop_session
 from .profile_cells import PROFILE_SPECS, profile_cases
 from .recipes import doc_mask
 
@@ -113,6 +115,8 @@ def run_case(case: Case, session: Session) -> Result:
 def _execute(case: Case, s: Session, k: KernelInfo, tol: tuple[float, float]) -> tuple[float, str]:
     spec, params = case.spec, dict(case.params)
     t = inputs_for(case)
+    if case.interop:
+        return run_interop(case, s, k, t, tol)
     want = expected(spec, t)
     split = int(params.pop("split_size", 16))
     if case.check == "reduce":
@@ -158,19 +162,26 @@ def session_for(case: Case) -> Session:
     builds need to open the device (Dawn's experimental_features), so those cells run."""
     flags = {k.flag: True for k in regmod.get().kernels(case.backend)
              if k.matrix is not None and k.flag}
+    if case.interop:
+        return interop_session(case, flags or None)
     return Session(backend=case.backend, device=case.device, flags=flags or None)
+
+
+def session_key(case: Case) -> tuple[str, bool]:
+    """Cells share a Session per device, and the interop ones one on its device object."""
+    return case.device, case.interop
 
 
 def run_matrix(all_cases: Sequence[Case], progress: Callable[[Sequence[Case]], Iterable[Case]]
                | None = None) -> list[Result]:
     """Run cases, one Session per device (so compiled kernels are reused)."""
-    sessions: dict[str, Session] = {}
+    sessions: dict[tuple[str, bool], Session] = {}
     results = []
     try:
         for case in (progress(all_cases) if progress else all_cases):
-            s = sessions.get(case.device)
+            s = sessions.get(session_key(case))
             if s is None:
-                s = sessions[case.device] = session_for(case)
+                s = sessions[session_key(case)] = session_for(case)
             results.append(run_case(case, s))
     finally:
         for s in sessions.values():

@@ -21,11 +21,12 @@ class DawnDevice(GpuDevice):
     dialect = program.TINT
     request: tuple[str, ...] = probe.REQUEST
 
-    def __init__(self, caps: DeviceCaps, adapter: Any, experimental: bool = False) -> None:
+    def __init__(self, caps: DeviceCaps, adapter: Any, experimental: bool = False,
+                 device: Any = None) -> None:
         if experimental:
             self.request = (*probe.REQUEST, *probe.EXPERIMENTAL)
         self.experimental = experimental
-        super().__init__(caps, adapter)
+        super().__init__(caps, adapter, device)
 
     def api(self) -> Any:
         import wgpudawn
@@ -77,3 +78,9 @@ def get(caps: DeviceCaps, experimental: bool = False) -> DawnDevice:
             adapter = probe.adapters()[index] if first else probe.fresh_adapter(index)
             dev = _DEVICES[key] = DawnDevice(caps, adapter, experimental)
         return dev
+
+
+def opened() -> list[DawnDevice]:
+    """The Dawn devices attnreg opened for probed adapters."""
+    with _LOCK:
+        return list(_DEVICES.values())

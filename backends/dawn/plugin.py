@@ -10,6 +10,7 @@ from typing import Any
 import attnreg
 from attnreg import vkshim
 from attnreg.backends.webgpu import rules as wrules
+from attnreg.backends.webgpu.interop import Host
 from attnreg.backends.webgpu.runtime import WebGpuRuntime
 from attnreg.caps import DeviceCaps
 from attnreg.flags import Flag
@@ -30,6 +31,24 @@ def _open(caps: DeviceCaps, flags: Mapping[str, Any]) -> WebGpuRuntime:
     experimental = bool(flags.get(EXPERIMENTAL.name, False))
     return WebGpuRuntime(caps, device.get(caps, experimental))
 
+
+def _wgpudawn() -> Any:
+    import wgpudawn
+
+    return wgpudawn
+
+
+def _tick() -> None:
+    from wgpudawn.backends.dawn import extras
+
+    extras.process_events()
+
+
+# The caller's wgpudawn devices: the webgpu backend's interop with Dawn's API and devices.
+HOST = Host(probe.NAME, "wgpudawn", _wgpudawn, lambda adapter, view: probe.caps_of(0, adapter, view),
+            probe.REQUEST, device.opened,
+            lambda caps, flags: device.get(caps, bool(flags.get(EXPERIMENTAL.name, False))),
+            lambda caps, obj: device.DawnDevice(caps, None, device=obj), _tick)
 
 # WebGPU through Dawn and Tint in-process, ranked just below webgpu (wgpu-native, 10), which
 # remains the default WebGPU host where both see the same adapter.
@@ -60,4 +79,5 @@ attnreg_register_kernels = registers(kernels.declare)
 attnreg_register_rules = registers(lambda: [
     wrules.block_skip(probe.NAME), wrules.fit_tiles(probe.NAME), wrules.step_in_tile(probe.NAME)])
 attnreg_register_flags = registers(lambda: [EXPERIMENTAL])
+attnreg_register_interop = registers(lambda: [HOST.interop()])
 attnreg_register_commands = registers(lambda: [VK_SHIM])

@@ -202,10 +202,13 @@ def _no_adapter_reason() -> str:
     return "Dawn found no Vulkan/Metal/D3D12 adapter"
 
 
-def caps_of(index: int, adapter: Any) -> DeviceCaps:
+def caps_of(index: int, adapter: Any, view: Any = None) -> DeviceCaps:
+    """An adapter's caps; with ``view`` (a device the caller opened on it: its info,
+    features and limits), that device's."""
     from wgpudawn.backends.dawn import extras
 
-    caps = wprobe.caps_of(index, adapter, backend=NAME, features=FEATURES)
+    caps = wprobe.caps_of(index, view if view is not None else adapter, backend=NAME,
+                          features=FEATURES)
     props = extras.get_adapter_properties(adapter)
     extra = dict(caps.extra)
     extra["wgpudawn"] = version()

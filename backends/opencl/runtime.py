@@ -27,7 +27,7 @@ from attnreg.backends import common
 from attnreg.backends.launch_cache import LaunchCache, buffers_key
 from attnreg.caps import DeviceCaps
 from attnreg.device_tensor import DeviceTensor
-from attnreg.errors import KernelUnavailable
+from attnreg.errors import KernelUnavailable, SpecError
 from attnreg.plan import Plan, Stage
 
 from . import device, kernels, program, quantize, tiles
@@ -70,12 +70,19 @@ class OpenCLRuntime:
     """Implements attnreg.Runtime on one OpenCL device: memory in memory.py, programs from
     program.py, built programs shared through device.py."""
 
-    def __init__(self, caps: DeviceCaps) -> None:
+    def __init__(self, caps: DeviceCaps, queue: cl.CommandQueue | None = None) -> None:
+        """On the process's context of the device, with a queue of its own; or on the
+        caller's ``queue`` (interop.py), its context and device, waiting only for its own
+        commands."""
         self.caps = caps
-        self.ctx, self.device = device.context(caps)
-        props = cl.command_queue_properties.PROFILING_ENABLE
-        self.queue = cl.CommandQueue(self.ctx, self.device, properties=props)
-        self.mem = DeviceMemory(caps, self.ctx, self.queue)
+        if queue is None:
+            self.ctx, self.device = device.context(caps)
+            props = cl.command_queue_properties.PROFILING_ENABLE
+            self.queue = cl.CommandQueue(self.ctx, self.device, properties=props)
+        else:
+            self.ctx, self.device, self.queue = queue.context, queue.device, queue
+        self.profiling = bool(self.queue.properties & cl.command_queue_properties.PROFILING_ENABLE)
+        self.mem = DeviceMemory(caps, self.ctx, self.queue, owns_queue=queue is None)
         self.counters = self.mem.counters
         self._checked: set[tuple[int, str]] = set()
         self._preps: LaunchCache[_Prepared] = LaunchCache()
@@ -91,6 +98,10 @@ class OpenCLRuntime:
     def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
                       tensor_bytes: int) -> str | None:
         return self.mem.write_refusal(itemsize, offset_bytes, nbytes, tensor_bytes)
+
+    def wrap(self, buffer: Any, offset_bytes: int, nbytes: int, dtype: np.dtype) -> cl.Buffer:
+        with self._lock:
+            return self.mem.wrap(buffer, offset_bytes, nbytes, dtype)
 
     def upload(self, handle: cl.Buffer, array: np.ndarray, offset_bytes: int = 0) -> None:
         """Host array -> buffer at a byte offset, ordered with the launches."""
@@ -265,9 +276,42 @@ class OpenCLRuntime:
             self._preps.put(plan, key, prep)
         return prep
 
-    def _enqueue(self, prep: _Prepared) -> list[cl.Event]:
-        return [cl.enqueue_nd_range_kernel(self.queue, ln.kernel, (ln.gsize,), (ln.lsize,))
-                for ln in prep.launches]
+    def _enqueue(self, prep: _Prepared, wait_for: list[cl.Event] | None = None) -> list[cl.Event]:
+        evs: list[cl.Event] = []
+        for ln in prep.launches:      # the first stage after wait_for, the others in queue order
+            evs.append(cl.enqueue_nd_range_kernel(self.queue, ln.kernel, (ln.gsize,), (ln.lsize,),
+                                                  wait_for=None if evs else wait_for))
+        return evs
+
+    # -- recording on the caller's queue -----------------------------------------------
+    def record_refusal(self, plan: Plan, inputs: Mapping[str, Any]) -> str | None:
+        """A caller's bias for a block-skipping plan: its block lists are built on the host,
+        before the caller's commands on the queue write it."""
+        bias = inputs.get("bias")
+        if isinstance(bias, DeviceTensor) and not bias.owned and \
+                any(st.params.get("block_skip") for st in plan.stages):
+            return ("a plan without block skipping when the bias is the caller's buffer (its "
+                    "block lists are built on the host)")
+        return None
+
+    def record(self, plan: Plan, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+               stream: Any, wait_for: Any = None) -> cl.Event:
+        """The plan's stages enqueued on the runtime's queue (the caller's, for a Session on
+        it), the first after the events ``wait_for``; the last stage's event."""
+        if stream is not None and stream != self.queue:
+            raise SpecError("stream", stream, "None or the CommandQueue this Session runs on "
+                            "(Session(backend='opencl', device=<that queue>))")
+        waits = list(wait_for) if wait_for is not None else None
+        if waits is not None and not all(isinstance(e, cl.Event) for e in waits):
+            raise SpecError("wait_for", wait_for, "None or a list of pyopencl.Event")
+        with self._lock:
+            prep = self._prepare(plan, inputs, outputs)
+            try:
+                evs = self._enqueue(prep, waits)
+            except cl.Error as exc:
+                raise KernelUnavailable(plan.kernel, f"enqueue failed: {exc}") from None
+            self.counters["recorded"] += 1
+            return evs[-1]
 
     # -- Runtime protocol --------------------------------------------------------------
     def launch(self, plan: Plan, inputs: Mapping[str, Any],
@@ -283,14 +327,17 @@ class OpenCLRuntime:
             except cl.Error as exc:
                 raise KernelUnavailable(plan.kernel, f"enqueue failed: {exc}") from None
             res: dict[str, Any] = {}
+            copies = []
             for name, (buf, shape, dtype) in prep.outputs.items():
                 res[name] = np.empty(shape, dtype)
-                cl.enqueue_copy(self.queue, raw_bytes(res[name]), buf, is_blocking=False)
+                copies.append(cl.enqueue_copy(self.queue, raw_bytes(res[name]), buf,
+                                              is_blocking=False))
                 self.counters["readbacks"] += 1
+                self.counters["readback_bytes"] += int(res[name].nbytes)
             if outputs and "out" in outputs:
                 res["out"] = outputs["out"]
             if prep.outputs:
-                self.mem.sync()
+                self.mem.sync(copies)
             return res
 
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
@@ -312,6 +359,8 @@ class OpenCLRuntime:
                 evs = self._enqueue(prep)
                 self.queue.finish()
                 wall.append(time.perf_counter() - t0)
+                if not self.profiling:        # a caller's queue without profiling events
+                    continue
                 gpu.append((evs[-1].profile.end - evs[0].profile.start) * 1e-9)
                 for ln, ev in zip(prep.launches, evs):
                     stages[ln.kernel_id].append((ev.profile.end - ev.profile.start) * 1e-9)
@@ -321,8 +370,9 @@ class OpenCLRuntime:
                                                                    self.device)),
                 "local_bytes": int(ln.kernel.get_work_group_info(info.LOCAL_MEM_SIZE, self.device)),
                 "work_items": ln.lsize, "groups": ln.gsize // ln.lsize} for ln in prep.launches}
-            return {"gpu_s": gpu, "wall_s": wall, "stage_gpu_s": stages, "kernels": kinfo,
-                    "b2b_s": self._back_to_back(prep, iters)}
+            times = {"gpu_s": gpu, "stage_gpu_s": stages,
+                     "b2b_s": self._back_to_back(prep, iters)} if self.profiling else {}
+            return {**times, "wall_s": wall, "kernels": kinfo}
 
     def _back_to_back(self, prep: _Prepared, iters: int, bursts: int = 3) -> list[float]:
         """Seconds per launch with ``iters`` launches enqueued without waiting: the first

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from attnreg.caps import DeviceCaps
@@ -49,19 +51,25 @@ def _trusted_module(dev: Any, label: str, code: str, checks: int) -> Any:
 
 class GpuDevice:
     """A wgpu device opened with every feature the kernels may need and the adapter's
-    full compute limits (the defaults are far below what the kernels use)."""
+    full compute limits (the defaults are far below what the kernels use); or, given
+    ``device``, a device the caller opened, as it opened it (interop.py)."""
 
     dialect = NAGA          # the WGSL compiler behind this device (program.py adapts to it)
     request: tuple[str, ...] = probe.REQUEST  # adapter features asked for whenever present
 
-    def __init__(self, caps: DeviceCaps, adapter: Any) -> None:
+    def __init__(self, caps: DeviceCaps, adapter: Any, device: Any = None) -> None:
         self.wgpu = self.api()
         self.caps = caps
-        self.features = [f for f in self.request if f in adapter.features]
-        wanted = [*probe.LIMITS.values(), "max-compute-workgroup-size-y",
-                  "max-compute-workgroup-size-z"]
-        limits = {k: adapter.limits[k] for k in wanted if k in adapter.limits}
-        self.device = self.open(adapter, self.features, limits)
+        self.device: Any
+        if device is not None:
+            self.features = sorted(str(f) for f in device.features)
+            self.device = device
+        else:
+            self.features = [f for f in self.request if f in adapter.features]
+            wanted = [*probe.LIMITS.values(), "max-compute-workgroup-size-y",
+                      "max-compute-workgroup-size-z"]
+            limits = {k: adapter.limits[k] for k in wanted if k in adapter.limits}
+            self.device = self.open(adapter, self.features, limits)
         self.has_timestamps = "timestamp-query" in self.features
         self._lock = threading.Lock()
         self._pipelines: dict[tuple[Any, ...], Any] = {}
@@ -85,18 +93,8 @@ class GpuDevice:
         self.device.queue.submit(commands)
 
     def wait(self) -> None:
-        """Block until every submitted command buffer has finished. wgpu-py 0.32's
-        on_submitted_work_done_sync() has a broken callback signature, so poll the device
-        with wait=True (wgpuDevicePoll), falling back to mapping a scratch buffer."""
-        poll = getattr(self.device, "_poll_wait", None)
-        if poll is not None:
-            poll()
-            return
-        U = self.wgpu.BufferUsage
-        buf = self.device.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
-        buf.map_sync(self.wgpu.MapMode.READ)
-        buf.unmap()
-        buf.destroy()
+        """Block until every submitted command buffer has finished."""
+        wait_idle(self.wgpu, self.device)
 
     def layout(self, accesses: tuple[str, ...]) -> tuple[Any, Any]:
         """(bind group layout, pipeline layout) for bindings 0.. with these accesses
@@ -154,6 +152,42 @@ class GpuDevice:
 
 _DEVICES: dict[str, GpuDevice] = {}
 _LOCK = threading.Lock()
+
+
+def wait_idle(api: Any, device: Any) -> None:
+    """Block until every command buffer submitted to a device has finished. wgpu-py 0.32's
+    on_submitted_work_done_sync() has a broken callback signature, so poll the device
+    with wait=True (wgpuDevicePoll), falling back to mapping a scratch buffer."""
+    poll = getattr(device, "_poll_wait", None)
+    if poll is not None:
+        poll()
+        return
+    U = api.BufferUsage
+    buf = device.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
+    buf.map_sync(api.MapMode.READ)
+    buf.unmap()
+    buf.destroy()
+
+
+def opened() -> list[GpuDevice]:
+    """The devices attnreg opened for probed adapters."""
+    with _LOCK:
+        return list(_DEVICES.values())
+
+
+# GpuDevices over devices the caller opened, while a runtime uses them
+_ADOPTED: weakref.WeakValueDictionary[int, GpuDevice] = weakref.WeakValueDictionary()
+
+
+def adopted(obj: Any, opened: Sequence[GpuDevice], make: Callable[[], GpuDevice]) -> GpuDevice:
+    """The GpuDevice over a caller's device object: the one attnreg opened when the caller
+    passes that very device (its compiled pipelines are shared), else one per object
+    (``make()`` builds it), kept while a runtime uses it."""
+    with _LOCK:
+        dev = next((d for d in opened if d.device is obj), None) or _ADOPTED.get(id(obj))
+        if dev is None or dev.device is not obj:
+            dev = _ADOPTED[id(obj)] = make()
+        return dev
 
 
 def get(caps: DeviceCaps) -> GpuDevice:

@@ -13,11 +13,13 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from attnreg.caps import DeviceCaps
+from attnreg.errors import SpecError
 
 from . import device, program
 
@@ -29,6 +31,30 @@ _BIND_ALIGN = 256
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass(frozen=True, eq=False)
+class Window:
+    """The bytes of a caller's buffer that a wrapped DeviceTensor covers (Session.wrap): bound
+    and copied at ``offset`` for ``size`` bytes; the buffer stays the caller's."""
+
+    buffer: Any
+    offset: int
+    size: int
+
+
+def span(handle: Any) -> tuple[Any, int, int]:
+    """(buffer, first byte, bytes) of a handle: a Window's part of its buffer, or a buffer."""
+    if isinstance(handle, Window):
+        return handle.buffer, handle.offset, handle.size
+    return handle, 0, int(handle.size)
+
+
+def resource(handle: Any) -> dict[str, Any]:
+    """A bind-group resource for a handle (a Window binds its part of the buffer)."""
+    buf, off, size = span(handle)
+    return {"buffer": buf, "offset": off, "size": size} if isinstance(handle, Window) \
+        else {"buffer": buf}
 
 
 class DeviceMemory:
@@ -45,14 +71,15 @@ class DeviceMemory:
 
     # -- the runtime's own buffers ----------------------------------------------------------
     def buffer(self, name: str, nbytes: int, usage: int) -> Any:
-        """A named buffer of at least nbytes, reused while big enough. Growing it destroys
-        the old one, and everything prepared with it is forgotten."""
+        """A named buffer of at least nbytes, reused while big enough. Growing it lets go of
+        the old one, and everything prepared with it is forgotten; the old one is released,
+        not destroyed: a caller's encoder that a launch was recorded into may still hold it
+        unsubmitted (wgpu frees it once nothing uses it)."""
         nbytes = max(16, cdiv(nbytes, 16) * 16)
         got = self._bufs.get(name)
         if got is None or got[1] < nbytes:
             if got is not None:
                 self._forget(got[0])
-                got[0].destroy()
             buf = self.dev.device.create_buffer(label=name, size=nbytes, usage=usage)
             self._bufs[name] = got = (buf, nbytes)
         return got[0]
@@ -77,13 +104,16 @@ class DeviceMemory:
         # A read-only and a writable stand-in: one buffer may not be both in one dispatch.
         return self.storage("dummy_w" if writable else "dummy_r", 16)
 
-    def read(self, buf: Any, nbytes: int, enc: Any = None) -> bytes:
-        """Copy nbytes from the start of buf to the host (one submit and wait)."""
+    def read(self, handle: Any, nbytes: int, enc: Any = None) -> bytes:
+        """Copy nbytes from the start of a handle to the host (one submit and wait)."""
         U = self.wgpu.BufferUsage
         size = cdiv(nbytes, _WORD) * _WORD
+        self._need(handle, U.COPY_SRC, "COPY_SRC", "read it back (numpy())")
+        # (not span(): a buffer's size is a wgpu call this path need not make)
+        buf, first = (handle.buffer, handle.offset) if isinstance(handle, Window) else (handle, 0)
         rb = self.buffer("rb_download", size, U.MAP_READ | U.COPY_DST)
         enc = enc or self.dev.device.create_command_encoder()
-        enc.copy_buffer_to_buffer(buf, 0, rb, 0, size)
+        enc.copy_buffer_to_buffer(buf, first, rb, 0, size)
         self.dev.submit([enc.finish()])
         return self.map_read(rb, nbytes)
 
@@ -113,6 +143,47 @@ class DeviceMemory:
                 del self._bufs[name]
                 self._forget(b)
                 b.destroy()
+
+    # -- a caller's buffers (Session.wrap) -------------------------------------------------------
+    def wrap(self, buffer: Any, offset_bytes: int, nbytes: int, dtype: np.dtype) -> Window:
+        """A Window over a caller's GPUBuffer of this device, which the kernels bind as a
+        storage buffer at ``offset_bytes`` (the device's minStorageBufferOffsetAlignment) for
+        ``nbytes`` rounded up to whole words; read-back and writes check their own usages."""
+        api, U, mine = self.wgpu, self.wgpu.BufferUsage, self.dev.device
+        if not isinstance(buffer, api.GPUBuffer) or getattr(buffer, "_device", None) is not mine:
+            raise SpecError("buffer", buffer, f"a {api.__name__}.GPUBuffer of this Session's "
+                            "device")
+        if not buffer.usage & U.STORAGE:
+            raise SpecError("buffer.usage", self.usages(buffer), "STORAGE among its usages: the "
+                            "kernels bind it as a storage buffer (COPY_SRC too to read it back, "
+                            "COPY_DST to write it)")
+        align = int(self.dev.device.limits.get("min-storage-buffer-offset-alignment", _BIND_ALIGN))
+        if offset_bytes % align:
+            raise SpecError("offset", offset_bytes, f"a multiple of {align} bytes (this device's "
+                            "minStorageBufferOffsetAlignment: where a storage binding may start)")
+        size = max(_WORD, cdiv(nbytes, _WORD) * _WORD)
+        if offset_bytes + size > buffer.size:
+            raise SpecError("buffer.size", buffer.size, f"at least {offset_bytes + size} bytes: "
+                            f"the tensor's {nbytes} bytes (in whole {_WORD}-byte words) from "
+                            f"offset {offset_bytes}")
+        limit = self.caps.limit("storage_binding")
+        if limit is not None and size > limit:
+            raise SpecError("buffer", f"{size} bytes from {offset_bytes}", f"at most "
+                            f"max-storage-buffer-binding-size={limit} bytes: one binding")
+        return Window(buffer, offset_bytes, size)
+
+    def usages(self, buffer: Any) -> list[str]:
+        U = self.wgpu.BufferUsage
+        return [n for n in ("MAP_READ", "MAP_WRITE", "COPY_SRC", "COPY_DST", "INDEX", "VERTEX",
+                            "UNIFORM", "STORAGE", "INDIRECT", "QUERY_RESOLVE")
+                if buffer.usage & getattr(U, n)]
+
+    def _need(self, handle: Any, flag: int, name: str, why: str) -> None:
+        """A caller's buffer lacking a usage a copy needs: a SpecError instead of the API's
+        validation error (wgpu-native aborts the process on some)."""
+        if isinstance(handle, Window) and not handle.buffer.usage & flag:
+            raise SpecError("buffer.usage", self.usages(handle.buffer), f"{name} among its "
+                            f"usages, to {why}")
 
     # -- DeviceTensor memory (the Runtime contract) ---------------------------------------------
     def alloc(self, nbytes: int) -> Any:
@@ -150,12 +221,15 @@ class DeviceMemory:
         off, n = int(offset_bytes), int(raw.size)
         if n == 0:
             return
-        if off < 0 or off + n > handle.size:
-            raise ValueError(f"upload of {n} B at {off} overruns a {handle.size} B buffer")
+        buf, first, size = span(handle)
+        if off < 0 or off + n > size:
+            raise ValueError(f"upload of {n} B at {off} overruns a {size} B buffer")
+        self._need(handle, self.wgpu.BufferUsage.COPY_DST, "COPY_DST", "write it (write(), "
+                   "KV cache appends)")
         self.counters["host_uploads"] += 1
         self.counters["host_upload_bytes"] += n
         if off % _WORD == 0 and n % _WORD == 0:
-            self.dev.device.queue.write_buffer(handle, off, raw)
+            self.dev.device.queue.write_buffer(buf, first + off, raw)
             return
         if off % 2 or n % 2:
             raise ValueError(f"upload at byte {off} of {n} B: offsets and sizes must be even")
@@ -171,9 +245,10 @@ class DeviceMemory:
         end = cdiv(off + raw.size, _WORD) * _WORD         # the storage-binding limit
         first = (off - base) // _WORD
         nwords = (end - base) // _WORD - first
+        buf, at, _ = span(dst)
         self._utility("patch16", struct.pack("<4I", off - base, raw.size, first, nwords),
                       {"buffer": src, "offset": 0, "size": padded.size},
-                      {"buffer": dst, "offset": base, "size": end - base}, nwords)
+                      {"buffer": buf, "offset": at + base, "size": end - base}, nwords)
 
     def _utility(self, name: str, block: bytes, src: dict[str, Any], dst: dict[str, Any],
                  nwords: int) -> None:
@@ -210,9 +285,10 @@ class DeviceMemory:
         if rows <= 0:
             return
         nwords = cdiv(rows * dst_pitch, _WORD)
+        buf, at, _ = span(dst)
         self._utility("copy_rows", struct.pack("<8I", rows, row_bytes, src_pitch, dst_pitch,
                                                nwords, 0, 0, 0),
-                      {"buffer": src}, {"buffer": dst, "offset": 0, "size": nwords * _WORD},
+                      resource(src), {"buffer": buf, "offset": at, "size": nwords * _WORD},
                       nwords)
 
     def download(self, handle: Any, nbytes: int) -> bytes:
@@ -221,11 +297,18 @@ class DeviceMemory:
 
     def free(self, handle: Any) -> None:
         """Destroy a buffer from alloc(); prepared launches that bound it are forgotten, so a
-        later buffer at the same address never meets a stale bind group."""
+        later buffer at the same address never meets a stale bind group. A Window is only
+        forgotten: its buffer is the caller's."""
+        self._forget(handle)
+        if self._owned.pop(id(handle), None) is not None:
+            handle.destroy()
+            self.counters["frees"] += 1
+
+    def drop(self, handle: Any) -> None:
+        """Forget a buffer from alloc() without destroying it: wgpu releases it once no
+        command buffer (a caller's recorded one, not submitted yet, included) holds it."""
         self._forget(handle)
         self._owned.pop(id(handle), None)
-        handle.destroy()
-        self.counters["frees"] += 1
 
     def close(self) -> None:
         for buf, _ in self._bufs.values():

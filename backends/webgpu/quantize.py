@@ -19,7 +19,7 @@ from attnreg.errors import SpecError
 
 from . import program
 from .device import GpuDevice
-from .memory import DeviceMemory, cdiv
+from .memory import DeviceMemory, cdiv, resource, span
 from .program import Utility
 
 _DT = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -67,8 +67,9 @@ def quantize_into(dev: GpuDevice, memory: DeviceMemory, kv_dtype: str, rows: np.
     r, h = jobs[0][0].shape
     limit = memory.caps.limit("storage_binding")
     for _, codes, scales in jobs:
-        if limit is not None and max(codes.size, scales.size) > limit:
-            raise SpecError("capacity", f"{codes.size} bytes of codes", f"a cache whose k / v "
+        size = span(codes)[2]
+        if limit is not None and max(size, span(scales)[2]) > limit:
+            raise SpecError("capacity", f"{size} bytes of codes", f"a cache whose k / v "
                             f"fit one storage binding ({limit} bytes) on {memory.caps.name}")
     dtype = jobs[0][0].dtype.name
     parts, offsets = [_words(rows.astype(np.int32))], []
@@ -95,8 +96,8 @@ def quantize_into(dev: GpuDevice, memory: DeviceMemory, kv_dtype: str, rows: np.
         group = dev.device.create_bind_group(layout=dev.layout(prog.layout)[0], entries=[
             {"binding": 0, "resource": {"buffer": params}},
             {"binding": 1, "resource": {"buffer": src, "offset": 0, "size": staged.nbytes}},
-            {"binding": 2, "resource": {"buffer": codes}},
-            {"binding": 3, "resource": {"buffer": scales}}])
+            {"binding": 2, "resource": resource(codes)},
+            {"binding": 3, "resource": resource(scales)}])
         cp.set_bind_group(0, group)
         cp.dispatch_workgroups(*grid)
     cp.end()

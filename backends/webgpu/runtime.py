@@ -23,11 +23,12 @@ from attnreg.backends import common
 from attnreg.backends.launch_cache import LaunchCache, buffers_key
 from attnreg.caps import DeviceCaps
 from attnreg.device_tensor import DeviceTensor
+from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
 from . import device, program, quantize
-from .memory import DeviceMemory
+from .memory import DeviceMemory, resource, span
 
 
 @dataclass
@@ -81,6 +82,9 @@ class WebGpuRuntime:
     def alloc(self, nbytes: int) -> Any:
         return self.memory.alloc(nbytes)
 
+    def wrap(self, buffer: Any, offset_bytes: int, nbytes: int, dtype: np.dtype) -> Any:
+        return self.memory.wrap(buffer, offset_bytes, nbytes, dtype)
+
     def write_refusal(self, itemsize: int, offset_bytes: int, nbytes: int,
                       tensor_bytes: int) -> str | None:
         return self.memory.write_refusal(itemsize, offset_bytes, nbytes, tensor_bytes)
@@ -133,7 +137,9 @@ class WebGpuRuntime:
         if hit is not None and hit[0] is tensor and hit[1] == tensor.version:
             return hit[2]
         if hit is not None:
-            self._forget(hit[2])
+            # let go of the old copy without destroying it: a command buffer recorded with it
+            # may not be submitted yet (wgpu frees it once nothing uses it)
+            self.memory.drop(hit[2])
         data = np.ascontiguousarray(make())
         buf = self.memory.alloc(data.nbytes)
         self.memory.upload(buf, data, 0)
@@ -172,6 +178,7 @@ class WebGpuRuntime:
                 bound[f"block_list_{st.family}"] = self._block_list(spec, st, prog.consts, bias)
         if outputs and outputs.get("out") is not None:
             bound["out"] = outputs["out"].handle
+            _check_out_alone(bound)
         key = (bias_shape, buffers_key(bound))
         got = self._prepared.get(plan, key)
         if got is not None:
@@ -204,7 +211,7 @@ class WebGpuRuntime:
                 return got if got is not None else stand_in[access]
             group = self.dev.device.create_bind_group(
                 layout=self.dev.layout(prog.layout)[0],
-                entries=[{"binding": bd.index, "resource": {"buffer": buffer(bd.name, bd.access)}}
+                entries=[{"binding": bd.index, "resource": resource(buffer(bd.name, bd.access))}
                          for bd in prog.bindings])
             self.counters["bind_groups"] += 1
             dispatches.append(_Dispatch(self.dev.pipeline(prog), group, prog.grid))
@@ -218,12 +225,45 @@ class WebGpuRuntime:
         enc = self.dev.device.create_command_encoder()
         cp = enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps else \
             enc.begin_compute_pass()
-        for d in dispatches:      # one pass: wgpu orders the stages' storage accesses
-            cp.set_pipeline(d.pipeline)
-            cp.set_bind_group(0, d.bind_group)
-            cp.dispatch_workgroups(*d.grid)
+        _dispatch(cp, dispatches)
         cp.end()
         return enc
+
+    # -- recording into the caller's encoder ---------------------------------------------------
+    def record_refusal(self, plan: Plan, inputs: Mapping[str, Any]) -> str | None:
+        """A caller's bias that this runtime would derive data from on the host (widened to
+        float32, or its block lists): the derivation would read it before the caller's
+        commands in the same encoder write it."""
+        bias = inputs.get("bias")
+        if not isinstance(bias, DeviceTensor) or bias.owned:
+            return None
+        if bias.dtype != np.float32:
+            return "a float32 bias when it is the caller's buffer (another is widened on the host)"
+        if any("block_list" in program.stage_aux(st, plan.spec) for st in program.launch_stages(plan)):
+            return ("a plan without block skipping when the bias is the caller's buffer (its "
+                    "block lists are built on the host)")
+        return None
+
+    def record(self, plan: Plan, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+               stream: Any, wait_for: Any = None) -> None:
+        """The plan's dispatches in the caller's encoder (one compute pass of their own) or
+        compute pass, bound as a launch binds them; the caller submits."""
+        api = self.wgpu
+        if wait_for is not None:
+            raise SpecError("wait_for", wait_for, "None: a WebGPU queue runs command buffers in "
+                            "the order they are submitted, and commands in encoding order")
+        if not isinstance(stream, (api.GPUCommandEncoder, api.GPUComputePassEncoder)) or \
+                getattr(stream, "_device", None) is not self.dev.device:
+            raise SpecError("stream", stream, f"a {api.__name__}.GPUCommandEncoder or "
+                            "GPUComputePassEncoder of this Session's device")
+        prep = self._prepare(plan, inputs, outputs)
+        if isinstance(stream, api.GPUComputePassEncoder):
+            _dispatch(stream, prep.dispatches)
+        else:
+            cp = stream.begin_compute_pass()
+            _dispatch(cp, prep.dispatches)
+            cp.end()
+        self.counters["recorded"] += 1
 
     # -- Runtime protocol ----------------------------------------------------------------
     def launch(self, plan: Plan, inputs: Mapping[str, Any],
@@ -243,7 +283,18 @@ class WebGpuRuntime:
             rb = self.memory.buffer(f"rb_{o.name}", o.nbytes, U.MAP_READ | U.COPY_DST)
             enc.copy_buffer_to_buffer(o.buffer, 0, rb, 0, -(-o.nbytes // 4) * 4)
             readback.append((o, rb))
-        self.dev.submit([enc.finish()])
+        try:
+            self.dev.submit([enc.finish()])
+        except self.wgpu.GPUValidationError as exc:
+            # Dawn refuses a submit that uses a destroyed buffer (wgpu-native aborts instead:
+            # nothing to catch there): a caller destroyed a buffer it had wrapped.
+            theirs = sorted(n for n, x in {**inputs, **given}.items()
+                            if isinstance(x, DeviceTensor) and not x.owned)
+            if "destroyed" not in str(exc) or not theirs:
+                raise
+            raise SpecError(f"tensors{theirs}", str(exc).splitlines()[0], "buffers their owner "
+                            "has not destroyed (free() a wrapped tensor before destroying its "
+                            "buffer)") from None
         self.counters["submits"] += 1
         self.counters["launches"] += 1
         res: dict[str, Any] = dict(given)
@@ -342,3 +393,22 @@ class WebGpuRuntime:
         self._prepared.clear()
         self._derived.clear()
         self.memory.close()
+
+
+def _dispatch(cp: Any, dispatches: list[_Dispatch]) -> None:
+    """The dispatches in one compute pass: wgpu orders the stages' storage accesses."""
+    for d in dispatches:
+        cp.set_pipeline(d.pipeline)
+        cp.set_bind_group(0, d.bind_group)
+        cp.dispatch_workgroups(*d.grid)
+
+
+def _check_out_alone(bound: Mapping[str, Any]) -> None:
+    """out= in a buffer no input is in: WebGPU lets no dispatch bind a buffer as writable
+    storage and as another binding (even of other bytes of it)."""
+    written = span(bound["out"])[0]
+    shared = sorted(n for n, h in bound.items()
+                    if n != "out" and h is not None and span(h)[0] is written)
+    if shared:
+        raise SpecError("out", bound["out"], f"a buffer none of the inputs is in ({shared} "
+                        "share it): a WebGPU dispatch may not bind a buffer it writes twice")

@@ -23,7 +23,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "probe": ("compiler_check.py", "mma_probe.py"),         # checks a probe runs on the device
     "kernels": ("tiles.py", "mma.py"),                      # tile geometry, matrix-unit variants
     "program": ("wgsl_io.py",),                             # WGSL loads and stores per storage
-    "device": ("toggles.py",),                              # Dawn's device toggles
+    "device": ("toggles.py",                                # Dawn's device toggles
+               "interop.py"),                               # devices the caller opened
     "runtime": ("quantize.py",                              # KV cache appends on the device
                 "chromium.py", "server.py", "host.py", "wire.py",   # the browser's host side
                 "page.html", "page.js", "wire.js"),                 # and its page

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import attnreg
-from attnreg.tools import bench_suites
-from tests.support import missing
+from attnreg.tools import bench, bench_suites
+from tests.support import missing, require_devices
 
 
 def test_bench_quick_runs_and_writes_json(tmp_path: Path) -> None:
@@ -73,6 +73,17 @@ def test_torch_peer_row_on_the_cpu() -> None:
                             0.0, b2b_us=4.0)
     assert "us wall = " in bench_report.ratios([mine, torch_row])
     assert "no CUDA graph" in bench_report.limits([torch_row])
+
+
+@pytest.mark.parametrize("backend", ["webgpu", "opencl"])
+def test_decode_loop_engine_row(backend: str) -> None:
+    """The decode-loop suite's engine row: attention recorded into the engine's stream over
+    its buffers moves nothing between host and device; today's loop beside it reads out back."""
+    dev = require_devices(backend)[0]
+    (row,) = bench.engine_loop(dev, length=40, steps=2, log=lambda m: None)
+    assert row.case == "decode-loop-f16-L40-engine" and row.backend == backend
+    assert row.extra["transfers_per_step"] == 0 and row.extra["session_transfers_per_step"] >= 1
+    assert row.wall_us > row.extra["record_us"] > 0 and row.extra["session_step_us"] > 0
 
 
 def test_traffic_counts_visible_pairs() -> None:
