@@ -20,7 +20,8 @@ CONCERNS = ("plugin", "probe", "kernels", "rules", "program", "device", "runtime
 # Files beyond the design's names, by the concern they belong to. A new file takes a design
 # name, or a name here (the one every backend uses for that thing), or joins this list.
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "probe": ("compiler_check.py", "mma_probe.py"),         # checks a probe runs on the device
+    "probe": ("compiler_check.py", "mma_probe.py",          # checks a probe runs on the device
+              "gemm_probe.py", "gemm_wgsl.py"),             # the matrix units' rate, its WGSL
     "kernels": ("tiles.py", "mma.py"),                      # tile geometry, matrix-unit variants
     "program": ("wgsl_io.py",),                             # WGSL loads and stores per storage
     "device": ("toggles.py",                                # Dawn's device toggles
