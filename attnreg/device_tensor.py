@@ -97,13 +97,14 @@ class DeviceTensor:
         if isinstance(offset_elems, bool) or not isinstance(offset_elems, (int, np.integer)):
             raise SpecError("offset_elems", offset_elems, "an integer >= 0")
         off = int(offset_elems)
-        arr = np.ascontiguousarray(array)
-        if arr.dtype != self.dtype:
-            raise SpecError("array.dtype", arr.dtype.name, f"{self.dtype.name} like the tensor")
+        # every check before the copy that makes it contiguous (its size is the caller's)
+        if array.dtype != self.dtype:
+            raise SpecError("array.dtype", array.dtype.name, f"{self.dtype.name} like the tensor")
         size = self.dtype.itemsize
-        if off < 0 or (off + arr.size) * size > self.nbytes:
-            raise SpecError("array", arr, f"at most {self.nbytes // size - off} elements at "
+        if off < 0 or (off + array.size) * size > self.nbytes:
+            raise SpecError("array", array, f"at most {self.nbytes // size - off} elements at "
                             "that offset")
+        arr = np.ascontiguousarray(array)
         why = self.memory.write_refusal(size, off * size, arr.size * size, self.nbytes)
         if why:
             raise SpecError("offset_elems", offset_elems, f"a {self.dtype.name} write {why}")

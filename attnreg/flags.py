@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
+from .errors import SpecError, short
 
 ENV_VAR = "ATTNREG_FLAGS"
 
@@ -81,7 +81,10 @@ def _convert(name: str, value: Any, flag: Flag) -> Any:
         raise SpecError(f"flags[{name!r}]", value, f"a {flag.type.__name__} ({flag.doc})")
     ok = isinstance(value, flag.type) and not (flag.type is int and isinstance(value, bool))
     if flag.type is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
+        try:
+            value, ok = float(value), True
+        except OverflowError:                     # an int past float's range
+            ok = False
     if not ok:
         raise SpecError(f"flags[{name!r}]", value, f"a {flag.type.__name__} ({flag.doc})")
     if flag.choices is not None and value not in flag.choices:
@@ -116,7 +119,7 @@ def resolve(*layers: Mapping[str, Any] | None, use_env: bool = True) -> dict[str
             raise SpecError("flags", layer, "a mapping of flag name -> value")
         for name, value in layer.items():
             if name not in _TABLE:
-                raise SpecError(f"flags[{name!r}]", value,
+                raise SpecError(f"flags[{short(name)}]", value,
                                 f"a known flag; known flags: {sorted(_TABLE)}")
             merged[name] = _convert(name, value, _TABLE[name])
     return merged

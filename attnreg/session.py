@@ -197,6 +197,14 @@ class Session:
     def empty(self, shape: Sequence[int], dtype: str, *, device: str | int | None = None
               ) -> DeviceTensor:
         """An uninitialised tensor on the session's device (contents are unspecified)."""
+        name, shape, nbytes, dev = self._checked_alloc(shape, dtype, device)
+        rt = self.device_runtime(dev)
+        return DeviceTensor(self, self._guard, rt, dev, rt.alloc(nbytes), shape, name)
+
+    def _checked_alloc(self, shape: Any, dtype: Any, device: str | int | None
+                       ) -> tuple[str, tuple[int, ...], int, str]:
+        """(dtype name, shape, bytes, device id) of a tensor to allocate, every check done
+        before anything of its size is allocated or copied."""
         name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
         if name not in DTYPES:
             raise SpecError("dtype", dtype, f"one of {DTYPES}")
@@ -215,14 +223,16 @@ class Session:
         if cap is not None and nbytes > cap:
             raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {caps.name} "
                             f"({nbytes} bytes asked)")
-        rt = self.device_runtime(dev)
-        return DeviceTensor(self, self._guard, rt, dev, rt.alloc(nbytes), shape, name)
+        return name, shape, nbytes, dev
 
     @serialized
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor:
         """Upload a host array once; pass the result to run() as often as you like."""
         if not isinstance(array, np.ndarray):
             raise SpecError("array", array, f"a numpy array of one of {DTYPES}")
+        # checked before the copy that makes it contiguous (a broadcast view of 2**33
+        # elements must be refused, not copied)
+        self._checked_alloc(array.shape, array.dtype, device)
         arr = np.ascontiguousarray(array)
         t = self.empty(arr.shape, arr.dtype.name, device=device)
         t.write(arr)
