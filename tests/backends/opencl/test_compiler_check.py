@@ -75,8 +75,10 @@ def test_the_verdict_is_cached_per_device_and_driver(monkeypatch: pytest.MonkeyP
     fix, why = compiler_check.check(cl, dev, plat)
     assert fix == () and "cached" not in why
     stored = json.loads((tmp_path / compiler_check.CACHE_FILE).read_text())
-    assert list(stored.values()) == [{"fix": [], "why": why}]
-    monkeypatch.setattr(compiler_check, "verdict", lambda *a: pytest.fail("not cached"))
+    (entry,) = stored.values()                  # the measurement only, never the options
+    assert set(entry) == {"optimized", "unoptimized", "failure"}
+    assert entry["optimized"] <= compiler_check.TOLERANCE and entry["failure"] is None
+    monkeypatch.setattr(compiler_check, "measure", lambda *a: pytest.fail("not cached"))
     assert compiler_check.check(cl, dev, plat) == ((), why + " (cached)")
 
 
