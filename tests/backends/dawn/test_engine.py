@@ -158,7 +158,7 @@ def test_a_dawn_that_crashes_costs_a_child_not_the_caller(monkeypatch: pytest.Mo
 # -- the Vulkan shim -----------------------------------------------------------------------------
 def test_shim_swaps_lavapipe_in_the_driver_list(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     shim = tmp_path / "shim.json"
-    shim.write_text("{}")
+    shim.write_text('{"ICD": {"library_path": "/x/libshim.so"}}')
     monkeypatch.setenv(vkshim.ENV, str(shim))
     monkeypatch.setenv("VK_DRIVER_FILES", "/x/nvidia_icd.json:/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
     monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)
