@@ -294,12 +294,13 @@ class WebGpuRuntime:
         enc.resolve_query_set(qs, 0, 2 * iters, resolve, 0)
         enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
         self.dev.submit([enc.finish()])
-        rb.map_sync(self.wgpu.MapMode.READ, 0, n)
         try:
-            ticks = np.frombuffer(bytes(rb.read_mapped(0, n)), dtype=np.uint64)
+            ticks = np.frombuffer(self.dev.map_read(rb, n), dtype=np.uint64)
+        except BaseException:
+            self.memory.discard(rb)           # cancels the map (webgpu/memory.py map_read)
+            raise
         finally:
-            rb.unmap()
-        qs.destroy()
+            qs.destroy()
         # WebGPU timestamps are nanoseconds.
         return [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(iters)]
 
