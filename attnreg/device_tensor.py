@@ -8,6 +8,7 @@ guard (guard.py); a KVCache asks its Session for tensors through :class:`TensorS
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -119,12 +120,25 @@ class TensorSource(Protocol):
 
     def home_device(self, device: str | int | None = None) -> str: ...
 
+    def binding_limit(self, device_id: str) -> int | None: ...
+
     def device_runtime(self, device_id: str) -> Memory: ...
 
     def empty(self, shape: Sequence[int], dtype: str, *,
               device: str | int | None = None) -> DeviceTensor: ...
 
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor: ...
+
+
+def _check_binding(probe: AttentionSpec, limit: int | None) -> None:
+    """Kernels bind k and v whole: a cache past the device's storage-binding limit could
+    never be attended over, so it is refused before it is allocated, naming its size."""
+    for name, shape in (("k", probe.kv_code_shape), ("v", probe.v_code_shape)):
+        nbytes = math.prod(shape) * np.dtype(probe.kv_code_dtype).itemsize
+        if limit is not None and nbytes > limit:
+            raise SpecError("capacity", probe.capacity, f"a cache whose {name} fits one storage "
+                            f"binding of the device: {name} {list(shape)} would take {nbytes} "
+                            f"bytes, the device binds at most {limit} (storage_binding)")
 
 
 class KVCache:
@@ -177,6 +191,7 @@ class KVCache:
         self.capacity, self.dtype, self.layout = capacity, dtype, layout
         self.kv_dtype, self.page_size, self.num_pages = kv_dtype, page_size, num_pages
         dev = session.home_device(device)
+        _check_binding(probe, session.binding_limit(dev))
         if kv_dtype is not None:
             for h in {head_size, probe.head_size_v}:
                 _quantizer(session.device_runtime(dev), kv_dtype, dtype, h)

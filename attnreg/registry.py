@@ -13,7 +13,7 @@ from typing import Any
 
 import pluggy
 
-from . import env, headpad, hookspecs, rules
+from . import env, headpad, hookspecs, ports, rules
 from . import flags as flagmod
 from . import params as paramsmod
 from .caps import DeviceCaps, unavailable
@@ -275,7 +275,11 @@ class Registry:
                             rejected=rejected, rules=got[2], ignored_flags=got[3],
                             flags=flagmod.non_default(f), split=got[4],
                             request=spec if run_spec is not spec else None)
-        raise NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
+        nke = NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
+        too_big = _binding_error(spec, devs) if op != "reduce" else None
+        if too_big is not None:
+            raise too_big from nke
+        raise nke
 
     def _plan_padded(self, spec: AttentionSpec, op: str, dev: DeviceCaps, f: Mapping[str, Any],
                      forced_k: KernelInfo | None, params: Mapping[str, Any] | None,
@@ -377,6 +381,28 @@ def _add(hook: str, item: Any, flags: dict[str, flagmod.Flag], backends: dict[st
                 "data, or not one"
         table[str(key)] = item
     return None
+
+
+def _binding_error(spec: AttentionSpec, devs: list[DeviceCaps]) -> SpecError | None:
+    """When an input is larger than one storage binding on every available device (kernels
+    bind q, k, v and the bias whole), the SpecError that names it, its size and the limit:
+    the reason no kernel ran, said plainly instead of in every kernel's rejection."""
+    found = []
+    for dev in (d for d in devs if d.available):
+        cap = dev.limit("storage_binding")
+        big = [(n, p.nbytes(spec)) for n in ("q", "k", "v", "bias")
+               if (p := ports.named(n)).exists(spec)]
+        over = [(n, b) for n, b in big if cap is not None and b > cap]
+        if not over:
+            return None
+        found.append((dev, cap, *over[0]))
+    if not found:
+        return None
+    dev, cap, name, nbytes = found[0]
+    return SpecError(f"tensors[{name!r}]", nbytes, f"at most {cap} bytes: {dev.label} binds "
+                     f"{name} whole as one storage buffer and its storage_binding limit is {cap} "
+                     f"bytes ({name} would take {nbytes}); a smaller capacity, batch or head "
+                     "count, or another device")
 
 
 def _tagger(dev: DeviceCaps, multi: set[str]) -> Any:

@@ -188,6 +188,11 @@ class Session:
                 self._home = devs[0].id
             return devs[0].id
 
+    def binding_limit(self, device_id: str) -> int | None:
+        """The most bytes one kernel argument (a storage binding) may span on the device."""
+        return next(d for d in self.registry.devices() if d.id == device_id).limit(
+            "storage_binding")
+
     def device_runtime(self, device_id: str) -> Runtime:
         """The runtime opened on a device (opened now if needed): its memory holds this
         session's DeviceTensors there."""
