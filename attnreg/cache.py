@@ -81,7 +81,9 @@ def directory(create: bool = False) -> Path | None:
         _write_bytes(path / TAG, TAG_TEXT.encode())
     _check_dir(path)
     if env.text(ENV) and not _is_tagged(path):
-        if any(os.scandir(path)):
+        with os.scandir(path) as entries:
+            foreign = any(entries)
+        if foreign:
             raise _refuse(path, f"a directory of attnreg's own (one it made, which holds its "
                           f"{TAG}) or an empty one: attnreg does not write among other files")
         if create:
