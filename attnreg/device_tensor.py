@@ -130,6 +130,11 @@ class TensorSource(Protocol):
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor: ...
 
 
+# the fields of the spec kv_cache makes -> the arguments the caller gave
+_ARGS = {"kv_capacity": "capacity", "past_len": "capacity", "seq_len": "capacity",
+         "num_heads": "kv_num_heads", "kv_layout": "layout"}
+
+
 def _check_binding(probe: AttentionSpec, limit: int | None) -> None:
     """Kernels bind k and v whole: a cache past the device's storage-binding limit could
     never be attended over, so it is refused before it is allocated, naming its size."""
@@ -178,12 +183,21 @@ class KVCache:
         if paged and num_pages is None and isinstance(page_size, int) and page_size >= 1 \
                 and isinstance(capacity, int):
             num_pages = batch * -(-capacity // page_size)
-        # The spec validates every field (and int4's head_size % 32) with its own messages.
-        probe = AttentionSpec(batch=batch, seq_len=1, past_len=capacity - 1,
-                              num_heads=kv_num_heads, kv_num_heads=kv_num_heads,
-                              head_size=head_size, dtype=dtype, kv_layout=layout,
-                              kv_capacity=capacity, kv_dtype=kv_dtype, page_size=page_size,
-                              num_pages=num_pages, v_head_size=v_head_size)
+        # The spec validates every field (and int4's head_size % 32) with its own messages,
+        # under the names of kv_cache's own arguments.
+        try:
+            past = capacity - 1 if isinstance(capacity, int) else capacity   # "x" - 1: no
+            probe = AttentionSpec(batch=batch, seq_len=1, past_len=past,
+                                  num_heads=kv_num_heads, kv_num_heads=kv_num_heads,
+                                  head_size=head_size, dtype=dtype, kv_layout=layout,
+                                  kv_capacity=capacity, kv_dtype=kv_dtype, page_size=page_size,
+                                  num_pages=num_pages, v_head_size=v_head_size)
+        except SpecError as exc:
+            field = _ARGS.get(exc.field, exc.field)
+            expected = "an integer in [1, 2**31-1] (keys per sequence)" \
+                if exc.field in ("past_len", "seq_len") else exc.expected
+            raise SpecError(field, capacity if field == "capacity" else exc.value,
+                            expected) from None
         self.session = session
         self.batch, self.kv_num_heads, self.head_size = batch, kv_num_heads, head_size
         self.v_head_size = v_head_size       # None: v's vectors have head_size elements too
