@@ -141,9 +141,12 @@ def hostile_environment(rnd: random.Random) -> tuple[str, contextlib.AbstractCon
 
 
 # -- signals -----------------------------------------------------------------------------------
-def with_alarm(rnd: random.Random, call: Callable[[], str]) -> str:
-    """call() with a SIGALRM due within 5 ms whose handler raises FuzzAlarm (once; main
-    thread only): its label, or "interrupted"."""
+INTERRUPTED = "interrupted"
+
+
+def with_alarm(delay: float, call: Callable[[], Any]) -> Any:
+    """call() with a SIGALRM due after ``delay`` seconds whose handler raises FuzzAlarm (once;
+    main thread only): what it returns, or INTERRUPTED."""
     if threading.current_thread() is not threading.main_thread():
         return call()
     armed = [True]
@@ -155,10 +158,10 @@ def with_alarm(rnd: random.Random, call: Callable[[], str]) -> str:
 
     previous = signal.signal(signal.SIGALRM, handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, rnd.uniform(0.0, 0.005))
+        signal.setitimer(signal.ITIMER_REAL, delay)
         return call()
     except FuzzAlarm:
-        return "interrupted"
+        return INTERRUPTED
     finally:
         armed[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -19,6 +19,7 @@ import pytest
 import attnreg
 from attnreg import registry as regmod
 from attnreg.testing import compare, expected, make_tensors
+from attnreg.tools import fuzz_hostile
 
 DEVICES = [d for d in attnreg.devices() if d.available]
 IDS = [f"{d.backend}-{d.slug}" for d in DEVICES]
@@ -402,41 +403,10 @@ def test_sigint_deferral_restores_the_handler() -> None:
 
 
 # -- 6. exceptions from any signal handler (issue [trust]) -----------------------------------
-class _Alarm(Exception):
-    """What the test's SIGALRM handler raises, as a caller's timeout would."""
-
-
-@contextmanager
-def _alarms() -> Iterator[list[bool]]:
-    """A SIGALRM handler that raises _Alarm while armed (the test's bookkeeping must not be
-    interrupted); yields the armed flag."""
-    armed = [False]
-
-    def handler(signum: int, frame: Any) -> None:
-        if armed[0]:
-            armed[0] = False
-            raise _Alarm
-
-    previous = signal.signal(signal.SIGALRM, handler)
-    try:
-        yield armed
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _armed_call(armed: list[bool], delay: float, call: Callable[[], Any]) -> bool:
-    """Run call with the alarm due after ``delay``; True if it completed."""
-    try:
-        armed[0] = True
-        signal.setitimer(signal.ITIMER_REAL, delay)
-        call()
-        done = True
-    except _Alarm:
-        done = False
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    armed[0] = False
-    return done
+def _armed_call(delay: float, call: Callable[[], Any]) -> bool:
+    """Run call with a SIGALRM due after ``delay`` whose handler raises (as a caller's
+    timeout would; attnreg.tools.fuzz_hostile); True if the call completed."""
+    return fuzz_hostile.with_alarm(delay, call) is not fuzz_hostile.INTERRUPTED
 
 
 @pytest.mark.parametrize("dev", DEVICES, ids=IDS)
@@ -450,7 +420,7 @@ def test_an_exception_from_a_sigalrm_handler_leaves_the_session_usable(dev: attn
         pytest.skip("signals reach only the main thread")
     t = _t()
     rng = np.random.default_rng(7)
-    with _session(dev) as s, _alarms() as armed:
+    with _session(dev) as s:
         x = s.tensor(t["q"])
         s.run(SPEC, t)                                     # compiles
         t0 = time.monotonic()
@@ -460,8 +430,7 @@ def test_an_exception_from_a_sigalrm_handler_leaves_the_session_usable(dev: attn
         interrupted = 0
         for i in range(12 if dev.backend == "browser" else 40):    # a browser job is slow
             call = (lambda: s.run(SPEC, t)) if i % 2 else x.numpy
-            interrupted += not _armed_call(armed, float(rng.uniform(0.0, 1.5)) * step + 1e-5,
-                                           call)
+            interrupted += not _armed_call(float(rng.uniform(0.0, 1.5)) * step + 1e-5, call)
         assert interrupted >= 3, interrupted
         _, problem = compare(SPEC, s.run(SPEC, t), expected(SPEC, t))
         assert not problem and np.array_equal(x.numpy(), t["q"])
@@ -483,8 +452,7 @@ def test_a_read_back_past_its_bound_or_interrupted_is_cancelled(dev: attnreg.Dev
             x.numpy()
         monkeypatch.delenv("ATTNREG_DEVICE_TIMEOUT")
         assert np.array_equal(x.numpy(), data)
-        with _alarms() as armed:
-            results = [_armed_call(armed, 0.002, x.numpy) for _ in range(3)]
+        results = [_armed_call(0.002, x.numpy) for _ in range(3)]
         assert not all(results)
         assert np.array_equal(x.numpy(), data)
 
