@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg.spec import F32_MAX
 from attnreg.testing import compare, expected, make_tensors
 
 DEVICES = [d for d in attnreg.devices() if d.available]
@@ -62,3 +63,8 @@ def test_overflowing_scores_are_nan_and_scores_in_range_are_right(dev: attnreg.D
         t["q"][1] = -1e18
         assert np.isneginf(expected(SPEC, t)[1][1]).all()
         _check(s, t, "score + bias < -float32's max")
+        # v at half the bound the contract gives (8 keys * |v| <= 3.4e38): right
+        t = _inputs(0.0)
+        t["v"][1] = np.float32(F32_MAX / (2 * SPEC.capacity))
+        t["v"][1, ..., 3] *= -1
+        _check(s, t, "v near float32's largest / the key count")
