@@ -106,7 +106,7 @@ def _vendor(platform: Any, dev: Any, dtype: str) -> str:
 def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any,
                 env_options: tuple[str, ...] = ()) -> DeviceCaps:
     """One device's capabilities in attnreg's vocabulary; ``env_options`` are the build
-    options of ATTNREG_OPENCL_BUILD_OPTIONS (every program gets them, devices shows them)."""
+    options of ATTNREG_OPENCL_BUILD_OPTIONS (every program gets them; its settings say so)."""
     exts = frozenset(str(_get(dev, "extensions", "")).split())
     dtype = _device_type(cl, dev)
     vendor = _vendor(platform, dev, dtype)
@@ -171,7 +171,6 @@ def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any,
                "max_clock_mhz": _get(dev, "max_clock_frequency"),
                "fp16": "cl_khr_fp16" in exts, "ptx_mma": mma_why,
                "cl_optimizer": optimizer, "cl_build_fix": list(build_fix),
-               "cl_env_options": list(env_options),
                **({"subgroup_widths": widths} if widths else {})})
 
 

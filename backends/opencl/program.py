@@ -111,8 +111,9 @@ def build_fix(caps: DeviceCaps) -> tuple[str, ...]:
 
 
 def env_options() -> tuple[str, ...]:
-    """ATTNREG_OPENCL_BUILD_OPTIONS, read at the probe (the device's settings show them);
-    a SpecError naming it for an option that is not one or that breaks the contract."""
+    """ATTNREG_OPENCL_BUILD_OPTIONS (the probe's settings show them; every build reads them
+    again, so a tool may set them mid-process, as bench/opencl_gpu_check.py does); a
+    SpecError naming it for an option that is not one or that breaks the contract."""
     got = tuple(env.text(EXTRA_ENV).split())
     for opt in got:
         if not opt.startswith("-") or opt.split("=")[0] in UNSAFE_OPTIONS:
@@ -124,8 +125,8 @@ def env_options() -> tuple[str, ...]:
 
 def device_options(caps: DeviceCaps) -> tuple[str, ...]:
     """What every program of the device is built with beyond its defines: the fixes its
-    compiler needs (build_fix) and the environment's options recorded at the probe."""
-    return build_fix(caps) + tuple(caps.extra.get("cl_env_options", ()))
+    compiler needs (build_fix) and the environment's options."""
+    return build_fix(caps) + env_options()
 
 
 def options(defines: dict[str, int], extra: tuple[str, ...] = ()) -> tuple[str, ...]:
