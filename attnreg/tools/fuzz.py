@@ -214,8 +214,8 @@ def one_call(rnd: random.Random, s: attnreg.Session,
         seen.append(family)
     if family == "signals":
         try:
-            return "signals:" + str(hostile.with_alarm(rnd.uniform(0.0, 0.005),
-                                                       lambda: _one(rnd, s)))
+            return "signals:" + str(hostile.with_alarm(rnd.uniform(0.0, 0.003),
+                                                       lambda: _one(rnd, s, family)))
         finally:
             hostile.verify(s)
     if family == "environment":
@@ -231,8 +231,9 @@ def one_call(rnd: random.Random, s: attnreg.Session,
 
 
 def _one(rnd: random.Random, s: attnreg.Session, family: str = "plain") -> str:
-    """A plain call, or a valid run in the cache / magnitudes family's setting."""
-    hostile_run = family in ("cache", "magnitudes")
+    """A plain call, or a valid run in the cache / magnitudes / signals family's setting
+    (an interrupt must land while the device works)."""
+    hostile_run = family in ("cache", "magnitudes", "signals")
     kind = "run" if hostile_run else \
         rnd.choices(("run", "partial", "merge", "memory", "explain"), (6, 1, 1, 1, 1))[0]
     if kind == "merge":
@@ -317,6 +318,8 @@ def _report(be: str, seed: int, proc: subprocess.CompletedProcess[str], seconds:
         counts["hang" if hung else "crash"] += 1
     hostile_calls = Counter(r["label"].split(":")[0] for r in rows
                             if r["label"].split(":")[0] in hostile.FAMILIES)
+    hostile_calls["signals, interrupted"] = sum(
+        r["label"] == f"signals:{hostile.INTERRUPTED}" for r in rows)
     print(f"{be}: {len(rows)} calls in {seconds:.0f} s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
           + f" (completed in a hostile setting: {dict(sorted(hostile_calls.items()))})")

@@ -8,9 +8,9 @@ hostile setting, and what the call must do there.
   never written.
 - ``environment``: one attnreg variable that a call reads set to a malformed value: a right
   result, or a SpecError (naming the variable when it is the variable that is refused).
-- ``signals``: a SIGALRM due within 5 ms of the call's start, its handler raising FuzzAlarm,
-  as a caller's timeout would: the call completes or raises it, and the session's next call
-  (a fixed small run) must be right.
+- ``signals``: a valid run with a SIGALRM due within 3 ms of its start, its handler raising
+  FuzzAlarm, as a caller's timeout would: the call completes or raises it, and the
+  session's next call (a fixed small run) must be right.
 - ``magnitudes``: float32 / bfloat16 q and k scaled so every score overflows float32 (the
   rows turn NaN, docs/contract.md "Overflow"), or all of q, k and v made tiny; checked
   against the reference like any run.
