@@ -19,7 +19,6 @@ The directory is data, never code or flags (docs/errors.md "The cache directory"
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import tempfile
@@ -203,8 +202,3 @@ def verdict(name: str, key: str, model: type[M], compute: Callable[[], M]) -> tu
         with contextlib.suppress(OSError):
             write_json(name, schema, stored)
         return got, False
-
-
-def dumps(data: Any) -> bytes:
-    """JSON bytes of plain data (for files that are not a pydantic schema's)."""
-    return json.dumps(data, indent=1, sort_keys=True).encode()
