@@ -25,7 +25,7 @@ from .api import (
 )
 from .caps import DeviceCaps
 from .device_tensor import DeviceTensor, KVCache
-from .errors import ClosedError, KernelUnavailable, NoKernelError, SpecError
+from .errors import CacheWarning, ClosedError, KernelUnavailable, NoKernelError, SpecError
 from .flags import Flag
 from .hookspecs import Backend, Command, Runtime, hookimpl
 from .kernel import KernelInfo, MatrixUnit
@@ -41,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionSpec",
     "Backend",
+    "CacheWarning",
     "ClosedError",
     "Command",
     "DeviceCaps",

@@ -8,6 +8,7 @@ guard (guard.py); a KVCache asks its Session for tensors through :class:`TensorS
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -115,13 +116,14 @@ class DeviceTensor:
         if isinstance(offset_elems, bool) or not isinstance(offset_elems, (int, np.integer)):
             raise SpecError("offset_elems", offset_elems, "an integer >= 0")
         off = int(offset_elems)
-        arr = np.ascontiguousarray(array)
-        if arr.dtype != self.dtype:
-            raise SpecError("array.dtype", arr.dtype.name, f"{self.dtype.name} like the tensor")
+        # every check before the copy that makes it contiguous (its size is the caller's)
+        if array.dtype != self.dtype:
+            raise SpecError("array.dtype", array.dtype.name, f"{self.dtype.name} like the tensor")
         size = self.dtype.itemsize
-        if off < 0 or (off + arr.size) * size > self.nbytes:
-            raise SpecError("array", arr, f"at most {self.nbytes // size - off} elements at "
+        if off < 0 or (off + array.size) * size > self.nbytes:
+            raise SpecError("array", array, f"at most {self.nbytes // size - off} elements at "
                             "that offset")
+        arr = np.ascontiguousarray(array)
         why = self.memory.write_refusal(size, off * size, arr.size * size, self.nbytes)
         if why:
             raise SpecError("offset_elems", offset_elems, f"a {self.dtype.name} write {why}")
@@ -138,12 +140,30 @@ class TensorSource(Protocol):
 
     def home_device(self, device: str | int | None = None) -> str: ...
 
+    def binding_limit(self, device_id: str) -> int | None: ...
+
     def device_runtime(self, device_id: str) -> Memory: ...
 
     def empty(self, shape: Sequence[int], dtype: str, *,
               device: str | int | None = None) -> DeviceTensor: ...
 
     def tensor(self, array: Any, *, device: str | int | None = None) -> DeviceTensor: ...
+
+
+# the fields of the spec kv_cache makes -> the arguments the caller gave
+_ARGS = {"kv_capacity": "capacity", "past_len": "capacity", "seq_len": "capacity",
+         "num_heads": "kv_num_heads", "kv_layout": "layout"}
+
+
+def _check_binding(probe: AttentionSpec, limit: int | None) -> None:
+    """Kernels bind k and v whole: a cache past the device's storage-binding limit could
+    never be attended over, so it is refused before it is allocated, naming its size."""
+    for name, shape in (("k", probe.kv_code_shape), ("v", probe.v_code_shape)):
+        nbytes = math.prod(shape) * np.dtype(probe.kv_code_dtype).itemsize
+        if limit is not None and nbytes > limit:
+            raise SpecError("capacity", probe.capacity, f"a cache whose {name} fits one storage "
+                            f"binding of the device: {name} {list(shape)} would take {nbytes} "
+                            f"bytes, the device binds at most {limit} (storage_binding)")
 
 
 class KVCache:
@@ -188,12 +208,21 @@ class KVCache:
         if paged and num_pages is None and isinstance(page_size, int) and page_size >= 1 \
                 and isinstance(capacity, int):
             num_pages = batch * -(-capacity // page_size)
-        # The spec validates every field (and int4's head_size % 32) with its own messages.
-        probe = AttentionSpec(batch=batch, seq_len=1, past_len=capacity - 1,
-                              num_heads=kv_num_heads, kv_num_heads=kv_num_heads,
-                              head_size=head_size, dtype=dtype, kv_layout=layout,
-                              kv_capacity=capacity, kv_dtype=kv_dtype, page_size=page_size,
-                              num_pages=num_pages, v_head_size=v_head_size)
+        # The spec validates every field (and int4's head_size % 32) with its own messages,
+        # under the names of kv_cache's own arguments.
+        try:
+            past = capacity - 1 if isinstance(capacity, int) else capacity   # "x" - 1: no
+            probe = AttentionSpec(batch=batch, seq_len=1, past_len=past,
+                                  num_heads=kv_num_heads, kv_num_heads=kv_num_heads,
+                                  head_size=head_size, dtype=dtype, kv_layout=layout,
+                                  kv_capacity=capacity, kv_dtype=kv_dtype, page_size=page_size,
+                                  num_pages=num_pages, v_head_size=v_head_size)
+        except SpecError as exc:
+            field = _ARGS.get(exc.field, exc.field)
+            expected = "an integer in [1, 2**31-1] (keys per sequence)" \
+                if exc.field in ("past_len", "seq_len") else exc.expected
+            raise SpecError(field, capacity if field == "capacity" else exc.value,
+                            expected) from None
         self.session = session
         self.batch, self.kv_num_heads, self.head_size = batch, kv_num_heads, head_size
         self.v_head_size = v_head_size       # None: v's vectors have head_size elements too
@@ -201,6 +230,7 @@ class KVCache:
         self.capacity, self.dtype, self.layout = capacity, dtype, layout
         self.kv_dtype, self.page_size, self.num_pages = kv_dtype, page_size, num_pages
         dev = session.home_device(device)
+        _check_binding(probe, session.binding_limit(dev))
         if kv_dtype is not None:
             for h in {head_size, probe.head_size_v}:
                 _quantizer(session.device_runtime(dev), kv_dtype, dtype, h)

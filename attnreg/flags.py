@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
+from . import env
+from .errors import SpecError, short
 
 ENV_VAR = "ATTNREG_FLAGS"
 
@@ -81,7 +81,10 @@ def _convert(name: str, value: Any, flag: Flag) -> Any:
         raise SpecError(f"flags[{name!r}]", value, f"a {flag.type.__name__} ({flag.doc})")
     ok = isinstance(value, flag.type) and not (flag.type is int and isinstance(value, bool))
     if flag.type is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
+        try:
+            value, ok = float(value), True
+        except OverflowError:                     # an int past float's range
+            ok = False
     if not ok:
         raise SpecError(f"flags[{name!r}]", value, f"a {flag.type.__name__} ({flag.doc})")
     if flag.choices is not None and value not in flag.choices:
@@ -107,19 +110,28 @@ def parse_env(text: str | None) -> dict[str, str]:
 def resolve(*layers: Mapping[str, Any] | None, use_env: bool = True) -> dict[str, Any]:
     """Defaults < ATTNREG_FLAGS < each layer in order. Unknown names are SpecErrors."""
     merged: dict[str, Any] = {n: f.default for n, f in _TABLE.items()}
-    sources: list[Mapping[str, Any]] = []
     if use_env:
-        sources.append(parse_env(os.environ.get(ENV_VAR)))
-    sources += [layer for layer in layers if layer]
-    for layer in sources:
-        if not isinstance(layer, Mapping):
-            raise SpecError("flags", layer, "a mapping of flag name -> value")
-        for name, value in layer.items():
-            if name not in _TABLE:
-                raise SpecError(f"flags[{name!r}]", value,
-                                f"a known flag; known flags: {sorted(_TABLE)}")
-            merged[name] = _convert(name, value, _TABLE[name])
+        raw = env.text(ENV_VAR)
+        try:
+            _merge(merged, parse_env(raw))
+        except SpecError as exc:                 # name the variable the flag came from
+            if exc.field == ENV_VAR:
+                raise
+            raise SpecError(ENV_VAR, raw, exc.expected, detail=f"({exc.field})") from None
+    for layer in layers:
+        if layer:
+            _merge(merged, layer)
     return merged
+
+
+def _merge(merged: dict[str, Any], layer: Any) -> None:
+    if not isinstance(layer, Mapping):
+        raise SpecError("flags", layer, "a mapping of flag name -> value")
+    for name, value in layer.items():
+        if name not in _TABLE:
+            raise SpecError(f"flags[{short(name)}]", value,
+                            f"a known flag; known flags: {sorted(_TABLE)}")
+        merged[name] = _convert(name, value, _TABLE[name])
 
 
 def non_default(flags: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,10 @@ the key's logit but leaves it visible):
   makes row i's out all-NaN and its lse NaN;
 - a non-finite v_j[d] of a visible key (whatever its weight, 0 included) makes out[.., d]
   NaN; lse is unaffected by v. Partial states follow the same rules per split.
+
+Overflow (docs/contract.md "Overflow"): a visible score scale * q.k beyond float32's range
+poisons its row like a non-finite q or k; after the bias, a logit beyond it is +inf (poison)
+or -inf (masked), as float32 arithmetic makes it in the kernels.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 
 from .plan import SplitGeometry
 from .quant import dequantize_kv
-from .spec import AttentionSpec
+from .spec import F32_MAX, AttentionSpec
 from .tensors import kv_starts, q_lengths, valid_lengths
 
 # Rows per chunk are chosen so one chunk's score block stays under this many float64s.
@@ -136,7 +140,10 @@ class _Problem:
         # matmul, not einsum: BLAS keeps a 32-head, 8k-key decode well under a second.
         s = (q.reshape(b, n, g * r, h) @ self.k.swapaxes(-1, -2)).reshape(b, n, g, r, -1)
         s = s * spec.effective_scale
-        bad = self.q_bad[:, :, :, rows, None] | self.k_bad[:, :, None, None, :]
+        # a score beyond float32's range poisons its row like a non-finite q or k
+        # (docs/contract.md "Overflow"): kernels compute it in float32
+        bad = self.q_bad[:, :, :, rows, None] | self.k_bad[:, :, None, None, :] \
+            | (np.abs(s) > F32_MAX)
         if bad.any():
             s = np.where(bad, np.nan, s)
         with np.errstate(invalid="ignore"):
@@ -151,6 +158,9 @@ class _Problem:
         j = self.keys[None, None, None, None, :]
         if self.slopes is not None:
             s = s + self.slopes * (j - pos)
+        if self.bias is not None:         # a logit past float32's range is +inf or -inf there
+            with np.errstate(invalid="ignore"):
+                s = np.where(np.abs(s) > F32_MAX, np.copysign(np.inf, s), s)
         visible = (j < self.lengths[:, None, None, None, None]) \
             & (j >= self.starts[:, None, None, None, None]) \
             & self.row_ok[:, None, None, rows, None]

@@ -3,20 +3,21 @@ devices are tried best first, each by the planner (planner.py), until one can ru
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
-import os
+import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pluggy
 
+from . import env, headpad, hookspecs, ports, rules
 from . import flags as flagmod
-from . import headpad, hookspecs, rules
 from . import params as paramsmod
 from .caps import DeviceCaps, unavailable
-from .errors import NoKernelError, SpecError
+from .errors import NoKernelError, SpecError, clip
 from .hookspecs import Backend, Command, Interop, Runtime
 from .kernel import KernelInfo
 from .plan import OPS, Plan
@@ -24,6 +25,9 @@ from .planner import DevicePlanner
 from .spec import AttentionSpec
 
 PLUGINS_ENV = "ATTNREG_PLUGINS"       # extra plugin modules, comma-separated
+HOOKS = ("attnreg_register_flags", "attnreg_register_backends", "attnreg_register_kernels",
+         "attnreg_register_rules", "attnreg_register_commands", "attnreg_register_interop")
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 class Registry:
@@ -34,7 +38,9 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self._lock = threading.RLock()
         self._loaded = False
-        self._broken: dict[str, str] = {}          # plugin name -> why it failed to load
+        self._load_errors: dict[str, str] = {}     # plugin name -> why it failed to load
+        self._interrupted: set[str] = set()        # plugins a KeyboardInterrupt stopped once
+        self._broken: dict[str, str] = {}          # the above, and plugins whose hooks failed
         self._backends: dict[str, Backend] = {}
         self._kernels: dict[str, KernelInfo] = {}
         self._rules: list[rules.Rule] = []
@@ -44,67 +50,85 @@ class Registry:
 
     # -- loading -----------------------------------------------------------------------
     def load(self) -> None:
-        """Load entry-point plugins (and ATTNREG_PLUGINS modules) once."""
+        """Load entry-point plugins (and ATTNREG_PLUGINS modules) once. Atomic: an exception
+        that escapes (a KeyboardInterrupt) leaves the registry unloaded, so the next call
+        loads again; a plugin that raises anything else is reported broken with its reason
+        (``attnreg devices`` lists it unavailable) and the others load."""
         with self._lock:
             if self._loaded:
                 return
-            self._loaded = True
-            for ep in importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
-                if self.pm.has_plugin(ep.name):
+            for name, load in self._plugin_sources():
+                if self.pm.has_plugin(name):
                     continue
                 try:
-                    self.pm.register(ep.load(), name=ep.name)
-                except Exception as exc:  # a broken plugin must not break the others
-                    self._broken[ep.name] = f"plugin {ep.value} failed to load: {exc!r}"
-            for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
-                if self.pm.has_plugin(mod):
-                    continue
-                try:
-                    module = importlib.import_module(mod)
-                    if self.pm.is_registered(module):      # also an entry point: loaded once
-                        continue
-                    self.pm.register(module, name=mod)
-                except Exception as exc:
-                    self._broken[mod] = f"plugin module {mod} failed to load: {exc!r}"
+                    plugin = load()
+                    if not self.pm.is_registered(plugin):   # an entry point too: loaded once
+                        self.pm.register(plugin, name=name)
+                except KeyboardInterrupt:
+                    # Ctrl-C mid-load: the next call retries; a module that raises it on
+                    # import every time is broken the second time (reference keeps working).
+                    if name not in self._interrupted:
+                        self._interrupted.add(name)
+                        raise
+                    self._load_errors[name] = f"plugin {name} raised KeyboardInterrupt " \
+                        "while loading, twice"
+                except BaseException as exc:  # SystemExit too: a plugin never ends the caller
+                    self._load_errors[name] = f"plugin {name} failed to load: {clip(repr(exc), 500)}"
             self._collect()
+            self._loaded = True
+
+    def _plugin_sources(self) -> list[tuple[str, Callable[[], object]]]:
+        """(name, loader) of every entry point and ATTNREG_PLUGINS module. A malformed
+        ATTNREG_PLUGINS is a broken entry whose reason is the SpecError naming it."""
+        out: list[tuple[str, Callable[[], object]]] = [
+            (ep.name, ep.load) for ep in
+            importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)]
+        try:
+            names = env.items(PLUGINS_ENV)
+        except SpecError as exc:
+            self._load_errors[PLUGINS_ENV] = str(exc)
+            return out
+        for mod in names:
+            if not _MODULE.fullmatch(mod):
+                self._load_errors[clip(mod, 100)] = str(SpecError(
+                    PLUGINS_ENV, env.text(PLUGINS_ENV), "comma-separated module names "
+                    f"(pkg.module); not {mod!r}"))
+                continue
+            out.append((mod, functools.partial(importlib.import_module, mod)))
+        return out
 
     def _collect(self) -> None:
-        backends: dict[str, Backend] = {}
-        kernels: dict[str, KernelInfo] = {}
-        extra_rules: list[rules.Rule] = []
-        commands: dict[str, Command] = {}
-
-        def add_backend(b: Backend) -> None:
-            if not isinstance(b, Backend):
-                raise TypeError(f"{b!r} does not implement attnreg.Backend (name, priority, "
-                                "probe, open)")
-            backends[b.name] = b
-
-        def add_kernel(k: KernelInfo) -> None:
-            _add_once(kernels, k.id, k, "kernel id")
-
-        self.pm.hook.attnreg_register_flags(register=flagmod.declare)
-        self.pm.hook.attnreg_register_backends(register=add_backend)
-        self.pm.hook.attnreg_register_kernels(register=add_kernel)
-        def add_command(c: Command) -> None:
-            _add_once(commands, c.name, c, "command")
-
-        interop: dict[str, Interop] = {}
-        self.pm.hook.attnreg_register_rules(register=extra_rules.append)
-        self.pm.hook.attnreg_register_commands(register=add_command)
-        self.pm.hook.attnreg_register_interop(
-            register=lambda i: _add_once(interop, i.backend, i, "interop of backend"))
+        """The tables, from every registered plugin's hooks, called one plugin at a time: a
+        plugin whose hook raises, or that registers what another registered differently,
+        is left out and reported broken; the others' registrations stand."""
+        calls = {hook: [(impl.plugin_name, impl.function) for impl in
+                        reversed(getattr(self.pm.hook, hook).get_hookimpls())] for hook in HOOKS}
+        staged, failed = _stage(calls)
+        got = _merge(staged, failed)
+        while got is None:                      # a conflict failed one more plugin: again
+            got = _merge(staged, failed)
+        flags, backends, kernels, extra_rules, commands, interop = got
+        for f in flags.values():
+            flagmod.declare(f)
+        self._broken = {**self._load_errors, **failed}
         self._backends, self._kernels, self._commands = backends, kernels, commands
         self._interop = interop
         self._rules = list(rules.BUILTIN_RULES) + extra_rules
         self._devices = {n: d for n, d in self._devices.items() if n in backends}
 
     def register_plugin(self, plugin: object, name: str | None = None) -> None:
-        """Register a plugin object or module at run time (same hooks as entry points)."""
+        """Register a plugin object or module at run time (same hooks as entry points); a
+        plugin whose hooks raise or conflict is refused (SpecError with the reason), the
+        registry unchanged."""
         with self._lock:
             self.load()
-            self.pm.register(plugin, name=name)
+            got = self.pm.register(plugin, name=name)
             self._collect()
+            if got is not None and got in self._broken:
+                why = self._broken[got]
+                self.pm.unregister(name=got)
+                self._collect()
+                raise SpecError("plugin", got, f"a plugin whose hooks register cleanly ({why})")
 
     def unregister_plugin(self, plugin: object | None = None, name: str | None = None) -> None:
         with self._lock:
@@ -270,7 +294,11 @@ class Registry:
                             rejected=rejected, rules=got[2], ignored_flags=got[3],
                             flags=flagmod.non_default(f), split=got[4],
                             request=spec if run_spec is not spec else None)
-        raise NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
+        nke = NoKernelError(spec, rejected, what=f"kernel for op {op!r}")
+        too_big = _binding_error(spec, devs) if op != "reduce" else None
+        if too_big is not None:
+            raise too_big from nke
+        raise nke
 
     def _plan_padded(self, spec: AttentionSpec, op: str, dev: DeviceCaps, f: Mapping[str, Any],
                      forced_k: KernelInfo | None, params: Mapping[str, Any] | None,
@@ -300,11 +328,111 @@ class Registry:
         return spec, None
 
 
-def _add_once(table: dict[str, Any], key: str, value: Any, what: str) -> None:
-    """Register ``value`` under ``key``; the same key with different data is an error."""
-    if key in table and table[key] != value:
-        raise ValueError(f"{what} {key!r} registered twice with different data")
-    table[key] = value
+Staged = dict[str, list[tuple[str, list[Any]]]]     # hook -> [(plugin, what it registered)]
+Tables = tuple[dict[str, flagmod.Flag], dict[str, Backend], dict[str, KernelInfo],
+               list[rules.Rule], dict[str, Command], dict[str, Interop]]
+
+
+def _stage(calls: Mapping[str, list[tuple[str, Callable[..., Any]]]]
+           ) -> tuple[Staged, dict[str, str]]:
+    """Call every plugin's hooks, each into a list of its own; {plugin: why} for those whose
+    hook raised."""
+    staged: Staged = {hook: [] for hook in calls}
+    failed: dict[str, str] = {}
+    for hook, impls in calls.items():
+        for name, fn in impls:
+            items: list[Any] = []
+            try:
+                fn(register=items.append)
+            except Exception as exc:
+                failed.setdefault(name, f"plugin {name}: {hook} raised {clip(repr(exc), 500)}")
+            staged[hook].append((name, items))
+    return staged, failed
+
+
+def _merge(staged: Staged, failed: dict[str, str]) -> Tables | None:
+    """The tables from the plugins not failed, in pluggy's call order; None after failing
+    the plugin whose registration is wrong or conflicts with an earlier one (its reason in
+    ``failed``)."""
+    flags: dict[str, flagmod.Flag] = {}
+    backends: dict[str, Backend] = {}
+    kernels: dict[str, KernelInfo] = {}
+    extra_rules: list[rules.Rule] = []
+    commands: dict[str, Command] = {}
+    interop: dict[str, Interop] = {}
+    for hook, calls in staged.items():
+        for name, items in calls:
+            if name in failed:
+                continue
+            for item in items:
+                why = _add_interop(item, interop) if hook == "attnreg_register_interop" else \
+                    _add(hook, item, flags, backends, kernels, extra_rules, commands)
+                if why:
+                    failed[name] = f"plugin {name}: {why}"
+                    return None
+    return flags, backends, kernels, extra_rules, commands, interop
+
+
+def _add_interop(item: Any, interop: dict[str, Interop]) -> str | None:
+    """Add a backend's interop (devices the caller opened); why it cannot be, or None."""
+    key = getattr(item, "backend", None)
+    if not isinstance(item, Interop) or (key in interop and interop[key] != item):
+        return f"registered interop {clip(repr(key), 200)} twice with different data, or not one"
+    interop[str(key)] = item
+    return None
+
+
+def _add(hook: str, item: Any, flags: dict[str, flagmod.Flag], backends: dict[str, Backend],
+         kernels: dict[str, KernelInfo], extra_rules: list[rules.Rule],
+         commands: dict[str, Command]) -> str | None:
+    """Add one registration to its table; why it cannot be, or None."""
+    if hook == "attnreg_register_flags":
+        old = flags.get(item.name) if isinstance(item, flagmod.Flag) else None
+        old = old or (flagmod.table().get(item.name) if isinstance(item, flagmod.Flag) else None)
+        if not isinstance(item, flagmod.Flag) or (old is not None and old != item):
+            return f"registered flag {clip(repr(item), 200)}: not a Flag, or one declared " \
+                "differently before"
+        flags[item.name] = item
+    elif hook == "attnreg_register_backends":
+        if not isinstance(item, Backend):
+            return f"{clip(repr(item), 200)} does not implement attnreg.Backend (name, " \
+                "priority, probe, open)"
+        backends[item.name] = item
+    elif hook == "attnreg_register_rules":
+        if not isinstance(item, rules.Rule):
+            return f"registered rule {clip(repr(item), 200)} is not an attnreg.Rule"
+        extra_rules.append(item)
+    else:
+        table: dict[str, Any] = kernels if hook == "attnreg_register_kernels" else commands
+        kind = KernelInfo if hook == "attnreg_register_kernels" else Command
+        key = getattr(item, "id", None) if kind is KernelInfo else getattr(item, "name", None)
+        if not isinstance(item, kind) or (key in table and table[key] != item):
+            return f"registered {kind.__name__} {clip(repr(key), 200)} twice with different " \
+                "data, or not one"
+        table[str(key)] = item
+    return None
+
+
+def _binding_error(spec: AttentionSpec, devs: list[DeviceCaps]) -> SpecError | None:
+    """When an input is larger than one storage binding on every available device (kernels
+    bind q, k, v and the bias whole), the SpecError that names it, its size and the limit:
+    the reason no kernel ran, said plainly instead of in every kernel's rejection."""
+    found = []
+    for dev in (d for d in devs if d.available):
+        cap = dev.limit("storage_binding")
+        big = [(n, p.nbytes(spec)) for n in ("q", "k", "v", "bias")
+               if (p := ports.named(n)).exists(spec)]
+        over = [(n, b) for n, b in big if cap is not None and b > cap]
+        if not over:
+            return None
+        found.append((dev, cap, *over[0]))
+    if not found:
+        return None
+    dev, cap, name, nbytes = found[0]
+    return SpecError(f"tensors[{name!r}]", nbytes, f"at most {cap} bytes: {dev.label} binds "
+                     f"{name} whole as one storage buffer and its storage_binding limit is {cap} "
+                     f"bytes ({name} would take {nbytes}); a smaller capacity, batch or head "
+                     "count, or another device")
 
 
 def _tagger(dev: DeviceCaps, multi: set[str]) -> Any:

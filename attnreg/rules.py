@@ -12,14 +12,17 @@ hook.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .caps import DeviceCaps
+from .errors import CacheWarning, SpecError
 from .kernel import KernelInfo
+from .params import check as check_params
 from .spec import AttentionSpec
-from .tuned import lookup
+from .tuned import cache_path, lookup
 
 # Devices tried in this order: GPUs first, then by backend priority; reference last.
 DEVICE_TYPE_ORDER = {"gpu": 0, "other": 1, "cpu": 2}
@@ -273,11 +276,19 @@ def matrix_reasons(kernel: KernelInfo, params: Mapping[str, Any], user: frozense
 
 
 def _tuned(ctx: Ctx) -> dict[str, Any]:
+    """The stored parameters of this kernel, through the checks of a caller's ``params``: a
+    value no kernel may take (kv_tile 0, split_size -5) is ignored with a CacheWarning."""
     assert ctx.kernel is not None
     entry = lookup(ctx.caps, ctx.kernel.family, ctx.spec)
-    if not entry or entry.get("kernel") != ctx.kernel.id:
+    if entry is None or entry.kernel != ctx.kernel.id:
         return {}
-    return {k: v for k, v in entry["params"].items() if k not in ctx.kernel.params}
+    try:
+        params = check_params(entry.params, ctx.candidates)
+    except SpecError as exc:
+        warnings.warn(f"attnreg ignores the tuning cache's entry for {ctx.kernel.id} in "
+                      f"{cache_path()}: {exc}", CacheWarning, stacklevel=2)
+        return {}
+    return {k: v for k, v in params.items() if k not in ctx.kernel.params}
 
 
 def _fused_available(ctx: Ctx) -> bool:

@@ -206,6 +206,10 @@ class Session:
                 self._home = devs[0].id
             return devs[0].id
 
+    def binding_limit(self, device_id: str) -> int | None:
+        """The most bytes one kernel argument (a storage binding) may span on the device."""
+        return self.device_runtime(device_id).caps.limit("storage_binding")
+
     def device_runtime(self, device_id: str) -> Runtime:
         """The runtime opened on a device (opened now if needed): its memory holds this
         session's DeviceTensors there."""
@@ -222,15 +226,23 @@ class Session:
     def empty(self, shape: Sequence[int], dtype: str, *, device: str | int | None = None
               ) -> DeviceTensor:
         """An uninitialised tensor on the session's device (contents are unspecified)."""
-        shape, name = _check_layout(shape, dtype)
-        dev = self.home_device(device)
-        nbytes = math.prod(shape) * np.dtype(name).itemsize
+        name, shape, nbytes, dev = self._checked_alloc(shape, dtype, device)
         rt = self.device_runtime(dev)
-        cap = rt.caps.limit("buffer_size")
-        if cap is not None and nbytes > cap:
-            raise SpecError("shape", shape, f"at most buffer_size={cap} bytes on {rt.caps.name} "
-                            f"({nbytes} bytes asked)")
         return DeviceTensor(self, self._guard, rt, dev, rt.alloc(nbytes), shape, name)
+
+    def _checked_alloc(self, shape: Any, dtype: Any, device: str | int | None
+                       ) -> tuple[str, tuple[int, ...], int, str]:
+        """(dtype name, shape, bytes, device id) of a tensor to allocate, every check done
+        before anything of its size is allocated or copied."""
+        dims, name = _check_layout(shape, dtype)
+        dev = self.home_device(device)
+        nbytes = math.prod(dims) * np.dtype(name).itemsize
+        caps = self.device_runtime(dev).caps       # a caller's device is not in the registry
+        cap = caps.limit("buffer_size")
+        if cap is not None and nbytes > cap:
+            raise SpecError("shape", dims, f"at most buffer_size={cap} bytes on {caps.name} "
+                            f"({nbytes} bytes asked)")
+        return name, dims, nbytes, dev
 
     @serialized
     def wrap(self, buffer: Any, shape: Sequence[int], dtype: str, *, offset: int = 0,
@@ -260,6 +272,9 @@ class Session:
         """Upload a host array once; pass the result to run() as often as you like."""
         if not isinstance(array, np.ndarray):
             raise SpecError("array", array, f"a numpy array of one of {DTYPES}")
+        # checked before the copy that makes it contiguous (a broadcast view of 2**33
+        # elements must be refused, not copied)
+        self._checked_alloc(array.shape, array.dtype, device)
         arr = np.ascontiguousarray(array)
         t = self.empty(arr.shape, arr.dtype.name, device=device)
         t.write(arr)

@@ -36,7 +36,10 @@ def _exact_float(value: Any) -> Any:
     if isinstance(value, bool):
         return value
     if isinstance(value, numbers.Real):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:       # an int past float's range: refused, shown as given
+            raise ValueError("a number beyond float range") from None
     return value
 
 
@@ -192,9 +195,20 @@ class AttentionSpec(BaseModel):
             n = math.prod(shape)
             if n > INT_MAX:
                 biggest = max(dims, key=lambda d: dims[d] if dims[d] in shape else 0)
-                raise SpecError(biggest, dims[biggest],
+                field = self._set_field(biggest)
+                raise SpecError(field, getattr(self, field),
                                 f"a size that keeps {tensor} {shape} ({n} elements) within "
                                 "2**31-1 elements (kernels index with int32)")
+
+    def _set_field(self, dim: str) -> str:
+        """The field the caller set that gives a derived size: the capacity is past_len +
+        seq_len unless kv_capacity is given; v's head size is head_size unless
+        v_head_size is."""
+        if dim == "kv_capacity" and self.kv_capacity is None:
+            return "past_len" if self.past_len >= self.seq_len else "seq_len"
+        if dim == "v_head_size" and self.v_head_size is None:
+            return "head_size"
+        return dim
 
     # -- derived sizes -------------------------------------------------------------------
     @property

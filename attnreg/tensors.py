@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .device_tensor import DeviceTensor
-from .errors import SpecError
+from .errors import SpecError, short
 from .spec import AttentionSpec
 
 REQUIRED = ("q", "k", "v")
@@ -142,7 +142,7 @@ def _check_names(spec: AttentionSpec, tensors: Any) -> set[str]:
                    "absent because spec.kv_layout is not 'paged'" if name == "block_table" else
                    "absent because spec.kv_dtype is None" if OPTIONAL[name] == "kv_dtype" else
                    f"absent because spec.{OPTIONAL[name]} is False")
-            raise SpecError(f"tensors[{name!r}]", tensors[name], why)
+            raise SpecError(f"tensors[{short(name)}]", tensors[name], why)
     for name in wanted:
         if name not in tensors:
             raise SpecError(f"tensors[{name!r}]", None, "a tensor, because spec.kv_layout is 'paged'"

@@ -5,6 +5,7 @@ check themselves (the browser's export --check): it imports only the core."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 from . import reference as ref
 from .kernel import LSE_ATOL, TOLERANCE
 from .quant import quantize_kv
-from .spec import AttentionSpec
+from .spec import F32_MAX, AttentionSpec
 from .tensors import kv_starts, q_lengths, valid_lengths
 
 
@@ -281,6 +282,38 @@ def _kv_index(spec: AttentionSpec, t: Mapping[str, np.ndarray], b: int, n: int, 
     return (b, j, n, d) if spec.kv_layout == "BSNH" else (b, n, j, d)
 
 
+def plant_overflow(spec: AttentionSpec, t: dict[str, np.ndarray]) -> int:
+    """Scores that overflow float32 from finite inputs (docs/contract.md "Overflow"), in place:
+    q of the last batch's query heads of kv head 0 (every row) and k of that batch's kv head
+    0 (every existing key) so large that every score of those rows is beyond float32's range,
+    s = scale * q.k > 4 * 3.4e38: those rows' out and lse are NaN on every backend and in the
+    reference. The batch's bias entries of those heads lose their -inf (a block-skipping kernel
+    would skip a block masked whole, leaving a row that sees keys by position empty).
+
+    Only where such values exist and leave the other plants their rows: float32 or bfloat16
+    q and k (no float16 value is that large; quantized K/V are codes), two batches or more,
+    and a query head outside kv head 0's group other than the last (the visible +inf bias
+    entry goes there; the last head's q is NaN). Returns that head (0 when nothing is
+    planted)."""
+    g, nq = spec.group_size, spec.num_heads
+    spare = list(range(g, nq - 1))
+    if spec.dtype == "float16" or spec.kv_dtype is not None or spec.batch < 2 or not spare:
+        return 0
+    b = spec.batch - 1
+    big = min(2.0 * math.sqrt(F32_MAX / (spec.effective_scale * spec.head_size)), 1e38)
+    if spec.q_layout == "BSNH":
+        t["q"][b, :, :g] = big
+    else:
+        t["q"][b, :g] = big
+    for j in range(int(valid_lengths(spec, t)[b])):
+        t["k"][_kv_index(spec, t, b, 0, j, 0)[:-1]] = big
+    if spec.bias:
+        bias = t["bias"]
+        mine = bias[b % bias.shape[0], :g]          # a view (one head if broadcast)
+        mine[np.isneginf(mine)] = 0.0
+    return spare[0]
+
+
 def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
     """Plant NaN and inf (in place) where some rows see them and others do not:
 
@@ -296,7 +329,9 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
     - bias: NaN and +inf in entries no row sharing them can see, +inf in one entry that
       some row sees;
     - q of the last head of the last batch (NaN), in row 0, or with a bias the first row
-      that sees a key the bias does not mask.
+      that sees a key the bias does not mask;
+    - scores that overflow float32 (plant_overflow), in the last batch's kv head 0, where
+      the shapes leave a head for the visible +inf bias entry outside that group.
 
     Memory past each L_b is NaN already (make_tensors). Which rows turn NaN follows from
     the reference (docs/contract.md "Non-finite values and scalar fields": visible NaN / +inf
@@ -306,6 +341,7 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
     poison them)."""
     lengths = valid_lengths(spec, t)
     vis = visibility(spec, lengths, kv_starts(spec, t), q_lengths(spec, t))
+    h_inf = plant_overflow(spec, t)            # the head for the visible +inf bias entry
     nkv, h = spec.kv_num_heads, spec.head_size
     hv = spec.head_size_v
     b0, b1 = 0, spec.batch - 1
@@ -347,7 +383,7 @@ def plant_nonfinite(spec: AttentionSpec, t: dict[str, np.ndarray]) -> None:
             bias[x, 0, i, j] = np.inf
         shown = np.argwhere(seen[bb - 1, sb - 1])
         if len(shown):
-            bias[bb - 1, 0, sb - 1, int(shown[0][0])] = np.inf
+            bias[bb - 1, h_inf % hb, sb - 1, int(shown[0][0])] = np.inf
     # q: the first row of the last head that sees a key its bias does not mask (a row that
     # only sees -inf would be skipped whole by block-skipping kernels, see above)
     hq, row = spec.num_heads - 1, 0

@@ -8,18 +8,40 @@ GQA group, query-row and key-count buckets), so one measurement serves nearby sp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter
 
 from . import cache
 from .caps import DeviceCaps
 from .spec import AttentionSpec
 
+FILE = "tuning.json"
+_Text = Annotated[str, Field(max_length=2000)]
+
+
+class Entry(BaseModel):
+    """One measurement: the kernel, the parameters measured fastest (checked again, like a
+    caller's ``params``, where the rule uses them) and the times."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    kernel: Annotated[str, Field(max_length=200)]
+    params: dict[Annotated[str, Field(max_length=100)], StrictBool | StrictInt | StrictStr]
+    us: float = Field(ge=0)
+    rule_default_us: float = Field(ge=0)
+    basis: _Text = ""
+    measured: _Text = ""
+    spec: _Text = ""
+
+
+SCHEMA: TypeAdapter[dict[str, dict[str, Entry]]] = TypeAdapter(dict[str, dict[str, Entry]])
+
 
 def cache_path() -> Path:
-    return cache.root() / "tuning.json"
+    return cache.root() / FILE
 
 
 def device_key(caps: DeviceCaps) -> str:
@@ -37,28 +59,19 @@ def family_key(family: str, spec: AttentionSpec) -> str:
             f"|c{_bucket(spec.capacity)}|b{spec.batch * spec.kv_num_heads}")
 
 
-def load(path: Path | None = None) -> dict[str, Any]:
-    p = path or cache_path()
-    try:
-        data: dict[str, Any] = json.loads(p.read_text())
-        return data
-    except (OSError, json.JSONDecodeError):
-        return {}
+def load() -> dict[str, dict[str, Entry]]:
+    """The tuning cache ({} when absent, or ignored with a CacheWarning)."""
+    got: dict[str, dict[str, Entry]] | None = cache.read_json(FILE, SCHEMA)
+    return got or {}
 
 
-def lookup(caps: DeviceCaps, family: str, spec: AttentionSpec,
-           path: Path | None = None) -> dict[str, Any] | None:
-    entry: dict[str, Any] | None = load(path).get(device_key(caps), {}).get(family_key(family, spec))
-    return entry
+def lookup(caps: DeviceCaps, family: str, spec: AttentionSpec) -> Entry | None:
+    return load().get(device_key(caps), {}).get(family_key(family, spec))
 
 
-def store(caps: DeviceCaps, family: str, spec: AttentionSpec, entry: Mapping[str, Any],
-          path: Path | None = None) -> Path:
-    p = path or cache_path()
-    data = load(p)
-    data.setdefault(device_key(caps), {})[family_key(family, spec)] = dict(entry)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(p)                 # atomic: a crash never leaves half a cache
-    return p
+def store(caps: DeviceCaps, family: str, spec: AttentionSpec, entry: Mapping[str, Any]) -> Path:
+    """Add one measurement (validated) to the tuning cache; returns the file's path."""
+    data = load()
+    new = Entry.model_validate(dict(entry))
+    data.setdefault(device_key(caps), {})[family_key(family, spec)] = new
+    return cache.write_json(FILE, SCHEMA, data)

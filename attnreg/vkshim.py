@@ -9,6 +9,11 @@ into the user cache, and gives the Vulkan loader's driver list with lavapipe swa
 
 Nothing here imports a GPU API; it only compiles a file and edits environment variables.
 ``ATTNREG_VK_SHIM`` overrides: a path to an ICD manifest to use, or ``0`` for never.
+
+The cache directory is data, never code (attnreg/cache.py): a built shim is handed to the
+Vulkan loader only after its library's bytes match the SHA-256 that attnreg recorded when it
+built it, and its manifest names that library; anything else there is rebuilt (or, without
+a compiler, not used).
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from . import cache
+from . import cache, env
+from .errors import SpecError
 
 ENV = "ATTNREG_VK_SHIM"
 LOADER_VARS = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")     # the newer name wins in the loader
 ICD_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d")
 LIBRARY = "libattnreg_vkshim.so"
 MANIFEST = "attnreg_vkshim_icd.json"
+RECORD = "libattnreg_vkshim.so.sha256"     # the library's hash, written when attnreg built it
 _ENV_LOCK = threading.Lock()
 
 
@@ -43,6 +50,10 @@ def source() -> str:
 
 def cache_dir() -> Path:
     return cache.root() / "vkshim"
+
+
+def _key(real: str) -> str:
+    return hashlib.sha256(f"{source()}\0{real}".encode()).hexdigest()[:16]
 
 
 def is_lavapipe(manifest: str) -> bool:
@@ -85,19 +96,38 @@ def real_library(manifest: str) -> str:
 
 
 def _target(real: str) -> Path:
-    key = hashlib.sha256(f"{source()}\0{real}".encode()).hexdigest()[:16]
-    return cache_dir() / key
+    return cache_dir() / _key(real)
+
+
+def verified(out: Path) -> bool:
+    """Whether the shim in ``out`` is the one attnreg built: the library's bytes hash to the
+    recorded SHA-256 and the manifest names that library (every file read without following
+    a symlink, owned by the user, not writable by others)."""
+    lib, record, man = (cache.read_file(out / n) for n in (LIBRARY, RECORD, MANIFEST))
+    if lib is None or record is None or man is None:
+        return False
+    if hashlib.sha256(lib).hexdigest() != record.decode(errors="replace").strip():
+        return False
+    try:
+        named = json.loads(man)["ICD"]["library_path"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return bool(named == str(out / LIBRARY))
 
 
 def built(real: str | None = None) -> Path | None:
-    """The manifest of an up-to-date shim for this lavapipe, or None."""
+    """The manifest of an up-to-date shim for this lavapipe that attnreg built (verified),
+    or None."""
     if real is None:
         lvp = lavapipe_manifest()
         if lvp is None:
             return None
         real = real_library(lvp)
-    out = _target(real) / MANIFEST
-    return out if out.is_file() and (out.parent / LIBRARY).is_file() else None
+    out = _target(real)
+    if not os.path.isdir(out):
+        return None
+    cache.subdir("vkshim", _key(real))            # the directories' owner and mode
+    return out / MANIFEST if verified(out) else None
 
 
 def build(force: bool = False) -> Path:
@@ -114,8 +144,7 @@ def build(force: bool = False) -> Path:
     cc = shutil.which(os.environ.get("CC", "gcc"))
     if cc is None:
         raise RuntimeError("no C compiler (gcc) to build the Vulkan shim: apt install gcc")
-    out = _target(real)
-    out.mkdir(parents=True, exist_ok=True)
+    out = cache.subdir("vkshim", _key(real))
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         src = Path(tmp) / "vkshim.c"
         src.write_text(source())
@@ -130,24 +159,51 @@ def build(force: bool = False) -> Path:
             raise RuntimeError(f"building the Vulkan shim failed{hint}:\n{done.stderr.strip()}")
         with open(lvp) as fh:
             api = str(json.load(fh)["ICD"].get("api_version", "1.1.0"))
-        manifest = Path(tmp) / MANIFEST
-        manifest.write_text(json.dumps({"file_format_version": "1.0.0", "ICD": {
-            "library_path": str(out / LIBRARY), "api_version": api}}, indent=1))
-        os.replace(lib, out / LIBRARY)          # atomic: a concurrent reader sees old or new
-        os.replace(manifest, out / MANIFEST)
+        data = lib.read_bytes()
+        # atomic, each through a fresh temporary file: a concurrent reader sees old or new
+        cache.write_file(out / LIBRARY, data)
+        cache.write_file(out / RECORD, hashlib.sha256(data).hexdigest().encode())
+        cache.write_file(out / MANIFEST, json.dumps({"file_format_version": "1.0.0", "ICD": {
+            "library_path": str(out / LIBRARY), "api_version": api}}, indent=1).encode())
     return out / MANIFEST
 
 
 def manifest() -> str | None:
-    """The shim manifest to use here: ``$ATTNREG_VK_SHIM`` (a path, or ``0`` for none), else
-    the built one for this machine's lavapipe; None when there is none."""
-    env = os.environ.get(ENV, "")
-    if env == "0":
+    """The shim manifest to use here: ``$ATTNREG_VK_SHIM`` (a path, or ``0`` for none; a
+    SpecError naming it when it is neither), else the one attnreg built for this machine's
+    lavapipe, verified, and rebuilt when it does not verify; None when there is none."""
+    given = env.text(ENV)
+    if given == "0":
         return None
-    if env:
-        return env if os.path.isfile(env) else None
+    if given:
+        return _named_manifest(given)
     got = built()
+    if got is None and _target_exists():
+        try:                        # there, but not what attnreg built: build it again
+            got = build(force=True)
+        except (RuntimeError, OSError):
+            return None
     return str(got) if got is not None else None
+
+
+def _target_exists() -> bool:
+    lvp = lavapipe_manifest()
+    return lvp is not None and os.path.isdir(_target(real_library(lvp)))
+
+
+def _named_manifest(path: str) -> str:
+    """$ATTNREG_VK_SHIM's manifest, checked: a readable ICD manifest (JSON with
+    ICD.library_path)."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(1 << 20))
+        ok = isinstance(data["ICD"]["library_path"], str)
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise SpecError(ENV, path, "0 (no shim) or the path of a Vulkan ICD manifest (JSON with "
+                        "ICD.library_path)")
+    return path
 
 
 def driver_files() -> str | None:

@@ -118,8 +118,10 @@ void MMA_ENTRY(KERNEL_ARGS) {
   const int lid = get_local_id(0), lane = lid & 31, wid = lid >> 5, g = lane >> 2, t = lane & 3;
   const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
 
-  // Q's A fragments (raw f16 bits; the scale applies to the f32 scores), rows g and g + 8
-  // (zeros for padding rows: their q is never read).
+  // Q's A fragments (f16 bits raw, bf16 bits times the scale's power of two; the rest of the
+  // scale applies to the f32 scores: mma_tile.cl qk_scale), rows g and g + 8 (zeros for
+  // padding rows: their q is never read).
+  const float qk_p2 = qk_pow2(P->scale), qk_scale = P->scale / qk_p2;
   uint4 qa[2 * NDR];
 #if KV_Q
   UNROLL
@@ -137,6 +139,10 @@ void MMA_ENTRY(KERNEL_ARGS) {
     qa[2 * c] = (uint4)(lo.x, hi.x, lo.y, hi.y);
     qa[2 * c + 1] = (uint4)(lo.z, hi.z, lo.w, hi.w);
   }
+#endif
+#if IS_BF16
+  UNROLL
+  for (int ch = 0; ch < 2 * NDR; ++ch) qa[ch] = q_prescale(qa[ch], qk_p2);
 #endif
 
   float o[NDB][4];

@@ -185,15 +185,16 @@ void flash_prefill(KERNEL_ARGS) {
   // Logits are the scaled product where nothing but the scale applies (a uniform choice).
   const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
 
-  // Q tile (raw f16 bits; the scale is applied to the f32 scores), invalid and padding rows
-  // zero.
+  // Q tile (f16 bits raw, bf16 bits times the scale's power of two; the rest of the scale is
+  // applied to the f32 scores: mma_tile.cl qk_scale), invalid and padding rows zero.
+  const float qk_p2 = qk_pow2(P->scale), qk_scale = P->scale / qk_p2;
   for (int idx = lid; idx < R_ROWS * HD8; idx += WG) {
     const int r = idx / HD8, c = idx % HD8;
     uint4 x = (uint4)(0u);
     if (row_live(P, &w, r))
       x = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + r / MQ) * P->q_sh
                   + (size_t)(w.i0 + r % MQ) * P->q_ss + 8 * c);
-    vstore4(x, 0, Qs + r * QW + 4 * c);
+    vstore4(q_prescale(x, qk_p2), 0, Qs + r * QW + 4 * c);
   }
   if (lid == 0) vflag = 0;
   barrier(CLK_LOCAL_MEM_FENCE);

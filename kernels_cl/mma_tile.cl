@@ -108,8 +108,34 @@ inline uint finite_halves(uint w) {
   return w & keep;
 }
 
+// Q pre-scaled by a power of two (docs/contract.md "Overflow"): the bf16 builds multiply q,
+// as it is loaded, by 2^(e-1), the power of two at or just below the scale (exact in bf16),
+// and the f32 scores by the rest, qk_scale = scale / 2^(e-1) in [1, 2): q.k then never leaves
+// float32's range unless the logit itself does (a raw bf16 q.k of 1.6e39 whose logit is 2e38
+// was NaN). f16 q.k cannot overflow float32: those builds keep q raw and qk_scale = scale.
+// Only the Q load changes; the score loop keeps its one multiply.
+#if IS_BF16
+inline float qk_pow2(float scale) {
+  int e;
+  frexp(scale, &e);
+  return ldexp(1.0f, e - 1);
+}
+// Two bf16 values (a word) times a power of two: exact for normal results.
+inline uint bf16x2_times(uint x, float p2) {
+  const float lo = as_float(x << 16) * p2, hi = as_float(x & 0xffff0000u) * p2;
+  return (as_uint(hi) & 0xffff0000u) | (as_uint(lo) >> 16);
+}
+inline uint4 q_prescale(uint4 x, float p2) {
+  return (uint4)(bf16x2_times(x.x, p2), bf16x2_times(x.y, p2), bf16x2_times(x.z, p2),
+                 bf16x2_times(x.w, p2));
+}
+#else
+inline float qk_pow2(float scale) { return 1.0f; }
+#define q_prescale(x, p2) (x)
+#endif
+
 // One tile's logits in place of its scores S, and their max per row of this lane into MT
-// (initialised here). FAST: every key of the tile is visible to every row and nothing but the
+// (initialised here). The scores are q.k with q pre-scaled (above): qk_scale finishes them. FAST: every key of the tile is visible to every row and nothing but the
 // scale applies; otherwise flash_core.cl's finish_score_r applies bias, ALiBi, softcap and
 // the masks, for rows ROW0 and ROW0 + 8. Reads the caller's P, w, bias, t0, t1, t and kr.
 // The choice is made once per tile (FAST is warp-uniform): a choice per score kept both
@@ -121,7 +147,7 @@ inline uint finite_halves(uint w) {
     for (int nb_ = 0; nb_ < NKB; ++nb_) {                                 \
       UNROLL                                                              \
       for (int e_ = 0; e_ < 2 * MMA_NHR; ++e_) {                          \
-        const float d_ = S[nb_][e_] * P->scale;                           \
+        const float d_ = S[nb_][e_] * qk_scale;                           \
         S[nb_][e_] = isfinite(d_) ? d_ : NAN;                             \
         MT[e_ >> 1] = fmax(MT[e_ >> 1], S[nb_][e_]);                      \
       }                                                                   \
@@ -133,7 +159,7 @@ inline uint finite_halves(uint w) {
       for (int e_ = 0; e_ < 2 * MMA_NHR; ++e_) {                          \
         S[nb_][e_] = finish_score_r(P, &w, bias, (ROW0) + 8 * (e_ >> 1),  \
                                     t0 + 8 * nb_ + 2 * t + (e_ & 1), t1, kr.y, true, \
-                                    S[nb_][e_] * P->scale);               \
+                                    S[nb_][e_] * qk_scale);               \
         MT[e_ >> 1] = fmax(MT[e_ >> 1], S[nb_][e_]);                      \
       }                                                                   \
     }                                                                     \

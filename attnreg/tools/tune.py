@@ -7,7 +7,6 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ..session import Session
@@ -34,7 +33,7 @@ def candidates(kernel_defaults: Mapping[str, Any], choices: Mapping[str, tuple[A
 
 
 def tune(session: Session, spec: AttentionSpec, *, iters: int = 20, warmup: int = 3,
-         log: Callable[[str], None] = print, path: Path | None = None) -> dict[str, Any]:
+         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every candidate parameter set for the kernel the rules pick; store the best."""
     plan = session.plan(spec)
     k = session.registry.kernel(plan.kernel)
@@ -61,5 +60,5 @@ def tune(session: Session, spec: AttentionSpec, *, iters: int = 20, warmup: int 
     entry = {"kernel": k.id, "params": best[1], "us": round(best[0], 2),
              "rule_default_us": round(baseline, 2), "basis": basis,
              "measured": time.strftime("%Y-%m-%d"), "spec": repr(spec)}
-    store(plan.caps, k.family, spec, entry, path)
+    store(plan.caps, k.family, spec, entry)
     return entry

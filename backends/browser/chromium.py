@@ -28,6 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from attnreg import env
+
 BINARY_ENV = "ATTNREG_CHROMIUM"          # path of a Chromium/Chrome binary to use
 TAG_ENV = "ATTNREG_BROWSER_TAG"           # marks every process of one browser instance
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome-stable", "google-chrome", "chrome")
@@ -41,9 +43,9 @@ _T = TypeVar("_T")
 
 def find() -> str | None:
     """The browser binary: $ATTNREG_CHROMIUM, else the first candidate on PATH."""
-    env = os.environ.get(BINARY_ENV, "").strip()
-    if env:
-        return env if os.access(env, os.X_OK) else None
+    given = env.text(BINARY_ENV)
+    if given:
+        return given if os.path.isfile(given) and os.access(given, os.X_OK) else None
     for name in CANDIDATES:
         path = shutil.which(name)
         if path:
@@ -162,13 +164,13 @@ class Chromium:
         self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
         self.log_path = os.path.join(self.dir, "chromium.log")
         profile = os.path.join(self.dir, "profile")
-        env = {**os.environ, TAG_ENV: self.tag}
+        child_env = {**os.environ, TAG_ENV: self.tag}
         self._closed = False
         args = [exe, *FLAGS, f"--user-data-dir={profile}", url]
 
         def spawn() -> subprocess.Popen[bytes]:
             with open(self.log_path, "wb") as log:
-                return subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                return subprocess.Popen(args, env=child_env, stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_die_with_parent)
         self.proc = _LAUNCHER.run(spawn)

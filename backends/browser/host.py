@@ -7,13 +7,14 @@ the export test build on it.
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
+
+from attnreg import env
 
 from . import wire
 from .chromium import Chromium
@@ -29,10 +30,9 @@ class BrowserError(RuntimeError):
 
 
 def job_timeout() -> float:
-    try:
-        return float(os.environ.get(TIMEOUT_ENV, "") or 300.0)
-    except ValueError:
-        return 300.0
+    """Seconds one job may take: $ATTNREG_BROWSER_TIMEOUT (a SpecError naming it when it is
+    not a number of seconds), default 300."""
+    return env.seconds(TIMEOUT_ENV, 300.0)
 
 
 class BrowserHost:

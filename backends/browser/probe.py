@@ -9,7 +9,9 @@ import re
 import threading
 from typing import Any
 
+from attnreg import env
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
+from attnreg.errors import SpecError
 
 from . import chromium
 
@@ -75,8 +77,9 @@ def caps_of(hello: dict[str, Any], index: int = 0) -> DeviceCaps:
 
 
 def disabled() -> str | None:
-    v = os.environ.get(DISABLE_ENV, "").strip().lower()
-    return f"disabled by {DISABLE_ENV}={v}" if v in ("0", "off", "no", "false") else None
+    """Why the backend is off ($ATTNREG_BROWSER=0), or None."""
+    return f"disabled by {DISABLE_ENV}={env.text(DISABLE_ENV)}" \
+        if env.switch(DISABLE_ENV) is False else None
 
 
 def probe(refresh: bool = False) -> list[DeviceCaps]:
@@ -89,13 +92,17 @@ def probe(refresh: bool = False) -> list[DeviceCaps]:
 
 
 def _probe() -> list[DeviceCaps]:
-    why = disabled()
+    try:
+        why = disabled()
+        binary = chromium.find()
+    except SpecError as exc:                 # a malformed variable: its message is the reason
+        return [unavailable(NAME, str(exc))]
     if why:
         return [unavailable(NAME, why)]
-    if chromium.find() is None:
-        env = os.environ.get(chromium.BINARY_ENV, "").strip()
-        if env:
-            return [unavailable(NAME, f"{chromium.BINARY_ENV}={env} is not an executable file")]
+    if binary is None:
+        given = env.text(chromium.BINARY_ENV)
+        if given:
+            return [unavailable(NAME, f"{chromium.BINARY_ENV}={given} is not an executable file")]
         return [unavailable(NAME, "Chromium is not installed: `apt-get install chromium` "
                             f"(ci/setup.sh does), or set {chromium.BINARY_ENV} to a Chrome/Chromium "
                             "binary")]

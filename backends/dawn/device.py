@@ -56,7 +56,22 @@ class DawnDevice(GpuDevice):
             return None, why
         return gemm_probe.peak(self if self.experimental else get(self.caps, True))
 
-    def module(self, label: str, wgsl: str) -> Any:
+    def wait_slice(self, promise: Any, seconds: float) -> None:
+        """Dawn settles a promise only inside a wait or processEvents of this thread: wait
+        for its future in Dawn, up to ``seconds`` (the GIL released), as wgpudawn's own sync
+        wait does in 0.1 s chunks."""
+        from wgpudawn.backends.dawn import _api, extras
+
+        future = getattr(promise, "_wgpu_future_id", None)
+        if future is None:
+            extras.process_events()
+            promise._thread_event.wait(min(seconds, 0.001))
+            return
+        info = _api.ffi.new("WGPUFutureWaitInfo *")
+        info.future.id = future
+        _api.libf.wgpuInstanceWaitAny(_api.get_wgpu_instance(), 1, info, int(seconds * 1e9))
+
+    def module(self, label: str, wgsl: str, checks: int | None) -> Any:
         """Tint's checks are Dawn's robustness toggle (toggles.py), not a naga option."""
         return self.device.create_shader_module(label=label, code=wgsl)
 

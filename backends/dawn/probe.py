@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -20,9 +21,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from attnreg import vkshim
+from attnreg import env, vkshim
 from attnreg.backends.webgpu import probe as wprobe
 from attnreg.caps import DeviceCaps, unavailable
+from attnreg.errors import SpecError
 
 from . import toggles
 
@@ -63,7 +65,7 @@ def version() -> str | None:
 
 def _missing() -> str | None:
     """Why the backend cannot even start here, or None."""
-    if os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+    if env.switch(DISABLE_ENV) is False:
         return f"disabled by {DISABLE_ENV}"
     if version() is None:
         return (f"{PACKAGE} is not installed (pip install 'attnreg[dawn]', which pins "
@@ -71,10 +73,17 @@ def _missing() -> str | None:
     return None
 
 
+# A malformed variable (ATTNREG_DAWN_TOGGLES, ATTNREG_VK_SHIM) is a SpecError in the child
+# too: its message comes back as the reason, not the child's traceback.
 _CHILD = """
 import json, sys
 from attnreg.backends.dawn import probe
-ads = probe._enumerate()
+from attnreg.errors import SpecError
+try:
+    ads = probe._enumerate()
+except SpecError as exc:
+    print(json.dumps({"refused": str(exc)}))
+    sys.exit(0)
 print(json.dumps([str(a.info.get("device", "")) for a in ads]))
 """
 
@@ -90,7 +99,12 @@ def _child_check() -> str | None:
         tail = (done.stderr or "").strip().splitlines()[-6:]
         how = f"signal {-done.returncode}" if done.returncode < 0 else f"status {done.returncode}"
         return f"Dawn crashed or failed while enumerating adapters ({how}): " + " | ".join(tail)
-    return None
+    lines = (done.stdout or "").strip().splitlines()
+    try:
+        said = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        said = None
+    return str(said["refused"]) if isinstance(said, dict) and "refused" in said else None
 
 
 @contextlib.contextmanager
@@ -164,15 +178,18 @@ def adapters() -> list[Any]:
     with _LOCK:
         if _ADAPTERS is not None:
             return _ADAPTERS
-        if _FAILED is None:
-            _FAILED = _missing()
-        if _FAILED is None:
-            _FAILED = _child_check()
-        if _FAILED is None:
-            try:
+        try:
+            if _FAILED is None:
+                _FAILED = _missing()
+            if _FAILED is None:
+                toggles.edits()                 # a malformed variable: no child for it
+                _FAILED = _child_check()
+            if _FAILED is None:
                 _ADAPTERS = _enumerate()
-            except Exception as exc:
-                _FAILED = f"Dawn could not enumerate adapters: {exc!r}"
+        except SpecError as exc:                # a malformed variable: its message
+            _FAILED = str(exc)
+        except Exception as exc:
+            _FAILED = f"Dawn could not enumerate adapters: {exc!r}"
         if _FAILED is not None:
             raise RuntimeError(_FAILED)
         assert _ADAPTERS is not None

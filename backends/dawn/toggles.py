@@ -10,9 +10,12 @@ the first probe). ``attnreg devices`` and ``explain`` show what is in force.
 from __future__ import annotations
 
 import dataclasses
-import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from attnreg import env
+from attnreg.errors import SpecError
 
 ENV = "ATTNREG_DAWN_TOGGLES"
 CHECKS_ENV = "ATTNREG_WGSL_CHECKS"          # the webgpu backend's naga switch, shared
@@ -32,8 +35,17 @@ class Toggle:
                 f"{self.source}): {self.why}")
 
 
+CHECKS = ("all", "bounds", "none")          # the values of ATTNREG_WGSL_CHECKS
+_NAME = re.compile(r"[a-z0-9_]{1,100}")     # how Dawn spells a toggle
+
+
+def checks_mode() -> str:
+    """ATTNREG_WGSL_CHECKS: all, bounds (the default) or none."""
+    return env.choice(CHECKS_ENV, "bounds", CHECKS)
+
+
 def _checks_off() -> bool:
-    return os.environ.get(CHECKS_ENV, "bounds").strip().lower() == "none"
+    return checks_mode() == "none"
 
 
 TOGGLES: tuple[Toggle, ...] = (
@@ -58,15 +70,14 @@ TOGGLES: tuple[Toggle, ...] = (
 )
 
 
-def _edits() -> dict[str, str]:
-    """{name: '+' | '-' | '!'} from ATTNREG_DAWN_TOGGLES."""
+def edits() -> dict[str, str]:
+    """{name: '+' | '-' | '!'} from ATTNREG_DAWN_TOGGLES; a SpecError naming it when an
+    item is not +name, -name or !name."""
     out: dict[str, str] = {}
-    for item in os.environ.get(ENV, "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if item[0] not in "+-!" or len(item) == 1:
-            raise ValueError(f"{ENV}: {item!r} is not +name, -name or !name")
+    for item in env.items(ENV):
+        if item[0] not in "+-!" or not _NAME.fullmatch(item[1:]):
+            raise SpecError(ENV, env.text(ENV), "comma-separated +name, -name or !name items "
+                            f"(Dawn toggle names: lower case, digits, _); not {item!r}")
         out[item[1:]] = item[0]
     return out
 
@@ -74,22 +85,22 @@ def _edits() -> dict[str, str]:
 def in_force(known: Mapping[str, str] | None = None) -> list[Toggle]:
     """The toggles to set now: the table's (where they apply) edited by ATTNREG_DAWN_TOGGLES.
     ``known`` maps Dawn's toggle names to their stage (extras.all_toggles()); an edit naming
-    a toggle Dawn does not have raises ValueError."""
-    edits = _edits()
+    a toggle Dawn does not have is a SpecError naming ATTNREG_DAWN_TOGGLES."""
+    wanted = edits()
     out = []
     for t in TOGGLES:
-        op = edits.pop(t.name, None)
+        op = wanted.pop(t.name, None)
         if op is None and t.when():
             out.append(t)
         elif op in ("+", "-"):        # the table's why stands only if the sense does
             same = (op == "+") == t.enable
             out.append(dataclasses.replace(t, enable=op == "+", source=ENV,
                                            why=t.why if same else "asked for in the environment"))
-    for name, op in edits.items():
+    for name, op in wanted.items():
         if op == "!":
             continue
         if known is not None and name not in known:
-            raise ValueError(f"{ENV}: Dawn has no toggle {name!r}")
+            raise SpecError(ENV, env.text(ENV), f"toggles Dawn has; it has no {name!r}")
         stage = known[name] if known is not None else "device"
         out.append(Toggle(name, stage, op == "+", "asked for in the environment", source=ENV))
     return out

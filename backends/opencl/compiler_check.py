@@ -4,7 +4,8 @@ library's own sources -- runs a tiny problem and its partial states are compared
 float64 reference. A device whose optimized build is wrong while the unoptimized one is right
 gets every program built with ``-cl-opt-disable`` (slower, right), and its caps say so
 (``extra["cl_build_fix"]``, ``extra["cl_optimizer"]`` and a line of ``settings``, which
-``attnreg devices`` prints).
+``attnreg devices`` prints). The cache holds the two measured errors only: the build options
+are decided from them here, from attnreg's own list (FIX), never read from a file.
 
 Why this exists: PoCL 5.0 (LLVM 16, Ubuntu 24.04's package) on an x86-64 CPU miscompiled the
 work-group-memory decode kernels (o_parts 0, lse off by 2%, NaN in larger cases; every
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from attnreg import cache, reference
 from attnreg.backends import common
@@ -32,7 +34,7 @@ from attnreg.spec import AttentionSpec
 from . import program, tiles
 
 FIX = ("-cl-opt-disable",)          # the build option a failing device's programs get
-CACHE_FILE = "cl_optimizer.json"
+CACHE_FILE = "cl_optimizer-v2.json"   # measurements only (v1 stored the options themselves)
 FAMILY = "decode_partial"
 SPEC = AttentionSpec(batch=1, seq_len=1, past_len=63, num_heads=2, kv_num_heads=1,
                      head_size=32, dtype="float32", causal=False)
@@ -82,25 +84,52 @@ def run_once(cl: Any, dev: Any, extra: tuple[str, ...], source: str | None = Non
     return err if np.isfinite(err) else float("inf")
 
 
-def verdict(cl: Any, dev: Any, source: str | None = None) -> dict[str, Any]:
-    """{"fix": the options every build needs ([] when none), "why": what was found}."""
+class Measured(BaseModel):
+    """What the check measured: the check kernel's error built optimized and, where that was
+    wrong, unoptimized (inf for a NaN); or why it could not run."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    optimized: float | None = Field(default=None, ge=0)
+    unoptimized: float | None = Field(default=None, ge=0)
+    failure: Annotated[str, Field(max_length=300)] | None = None
+
+
+def measure(cl: Any, dev: Any, source: str | None = None) -> Measured:
+    """Run the check kernel optimized, and unoptimized where that was wrong."""
     try:
         err = run_once(cl, dev, (), source)
-        if err <= TOLERANCE:
-            return {"fix": [], "why": f"optimized build right (max error {err:.2g})"}
-        err0 = run_once(cl, dev, FIX, source)
+        err0 = run_once(cl, dev, FIX, source) if err > TOLERANCE else None
     except Exception as exc:      # a device that cannot run the check is not judged by it
-        return {"fix": [], "why": f"not checked: {type(exc).__name__}: {str(exc).strip()[:200]}"}
-    if err0 <= TOLERANCE:
+        return Measured(failure=f"{type(exc).__name__}: {str(exc).strip()[:200]}")
+    return Measured(optimized=err, unoptimized=err0)
+
+
+def decide(m: Measured) -> dict[str, Any]:
+    """{"fix": the options every build needs ([] or FIX), "why": what was found}."""
+    err, err0 = m.optimized, m.unoptimized
+    if m.failure is not None or err is None:
+        return {"fix": [], "why": f"not checked: {m.failure}"}
+    if err <= TOLERANCE:
+        return {"fix": [], "why": f"optimized build right (max error {err:.2g})"}
+    if err0 is not None and err0 <= TOLERANCE:
         return {"fix": list(FIX), "why": f"the optimizer miscompiled the check kernel (max "
                 f"error {err:.3g}; {err0:.2g} with {' '.join(FIX)}): every program is built "
                 f"with {' '.join(FIX)}"}
     return {"fix": [], "why": f"the check kernel was wrong with and without the optimizer "
-            f"({err:.3g} / {err0:.3g}): nothing to fix by build options"}
+            f"({err:.3g} / {err0 if err0 is not None else float('nan'):.3g}): nothing to fix "
+            "by build options"}
+
+
+def verdict(cl: Any, dev: Any, source: str | None = None) -> dict[str, Any]:
+    """{"fix": the options every build needs ([] when none), "why": what was found}."""
+    return decide(measure(cl, dev, source))
 
 
 def check(cl: Any, dev: Any, platform: Any) -> tuple[tuple[str, ...], str]:
-    """(extra build options, why): cached per device, driver and platform version."""
+    """(extra build options, why): measured once per device, driver and platform version
+    (cached), decided here."""
     key = f"{dev.name}|{dev.driver_version}|{platform.version}"
-    got, stored = cache.verdict(CACHE_FILE, key, lambda: verdict(cl, dev))
-    return tuple(got["fix"]), str(got["why"]) + (" (cached)" if stored else "")
+    got, stored = cache.verdict(CACHE_FILE, key, Measured, lambda: measure(cl, dev))
+    decided = decide(got)
+    return tuple(decided["fix"]), str(decided["why"]) + (" (cached)" if stored else "")

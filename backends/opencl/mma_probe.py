@@ -1,7 +1,8 @@
 """Whether NVIDIA's OpenCL runs the tensor-core instruction ``mma.sync.m16n8k16`` (f16 inputs,
 f32 accumulators) through inline PTX: probed, not assumed. A 32-lane kernel multiplies two
 random 16x16 / 16x8 f16 matrices and the probe checks the product against numpy. The answer is
-cached per device and driver ($ATTNREG_CACHE_DIR/ptx_mma.json), so a process pays the compile
+cached per device and driver ($ATTNREG_CACHE_DIR/ptx_mma-v2.json: the measured error, or why
+the probe could not run; the verdict is decided from it here), so a process pays the compile
 (about 0.1 s) once per driver, not once per run.
 
 Fragment layout (PTX ISA, mma.m16n8k16 with .row A and .col B), lane = 4 * group + t:
@@ -14,9 +15,10 @@ kernel needs no cl_khr_fp16 (NVIDIA's OpenCL has none).
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from attnreg import cache
 
@@ -41,7 +43,17 @@ __kernel void mma_probe(__global const uint *a, __global const uint *b, __global
 }
 """
 
-CACHE_FILE = "ptx_mma.json"
+CACHE_FILE = "ptx_mma-v2.json"     # measurements only (v1 stored the verdict)
+TOLERANCE = 1e-2                   # the product's max error, f16 inputs and f32 accumulators
+
+
+class Measured(BaseModel):
+    """The probe's product error (inf for a NaN), or why it could not run."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    error: float | None = Field(default=None, ge=0)
+    failure: Annotated[str, Field(max_length=400)] | None = None
 
 
 def cache_key(device_name: str, driver: str, platform_version: str) -> str:
@@ -61,6 +73,19 @@ def applies(platform_name: str, arch: str) -> str | None:
 
 def run_probe(cl: Any, dev: Any) -> str | None:
     """Compile and run the probe kernel on ``dev``; None when the product is right, else why."""
+    return why_not(measure(cl, dev))
+
+
+def why_not(m: Measured) -> str | None:
+    """None when the measurement says the instruction works, else why not."""
+    if m.failure is not None or m.error is None:
+        return f"the probe kernel failed: {m.failure}"
+    return None if m.error < TOLERANCE else \
+        f"the probe's product is wrong (max error {m.error:.3g})"
+
+
+def measure(cl: Any, dev: Any) -> Measured:
+    """Compile and run the probe kernel on ``dev``: the product's max error."""
     rng = np.random.default_rng(7)
     a = rng.standard_normal((16, 16)).astype(np.float16)
     b = rng.standard_normal((16, 8)).astype(np.float16)
@@ -80,10 +105,10 @@ def run_probe(cl: Any, dev: Any) -> str | None:
         cl.enqueue_copy(queue, out, dd)
         queue.finish()
     except Exception as exc:
-        return f"the probe kernel failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
+        return Measured(failure=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
     want = a.astype(np.float64) @ b.astype(np.float64)
     err = float(np.abs(out - want).max())
-    return None if err < 1e-2 else f"the probe's product is wrong (max error {err:.3g})"
+    return Measured(error=err if np.isfinite(err) else float("inf"))
 
 
 def check(cl: Any, dev: Any, platform: Any, arch: str) -> tuple[bool, str]:
@@ -92,9 +117,7 @@ def check(cl: Any, dev: Any, platform: Any, arch: str) -> tuple[bool, str]:
     if skip is not None:
         return False, skip
     key = cache_key(str(dev.name), str(dev.driver_version), str(platform.version))
-
-    def probe() -> dict[str, Any]:
-        why = run_probe(cl, dev)
-        return {"ok": why is None, "why": why or "mma.sync m16n8k16 f16->f32 ran and was right"}
-    got, stored = cache.verdict(CACHE_FILE, key, probe)
-    return bool(got["ok"]), str(got["why"]) + (" (cached)" if stored else "")
+    got, stored = cache.verdict(CACHE_FILE, key, Measured, lambda: measure(cl, dev))
+    why = why_not(got)
+    text = why or "mma.sync m16n8k16 f16->f32 ran and was right"
+    return why is None, text + (" (cached)" if stored else "")

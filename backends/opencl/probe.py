@@ -3,12 +3,15 @@ unavailable entry with the reason, so `attnreg devices` always lists something."
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from attnreg import cache
 from attnreg.caps import DeviceCaps, normalize_vendor, unavailable
+from attnreg.errors import SpecError
 
-from . import compiler_check, mma_probe
+from . import compiler_check, mma_probe, program
 from .tiles import NV_SHUFFLE
 
 NAME = "opencl"                   # the backend's name (caps.backend, kernel ids)
@@ -20,11 +23,33 @@ SUBGROUP_EXTENSIONS = ("cl_khr_subgroups", "cl_intel_subgroups")
 SG_WIDTH = 32
 SG_WG = (64, 128, 256)
 SG_KERNEL = "{attr} __kernel void sg_width(__global uint* x) {{ x[0] = get_sub_group_size(); }}"
+SG_CACHE = "cl_subgroups-v2.json"     # measurements only (v1 stored the verdict)
+
+
+class SubgroupSizes(BaseModel):
+    """The sub-group sizes the driver reported (one per SG_WG), or why it could not say."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    sizes: list[Annotated[int, Field(ge=0, le=1 << 16)]] | None = None
+    failure: Annotated[str, Field(max_length=300)] | None = None
 
 
 def subgroup_widths(cl: Any, dev: Any, exts: frozenset[str]) -> dict[str, Any]:
     """The sub-group size the driver reports for the sub-group kernels' work-group sizes,
     for a kernel built with their sub-group size requirement."""
+    return subgroup_decide(subgroup_sizes(cl, dev, exts))
+
+
+def subgroup_decide(m: SubgroupSizes) -> dict[str, Any]:
+    """{"ok", "why"} of a measurement."""
+    if m.sizes is None:
+        return {"ok": False, "why": f"sub-group size query failed: {m.failure}"}
+    return subgroup_verdict(m.sizes)
+
+
+def subgroup_sizes(cl: Any, dev: Any, exts: frozenset[str]) -> SubgroupSizes:
+    """Ask the driver (a kernel built with the sub-group kernels' size requirement)."""
     import warnings
     pragma = "#pragma OPENCL EXTENSION cl_khr_subgroups : enable\n" \
         if "cl_khr_subgroups" in exts else ""
@@ -39,9 +64,8 @@ def subgroup_widths(cl: Any, dev: Any, exts: frozenset[str]) -> dict[str, Any]:
         info = cl.kernel_sub_group_info.MAX_SUB_GROUP_SIZE_FOR_NDRANGE
         sizes = [int(k.get_sub_group_info(dev, info, (wg,))) for wg in SG_WG]
     except Exception as exc:
-        return {"ok": False, "why": f"sub-group size query failed: {type(exc).__name__}: "
-                f"{str(exc).strip()[:200]}"}
-    return subgroup_verdict(sizes)
+        return SubgroupSizes(failure=f"{type(exc).__name__}: {str(exc).strip()[:200]}")
+    return SubgroupSizes(sizes=sizes)
 
 
 def subgroup_verdict(sizes: list[int]) -> dict[str, Any]:
@@ -79,8 +103,10 @@ def _vendor(platform: Any, dev: Any, dtype: str) -> str:
                             f"0x{vid:04x}" if isinstance(vid, int) else "")
 
 
-def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCaps:
-    """One device's capabilities in attnreg's vocabulary."""
+def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any,
+                env_options: tuple[str, ...] = ()) -> DeviceCaps:
+    """One device's capabilities in attnreg's vocabulary; ``env_options`` are the build
+    options of ATTNREG_OPENCL_BUILD_OPTIONS (every program gets them; its settings say so)."""
     exts = frozenset(str(_get(dev, "extensions", "")).split())
     dtype = _device_type(cl, dev)
     vendor = _vendor(platform, dev, dtype)
@@ -104,10 +130,15 @@ def device_caps(cl: Any, pi: int, di: int, platform: Any, dev: Any) -> DeviceCap
     settings: list[str] = []
     if build_fix:
         settings.append(f"build options {' '.join(build_fix)} on every program: {optimizer}")
+    if env_options:
+        settings.append(f"build options {' '.join(env_options)} on every program: from "
+                        f"{program.EXTRA_ENV}")
     widths = ""
     if NV_SHUFFLE not in features and any(e in exts for e in SUBGROUP_EXTENSIONS):
         key = f"{dev.name}|{dev.driver_version}|{platform.version}"
-        got, _ = cache.verdict("cl_subgroups.json", key, lambda: subgroup_widths(cl, dev, exts))
+        measured, _ = cache.verdict(SG_CACHE, key, SubgroupSizes,
+                                    lambda: subgroup_sizes(cl, dev, exts))
+        got = subgroup_decide(measured)
         widths = str(got["why"])
         if not got["ok"]:                  # the extensions decide no variant (still listed)
             exts = exts - frozenset(SUBGROUP_EXTENSIONS)
@@ -153,6 +184,10 @@ def probe() -> list[DeviceCaps]:
         platforms = cl.get_platforms()
     except Exception as exc:
         return [unavailable(NAME, f"no OpenCL platform (is an ICD installed?): {exc}")]
+    try:
+        env_options = program.env_options()
+    except SpecError as exc:                  # a malformed variable: its message is the reason
+        return [unavailable(NAME, str(exc))]
     out: list[DeviceCaps] = []
     for pi, platform in enumerate(platforms):
         try:
@@ -162,7 +197,9 @@ def probe() -> list[DeviceCaps]:
             continue
         for di, dev in enumerate(devices):
             try:
-                out.append(device_caps(cl, pi, di, platform, dev))
+                out.append(device_caps(cl, pi, di, platform, dev, env_options))
+            except SpecError as exc:          # a refused cache directory: its message
+                out.append(unavailable(NAME, f"device {pi}:{di}: {exc}"))
             except Exception as exc:
                 out.append(unavailable(NAME, f"device {pi}:{di}: probe failed: {exc!r}"))
     return out or [unavailable(NAME, "no OpenCL device found")]

@@ -10,7 +10,6 @@ types (q/out dtype, K/V codes, scales) are build options, so one source serves t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -18,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from attnreg import blocks, ports
+from attnreg import blocks, env, ports
 from attnreg.backends import common
 from attnreg.caps import DeviceCaps
 from attnreg.errors import SpecError
@@ -53,6 +52,11 @@ ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",
          **{f: f for f in ("decode_partial", "decode_fused", "decode_qk", "decode_pv")}}
 BASE_OPTIONS = ("-cl-std=CL1.2",)
 EXTRA_ENV = "ATTNREG_OPENCL_BUILD_OPTIONS"   # e.g. -cl-nv-verbose, for diagnosis
+# Options that let the compiler assume no NaN or inf (the contract's non-finite rules rest on
+# them): refused in the environment, where one silently turned rows that must be 0 / -inf
+# into NaN.
+UNSAFE_OPTIONS = ("-cl-fast-relaxed-math", "-cl-finite-math-only",
+                  "-cl-unsafe-math-optimizations")
 # -D KV_Q per K/V storage (kernels_cl/common.cl): the spec's dtype, int8 codes + float32
 # scales per vector, int4 q4_0 blocks + float16 scales per 32 elements.
 KV_Q = {None: 0, "int8": 1, "int4": 2}
@@ -106,9 +110,27 @@ def build_fix(caps: DeviceCaps) -> tuple[str, ...]:
     return tuple(caps.extra.get("cl_build_fix", ()))
 
 
+def env_options() -> tuple[str, ...]:
+    """ATTNREG_OPENCL_BUILD_OPTIONS (the probe's settings show them; every build reads them
+    again, so a tool may set them mid-process, as bench/opencl_gpu_check.py does); a
+    SpecError naming it for an option that is not one or that breaks the contract."""
+    got = tuple(env.text(EXTRA_ENV).split())
+    for opt in got:
+        if not opt.startswith("-") or opt.split("=")[0] in UNSAFE_OPTIONS:
+            raise SpecError(EXTRA_ENV, env.text(EXTRA_ENV),
+                            f"compiler options (-name) that keep the contract's float "
+                            f"semantics; not {opt!r} (refused: {', '.join(UNSAFE_OPTIONS)})")
+    return got
+
+
+def device_options(caps: DeviceCaps) -> tuple[str, ...]:
+    """What every program of the device is built with beyond its defines: the fixes its
+    compiler needs (build_fix) and the environment's options."""
+    return build_fix(caps) + env_options()
+
+
 def options(defines: dict[str, int], extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    env = tuple(os.environ.get(EXTRA_ENV, "").split())
-    return BASE_OPTIONS + extra + env + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
+    return BASE_OPTIONS + extra + tuple(f"-D{k}={v}" for k, v in sorted(defines.items()))
 
 
 def split_params(plan: Plan) -> dict[str, int]:

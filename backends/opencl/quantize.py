@@ -45,7 +45,7 @@ def quantize_into(ctx: cl.Context, dev: cl.Device, queue: cl.CommandQueue, mem: 
                   kv_dtype: str, rows: np.ndarray,
                   jobs: Sequence[tuple[np.ndarray, Any, Any]], fix: tuple[str, ...] = ()) -> None:
     """The runtime contract's quantize_into (attnreg/memory.py) on this device (``fix``: the
-    build options its compiler needs, program.build_fix)."""
+    build options of the device, program.device_options)."""
     if not jobs or rows.size == 0:
         return
     r, h = jobs[0][0].shape

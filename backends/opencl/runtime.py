@@ -137,13 +137,13 @@ class OpenCLRuntime:
                       jobs: list[tuple[np.ndarray, Any, Any]]) -> None:
         with self._lock:
             quantize.quantize_into(self.ctx, self.device, self.queue, self.mem, kv_dtype,
-                                   rows, jobs, program.build_fix(self.caps))
+                                   rows, jobs, program.device_options(self.caps))
 
     # -- programs ----------------------------------------------------------------------
     def _program(self, kernel_id: str, family: str, defines: dict[str, int]) -> cl.Program:
         return device.build(self.ctx, self.device, kernel_id,
                             program.source(family, _variant(kernel_id)[1]),
-                            program.options(defines, program.build_fix(self.caps)))
+                            program.options(defines, program.device_options(self.caps)))
 
     def _new_kernel(self, kernel_id: str, family: str, g: tiles.Geometry,
                     defines: dict[str, int]) -> cl.Kernel:

@@ -4,12 +4,13 @@ recompiles. Programs come from program.py; this module only compiles and lays th
 
 from __future__ import annotations
 
-import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from attnreg import env, interrupts
 from attnreg.caps import DeviceCaps
 from attnreg.errors import KernelUnavailable
 
@@ -23,12 +24,18 @@ from .program import NAGA, Program, digest
 # create_shader_module does; "none" drops the bounds checks too.
 CHECKS_ENV = "ATTNREG_WGSL_CHECKS"
 _CHECKS = {"all": 0x3, "bounds": 0x1, "none": 0x0}
+# A read-back waits for the device in slices of WAIT_SLICE_S, at most $ATTNREG_DEVICE_TIMEOUT
+# seconds (default WAIT_S): between slices a held signal is delivered (interrupts.py), and a
+# handler that raises, or the bound, cancels the map instead of leaving it pending.
+WAIT_ENV = "ATTNREG_DEVICE_TIMEOUT"
+WAIT_S = 600.0
+WAIT_SLICE_S = 0.05
 
 
 def _checks() -> int | None:
-    mode = os.environ.get(CHECKS_ENV, "bounds").strip().lower()
-    if mode not in _CHECKS:
-        raise ValueError(f"{CHECKS_ENV}={mode!r}: expected one of {sorted(_CHECKS)}")
+    """naga's runtime checks from ATTNREG_WGSL_CHECKS (a SpecError naming it when it is not
+    one of _CHECKS); None for create_shader_module's own."""
+    mode = env.choice(CHECKS_ENV, "bounds", tuple(_CHECKS))
     return None if mode == "all" else _CHECKS[mode]
 
 
@@ -92,6 +99,31 @@ class GpuDevice:
         """Submit command buffers (every submit of the runtime and memory goes here)."""
         self.device.queue.submit(commands)
 
+    def map_read(self, buf: Any, size: int) -> bytes:
+        """The first ``size`` bytes of a MAP_READ buffer whose copy was submitted. The wait is
+        bounded and sliced (WAIT_ENV); on any exception (a signal's handler, the bound) the
+        caller destroys the buffer, which cancels the pending map."""
+        limit = env.seconds(WAIT_ENV, WAIT_S)            # before the map: a SpecError here
+        deadline = time.monotonic() + limit
+        promise = buf.map_async(self.wgpu.MapMode.READ, 0, size)
+        while promise._state == "pending":               # wgpu-py's GPUPromise (both hosts)
+            if interrupts.pending():
+                interrupts.deliver()                     # its exception, if any, cancels
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the device did not finish within {limit:g} s "
+                                   f"({WAIT_ENV}); the read-back was cancelled")
+            self.wait_slice(promise, min(WAIT_SLICE_S, left))
+        promise.sync_wait()                              # settled: raises a failed map
+        try:
+            return bytes(buf.read_mapped(0, size))
+        finally:
+            buf.unmap()
+
+    def wait_slice(self, promise: Any, seconds: float) -> None:
+        """Wait up to ``seconds`` for ``promise`` (wgpu-native's poll thread settles it)."""
+        promise._thread_event.wait(seconds)
+
     def wait(self) -> None:
         """Block until every submitted command buffer has finished."""
         wait_idle(self.wgpu, self.device)
@@ -116,9 +148,8 @@ class GpuDevice:
         matrices; backends.dawn overrides this."""
         return None, "no subgroup matrices through wgpu-native (naga has none): use backend dawn"
 
-    def module(self, label: str, wgsl: str) -> Any:
-        """The shader module; naga's runtime checks follow ATTNREG_WGSL_CHECKS."""
-        checks = _checks()
+    def module(self, label: str, wgsl: str, checks: int | None) -> Any:
+        """The shader module; naga's runtime ``checks`` (ATTNREG_WGSL_CHECKS)."""
         if checks is not None and self.trusted_ok:
             try:
                 return _trusted_module(self.device, label, wgsl, checks)
@@ -133,14 +164,15 @@ class GpuDevice:
     def compile(self, label: str, wgsl: str, accesses: tuple[str, ...]) -> Any:
         """The compute pipeline for this source and binding layout (cached). A compile or
         validation failure raises KernelUnavailable carrying the compiler's message."""
-        key = (label, digest(wgsl), os.environ.get(CHECKS_ENV, ""), accesses)
+        checks = _checks()              # a malformed variable fails here, not as a compile
+        key = (label, digest(wgsl), checks, accesses)
         with self._lock:
             got = self._pipelines.get(key)
             if got is not None:
                 return got
             _, pl = self.layout(accesses)
             try:
-                module = self.module(label, wgsl)
+                module = self.module(label, wgsl, checks)
                 got = self.device.create_compute_pipeline(
                     label=label, layout=pl, compute={"module": module, "entry_point": "main"})
             except Exception as exc:

@@ -121,15 +121,11 @@ class DeviceMemory:
         """Wait for and copy out the first nbytes of a MAP_READ buffer (a submitted copy)."""
         size = cdiv(nbytes, _WORD) * _WORD
         try:
-            rb.map_sync(self.wgpu.MapMode.READ, 0, size)
-            try:
-                raw = bytes(rb.read_mapped(0, size))
-            finally:
-                rb.unmap()
+            raw = self.dev.map_read(rb, size)
         except BaseException:
-            # Interrupted or failed while a map was pending: the buffer may stay mapped or
-            # pending, and copying into it would abort the process. Drop it; the next read
-            # makes a new one.
+            # Interrupted, timed out or failed while a map was pending: the buffer may stay
+            # mapped or pending, and copying into it would abort the process. Destroying it
+            # cancels the map; the next read makes a new buffer.
             self.discard(rb)
             raise
         self.counters["readbacks"] += 1

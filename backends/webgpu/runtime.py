@@ -381,12 +381,13 @@ class WebGpuRuntime:
         enc.resolve_query_set(qs, 0, count, resolve, 0)
         enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
         self.dev.submit([enc.finish()])
-        rb.map_sync(self.wgpu.MapMode.READ, 0, n)
         try:
-            ticks = np.frombuffer(bytes(rb.read_mapped(0, n)), dtype=np.uint64).copy()
+            ticks = np.frombuffer(self.dev.map_read(rb, n), dtype=np.uint64).copy()
+        except BaseException:
+            self.memory.discard(rb)           # cancels the map (webgpu/memory.py map_read)
+            raise
         finally:
-            rb.unmap()
-        qs.destroy()
+            qs.destroy()
         return ticks
 
     def close(self) -> None:

@@ -66,6 +66,16 @@ def _too_big_for_device(s: attnreg.Session) -> Any:
     return s.plan(big)
 
 
+def _cache_past_binding(s: attnreg.Session) -> Any:
+    """A KV cache one key past the device's storage-binding limit: refused before it is
+    allocated (a 144 MiB cache on lavapipe allocated, then every plan failed)."""
+    limit = s.binding_limit(s.home_device())
+    if limit is None:
+        raise attnreg.SpecError("capacity", None, "skip: no binding limit (the numpy reference)")
+    return s.kv_cache(batch=1, kv_num_heads=8, head_size=128, dtype="float32",
+                      capacity=limit // (8 * 128 * 4) + 1)
+
+
 def _o_parts(**kw: Any) -> Callable[[attnreg.Session], Any]:
     def go(s: attnreg.Session) -> Any:
         o = np.zeros((2, 4, 2, 3, 32), np.float32)
@@ -112,11 +122,25 @@ CASES: list[tuple[str, Callable[[attnreg.Session], Any], str]] = [
     ("unknown-kernel", lambda s: s.run(SPEC, _t(), kernel="webgpu.magic"), "kernel"),
     ("kernel-of-other-backend", _other_kernel, "kernel"),
     ("forced-kernel-cannot-run", _dtype_mismatched_kernel, "spec"),
-    ("too-big-for-device", _too_big_for_device, "spec"),
+    ("too-big-for-device", _too_big_for_device, "tensors['k']"),
     ("bad-split-size", lambda s: s.partial_states(SPEC, _t(), split_size=0), "split_size"),
     ("reduce-o-float64", _o_parts(o_parts=np.zeros((2, 4, 2, 3, 32))), "o_parts"),
     ("reduce-lse-shape", _o_parts(lse_parts=np.zeros((2, 4, 2, 4), np.float32)), "lse_parts"),
     ("reduce-sink-missing", _o_parts(head_sink=None), "head_sink"),
+    # issue [trust]: checks before copies, huge integers, the field the caller set
+    ("tensor-2**33-broadcast", lambda s: s.tensor(np.broadcast_to(np.float32(0), (2**33,))),
+     "shape"),
+    ("write-2**33-broadcast", lambda s: s.tensor(np.zeros(4, np.float32)).write(
+        np.broadcast_to(np.float32(0), (2**33,))), "array"),
+    ("past-len-10**5000", lambda s: SPEC.replace(past_len=10**5000), "past_len"),
+    ("scale-10**5000", lambda s: SPEC.replace(scale=10**5000), "scale"),
+    ("flag-10**5000", lambda s: s.run(SPEC, _t(), flags={"split_size": 10**5000}),
+     "flags['split_size']"),
+    ("param-10**5000", lambda s: s.run(SPEC, _t(), params={"split_size": -10**5000}),
+     "params['split_size']"),
+    ("capacity-from-past-len", lambda s: attnreg.AttentionSpec(
+        batch=3, seq_len=5, past_len=10**9, num_heads=4, head_size=32), "past_len"),
+    ("kv-cache-past-binding", _cache_past_binding, "capacity"),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -142,3 +166,34 @@ def test_bad_inputs_then_a_good_run(dev: attnreg.DeviceCaps) -> None:
                     continue      # no binding limit (the numpy reference), or 8 GiB fit
                 pytest.fail(f"{name}: no SpecError on {dev.id}")
         check_close(SPEC, s.run(SPEC, t), t, what=f"good run after bad inputs on {dev.id}")
+
+
+HUGE_TEXT = "x" * 10**7          # a 10 MB name or value
+BOUNDED: list[tuple[str, Callable[[attnreg.Session], Any]]] = [
+    ("flag-name", lambda s: s.run(SPEC, _t(), flags={HUGE_TEXT: 1})),
+    ("flag-value", lambda s: s.run(SPEC, _t(), flags={"route": HUGE_TEXT})),
+    ("flag-int-key", lambda s: s.run(SPEC, _t(), flags={10**5000: 1})),
+    ("param-name", lambda s: s.run(SPEC, _t(), params={HUGE_TEXT: 1})),
+    ("tensor-name", lambda s: s.run(SPEC, _t(**{HUGE_TEXT: np.zeros(1)}))),
+    ("tensor-int-key", lambda s: s.run(SPEC, _t(**{"q": None}) | {10**5000: np.zeros(1)})),
+    ("spec-field", lambda s: attnreg.AttentionSpec(**{HUGE_TEXT: 1})),
+    ("spec-dtype", lambda s: SPEC.replace(dtype=HUGE_TEXT)),
+    ("spec-nested", lambda s: SPEC.replace(batch=[[10**5000] * 1000] * 1000)),
+    ("kernel", lambda s: s.run(SPEC, _t(), kernel=HUGE_TEXT)),
+    ("backend", lambda s: attnreg.Session(backend=HUGE_TEXT)),
+    ("device", lambda s: attnreg.Session(backend="reference", device=HUGE_TEXT)),
+    ("negative-huge", lambda s: SPEC.replace(head_size=-10**6000)),
+]
+
+
+def test_messages_are_bounded_and_always_formatted() -> None:
+    """Whatever the size of a name or value (10 MB strings, integers of 5000 digits, deep
+    lists), the SpecError's field and message stay short: never a 10 MB message, never a
+    ValueError raised while formatting one."""
+    with attnreg.Session(backend="reference") as s:
+        for name, call in BOUNDED:
+            with pytest.raises(attnreg.SpecError) as info:
+                call(s)
+            text = str(info.value)
+            assert len(info.value.field) <= 200 and len(text) <= 4500, (name, len(text))
+            assert "expected" in text, name

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg import registry as regmod
 from attnreg.testing import compare, expected, make_tensors
+from attnreg.tools import fuzz_hostile
 
 DEVICES = [d for d in attnreg.devices() if d.available]
 IDS = [f"{d.backend}-{d.slug}" for d in DEVICES]
@@ -398,3 +400,122 @@ def test_sigint_deferral_restores_the_handler() -> None:
     with attnreg.Session(backend="reference") as s:
         s.run(SPEC, _t())
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# -- 6. exceptions from any signal handler (issue [trust]) -----------------------------------
+def _armed_call(delay: float, call: Callable[[], Any]) -> bool:
+    """Run call with a SIGALRM due after ``delay`` whose handler raises (as a caller's
+    timeout would; attnreg.tools.fuzz_hostile); True if the call completed."""
+    return fuzz_hostile.with_alarm(delay, call) is not fuzz_hostile.INTERRUPTED
+
+
+@pytest.mark.parametrize("dev", DEVICES, ids=IDS)
+def test_an_exception_from_a_sigalrm_handler_leaves_the_session_usable(dev: attnreg.DeviceCaps
+                                                                       ) -> None:
+    """An exception raised from a SIGALRM handler during a WebGPU read-back left wgpu-py's
+    map half done and the next submit hung. Alarms at offsets around one call's length, on
+    runs and read-backs: each is held while the device is mid-operation and raised after (or
+    before the call), the session stays usable and its results right."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach only the main thread")
+    t = _t()
+    rng = np.random.default_rng(7)
+    with _session(dev) as s:
+        x = s.tensor(t["q"])
+        s.run(SPEC, t)                                     # compiles
+        t0 = time.monotonic()
+        s.run(SPEC, t)
+        x.numpy()
+        step = max((time.monotonic() - t0) / 2, 0.0005)
+        interrupted = 0
+        for i in range(12 if dev.backend == "browser" else 40):    # a browser job is slow
+            call = (lambda: s.run(SPEC, t)) if i % 2 else x.numpy
+            interrupted += not _armed_call(float(rng.uniform(0.0, 1.5)) * step + 1e-5, call)
+        assert interrupted >= 3, interrupted
+        _, problem = compare(SPEC, s.run(SPEC, t), expected(SPEC, t))
+        assert not problem and np.array_equal(x.numpy(), t["q"])
+
+
+@pytest.mark.parametrize("dev", [d for d in DEVICES if d.backend in ("webgpu", "dawn")],
+                         ids=[i for d, i in zip(DEVICES, IDS) if d.backend in ("webgpu", "dawn")])
+def test_a_read_back_past_its_bound_or_interrupted_is_cancelled(dev: attnreg.DeviceCaps,
+                                                                monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """The wait for a read-back is bounded (ATTNREG_DEVICE_TIMEOUT) and sliced: past the
+    bound, or when a signal's handler raises meanwhile, the map is cancelled and the next
+    call works. A prefill's own read-back waits for the prefill (far longer than the 1 ms
+    bound and the alarm's 2 ms). On Dawn that wait is always the map's; wgpu-native on
+    lavapipe sometimes waits inside the submit instead (native code, which no Python bound
+    reaches: the read-back then finds the map done), so there a right result passes too."""
+    busy = attnreg.AttentionSpec(batch=1, seq_len=512, past_len=0, num_heads=8,
+                                 kv_num_heads=8, head_size=64)
+    t = make_tensors(busy, 0, poison=False)
+    want = expected(busy, t)
+    with _session(dev) as s:
+        s.run(busy, t)                                               # compiles
+        monkeypatch.setenv("ATTNREG_DEVICE_TIMEOUT", "0.001")
+        try:
+            _, problem = compare(busy, s.run(busy, t), want)
+            assert dev.backend != "dawn" and not problem, problem or "no TimeoutError"
+        except TimeoutError as exc:
+            assert "ATTNREG_DEVICE_TIMEOUT" in str(exc)
+        monkeypatch.delenv("ATTNREG_DEVICE_TIMEOUT")
+        _, problem = compare(busy, s.run(busy, t), want)
+        assert not problem, f"after a timed-out read-back: {problem}"
+        results = [_armed_call(0.002, lambda: s.run(busy, t)) for _ in range(3)]
+        assert not any(results), results
+        _, problem = compare(busy, s.run(busy, t), want)
+        assert not problem, f"after interrupted read-backs: {problem}"
+
+
+# -- 7. plugin loading is atomic -------------------------------------------------------------
+def _plugin_module(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, body: str) -> str:
+    name = f"trust_plugin_{abs(hash(body)) % 10**8}_{len(list(tmp_path.iterdir()))}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_a_plugin_that_exits_is_broken_and_the_others_load(tmp_path: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _plugin_module(tmp_path, monkeypatch, "raise SystemExit(3)\n")
+    monkeypatch.setenv("ATTNREG_PLUGINS", name)
+    reg = regmod.Registry()
+    assert "SystemExit" in reg.broken_plugins()[name]
+    assert reg.devices("reference")[0].available
+    assert any(d.backend == name and not d.available for d in reg.devices("reference") +
+               [c for c in reg.devices() if c.backend == name])
+
+
+def test_an_interrupted_load_is_retried(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt while plugins load (a module raising it, or Ctrl-C at the first
+    call) left every later call failing with "installed backends []", reference included."""
+    name = _plugin_module(tmp_path, monkeypatch, "raise KeyboardInterrupt\n")
+    monkeypatch.setenv("ATTNREG_PLUGINS", name)
+    reg = regmod.Registry()
+    with pytest.raises(KeyboardInterrupt):
+        reg.backends()
+    monkeypatch.delenv("ATTNREG_PLUGINS")          # Ctrl-C was the caller's: the next load
+    assert "reference" in reg.backends() and name not in reg.broken_plugins()
+    monkeypatch.setenv("ATTNREG_PLUGINS", name)
+    again = regmod.Registry()
+    with pytest.raises(KeyboardInterrupt):
+        again.backends()
+    assert "reference" in again.backends()         # raised twice: the module is broken
+    assert "KeyboardInterrupt" in again.broken_plugins()[name]
+
+
+def test_a_plugin_whose_hook_raises_is_reported_and_refused(tmp_path: Any,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    body = ("import attnreg\n@attnreg.hookimpl\ndef attnreg_register_backends(register):\n"
+            "    raise RuntimeError('no GPU here')\n")
+    name = _plugin_module(tmp_path, monkeypatch, body)
+    monkeypatch.setenv("ATTNREG_PLUGINS", name)
+    reg = regmod.Registry()
+    assert "no GPU here" in reg.broken_plugins()[name]
+    assert {"reference", "webgpu", "opencl"} <= set(reg.backends())
+    import importlib
+    with pytest.raises(attnreg.SpecError, match="no GPU here"):
+        regmod.get().register_plugin(importlib.import_module(name), name="raising")
+    assert regmod.get().backend("reference") is not None

@@ -25,7 +25,7 @@ import pytest
 import attnreg
 from attnreg import reference as ref
 from attnreg.backends.browser import chromium, kernels, probe, wire
-from attnreg.backends.browser.host import BrowserError, BrowserHost
+from attnreg.backends.browser.host import TIMEOUT_ENV, BrowserError, BrowserHost, job_timeout
 from attnreg.backends.webgpu import kernels as wkernels
 from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
@@ -312,3 +312,21 @@ def test_float16_runs_through_the_host_cast_variants(session: attnreg.Session) -
     out, plan = session.run_with_plan(spec, t)
     assert out.dtype == np.float16 and ".cast32." in plan.kernel
     check_close(spec, out, t, what=plan.kernel)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan", "1e9"])
+def test_a_malformed_job_timeout_is_a_spec_error_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                                          value: str) -> None:
+    """ATTNREG_BROWSER_TIMEOUT=abc silently meant 300 s."""
+    monkeypatch.setenv(TIMEOUT_ENV, value)
+    with pytest.raises(attnreg.SpecError) as info:
+        job_timeout()
+    assert info.value.field == TIMEOUT_ENV
+    monkeypatch.setenv(TIMEOUT_ENV, "12.5")
+    assert job_timeout() == 12.5
+
+
+def test_a_malformed_switch_is_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(probe.DISABLE_ENV, "maybe")
+    (caps,) = probe._probe()
+    assert not caps.available and caps.reason.startswith(f"{probe.DISABLE_ENV}=")

@@ -139,6 +139,26 @@ def test_missing_package_is_an_unavailable_device(monkeypatch: pytest.MonkeyPatc
     assert dprobe.PINNED in caps.reason
 
 
+@pytest.mark.parametrize(("var", "value"), [
+    (toggles.ENV, "allow_unsafe_apis"),                # not +name / -name / !name
+    (toggles.ENV, "+no_such_toggle"),                  # Dawn has none: found in the child
+    (vkshim.ENV, "/etc/passwd"),                       # not an ICD manifest
+    (dprobe.DISABLE_ENV, "maybe"),
+])
+def test_a_malformed_variable_is_the_reason_not_a_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                            var: str, value: str) -> None:
+    """A bad ATTNREG_DAWN_TOGGLES showed the probe child's traceback as the reason, and
+    ATTNREG_VK_SHIM=/etc/passwd read "Dawn found no adapter": the reason is now the
+    SpecError's message, naming the variable."""
+    if dprobe.version() is None:
+        missing("wgpudawn is not installed")
+    _fresh_probe(monkeypatch)
+    monkeypatch.setenv(var, value)
+    (caps,) = dprobe.probe()
+    assert not caps.available and caps.reason.startswith(f"{var}=") and "expected" in caps.reason
+    assert "Traceback" not in caps.reason
+
+
 def test_disabled_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     _fresh_probe(monkeypatch)
     monkeypatch.setenv(dprobe.DISABLE_ENV, "0")
@@ -158,7 +178,7 @@ def test_a_dawn_that_crashes_costs_a_child_not_the_caller(monkeypatch: pytest.Mo
 # -- the Vulkan shim -----------------------------------------------------------------------------
 def test_shim_swaps_lavapipe_in_the_driver_list(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     shim = tmp_path / "shim.json"
-    shim.write_text("{}")
+    shim.write_text('{"ICD": {"library_path": "/x/libshim.so"}}')
     monkeypatch.setenv(vkshim.ENV, str(shim))
     monkeypatch.setenv("VK_DRIVER_FILES", "/x/nvidia_icd.json:/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
     monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)

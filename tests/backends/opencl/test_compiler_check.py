@@ -11,6 +11,7 @@ its fix and its cache are exercised on the real CI device.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -75,8 +76,10 @@ def test_the_verdict_is_cached_per_device_and_driver(monkeypatch: pytest.MonkeyP
     fix, why = compiler_check.check(cl, dev, plat)
     assert fix == () and "cached" not in why
     stored = json.loads((tmp_path / compiler_check.CACHE_FILE).read_text())
-    assert list(stored.values()) == [{"fix": [], "why": why}]
-    monkeypatch.setattr(compiler_check, "verdict", lambda *a: pytest.fail("not cached"))
+    (entry,) = stored.values()                  # the measurement only, never the options
+    assert set(entry) == {"optimized", "unoptimized", "failure"}
+    assert entry["optimized"] <= compiler_check.TOLERANCE and entry["failure"] is None
+    monkeypatch.setattr(compiler_check, "measure", lambda *a: pytest.fail("not cached"))
     assert compiler_check.check(cl, dev, plat) == ((), why + " (cached)")
 
 
@@ -120,3 +123,51 @@ def test_subgroup_width_query_failure_is_a_reason() -> None:
     cl, dev = _pocl()
     got = probe.subgroup_widths(cl, dev, frozenset({"cl_khr_subgroups"}))   # PoCL 3.1: none
     assert not got["ok"] and got["why"].startswith("sub-group size query failed")
+
+
+# -- the cache holds measurements, never options (issue [trust]) ------------------------------
+def test_a_planted_verdict_never_becomes_build_options(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path) -> None:
+    """"fix": ["-cl-fast-relaxed-math"] in cl_optimizer.json went into every build (rows that
+    must be 0 / -inf turned NaN). The file now holds the check's measured errors: a file of
+    another shape is ignored with a warning naming it (and measured again); measurements,
+    whatever they say, choose among attnreg's own fixes only."""
+    cl, dev = _pocl()
+    cache_dir = tmp_path / "cache"
+    monkeypatch.setenv("ATTNREG_CACHE_DIR", str(cache_dir))
+    key = f"{dev.name}|{dev.driver_version}|{dev.platform.version}"
+    fixes = []
+    for planted in ({key: {"fix": ["-cl-fast-relaxed-math"], "why": "planted"}},
+                    {key: {"optimized": 1.0, "unoptimized": 0.0, "failure": None}},
+                    {key: {"optimized": None, "unoptimized": None, "failure": "-cl-no-way"}}):
+        cache_dir.mkdir(mode=0o700, exist_ok=True)
+        (cache_dir / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+        (cache_dir / compiler_check.CACHE_FILE).write_text(json.dumps(planted))
+        (cache_dir / compiler_check.CACHE_FILE).chmod(0o600)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fix, why = compiler_check.check(cl, dev, dev.platform)
+        fixes.append(fix)
+        if "fix" in planted[key]:
+            assert any(compiler_check.CACHE_FILE in str(w.message) for w in seen), why
+            assert fix == () and "cached" not in why          # measured again
+    assert fixes[1] == compiler_check.FIX and fixes[2] == ()
+    assert all(set(f) <= set(compiler_check.FIX) for f in fixes)
+
+
+def test_environment_build_options_are_checked_and_shown(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """ATTNREG_OPENCL_BUILD_OPTIONS went into every build unseen by `attnreg devices`: now the
+    probe records them (settings, program.device_options), and options that let the compiler
+    assume no NaN / inf make the backend unavailable with a reason naming the variable."""
+    require_devices("opencl")
+    monkeypatch.setenv(program.EXTRA_ENV, "-cl-fast-relaxed-math")
+    (caps,) = probe.probe()
+    assert not caps.available and program.EXTRA_ENV in caps.reason
+    monkeypatch.setenv(program.EXTRA_ENV, "-DATTNREG_TRUST_PROBE=1")
+    pocl = next(d for d in probe.probe() if d.available and d.vendor == "pocl")
+    assert any(program.EXTRA_ENV in line and "-DATTNREG_TRUST_PROBE=1" in line
+               for line in pocl.settings), pocl.settings
+    assert "-DATTNREG_TRUST_PROBE=1" in program.device_options(pocl)
+    monkeypatch.delenv(program.EXTRA_ENV)
+    assert not program.env_options()

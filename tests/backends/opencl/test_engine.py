@@ -67,10 +67,11 @@ def test_probe_maps_vendor_extensions(monkeypatch, tmp_path):
     probe runs need a real device, so their answers are given: the compiler check's cached
     verdict, the sub-group width of an Intel GPU)."""
     monkeypatch.setenv("ATTNREG_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(oprobe.compiler_check, "verdict", lambda cl, dev: {"fix": [], "why": "-"})
+    monkeypatch.setattr(oprobe.compiler_check, "measure",
+                        lambda cl, dev: oprobe.compiler_check.Measured(optimized=0.0))
     widths = {"Intel(R) OpenCL Graphics": [32, 32, 32], "Portable Computing Language": [64, 128, 256]}
-    monkeypatch.setattr(oprobe, "subgroup_widths",
-                        lambda cl, dev, exts: oprobe.subgroup_verdict(widths[dev.platform_name]))
+    monkeypatch.setattr(oprobe, "subgroup_sizes",
+                        lambda cl, dev, exts: oprobe.SubgroupSizes(sizes=widths[dev.platform_name]))
     nv = types.SimpleNamespace(name="NVIDIA CUDA", vendor="NVIDIA Corporation", version="OpenCL 3.0")
     caps = oprobe.device_caps(_fake_cl(), 1, 0, nv, _FakeDev())
     assert caps.id == "opencl:1:0" and caps.vendor == "nvidia" and caps.architecture == "sm_90"

@@ -65,6 +65,26 @@ def test_values_beyond_f16_range_are_finite(dev, build, kernel):
     check_close(spec, got, t, what=f"{kernel} {build}")
 
 
+@pytest.mark.parametrize(("dev", "build"), BUILDS, ids=IDS)
+@pytest.mark.parametrize("kernel", list(TWINS), ids=["prefill", "partial", "fused"])
+def test_q_k_past_float32_with_scores_within_are_right(dev, build, kernel):
+    """q = k = 5e18 in batch 1 (bf16 holds them): q.k = 64 * 2.5e37 = 1.6e39 is beyond float32,
+    the logit scale * q.k = 2e38 is not (docs/contract.md "Overflow"). The bf16 builds scale q
+    by the scale's power of two as they load it (mma_tile.cl qk_pow2), so the scores stay in
+    range: out is the reference's (uniform weights), never NaN. Batch 0 is ordinary. lse, about
+    2e38, carries float32's rounding of ~1e31, so out is compared, and the decodes run one
+    split (splits merged by such lse lose their key counts: the contract's "Overflow")."""
+    spec = _spec(kernel)
+    t = make_tensors(spec, seed=6)
+    t["q"][1] = BF16(5e18)
+    t["k"][1] = BF16(5e18)
+    got, plan = run(dev, build, kernel, spec, t, split_size=256)
+    assert plan.stages[0].kernel == kernel
+    out = np.asarray(got[0]).astype(np.float32)
+    assert np.isfinite(out).all()
+    check_close(spec.replace(return_lse=False), got[0], t, what=f"{kernel} {build}")
+
+
 # -- declaration and selection ----------------------------------------------------------
 def test_declared_as_the_f16_kernels_bf16_twins():
     reg = attnreg.registry.get()

@@ -45,11 +45,12 @@ def test_the_answer_is_cached_per_device_and_driver(monkeypatch: pytest.MonkeyPa
     nvidia_like = types.SimpleNamespace(name="NVIDIA CUDA", version="OpenCL 3.0 CUDA 13.0")
     ok, why = mma_probe.check(cl, dev, nvidia_like, "sm_90")
     assert not ok and "failed" in why and "cached" not in why
-    stored = json.loads((tmp_path / "ptx_mma.json").read_text())
+    stored = json.loads((tmp_path / mma_probe.CACHE_FILE).read_text())
     key = mma_probe.cache_key(str(dev.name), str(dev.driver_version), nvidia_like.version)
-    assert stored[key]["ok"] is False
+    assert stored[key]["error"] is None and stored[key]["failure"]   # measured, not judged
     calls = []
-    monkeypatch.setattr(mma_probe, "run_probe", lambda *a: calls.append(a) or None)
+    monkeypatch.setattr(mma_probe, "measure",
+                        lambda *a: calls.append(a) or mma_probe.Measured(error=0.0))
     ok2, why2 = mma_probe.check(cl, dev, nvidia_like, "sm_90")
     assert (ok2, calls) == (False, []) and why2.endswith("(cached)")
     other = types.SimpleNamespace(name="NVIDIA CUDA", version="OpenCL 3.0 CUDA 13.1")

@@ -191,14 +191,20 @@ def test_reduce_past_65535_workgroups(session):
 
 
 def test_storage_binding_limit_is_a_named_rejection():
+    """A tensor past one storage binding is a SpecError naming it, its size and the limit
+    (issue [trust]: it was a NoKernelError, the reason repeated in every kernel's list);
+    the NoKernelError, every kernel's rejection, is its cause."""
     devs = require_devices("webgpu")
     cap = devs[0].limit("storage_binding")
     assert cap is not None
     spec = attnreg.AttentionSpec(seq_len=1, past_len=cap // (8 * 128 * 4), num_heads=8,
                                  kv_num_heads=8, head_size=128)
-    with pytest.raises(attnreg.NoKernelError, match="storage_binding") as err:
+    with pytest.raises(attnreg.SpecError, match="storage_binding") as err:
         attnreg.explain(spec, backend="webgpu")
-    assert "webgpu.decode_partial.f32.m1" in str(err.value)
+    assert err.value.field == "tensors['k']" and err.value.value == 8 * 128 * 4 * spec.capacity
+    assert str(cap) in str(err.value)
+    assert isinstance(err.value.__cause__, attnreg.NoKernelError)
+    assert "webgpu.decode_partial.f32.m1" in str(err.value.__cause__)
 
 
 def test_timings(session):
