@@ -1,9 +1,9 @@
 """A deliberately naive, loop-per-row transcription of docs/contract.md, independent of
 attnreg.reference, used to check the vectorised reference itself. Non-finite values follow
 docs/contract.md "Non-finite values and scalar fields": only keys visible by position (L_b,
-causal, the left and right windows) are looked at; a non-finite q_i or k_j, or a NaN / +inf logit,
-makes the row NaN; a non-finite v_j[d] makes out[d] NaN (a -inf bias masks the logit, not the
-value)."""
+causal, the left and right windows) are looked at; a non-finite q_i or k_j, a score scale * q.k
+beyond float32 ("Overflow"), or a NaN / +inf logit makes the row NaN; a non-finite v_j[d] makes
+out[d] NaN (a -inf bias masks the logit, not the value)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import math
 import numpy as np
 
 from attnreg.spec import AttentionSpec
+
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -61,6 +63,9 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
                         row_nan = True
                         continue
                     s = scale * float(np.dot(qi, kj))
+                    if abs(s) > F32_MAX:         # docs/contract.md "Overflow": float32 scores
+                        row_nan = True
+                        continue
                     if spec.softcap > 0:
                         s = spec.softcap * math.tanh(s / spec.softcap)
                     if spec.bias:
@@ -68,6 +73,8 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
                         s += float(bias[b % bias.shape[0], h % bias.shape[1], i % bias.shape[2], j])
                     if spec.alibi_max_bias > 0:
                         s += slope * (j - p)
+                    if spec.bias and abs(s) > F32_MAX:   # a float32 logit: +inf or -inf there
+                        s = math.copysign(math.inf, s)
                     if math.isnan(s) or s == math.inf:
                         row_nan = True
                     if s == -math.inf or row_nan:

@@ -96,8 +96,9 @@ def test_unsupported_features_are_named():
 
 
 def test_shim_is_left_alone_when_disabled_or_a_driver_is_named(monkeypatch, tmp_path):
-    icd = tmp_path / "attnreg_vkshim_icd.json"
-    icd.write_text("{}")
+    icd = tmp_path / "attnreg_vkshim_icd.json"         # a manifest (ATTNREG_VK_SHIM is checked)
+    icd.write_text('{"file_format_version": "1.0.0", "ICD": {"library_path": '
+                   '"libattnreg_vkshim.so", "api_version": "1.3.0"}}')
     monkeypatch.setattr(peers.vulkan, "shim_in_use", None)
     monkeypatch.setattr(peers.vulkan, "_HW_NODES", ())
     # set, then deleted, through monkeypatch: both loader variables are restored afterwards

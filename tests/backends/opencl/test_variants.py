@@ -69,7 +69,8 @@ def test_unfused_is_three_launches_in_one_submission(dev, monkeypatch):
         rt = s.runtime(plan)
         syncs = [0]
         orig = rt.mem.sync
-        monkeypatch.setattr(rt.mem, "sync", lambda: (syncs.__setitem__(0, syncs[0] + 1), orig()))
+        monkeypatch.setattr(rt.mem, "sync", lambda events=None: (
+            syncs.__setitem__(0, syncs[0] + 1), orig(events)))
         check_close(spec, s.run(spec, t), t)
         assert syncs[0] == 1
         prep = next(iter(rt._preps.values()))
