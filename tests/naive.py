@@ -16,6 +16,12 @@ from attnreg.spec import AttentionSpec
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+def _in_reach(spec: AttentionSpec, j: int, p: int) -> bool:
+    """Key j within the row at position p's causal frontier and windows."""
+    return not ((spec.causal and j > p) or (spec.local_window > 0 and j <= p - spec.local_window)
+                or (spec.right_window >= 0 and j > p + spec.right_window))
+
+
 def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     B, S, Nq, H = spec.batch, spec.seq_len, spec.num_heads, spec.head_size
     Hv = spec.v_head_size or H
@@ -51,11 +57,7 @@ def naive_attention(spec: AttentionSpec, t: dict[str, np.ndarray]) -> tuple[np.n
                 row_nan = False
                 comp_nan = np.zeros(Hv, bool)
                 for j in range(first, L):
-                    if spec.causal and j > p:
-                        continue
-                    if spec.local_window > 0 and j <= p - spec.local_window:
-                        continue
-                    if spec.right_window >= 0 and j > p + spec.right_window:
+                    if not _in_reach(spec, j, p):
                         continue
                     qi, kj, vj = q_at(b, h, i), kv_at("k", b, kvh, j), kv_at("v", b, kvh, j)
                     comp_nan |= ~np.isfinite(vj)
