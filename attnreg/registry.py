@@ -365,26 +365,16 @@ def _merge(staged: Staged, failed: dict[str, str]) -> Tables | None:
             if name in failed:
                 continue
             for item in items:
-                why = _add_interop(item, interop) if hook == "attnreg_register_interop" else \
-                    _add(hook, item, flags, backends, kernels, extra_rules, commands)
+                why = _add(hook, item, flags, backends, kernels, extra_rules, commands, interop)
                 if why:
                     failed[name] = f"plugin {name}: {why}"
                     return None
     return flags, backends, kernels, extra_rules, commands, interop
 
 
-def _add_interop(item: Any, interop: dict[str, Interop]) -> str | None:
-    """Add a backend's interop (devices the caller opened); why it cannot be, or None."""
-    key = getattr(item, "backend", None)
-    if not isinstance(item, Interop) or (key in interop and interop[key] != item):
-        return f"registered interop {clip(repr(key), 200)} twice with different data, or not one"
-    interop[str(key)] = item
-    return None
-
-
 def _add(hook: str, item: Any, flags: dict[str, flagmod.Flag], backends: dict[str, Backend],
          kernels: dict[str, KernelInfo], extra_rules: list[rules.Rule],
-         commands: dict[str, Command]) -> str | None:
+         commands: dict[str, Command], interop: dict[str, Interop]) -> str | None:
     """Add one registration to its table; why it cannot be, or None."""
     if hook == "attnreg_register_flags":
         old = flags.get(item.name) if isinstance(item, flagmod.Flag) else None
@@ -403,9 +393,13 @@ def _add(hook: str, item: Any, flags: dict[str, flagmod.Flag], backends: dict[st
             return f"registered rule {clip(repr(item), 200)} is not an attnreg.Rule"
         extra_rules.append(item)
     else:
-        table: dict[str, Any] = kernels if hook == "attnreg_register_kernels" else commands
-        kind = KernelInfo if hook == "attnreg_register_kernels" else Command
-        key = getattr(item, "id", None) if kind is KernelInfo else getattr(item, "name", None)
+        # the keyed tables: (table, the type registered, the attribute that keys it)
+        keyed: dict[str, tuple[dict[str, Any], type, str]] = {
+            "attnreg_register_kernels": (kernels, KernelInfo, "id"),
+            "attnreg_register_commands": (commands, Command, "name"),
+            "attnreg_register_interop": (interop, Interop, "backend")}
+        table, kind, attr = keyed[hook]
+        key = getattr(item, attr, None)
         if not isinstance(item, kind) or (key in table and table[key] != item):
             return f"registered {kind.__name__} {clip(repr(key), 200)} twice with different " \
                 "data, or not one"
