@@ -199,13 +199,21 @@ def conformance_cells() -> tuple[cmod.Case, ...]:
 # float16 kernels, non-finite and profile cells, and the feature cells that put every feature
 # together ("all", the model shapes, big heads). On webgpu and opencl the one-feature-at-a-
 # time cells run for the float16 kernels. A float32 / bfloat16 kernel (the same source with
-# another element type) keeps, besides its covering cells on webgpu and opencl, its
-# everything-at-once cells ("all", "int8-all", "model-all", ...) and non-finite cells; so does
-# a kernel run emulated on a device without its feature (OpenCL sub-group and tensor-core
-# kernels on PoCL), whose float16 twin takes every recipe. On the hosts a twin keeps its
-# covering "all" cell and its non-finite cells: that the host's compiler takes the element
-# type; the K/V readers and model shapes of the twin's WGSL are the webgpu twin's cells
-# (dropping them there saved 101 of Dawn's 276 quick-matrix programs, ~1/3 of its CI time).
+# another element type) keeps, besides its covering cells on webgpu and opencl (every contract
+# recipe, two-sided windows among them), its "all" and head-padding cells and its non-finite
+# cells; so does a kernel run emulated on a device without its feature (OpenCL sub-group and
+# tensor-core kernels on PoCL), whose float16 twin takes every recipe. The twins' quantized
+# K/V readers and model shapes are the storage x family tests' (tests/backends/opencl/ and
+# tests/backends/wgsl/ test_kv_dtypes.py read f32+int8 and bf16+int4 K/V per family; both
+# test_model_shapes.py run the model shapes through float32 and bfloat16 kernels); dropping
+# the twins' int8-all, int4-all, model-all and window2-all cells here saved 107 of OpenCL's
+# 529 and 98 of webgpu's 356 quick-matrix programs. On the hosts a twin keeps its covering
+# "all" cell and its non-finite cells: that the host's compiler takes the element type; the
+# K/V readers and model shapes of the twin's WGSL are the webgpu twin's cells (dropping them
+# there saved 101 of Dawn's 276 quick-matrix programs, ~1/3 of its CI time). The hosts' float16
+# kernels read quantized K/V in tests/backends/wgsl/test_kv_dtypes.py (every family, each
+# host) and in the webgpu kernels' cells, through the same WGSL: their int8-all / int4-all
+# cells are not in the quick matrix (26 of Dawn's 175 programs).
 ALL_FEATURE_CELLS = ("all", "model-all", "right-padded", "h320", "h512", "mla", "padded")
 QUICK_FEATURE_DTYPES: dict[str, tuple[str, ...]] = {
     "dawn": (), "browser": (), "webgpu": ("float16",), "opencl": ("float16",)}
@@ -222,8 +230,8 @@ def quick_keeps(c: cmod.Case) -> bool:
     if c.spec.dtype in dtypes:
         return True
     if twin:
-        return c.backend not in HOST_BACKENDS and c.label.endswith(("all", "padded"))
-    return c.label.endswith(ALL_FEATURE_CELLS)
+        return c.backend not in HOST_BACKENDS and c.label in ("all", "padded")
+    return c.label.endswith(ALL_FEATURE_CELLS) and c.spec.kv_dtype is None
 
 
 def cell_module(c: cmod.Case) -> str:
