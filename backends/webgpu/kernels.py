@@ -18,6 +18,8 @@ from .probe import NAME
 from .tiles import (
     DECODE_CHOICES,
     DECODE_DEFAULTS,
+    DECODE_PARTIAL_CHOICES,
+    DECODE_STAGING,
     KV_STAGING,
     OUT_TILE,
     PREFILL_CHOICES,
@@ -124,6 +126,9 @@ def _pv_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any])
 
 def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     c = decode_consts(spec, params)
+    staging = params.get("kv_staging", DECODE_STAGING)
+    if staging not in KV_STAGING:
+        return [f"kv_staging={staging!r} is not one of {KV_STAGING}"]
     why = [f"{n}={c[k]} must be a power of two" for n, k in
            (("kv_tile", "KV_TILE"), ("threads", "THREADS")) if not _pow2(c[k])]
     if c["THREADS"] < c["M_TILE"] * c["GROUP_TILE"]:
@@ -163,12 +168,14 @@ def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
         v_head_sizes=V_HEAD_SIZES,
         features=_features(dtype), kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
         supports=ALL_FEATURES,
-        params={"m_tile": m, "block_skip": blocks}, defaults=DECODE_DEFAULTS[dtype],
-        choices=DECODE_CHOICES, workgroup_storage=decode_storage,
+        params={"m_tile": m, "block_skip": blocks},
+        defaults={**DECODE_DEFAULTS[dtype], "kv_staging": DECODE_STAGING},
+        choices=DECODE_PARTIAL_CHOICES, workgroup_storage=decode_storage,
         extra_checks=_with_bindings(
             "decode_partial", _block_checks(_decode_checks) if blocks else _decode_checks),
         doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the GQA "
-            "group's heads per workgroup sharing each K/V tile"
+            "group's heads per workgroup sharing each K/V tile, read straight into the lanes' "
+            "registers or staged in workgroup memory (kv_staging)"
             + ("; visits only the listed KV blocks, dealt out evenly over the splits"
                if blocks else "") + _DEQUANT)
 

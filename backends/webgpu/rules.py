@@ -86,6 +86,36 @@ def block_skip(backend: str) -> Rule:
 BLOCK_SKIP = block_skip(probe.NAME)
 
 
+# -- decode_partial's K/V staging ---------------------------------------------------------------
+# Load granules (16 bytes) a lane of the direct decode_partial may hold per tile (tiles.
+# decode_regs; twice that with the next tile's loads in flight): past it the register tile
+# of large heads (q/k 576, f32 H=256) would spill, and the staged tiles hold a lane's share of
+# one kv_tile whatever the head.
+DIRECT_MAX_REGS = 16
+
+
+def _staging(ctx: Ctx, backend: str) -> bool:
+    k = ctx.kernel
+    return (k is not None and k.backend == backend and k.family == "decode_partial"
+            and k.matrix is None and "kv_staging" in k.defaults and "kv_staging" not in ctx.user
+            and tiles.decode_regs(ctx.spec, _params(ctx)) > DIRECT_MAX_REGS)
+
+
+def decode_staging(backend: str) -> Rule:
+    """decode_partial's kv_staging for a backend hosting these kernels (webgpu, dawn,
+    browser)."""
+    return Rule(
+        f"{backend}_decode_kv_staging",
+        "decode_partial reads K/V straight into the lanes' registers (no staging barrier, no "
+        "K/V in workgroup memory); where a lane's share of a tile exceeds 16 granules (heads "
+        "past 256, f32 past 128) it stages K/V in workgroup memory instead, which holds any head",
+        "params", lambda c: _staging(c, backend), lambda c: {"kv_staging": "workgroup"},
+        measured=("ci/results/h100_wgsl_decode.txt",))
+
+
+DECODE_STAGING = decode_staging(probe.NAME)
+
+
 # -- unfused decode crossover ------------------------------------------------------------------
 # Where decode_qk + decode_pv measured faster than decode_partial (fused), by vendor or device
 # type: (min GQA group, head sizes, min total length), single-row decode (the measured case);
@@ -112,4 +142,4 @@ UNFUSED_CROSSOVER = Rule(
     and c.flags.get("route", "auto") == "auto" and _unfused_wins(c),
     lambda c: {"route": "split_kv_unfused"}, measured=(RULE_NUMBERS,))
 
-RULES: tuple[Rule, ...] = (BLOCK_SKIP, FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)
+RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)

@@ -38,6 +38,14 @@ DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
     "bfloat16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
 }
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads": (64, 128)}
+# decode_partial's kv_staging (the prefill's values): "direct" has every lane load the K and V
+# granules it computes with straight from memory into registers (next tile's loads in flight
+# during this tile's compute), "workgroup" stages K/V tiles in workgroup memory first (the
+# register tile per lane is then one kv_tile's share, whatever the head size). The rule
+# webgpu_decode_kv_staging picks per spec (rules.py says why).
+DECODE_STAGING = "direct"
+DECODE_PARTIAL_CHOICES: Mapping[str, tuple[Any, ...]] = {**DECODE_CHOICES,
+                                                          "kv_staging": KV_STAGING}
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor). The
@@ -137,13 +145,33 @@ def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
             "BALANCE": int(blocks and op == "attention")}
 
 
+def decode_direct(params: Mapping[str, Any]) -> int:
+    """1 where decode_partial reads K/V straight into registers (kv_staging "direct")."""
+    return int(str(params.get("kv_staging", DECODE_STAGING)) == "direct")
+
+
+def decode_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    """Load granules (16 bytes) a lane of the direct decode_partial holds per K/V tile: its
+    QK share of K (passes x slice) and its PV share of V (keys of its stream x columns),
+    as shaders/decode_qk_common.wgsl and decode_pv_common.wgsl lay them out."""
+    c = decode_consts(spec, params)
+    ge = wgsl_io.granule(spec)
+    bc, th = c["KV_TILE"], c["THREADS"]
+    slices = max(1, th // bc)
+    k = bc // min(bc, th // slices) * -(-(spec.head_size // ge) // slices)
+    pv_lanes = min(th, max(1, spec.head_size_v // ge))
+    v = -(-bc // (th // pv_lanes)) * -(-max(1, spec.head_size_v // ge) // pv_lanes)
+    return k + v
+
+
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
     hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
     r, bc = c["M_TILE"] * c["GROUP_TILE"], c["KV_TILE"]
     hs = max(1, c["THREADS"] // bc)
+    staged = 1 - decode_direct(params)     # the direct path's k_s / v_s are one element
     # q_s holds a query, then the merged output: the longer of the two rows
-    return (r * max(hv, vv) * 16 + bc * (hv + 1) * 4 * e + bc * vv * 4 * e
+    return (r * max(hv, vv) * 16 + staged * (bc * (hv + 1) * 4 * e + bc * vv * 4 * e)
             + bc * r * 4 * (1 + hs) + 4 * r * 4)
 
 
@@ -165,9 +193,10 @@ def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
     if family == "prefill":
         return prefill_consts(spec, params, subgroup_width)
     if family in ("decode_partial", "decode_qk"):
-        return decode_consts(spec, params, bias_shape, op)
+        direct = decode_direct(params) if family == "decode_partial" else 0
+        return {**decode_consts(spec, params, bias_shape, op), "DIRECT": direct}
     if family == "decode_pv":
-        return pv_consts(spec, params)
+        return {**pv_consts(spec, params), "DIRECT": 0}
     return reduce_consts(spec, params)
 
 
