@@ -118,7 +118,7 @@ fn tile_weights(lid: u32) {
 // A PV lane's accumulators after the tile of keys j0..: rescaled to the new running maximum
 // (al_s), plus stream st's keys (decode_pv_common's pv_keys, full or edge).
 fn pv_tile(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg,
-           vt: array<GV, V_REGS>) -> Lanes {
+           vt: array<KUnit, V_REGS>) -> Lanes {
   var a = acc;
   for (var r = 0u; r < VECTORS; r++) {
     let al = al_s[r];
@@ -163,8 +163,8 @@ fn direct_body(d: DecodeWg, lid: u32) {
   let st = lid / PV_LANES;                     // PV stream and column lane
   let cl = lid % PV_LANES;
   var acc = Lanes();
-  var kn: array<GV, K_REGS>;
-  var vn: array<GV, V_REGS>;
+  var kn: array<KUnit, K_REGS>;
+  var vn: array<KUnit, V_REGS>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
     var kc = kn;
     var vc = vn;
@@ -270,10 +270,10 @@ fn staged_body(d: DecodeWg, lid: u32) {
     }
     let cur = tile_of(it - PREFETCH, klo, l_first);
     let j0 = cur.x;
-    tile_logits(w, j0, cur.y == 1u, lid, array<GV, K_REGS>());
+    tile_logits(w, j0, cur.y == 1u, lid, array<KUnit, K_REGS>());
     tile_weights(lid);
     if (st < STREAMS) {
-      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, array<GV, V_REGS>());
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, array<KUnit, V_REGS>());
     }
   }
 

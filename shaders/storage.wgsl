@@ -143,7 +143,7 @@ fn load_$x(g: u32) -> GV {
   let e0 = g * GRANULE;
   let s = ${x}_scale[e0 / $row];
   let w = e0 / 4u;
-  return gv_of(i8x4($x[w]) * s, $second);
+  return gv_of(i8x4(${x}_word(w)) * s, $second);
 }
 
 // piece: load_int4
@@ -155,17 +155,83 @@ fn load_$x(g: u32) -> GV {
   let w = blk * 4u + (r % 16u) / 4u;
   let sh = select(0u, 4u, r >= 16u);
   let s = unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
-  return gv_of(i4x4($x[w], sh) * s, $second);
+  return gv_of(i4x4(${x}_word(w), sh) * s, $second);
 }
 
 // piece: second_int8
-i8x4($x[w + 1u]) * s
+i8x4(${x}_word(w + 1u)) * s
 
 // piece: second_int4
-i4x4($x[w + 1u], sh) * s
+i4x4(${x}_word(w + 1u), sh) * s
 
 // piece: second_none
 vec4<f32>(0.0)
+
+// piece: word_narrow
+// Word w of quantized K/V codes bound as array<u32>.
+fn ${x}_word(w: u32) -> u32 {
+  return $x[w];
+}
+
+// piece: word_wide
+// Word w of quantized K/V codes bound as array<vec4<u32>> (the wide units below).
+fn ${x}_word(w: u32) -> u32 {
+  return $x[w / 4u][w % 4u];
+}
+
+// The load units of the direct decode_partial (decode_qk_common's k_reg, decode_pv_common's
+// v_reg): KU, UNIT_VEC4S vec4s of values as loaded; ku_part(x, s) its vec4 s without the
+// scale, ku_$x(e) the unit whose first element is e, ku_scale_$x(e) its scale. A granule
+// (values already dequantized: scale 1), or with quantized K/V bound as array<vec4<u32>>
+// (wgsl_io.kv_unit) 16 bytes of codes: 16 int8 codes of one vector, or one whole q4_0 block
+// of 32 int4 codes, so a lane issues one 16-byte load per unit and applies its scale once.
+
+// piece: unit_granule
+alias KU = GV;
+const UNIT_VEC4S: u32 = GRANULE_VEC4S;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return vec4<f32>(g_part(x, s));
+}
+
+// piece: unit_int8
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 4u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return i8x4(x[s]);
+}
+
+// piece: unit_int4
+// vec4 s < 4: the low nibbles of word s (elements 4s..), s >= 4: the high ones (16 + ...).
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 8u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return i4x4(x[s % 4u], (s / 4u) * 4u);
+}
+
+// piece: ku_granule
+fn ku_$x(e: u32) -> KU {
+  return load_$x(e / GRANULE);
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  return 1.0;
+}
+
+// piece: ku_int8
+fn ku_$x(e: u32) -> KU {
+  return $x[e / 16u];
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  return ${x}_scale[e / $row];
+}
+
+// piece: ku_int4
+fn ku_$x(e: u32) -> KU {
+  return $x[e / 32u];
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  let blk = e / 32u;
+  return unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
+}
 
 // piece: store_float32
 fn store_out(i: u32, x: vec4<f32>) {

@@ -151,17 +151,18 @@ def decode_direct(params: Mapping[str, Any]) -> int:
 
 
 def decode_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
-    """Load granules (16 bytes) a lane of the direct decode_partial holds per K/V tile: its
-    QK share of K (passes x slice) and its PV share of V (keys of its stream x columns),
-    as shaders/decode_qk_common.wgsl and decode_pv_common.wgsl lay them out."""
+    """16-byte load units a lane of the direct decode_partial holds per K/V tile: its QK
+    share of K (passes x slice) and its PV share of V (keys of its stream x columns), as
+    shaders/decode_qk_common.wgsl and decode_pv_common.wgsl lay them out (a unit: a granule,
+    or 16 bytes of quantized codes, wgsl_io.kv_unit)."""
     c = decode_consts(spec, params)
-    ge = wgsl_io.granule(spec)
+    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)   # elements a unit
     bc, th = c["KV_TILE"], c["THREADS"]
     slices = max(1, th // bc)
-    k = bc // min(bc, th // slices) * -(-(spec.head_size // ge) // slices)
-    pv_lanes = min(th, max(1, spec.head_size_v // ge))
-    v = -(-bc // (th // pv_lanes)) * -(-max(1, spec.head_size_v // ge) // pv_lanes)
-    return k + v
+    k = bc // min(bc, th // slices) * -(-(spec.head_size // ue) // slices)
+    vu = max(1, spec.head_size_v // ue)
+    pv_lanes = min(th, vu)
+    return k + -(-bc // (th // pv_lanes)) * -(-vu // pv_lanes)
 
 
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -194,7 +195,9 @@ def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
         return prefill_consts(spec, params, subgroup_width)
     if family in ("decode_partial", "decode_qk"):
         direct = decode_direct(params) if family == "decode_partial" else 0
-        return {**decode_consts(spec, params, bias_shape, op), "DIRECT": direct}
+        # the direct loads take quantized K/V in 16-byte units where rows are whole units
+        wide = int(bool(direct and wgsl_io.kv_unit(spec)))
+        return {**decode_consts(spec, params, bias_shape, op), "DIRECT": direct, "KV_WIDE": wide}
     if family == "decode_pv":
         return {**pv_consts(spec, params), "DIRECT": 0}
     return reduce_consts(spec, params)

@@ -82,12 +82,24 @@ def prelude(spec: AttentionSpec) -> str:
     return _piece(f"compute_{compute(spec)}") + f"const GRANULE: u32 = {granule(spec)}u;\n"
 
 
-def binding_type(kind: str, spec: AttentionSpec) -> str:
-    """The WGSL type of a binding of port kind ``kind`` (attnreg/ports.py) in this program."""
+def kv_unit(spec: AttentionSpec) -> int:
+    """vec4s of values in a wide load unit of quantized K/V (16 bytes of codes: 16 int8 or
+    32 int4, one q4_0 block), where k's and v's rows are whole units; 0 otherwise (the units
+    are granules)."""
+    if spec.kv_dtype == "int8" and spec.head_size % 16 == 0 and spec.head_size_v % 16 == 0:
+        return 4
+    return 8 if spec.kv_dtype == "int4" else 0
+
+
+def binding_type(kind: str, spec: AttentionSpec, wide: bool = False) -> str:
+    """The WGSL type of a binding of port kind ``kind`` (attnreg/ports.py) in this program;
+    wide: quantized K/V codes as 16-byte words (kv_unit)."""
     if kind == "kv":
         return _STORED[spec.dtype]
     if kind == "kvc":
-        return "array<u32>" if spec.kv_dtype else _STORED[spec.dtype]
+        if spec.kv_dtype:
+            return "array<vec4<u32>>" if wide else "array<u32>"
+        return _STORED[spec.dtype]
     if kind == "scale":
         return "array<f32>" if spec.kv_dtype == "int8" else "array<u32>"
     if kind == "out":
@@ -101,18 +113,21 @@ def _load_plain(name: str, spec: AttentionSpec) -> str:
     return _piece("load_widened" if compute(spec) == "bf16q" else "load_plain", x=name)
 
 
-def _load_quant(name: str, spec: AttentionSpec) -> str:
+def _load_quant(name: str, spec: AttentionSpec, wide: bool) -> str:
     # a granule of 8 reads a second word of codes; one of 4 has none
     quant = str(spec.kv_dtype)
     second = _piece(f"second_{quant}" if granule(spec) == 8 else "second_none", x=name)
     # one scale per vector: k's are QK_DIM elements long, v's V_DIM (v_head_size)
-    return _piece(f"load_{quant}", x=name, row="V_DIM" if name == "v" else "QK_DIM",
-                  second=second.strip())
+    row = "V_DIM" if name == "v" else "QK_DIM"
+    return (_piece("word_wide" if wide else "word_narrow", x=name)
+            + _piece(f"load_{quant}", x=name, row=row, second=second.strip())
+            + _piece(f"ku_{quant}" if wide else "ku_granule", x=name, row=row))
 
 
-def helpers(spec: AttentionSpec, bound: frozenset[str]) -> str:
+def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False) -> str:
     """The load/store helpers of a program whose bindings are ``bound`` (buffer names):
-    load_q/load_k/load_v where q, k, v are bound, store_out where out is the output."""
+    load_q/load_k/load_v where q, k, v are bound (and the load units ku_k/ku_v; wide: of
+    quantized K/V bound as 16-byte words, kv_unit), store_out where out is the output."""
     parts = []
     if spec.dtype == "bfloat16":
         parts.append(_piece("bf16_in"))   # the prelude's g_part / ts_f32 call bf16x4
@@ -123,8 +138,11 @@ def helpers(spec: AttentionSpec, bound: frozenset[str]) -> str:
         quant = spec.kv_dtype
         if quant is not None:
             parts.append(_piece("i8" if quant == "int8" else "i4"))
-        load = _load_plain if quant is None else _load_quant
-        parts += [load("k", spec), load("v", spec)]
+        parts.append(_piece(f"unit_{quant}" if wide else "unit_granule"))
+        if quant is None:
+            parts += [_load_plain(x, spec) + _piece("ku_granule", x=x) for x in ("k", "v")]
+        else:
+            parts += [_load_quant(x, spec, wide) for x in ("k", "v")]
     if "out" in bound:
         parts.append(_piece(f"store_{spec.dtype}"))
     return "".join(parts)
