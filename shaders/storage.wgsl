@@ -181,16 +181,38 @@ fn ${x}_word(w: u32) -> u32 {
 
 // The load units of the direct decode_partial (decode_qk_common's k_reg, decode_pv_common's
 // v_reg): KU, UNIT_VEC4S vec4s of values as loaded; ku_part(x, s) its vec4 s without the
-// scale, ku_$x(e) the unit whose first element is e, ku_scale_$x(e) its scale. A granule
-// (values already dequantized: scale 1), or with quantized K/V bound as array<vec4<u32>>
-// (wgsl_io.kv_unit) 16 bytes of codes: 16 int8 codes of one vector, or one whole q4_0 block
-// of 32 int4 codes, so a lane issues one 16-byte load per unit and applies its scale once.
+// scale, ku_$x(e) the unit whose first element is e, ku_scale_$x(e) its scale. Wide (K/V
+// bound as array<vec4<u32>>, wgsl_io.kv_unit): 16 raw bytes, converted where used (4 f32, 8
+// f16 or bf16, 16 int8 codes of one vector, or one whole q4_0 block of 32 int4 codes), so a
+// lane issues one 16-byte load per unit, holds it in 4 registers and applies a quantized
+// unit's scale once. Otherwise a granule as load_$x returns it (dequantized: scale 1).
 
 // piece: unit_granule
 alias KU = GV;
 const UNIT_VEC4S: u32 = GRANULE_VEC4S;
 fn ku_part(x: KU, s: u32) -> vec4<f32> {
   return vec4<f32>(g_part(x, s));
+}
+
+// piece: unit_float32
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 1u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return bitcast<vec4<f32>>(x);
+}
+
+// piece: unit_float16
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 2u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return vec4<f32>(unpack2x16float(x[2u * s]), unpack2x16float(x[2u * s + 1u]));
+}
+
+// piece: unit_bfloat16
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 2u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return bf16x4(vec2<u32>(x[2u * s], x[2u * s + 1u]));
 }
 
 // piece: unit_int8
@@ -216,6 +238,14 @@ fn ku_scale_$x(e: u32) -> f32 {
   return 1.0;
 }
 
+// piece: ku_float
+fn ku_$x(e: u32) -> KU {
+  return $x[e / (4u * UNIT_VEC4S)];
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  return 1.0;
+}
+
 // piece: ku_int8
 fn ku_$x(e: u32) -> KU {
   return $x[e / 16u];
@@ -231,6 +261,24 @@ fn ku_$x(e: u32) -> KU {
 fn ku_scale_$x(e: u32) -> f32 {
   let blk = e / 32u;
   return unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
+}
+
+// piece: load_wide_float32
+// The granule loads where float K/V are bound wide (compiled, unused, beside the units).
+fn load_$x(g: u32) -> GV {
+  return bitcast<vec4<f32>>($x[g]);
+}
+
+// piece: load_wide_float16
+fn load_$x(g: u32) -> GV {
+  let w = $x[g];
+  return gv_of(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+               vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));
+}
+
+// piece: load_wide_bfloat16
+fn load_$x(g: u32) -> GV {
+  return $x[g];
 }
 
 // piece: store_float32

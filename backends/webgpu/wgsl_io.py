@@ -83,12 +83,14 @@ def prelude(spec: AttentionSpec) -> str:
 
 
 def kv_unit(spec: AttentionSpec) -> int:
-    """vec4s of values in a wide load unit of quantized K/V (16 bytes of codes: 16 int8 or
-    32 int4, one q4_0 block), where k's and v's rows are whole units; 0 otherwise (the units
-    are granules)."""
-    if spec.kv_dtype == "int8" and spec.head_size % 16 == 0 and spec.head_size_v % 16 == 0:
-        return 4
-    return 8 if spec.kv_dtype == "int4" else 0
+    """vec4s of values in a wide load unit of K/V (16 raw bytes: 4 f32, 8 f16 or bf16, 16
+    int8 codes, 32 int4 codes = one q4_0 block), where k's and v's rows are whole units (all
+    but int8 rows of 8 codes); 0 otherwise (the units are granules)."""
+    if spec.kv_dtype == "int8":
+        return 4 if spec.head_size % 16 == 0 and spec.head_size_v % 16 == 0 else 0
+    if spec.kv_dtype == "int4":
+        return 8
+    return 1 if spec.dtype == "float32" else 2
 
 
 def binding_type(kind: str, spec: AttentionSpec, wide: bool = False) -> str:
@@ -97,9 +99,9 @@ def binding_type(kind: str, spec: AttentionSpec, wide: bool = False) -> str:
     if kind == "kv":
         return _STORED[spec.dtype]
     if kind == "kvc":
-        if spec.kv_dtype:
-            return "array<vec4<u32>>" if wide else "array<u32>"
-        return _STORED[spec.dtype]
+        if wide:
+            return "array<vec4<u32>>"
+        return "array<u32>" if spec.kv_dtype else _STORED[spec.dtype]
     if kind == "scale":
         return "array<f32>" if spec.kv_dtype == "int8" else "array<u32>"
     if kind == "out":
@@ -138,11 +140,14 @@ def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False) -> s
         quant = spec.kv_dtype
         if quant is not None:
             parts.append(_piece("i8" if quant == "int8" else "i4"))
-        parts.append(_piece(f"unit_{quant}" if wide else "unit_granule"))
-        if quant is None:
-            parts += [_load_plain(x, spec) + _piece("ku_granule", x=x) for x in ("k", "v")]
-        else:
-            parts += [_load_quant(x, spec, wide) for x in ("k", "v")]
+        parts.append(_piece(f"unit_{quant or spec.dtype}" if wide else "unit_granule"))
+        for x in ("k", "v"):
+            if quant is not None:
+                parts.append(_load_quant(x, spec, wide))
+            elif wide:
+                parts.append(_piece(f"load_wide_{spec.dtype}", x=x) + _piece("ku_float", x=x))
+            else:
+                parts.append(_load_plain(x, spec) + _piece("ku_granule", x=x))
     if "out" in bound:
         parts.append(_piece(f"store_{spec.dtype}"))
     return "".join(parts)
