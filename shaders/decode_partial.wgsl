@@ -33,14 +33,6 @@ var<workgroup> m_s: array<f32, VECTORS>;        // running maximum per vector
 var<workgroup> mu_s: array<f32, VECTORS>;       // this tile's exp offset per vector
 var<workgroup> al_s: array<f32, VECTORS>;       // this tile's rescale factor per vector
 var<workgroup> l_s: array<f32, VECTORS>;        // merged denominators at the end
-var<workgroup> grow_s: array<u32, 2>;           // DIRECT: a logit passed the margin (parity)
-
-// DIRECT: the weights' reference maximum moves only when a logit exceeds it by more than
-// MARGIN (or is the first visible one): a tile whose logits stay below needs neither the
-// maximum pass nor a rescale (2 barriers instead of 4). Exact: o and l are both relative to
-// the same reference, which lse_t adds back; weights stay <= e^MARGIN, so the f32 sums
-// cannot overflow (a split holds far fewer than 3.4e38 / e^8 keys).
-const MARGIN: f32 = 8.0;
 
 // Where decode_pv_common's streams meet: o in q_s, which QK no longer needs; sums in l_s.
 fn merge_o(r: u32, c: u32, x: vec4<f32>, first: bool) {
@@ -123,69 +115,16 @@ fn tile_weights(lid: u32) {
   workgroupBarrier();
 }
 
-// DIRECT: the tile's logits (after tile_dots) -> weights under the reference maximum
-// (m_s; mu_s the value subtracted, 0 while nothing is visible), the logits kept in part_s
-// (slot 0 of each element's slices, which only that element's lane reads). Returns whether
-// the reference moved (a uniform value): then al_s holds the rescale factors and p_s the
-// weights under the new reference. Starts after tile_dots' barrier, ends with p_s complete.
-fn lazy_weights(w: Wg, j0: u32, with_bias: bool, lid: u32, par: u32) -> bool {
-  if (lid == 0u) {
-    grow_s[1u - par] = 0u;              // the next tile's flag (its readers are done)
-  }
-  for (var u = 0u; u < LANE_ELEMS; u++) {
-    let e = lid + u * THREADS;
-    if (e < KV_TILE * VECTORS) {
-      var x = p_s[e];
-      if (SLICES > 1u) {
-        x = vec_logit(w, e % VECTORS, j0 + e / VECTORS, slice_sum(e), with_bias);
-      }
-      part_s[e * SLICES] = x;
-      let m = m_s[e % VECTORS];
-      if (x > MASKED && (m <= MASKED || x > m + MARGIN)) {
-        grow_s[par] = 1u;
-      }
-      p_s[e] = weight_of(x, mu_s[e % VECTORS]);
-    }
-  }
-  if (workgroupUniformLoad(&grow_s[par]) == 0u) {
-    return false;
-  }
-  if (lid < VECTORS) {
-    var mx = MASKED;
-    for (var jj = 0u; jj < KV_TILE; jj++) {
-      mx = max(mx, part_s[(jj * VECTORS + lid) * SLICES]);
-    }
-    let m_old = m_s[lid];
-    let m_new = max(m_old, mx);
-    // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
-    let m_use = select(m_new, 0.0, m_new <= MASKED);
-    m_s[lid] = m_new;
-    mu_s[lid] = m_use;
-    al_s[lid] = exp(m_old - m_use);
-  }
-  workgroupBarrier();
-  for (var u = 0u; u < LANE_ELEMS; u++) {
-    let e = lid + u * THREADS;
-    if (e < KV_TILE * VECTORS) {
-      p_s[e] = weight_of(part_s[e * SLICES], mu_s[e % VECTORS]);
-    }
-  }
-  workgroupBarrier();
-  return true;
-}
-
 // A PV lane's accumulators after the tile of keys j0..: rescaled to the new running maximum
-// (al_s) where it moved, plus stream st's keys (decode_pv_common's pv_keys, full or edge).
+// (al_s), plus stream st's keys (decode_pv_common's pv_keys, full or edge).
 fn pv_tile(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg,
-           vt: array<KUnit, V_REGS>, rescale: bool) -> Lanes {
+           vt: array<KUnit, V_REGS>) -> Lanes {
   var a = acc;
-  if (rescale) {
-    for (var r = 0u; r < VECTORS; r++) {
-      let al = al_s[r];
-      a.l[r] *= al;
-      for (var u = 0u; u < LANE_COLS; u++) {
-        a.o[r][u] *= al;
-      }
+  for (var r = 0u; r < VECTORS; r++) {
+    let al = al_s[r];
+    a.l[r] *= al;
+    for (var u = 0u; u < LANE_COLS; u++) {
+      a.o[r][u] *= al;
     }
   }
   if (full) {
@@ -218,10 +157,6 @@ fn direct_body(d: DecodeWg, lid: u32) {
   stage_queries(d, lid);
   if (lid < VECTORS) {
     m_s[lid] = MASKED;
-    mu_s[lid] = 0.0;
-  }
-  if (lid < 2u) {
-    grow_s[lid] = 0u;
   }
   workgroupBarrier();
 
@@ -253,10 +188,10 @@ fn direct_body(d: DecodeWg, lid: u32) {
     }
     let cur = tile_of(it - PREFETCH, klo, l_first);
     let j0 = cur.x;
-    tile_dots(w, j0, cur.y == 1u, lid, kc);
-    let moved = lazy_weights(w, j0, cur.y == 1u, lid, it % 2u);
+    tile_logits(w, j0, cur.y == 1u, lid, kc);
+    tile_weights(lid);
     if (st < STREAMS) {
-      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, vc, moved);
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, vc);
     }
   }
 
@@ -338,8 +273,7 @@ fn staged_body(d: DecodeWg, lid: u32) {
     tile_logits(w, j0, cur.y == 1u, lid, array<KUnit, K_REGS>());
     tile_weights(lid);
     if (st < STREAMS) {
-      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, array<KUnit, V_REGS>(),
-                    true);
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, array<KUnit, V_REGS>());
     }
   }
 

@@ -140,31 +140,6 @@ fn slice_dots(jj: u32, h: u32, kk: u32, kt: array<KUnit, K_REGS>) -> array<f32, 
 // for every query vector; with_bias false: the tile's bias is known to be 0. Ends with p_s
 // complete (a barrier).
 fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REGS>) {
-  tile_dots(w, j0, with_bias, lid, kt);
-  if (SLICES > 1u) {
-    for (var u = 0u; u < LANE_ELEMS; u++) {
-      let e = lid + u * THREADS;
-      if (e < KV_TILE * VECTORS) {
-        p_s[e] = vec_logit(w, e % VECTORS, j0 + e / VECTORS, slice_sum(e), with_bias);
-      }
-    }
-    workgroupBarrier();
-  }
-}
-
-// The dot of (key, vector) element e of the tile: its slices' partial dots added up (SLICES >
-// 1, after tile_dots).
-fn slice_sum(e: u32) -> f32 {
-  var s = 0.0;
-  for (var hh = 0u; hh < SLICES; hh++) {
-    s += part_s[e * SLICES + hh];
-  }
-  return s;
-}
-
-// The tile's dots: SLICES 1, p_s = the logits (as tile_logits, with the bias); otherwise the
-// slices' partial dots in part_s. Ends with a barrier.
-fn tile_dots(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REGS>) {
   // Lane (slice h, key jj): staged, consecutive lanes take consecutive keys (distinct banks);
   // DIRECT, consecutive lanes take a key's consecutive slices (its row's bytes together).
   var h = lid / min(KV_TILE, PASS_KEYS);
@@ -185,4 +160,17 @@ fn tile_dots(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REGS>
     }
   }
   workgroupBarrier();
+  if (SLICES > 1u) {
+    for (var u = 0u; u < LANE_ELEMS; u++) {
+      let e = lid + u * THREADS;
+      if (e < KV_TILE * VECTORS) {
+        var s = 0.0;
+        for (var hh = 0u; hh < SLICES; hh++) {
+          s += part_s[e * SLICES + hh];
+        }
+        p_s[e] = vec_logit(w, e % VECTORS, j0 + e / VECTORS, s, with_bias);
+      }
+    }
+    workgroupBarrier();
+  }
 }
