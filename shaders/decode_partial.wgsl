@@ -118,7 +118,7 @@ fn tile_weights(lid: u32) {
 // A PV lane's accumulators after the tile of keys j0..: rescaled to the new running maximum
 // (al_s), plus stream st's keys (decode_pv_common's pv_keys, full or edge).
 fn pv_tile(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg,
-           vt: array<KUnit, V_REGS>) -> Lanes {
+           vt: array<VUnit, V_REGS>) -> Lanes {
   var a = acc;
   for (var r = 0u; r < VECTORS; r++) {
     let al = al_s[r];
@@ -164,7 +164,7 @@ fn direct_body(d: DecodeWg, lid: u32) {
   let cl = lid % PV_LANES;
   var acc = Lanes();
   var kn: array<KUnit, K_REGS>;
-  var vn: array<KUnit, V_REGS>;
+  var vn: array<VUnit, V_REGS>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
     var kc = kn;
     var vc = vn;
@@ -273,7 +273,7 @@ fn staged_body(d: DecodeWg, lid: u32) {
     tile_logits(w, j0, cur.y == 1u, lid, array<KUnit, K_REGS>());
     tile_weights(lid);
     if (st < STREAMS) {
-      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, array<KUnit, V_REGS>());
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d, array<VUnit, V_REGS>());
     }
   }
 

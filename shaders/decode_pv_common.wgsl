@@ -7,11 +7,12 @@
 //     column c of o / its sum;
 //   merged_o(r, c) / merged_stats(r): them read back, with the (max, sum) of vector r.
 // SUMS 1 (decode_partial): the lanes also sum the weights (l); decode_pv has its sums.
-// DIRECT 1 (decode_partial, kv_staging "direct"): no v_s; a lane's unit is a whole load unit
-// (storage.wgsl's KU, PV_UNIT vec4s), loaded by the lane itself into registers (v_reg: V_REGS
-// units a tile, a key's units by consecutive lanes); its scale multiplies the weight.
+// DIRECT 1 (decode_partial, kv_staging "direct"): no v_s; a lane's unit is a whole V load
+// unit (storage.wgsl's VU, PV_UNIT vec4 columns: vu_col), loaded by the lane itself into
+// registers (v_reg: V_REGS units a tile, a key's units by consecutive lanes); its scale
+// multiplies the weight.
 
-const PV_UNIT: u32 = 1u + DIRECT * (UNIT_VEC4S - 1u);           // vec4 columns a lane unit
+const PV_UNIT: u32 = 1u + DIRECT * (VUNIT_VEC4S - 1u);          // vec4 columns a lane unit
 const PV_UNITS: u32 = V_VEC4S / PV_UNIT;                        // units across v's head
 const PV_LANES: u32 = min(THREADS, PV_UNITS);                   // PV lanes across v's head
 const STREAMS: u32 = THREADS / PV_LANES;                        // PV streams
@@ -23,21 +24,30 @@ const V_REGS: u32 = 1u + DIRECT * (STREAM_KEYS * LANE_UNITS - 1u);  // DIRECT: V
 
 var<workgroup> v_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * V_VEC4S - 1u)>;
 
+// A V unit in a lane's registers, with its scale (1 where the loads dequantized).
+struct VUnit {
+  x: VU,
+  s: f32,
+}
+
 // The output's vec4 column of lane cl's column u.
 fn lane_col(cl: u32, u: u32) -> u32 {
-  return (cl + PV_LANES * (u / PV_UNIT)) * PV_UNIT + u % PV_UNIT;
+  if (DIRECT == 1u) {
+    return vu_col(cl + PV_LANES * (u / PV_UNIT), u % PV_UNIT);
+  }
+  return cl + PV_LANES * u;
 }
 
 // DIRECT: unit u of lane (st, cl)'s V registers for the tile of keys jf.. (its stream's key
 // u / LANE_UNITS, unit u % LANE_UNITS): zeros unless live and the key lies in [lo, hi).
 fn v_reg(u: u32, st: u32, cl: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool
-         ) -> KUnit {
+         ) -> VUnit {
   let jj = st + STREAMS * (u / LANE_UNITS);
   let gi = cl + PV_LANES * (u % LANE_UNITS);
-  var g = KUnit();
+  var g = VUnit();
   if (live && st < STREAMS && jj < KV_TILE && gi < PV_UNITS && jf + jj >= lo && jf + jj < hi) {
-    let e = v_elem(b, kvh, jf + jj) + gi * UNIT_VEC4S * 4u;
-    g = KUnit(ku_v(e), ku_scale_v(e));
+    let e = v_row_at(b, kvh, jf + jj);
+    g = VUnit(vu_v(e, gi), vu_scale_v(e, gi));
   }
   return g;
 }
@@ -61,12 +71,12 @@ fn stage_v(idx: u32, vg: GV) {
 
 // The PV lane cl's columns (lane_col) of the value of tile key jj, its n-th of the stream,
 // unscaled: from the lane's registers vt (DIRECT) or the staged tile.
-fn tile_values(jj: u32, n: u32, cl: u32, vt: array<KUnit, V_REGS>) -> array<vec4<f32>, LANE_COLS> {
+fn tile_values(jj: u32, n: u32, cl: u32, vt: array<VUnit, V_REGS>) -> array<vec4<f32>, LANE_COLS> {
   var vv: array<vec4<f32>, LANE_COLS>;
   for (var u = 0u; u < LANE_COLS; u++) {
     let c = lane_col(cl, u);
     if (DIRECT == 1u) {
-      vv[u] = ku_part(vt[n * LANE_UNITS + u / PV_UNIT].x, u % PV_UNIT);
+      vv[u] = vu_part(vt[n * LANE_UNITS + u / PV_UNIT].x, u % PV_UNIT);
     } else {
       vv[u] = select(vec4<f32>(0.0), ts_f32(v_s[jj * V_VEC4S + min(c, V_VEC4S - 1u)]),
                      c < V_VEC4S);
@@ -76,7 +86,7 @@ fn tile_values(jj: u32, n: u32, cl: u32, vt: array<KUnit, V_REGS>) -> array<vec4
 }
 
 // The scale of the unit of the lane's column u of its stream's n-th key (1 when staged).
-fn col_scale(n: u32, u: u32, vt: array<KUnit, V_REGS>) -> f32 {
+fn col_scale(n: u32, u: u32, vt: array<VUnit, V_REGS>) -> f32 {
   return select(1.0, vt[min(n * LANE_UNITS + u / PV_UNIT, V_REGS - 1u)].s, DIRECT == 1u);
 }
 
@@ -94,7 +104,7 @@ fn tile_full(d: DecodeWg, j0: u32, klo: u32, khi: u32) -> bool {
 // each vector only the keys its row sees. Both calls pass full as a literal, so each inlined
 // call is the loop it needs: a branch per (key, vector) only on edge tiles.
 fn pv_keys(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg,
-           vt: array<KUnit, V_REGS>) -> Lanes {
+           vt: array<VUnit, V_REGS>) -> Lanes {
   var a = acc;
   for (var n = 0u; n < STREAM_KEYS; n++) {
     let jj = st + STREAMS * n;

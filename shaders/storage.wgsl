@@ -263,6 +263,70 @@ fn ku_scale_$x(e: u32) -> f32 {
   return unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
 }
 
+// V's units (decode_pv_common's v_reg): VU, VUNIT_VEC4S vec4s of values; vu_part(x, s)
+// its vec4 s unscaled, vu_col(gi, s) that vec4's column in the row for unit gi of the row,
+// vu_v(e, gi) unit gi of the row whose first element is e, vu_scale_v(e, gi) its scale. A
+// PV lane accumulates every column of its units for every query vector, so quantized V is
+// read in units of 8 values (two vec4 columns, f16's granule): int8 8 codes (v bound as
+// array<vec2<u32>>), int4 one word of a q4_0 block (v as array<u32>): its 4 low nibbles
+// are elements 4w.. of the block, its high ones 16 + 4w.. (columns 8 blk + w and + 4).
+
+// piece: vunit_k
+// V's units are K's (float K/V, or granules).
+alias VU = KU;
+const VUNIT_VEC4S: u32 = UNIT_VEC4S;
+fn vu_part(x: VU, s: u32) -> vec4<f32> {
+  return ku_part(x, s);
+}
+fn vu_col(gi: u32, s: u32) -> u32 {
+  return gi * VUNIT_VEC4S + s;
+}
+fn vu_v(e: u32, gi: u32) -> VU {
+  return ku_v(e + gi * VUNIT_VEC4S * 4u);
+}
+fn vu_scale_v(e: u32, gi: u32) -> f32 {
+  return ku_scale_v(e + gi * VUNIT_VEC4S * 4u);
+}
+
+// piece: vunit_int8
+alias VU = vec2<u32>;
+const VUNIT_VEC4S: u32 = 2u;
+fn vu_part(x: VU, s: u32) -> vec4<f32> {
+  return i8x4(x[s]);
+}
+fn vu_col(gi: u32, s: u32) -> u32 {
+  return gi * 2u + s;
+}
+fn vu_v(e: u32, gi: u32) -> VU {
+  return v[e / 8u + gi];
+}
+fn vu_scale_v(e: u32, gi: u32) -> f32 {
+  return v_scale[e / V_DIM];
+}
+
+// piece: vunit_int4
+alias VU = u32;
+const VUNIT_VEC4S: u32 = 2u;
+fn vu_part(x: VU, s: u32) -> vec4<f32> {
+  return i4x4(x, s * 4u);
+}
+fn vu_col(gi: u32, s: u32) -> u32 {
+  return (gi / 4u) * 8u + gi % 4u + 4u * s;
+}
+fn vu_v(e: u32, gi: u32) -> VU {
+  return v[e / 8u + gi];
+}
+fn vu_scale_v(e: u32, gi: u32) -> f32 {
+  let blk = e / 32u + gi / 4u;
+  return unpack2x16float(v_scale[blk / 2u])[blk % 2u];
+}
+
+// piece: word_v8
+// Word w of int8 V codes bound as array<vec2<u32>> (vunit_int8).
+fn ${x}_word(w: u32) -> u32 {
+  return $x[w / 2u][w % 2u];
+}
+
 // piece: load_wide_float32
 // The granule loads where float K/V are bound wide (compiled, unused, beside the units).
 fn load_$x(g: u32) -> GV {

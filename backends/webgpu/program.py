@@ -136,7 +136,7 @@ def declarations(family: str, aux: frozenset[str], spec: AttentionSpec, wide: bo
     16-byte words)."""
     return "".join(
         _declaration(i, p.access, p.ident, "Params" if p.access == "uniform"
-                     else wgsl_io.binding_type(p.kind, spec, wide))
+                     else wgsl_io.binding_type(p.kind, spec, wide, p.name))
         for i, p in enumerate(ports.ports(family, ports.WGSL, aux)))
 
 

@@ -86,19 +86,25 @@ def block_skip(backend: str) -> Rule:
 BLOCK_SKIP = block_skip(probe.NAME)
 
 
-# -- decode_partial's K/V staging ---------------------------------------------------------------
-# Load granules (16 bytes) a lane of the direct decode_partial may hold per tile (tiles.
+# -- decode_partial's K/V staging and tiles ----------------------------------------------------
+# Load units (16 bytes) a lane of the direct decode_partial may hold per tile (tiles.
 # decode_regs; twice that with the next tile's loads in flight): past it the register tile
 # of large heads (q/k 576, f32 H=256) would spill, and the staged tiles hold a lane's share of
 # one kv_tile whatever the head.
 DIRECT_MAX_REGS = 16
 
 
-def _staging(ctx: Ctx, backend: str) -> bool:
+def _decode_partial(ctx: Ctx, backend: str) -> bool:
     k = ctx.kernel
     return (k is not None and k.backend == backend and k.family == "decode_partial"
-            and k.matrix is None and "kv_staging" in k.defaults and "kv_staging" not in ctx.user
-            and tiles.decode_regs(ctx.spec, _params(ctx)) > DIRECT_MAX_REGS)
+            and k.matrix is None and "kv_staging" in k.defaults)
+
+
+def _staging(ctx: Ctx, backend: str) -> bool:
+    if not _decode_partial(ctx, backend) or "kv_staging" in ctx.user:
+        return False
+    p = {**_params(ctx), **ctx.kernel.params}               # type: ignore[union-attr]
+    return tiles.decode_regs(ctx.spec, p) > DIRECT_MAX_REGS or int(p.get("m_tile", 1)) > 1
 
 
 def decode_staging(backend: str) -> Rule:
@@ -107,13 +113,41 @@ def decode_staging(backend: str) -> Rule:
     return Rule(
         f"{backend}_decode_kv_staging",
         "decode_partial reads K/V straight into the lanes' registers (no staging barrier, no "
-        "K/V in workgroup memory); where a lane's share of a tile exceeds 16 granules (heads "
-        "past 256, f32 past 128) it stages K/V in workgroup memory instead, which holds any head",
+        "K/V in workgroup memory: H100 f16 GQA 32/8 L=32768 Dawn 130 -> 75 us, wgpu-native "
+        "100 -> 71 us); it stages K/V in workgroup memory where a lane's share of a tile "
+        "exceeds 16 units (heads past 256, f32 past 128), which holds any head, and for "
+        "several query rows per workgroup (m_tile > 1), where staging measured faster "
+        "(whisper S=4 T=1500 Dawn 21.3 vs 22.0 us, wgpu-native 17.4 vs 18.6 us)",
         "params", lambda c: _staging(c, backend), lambda c: {"kv_staging": "workgroup"},
         measured=("ci/results/h100_wgsl_decode.txt",))
 
 
+# kv_tile of the direct decode_partial over quantized K/V on GPUs, where measured fastest (a
+# quantized key is a quarter or half of an f16 one: more keys per tile keep the bytes in
+# flight; ci/results/h100_wgsl_decode.txt).
+QUANT_KV_TILE = {"int8": 32, "int4": 32}
+
+
+def _quant_tile(ctx: Ctx, backend: str) -> bool:
+    p = _params(ctx)
+    return (_decode_partial(ctx, backend) and ctx.caps.device_type == "gpu"
+            and ctx.spec.kv_dtype in QUANT_KV_TILE and "kv_tile" not in ctx.user
+            and p.get("kv_staging") == "direct")
+
+
+def decode_quant_tile(backend: str) -> Rule:
+    return Rule(
+        f"{backend}_decode_quant_kv_tile",
+        "the direct decode_partial over int8/int4 K/V on GPUs takes 32-key tiles: a quantized "
+        "key is a half or a quarter of an f16 one, so 16-key tiles leave too few bytes in "
+        "flight per round (H100 int8 L=32768 wgpu-native 83.7 -> 77.7 us)", "params",
+        lambda c: _quant_tile(c, backend),
+        lambda c: {"kv_tile": QUANT_KV_TILE[str(c.spec.kv_dtype)]},
+        measured=("ci/results/h100_wgsl_decode.txt",))
+
+
 DECODE_STAGING = decode_staging(probe.NAME)
+DECODE_QUANT_TILE = decode_quant_tile(probe.NAME)
 
 
 # -- unfused decode crossover ------------------------------------------------------------------
@@ -142,4 +176,5 @@ UNFUSED_CROSSOVER = Rule(
     and c.flags.get("route", "auto") == "auto" and _unfused_wins(c),
     lambda c: {"route": "split_kv_unfused"}, measured=(RULE_NUMBERS,))
 
-RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)
+RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TILES, STEP_IN_TILE,
+                          UNFUSED_CROSSOVER)

@@ -156,11 +156,12 @@ def decode_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     shaders/decode_qk_common.wgsl and decode_pv_common.wgsl lay them out (a unit: a granule,
     or 16 bytes of quantized codes, wgsl_io.kv_unit)."""
     c = decode_consts(spec, params)
-    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)   # elements a unit
+    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)   # elements a K unit
+    ve = 8 if spec.kv_dtype and wgsl_io.kv_unit(spec) else ue  # a V unit (storage.wgsl)
     bc, th = c["KV_TILE"], c["THREADS"]
     slices = max(1, th // bc)
     k = bc // min(bc, th // slices) * -(-(spec.head_size // ue) // slices)
-    vu = max(1, spec.head_size_v // ue)
+    vu = max(1, spec.head_size_v // ve)
     pv_lanes = min(th, vu)
     return k + -(-bc // (th // pv_lanes)) * -(-vu // pv_lanes)
 

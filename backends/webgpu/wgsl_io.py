@@ -93,14 +93,19 @@ def kv_unit(spec: AttentionSpec) -> int:
     return 1 if spec.dtype == "float32" else 2
 
 
-def binding_type(kind: str, spec: AttentionSpec, wide: bool = False) -> str:
+# V's words in a wide program: quantized V is read in units of 8 values (storage.wgsl vunit_*).
+_WIDE_V = {"int8": "array<vec2<u32>>", "int4": "array<u32>"}
+
+
+def binding_type(kind: str, spec: AttentionSpec, wide: bool = False, name: str = "") -> str:
     """The WGSL type of a binding of port kind ``kind`` (attnreg/ports.py) in this program;
-    wide: quantized K/V codes as 16-byte words (kv_unit)."""
+    wide: K/V as raw words (16 bytes; quantized v in words of 8 values, kv_unit)."""
     if kind == "kv":
         return _STORED[spec.dtype]
     if kind == "kvc":
         if wide:
-            return "array<vec4<u32>>"
+            return _WIDE_V.get(str(spec.kv_dtype), "array<vec4<u32>>") if name == "v" \
+                else "array<vec4<u32>>"
         return "array<u32>" if spec.kv_dtype else _STORED[spec.dtype]
     if kind == "scale":
         return "array<f32>" if spec.kv_dtype == "int8" else "array<u32>"
@@ -121,9 +126,13 @@ def _load_quant(name: str, spec: AttentionSpec, wide: bool) -> str:
     second = _piece(f"second_{quant}" if granule(spec) == 8 else "second_none", x=name)
     # one scale per vector: k's are QK_DIM elements long, v's V_DIM (v_head_size)
     row = "V_DIM" if name == "v" else "QK_DIM"
-    return (_piece("word_wide" if wide else "word_narrow", x=name)
+    word = "word_wide" if wide else "word_narrow"
+    if wide and name == "v":
+        word = "word_v8" if quant == "int8" else "word_narrow"
+    return (_piece(word, x=name)
             + _piece(f"load_{quant}", x=name, row=row, second=second.strip())
-            + _piece(f"ku_{quant}" if wide else "ku_granule", x=name, row=row))
+            + ("" if wide and name == "v"       # v's wide units: vunit_{quant}
+               else _piece(f"ku_{quant}" if wide else "ku_granule", x=name, row=row)))
 
 
 def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False) -> str:
@@ -148,6 +157,7 @@ def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False) -> s
                 parts.append(_piece(f"load_wide_{spec.dtype}", x=x) + _piece("ku_float", x=x))
             else:
                 parts.append(_load_plain(x, spec) + _piece("ku_granule", x=x))
+        parts.append(_piece(f"vunit_{quant}" if wide and quant else "vunit_k"))
     if "out" in bound:
         parts.append(_piece(f"store_{spec.dtype}"))
     return "".join(parts)
