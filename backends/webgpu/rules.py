@@ -87,13 +87,6 @@ BLOCK_SKIP = block_skip(probe.NAME)
 
 
 # -- decode_partial's K/V staging and tiles ----------------------------------------------------
-# Load units (16 bytes) a lane of the direct decode_partial may hold per tile (tiles.
-# decode_regs; twice that with the next tile's loads in flight): past it the register tile
-# of large heads (q/k 576, f32 H=256) would spill, and the staged tiles hold a lane's share of
-# one kv_tile whatever the head.
-DIRECT_MAX_REGS = 16
-
-
 def _decode_partial(ctx: Ctx, backend: str) -> bool:
     k = ctx.kernel
     return (k is not None and k.backend == backend and k.family == "decode_partial"
@@ -104,7 +97,7 @@ def _staging(ctx: Ctx, backend: str) -> bool:
     if not _decode_partial(ctx, backend) or "kv_staging" in ctx.user:
         return False
     p = {**_params(ctx), **ctx.kernel.params}               # type: ignore[union-attr]
-    return tiles.decode_regs(ctx.spec, p) > DIRECT_MAX_REGS or int(p.get("m_tile", 1)) > 1
+    return tiles.decode_regs(ctx.spec, p) > tiles.DIRECT_MAX_REGS or int(p.get("m_tile", 1)) > 1
 
 
 def decode_staging(backend: str) -> Rule:

@@ -44,6 +44,11 @@ DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads":
 # register tile per lane is then one kv_tile's share, whatever the head size). The rule
 # webgpu_decode_kv_staging picks per spec (rules.py says why).
 DECODE_STAGING = "direct"
+# 16-byte load units a lane of the direct decode_partial may hold per tile (decode_regs; twice
+# that with the next tile's loads in flight). Past it the register tile spills: on the H100,
+# 24 units (int8 K/V, kv_tile 64) took 2.2-2.6 ms where 12 took 78 us, and Dawn's build of it
+# computed values 2.4e-3 off (ci/results/h100_wgsl_decode.txt). The staged tiles hold any head.
+DIRECT_MAX_REGS = 16
 DECODE_PARTIAL_CHOICES: Mapping[str, tuple[Any, ...]] = {**DECODE_CHOICES,
                                                           "kv_staging": KV_STAGING}
 MAX_VECTORS = 16
