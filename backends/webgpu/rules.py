@@ -100,24 +100,25 @@ def _staging(ctx: Ctx, backend: str) -> bool:
     return tiles.decode_regs(ctx.spec, p) > tiles.DIRECT_MAX_REGS or int(p.get("m_tile", 1)) > 1
 
 
+# H100, f16 GQA 32/8 L=32768: Dawn 130 -> 75 us, wgpu-native 100 -> 71 us reading K/V
+# directly; whisper (m_tile 4): staged 21.2 / 17.5 us against direct 22.0 / 18.9 us
+# (ci/results/h100_wgsl_decode.txt).
 def decode_staging(backend: str) -> Rule:
     """decode_partial's kv_staging for a backend hosting these kernels (webgpu, dawn,
     browser)."""
     return Rule(
         f"{backend}_decode_kv_staging",
-        "decode_partial reads K/V straight into the lanes' registers (no staging barrier, no "
-        "K/V in workgroup memory: H100 f16 GQA 32/8 L=32768 Dawn 130 -> 75 us, wgpu-native "
-        "100 -> 71 us); it stages K/V in workgroup memory where a lane's share of a tile "
-        "exceeds 16 units (heads past 256, f32 past 128), which holds any head, and for "
-        "several query rows per workgroup (m_tile > 1), where staging measured faster "
-        "(whisper S=4 T=1500 Dawn 21.3 vs 22.0 us, wgpu-native 17.4 vs 18.6 us)",
+        "decode_partial reads K/V straight into the lanes' registers, except where a lane's "
+        "share of a tile would spill or several query rows share a workgroup, where staging "
+        "K/V measured faster",
         "params", lambda c: _staging(c, backend), lambda c: {"kv_staging": "workgroup"},
         measured=("ci/results/h100_wgsl_decode.txt",))
 
 
 # kv_tile of the direct decode_partial over quantized K/V on GPUs, where measured fastest (a
 # quantized key is a quarter or half of an f16 one: more keys per tile keep the bytes in
-# flight; ci/results/h100_wgsl_decode.txt).
+# flight). H100, wgpu-native, L=32768: int8 81.8 us at 16 keys, 78.2 at 32; int4 141.3 at 16,
+# 110.7 at 32; 64-key tiles spill (ci/results/h100_wgsl_decode.txt).
 QUANT_KV_TILE = {"int8": 32, "int4": 32}
 
 
@@ -131,9 +132,9 @@ def _quant_tile(ctx: Ctx, backend: str) -> bool:
 def decode_quant_tile(backend: str) -> Rule:
     return Rule(
         f"{backend}_decode_quant_kv_tile",
-        "the direct decode_partial over int8/int4 K/V on GPUs takes 32-key tiles: a quantized "
-        "key is a half or a quarter of an f16 one, so 16-key tiles leave too few bytes in "
-        "flight per round (H100 int8 L=32768 wgpu-native 83.7 -> 77.7 us)", "params",
+        "the direct decode_partial over int8/int4 K/V on GPUs takes longer key tiles, a "
+        "quantized key being a fraction of an f16 one, so that a round keeps enough bytes in "
+        "flight", "params",
         lambda c: _quant_tile(c, backend),
         lambda c: {"kv_tile": QUANT_KV_TILE[str(c.spec.kv_dtype)]},
         measured=("ci/results/h100_wgsl_decode.txt",))
