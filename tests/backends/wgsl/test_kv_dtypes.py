@@ -158,7 +158,7 @@ def test_binding_types_and_helpers():
                          "PREFETCH": 1, "BALANCE": 0})
     for decl in ("var<storage, read> q: array<vec4<u32>>;", "var<storage, read> k: array<vec4<u32>>;",
                  "alias GV = vec4<u32>;", "const GRANULE: u32 = 8u;", "alias TS = vec2<u32>;",
-                 "var<workgroup> k_s: array<TS, KV_TILE * K_STRIDE>;"):
+                 "var<workgroup> k_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * K_STRIDE - 1u)>;"):
         assert decl in bf, decl
     red = program.source("reduce", _spec(dtype="bfloat16"), {"THREADS": 256})
     assert "fn bf16_pack(" in red and "fn load_q(" not in red
@@ -170,12 +170,17 @@ def test_staging_sized_in_staged_type():
     """bf16 K/V tiles are staged as bf16 bits: the workgroup storage (and so the fitted
     tiles and the plans) of float16; with quantized K/V they stage dequantized f32, as the
     f32 kernels do."""
-    for fn in (wtiles.prefill_storage, wtiles.decode_storage, wtiles.qk_storage,
-               wtiles.pv_storage):
-        f32 = fn(_spec(), {})
-        assert fn(_spec(dtype="bfloat16"), {}) == fn(_spec(dtype="float16"), {}) < f32
-        assert fn(_spec(dtype="bfloat16", kv_dtype="int8"), {}) == f32
-        assert fn(_spec(dtype="float32", kv_dtype="int4"), {}) == f32
+    staged = {"kv_staging": "workgroup"}          # decode_partial's staged tiles
+    for fn, p in ((wtiles.prefill_storage, {}), (wtiles.decode_storage, staged),
+                  (wtiles.qk_storage, {}), (wtiles.pv_storage, {})):
+        f32 = fn(_spec(), p)
+        assert fn(_spec(dtype="bfloat16"), p) == fn(_spec(dtype="float16"), p) < f32
+        assert fn(_spec(dtype="bfloat16", kv_dtype="int8"), p) == f32
+        assert fn(_spec(dtype="float32", kv_dtype="int4"), p) == f32
+    # read straight into registers (kv_staging "direct"), K/V take no workgroup storage
+    direct = wtiles.decode_storage(_spec(), {})
+    assert direct == wtiles.decode_storage(_spec(dtype="float16"), {}) < \
+        wtiles.decode_storage(_spec(dtype="float16"), staged)
     assert wtiles.prefill_consts(_spec(dtype="bfloat16"), {}) == \
         wtiles.prefill_consts(_spec(dtype="float16"), {})
 
