@@ -361,10 +361,15 @@ fn kv_granule(b: u32, n: u32, j: u32) -> u32 {
 // The same for v, whose rows are V_DIM elements: its strides are k's scaled by V_DIM / QK_DIM
 // (every stride of k is a multiple of QK_DIM in each layout).
 fn v_granule(b: u32, n: u32, j: u32) -> u32 {
+  return v_row_at(b, n, j) / GRANULE;
+}
+
+// Element offset of key j's v row.
+fn v_row_at(b: u32, n: u32, j: u32) -> u32 {
   if (V_DIM == QK_DIM) {
-    return kv_granule(b, n, j);
+    return kv_elem(b, n, j);
   }
-  return kv_elem(b, n, j) / QK_DIM * V_DIM / GRANULE;
+  return kv_elem(b, n, j) / QK_DIM * V_DIM;
 }
 
 // vec4 index of element 0 of out's row (b, head, row): q's layout with rows of V_DIM elements.

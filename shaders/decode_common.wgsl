@@ -12,6 +12,13 @@ const LANE_ELEMS: u32 = (KV_TILE * VECTORS + THREADS - 1u) / THREADS;
 
 var<workgroup> p_s: array<f32, KV_TILE * VECTORS>;
 
+// A load unit (storage.wgsl's KU) in a lane's registers, with its scale (1 where the loads
+// dequantized): the direct decode_partial's register tiles (DIRECT 1).
+struct KUnit {
+  x: KU,
+  s: f32,
+}
+
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {

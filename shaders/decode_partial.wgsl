@@ -20,6 +20,10 @@
 // states require. Blocks flagged all-zero skip the bias load.
 // q and k rows are QK_DIM elements (QK_VEC4S vec4s, QK_GRANULES granules), v's and the
 // output's V_DIM (V_VEC4S, V_GRANULES).
+// DIRECT 1 (kv_staging "direct", tiles.py): K/V are never staged: each QK lane loads its
+// key slices and each PV lane its stream's value granules straight into registers
+// (decode_qk_common's k_reg, decode_pv_common's v_reg), so a tile needs no staging barrier
+// and workgroup memory holds only queries, logits and statistics.
 
 const Q_STRIDE: u32 = max(QK_VEC4S, V_VEC4S);   // q_s row: a query, then a merged output
 const SUMS: u32 = 1u;                           // the PV lanes sum the weights
@@ -113,7 +117,8 @@ fn tile_weights(lid: u32) {
 
 // A PV lane's accumulators after the tile of keys j0..: rescaled to the new running maximum
 // (al_s), plus stream st's keys (decode_pv_common's pv_keys, full or edge).
-fn pv_tile(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg) -> Lanes {
+fn pv_tile(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg,
+           vt: array<VUnit, V_REGS>) -> Lanes {
   var a = acc;
   for (var r = 0u; r < VECTORS; r++) {
     let al = al_s[r];
@@ -123,27 +128,78 @@ fn pv_tile(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg) -> La
     }
   }
   if (full) {
-    return pv_keys(a, st, cl, j0, true, d);
+    return pv_keys(a, st, cl, j0, true, d, vt);
   }
-  return pv_keys(a, st, cl, j0, false, d);
+  return pv_keys(a, st, cl, j0, false, d, vt);
 }
 
-// The workgroup d's work (decode_common's main calls it).
+// The workgroup d's work (decode_common's main calls it): the split's tiles (tile_range),
+// its queries staged, the tile loop of the kv_staging, the streams merged, the partials out.
 fn decode_body(d: DecodeWg, lid: u32) {
   let tiles = tile_range(d);
-  let klo = tiles.x;
-  let khi = tiles.y;
-  let n_tiles = tiles.z;
-  let l_first = tiles.w;
-  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.seq, klo, khi);
-
+  let w = Wg(d.b, d.kvh, d.hc, d.i0, d.seq, tiles.x, tiles.y);
   stage_queries(d, lid);
   if (lid < VECTORS) {
     m_s[lid] = MASKED;
   }
-
   let st = lid / PV_LANES;                     // PV stream and column lane
   let cl = lid % PV_LANES;
+  var acc: Lanes;
+  if (DIRECT == 1u) {
+    workgroupBarrier();   // q_s and m_s written (staged: the first staging barrier)
+    acc = direct_tiles(d, w, tiles, lid, st, cl);
+  } else {
+    acc = staged_tiles(d, w, tiles, lid, st, cl);
+  }
+  merge_streams(acc, st, cl);
+  write_partials(d, lid);
+}
+
+// DIRECT: the tile loop over register tiles. With PREFETCH=1 iteration it issues the loads of
+// tile it into kn/vn, then computes tile it-1 from their copies kc/vc (loaded the iteration
+// before), so the loads fly during the compute; PREFETCH=0 computes tile it from kn/vn. The
+// loads have a constant trip count (unrolled, all issued before the first use).
+// tiles: (klo, khi, tile count, first list entry) of tile_range; (st, cl) the lane's PV
+// stream and column lane.
+fn direct_tiles(d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32) -> Lanes {
+  var acc = Lanes();
+  var kn: array<KUnit, K_REGS>;
+  var vn: array<VUnit, V_REGS>;
+  for (var it = 0u; it < tiles.z + PREFETCH; it++) {
+    var kc = kn;
+    var vc = vn;
+    var jf = 0u;
+    if (it < tiles.z) {
+      jf = tile_of(it, tiles.x, tiles.w).x;
+    }
+    // only this split's keys, never past the valid length nor before kv_start
+    for (var u = 0u; u < K_REGS; u++) {
+      kn[u] = k_reg(u, lid, d.b, d.kvh, jf, tiles.x, tiles.y, it < tiles.z);
+    }
+    for (var u = 0u; u < V_REGS; u++) {
+      vn[u] = v_reg(u, st, cl, d.b, d.kvh, jf, tiles.x, tiles.y, it < tiles.z);
+    }
+    if (it < PREFETCH) {
+      continue;
+    }
+    if (PREFETCH == 0u) {
+      kc = kn;
+      vc = vn;
+    }
+    let cur = tile_of(it - PREFETCH, tiles.x, tiles.w);
+    let j0 = cur.x;
+    tile_logits(w, j0, cur.y == 1u, lid, kc);
+    tile_weights(lid);
+    if (st < STREAMS) {
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, vc);
+    }
+  }
+
+  return acc;
+}
+
+// kv_staging "workgroup": K/V tiles staged in k_s / v_s (arguments as direct_tiles).
+fn staged_tiles(d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32) -> Lanes {
   var acc = Lanes();
 
   // Tile loop. With PREFETCH=1 it is software-pipelined: iteration it stores tile it-1
@@ -156,7 +212,7 @@ fn decode_body(d: DecodeWg, lid: u32) {
   // observation; helpers taking the tile by value were never timed.
   var kr: array<GV, K_LOADS>;
   var vr: array<GV, V_LOADS>;
-  for (var it = 0u; it < n_tiles + PREFETCH; it++) {
+  for (var it = 0u; it < tiles.z + PREFETCH; it++) {
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s
       for (var u = 0u; u < K_LOADS; u++) {
@@ -168,12 +224,12 @@ fn decode_body(d: DecodeWg, lid: u32) {
       workgroupBarrier();
     }
     var jf = 0u;
-    if (it < n_tiles) {
-      jf = tile_of(it, klo, l_first).x;
+    if (it < tiles.z) {
+      jf = tile_of(it, tiles.x, tiles.w).x;
     }
     // only this split's keys, never past the valid length nor before kv_start
     for (var u = 0u; u < K_LOADS; u++) {
-      let g = kv_granules(lid + u * THREADS, d.b, d.kvh, jf, klo, khi, it < n_tiles);
+      let g = kv_granules(lid + u * THREADS, d.b, d.kvh, jf, tiles.x, tiles.y, it < tiles.z);
       kr[u] = g.k;
       if (V_GRANULES == QK_GRANULES) {
         vr[u] = g.v;
@@ -181,7 +237,7 @@ fn decode_body(d: DecodeWg, lid: u32) {
     }
     if (V_GRANULES != QK_GRANULES) {
       for (var u = 0u; u < V_LOADS; u++) {
-        vr[u] = v_granules(lid + u * THREADS, d.b, d.kvh, jf, klo, khi, it < n_tiles);
+        vr[u] = v_granules(lid + u * THREADS, d.b, d.kvh, jf, tiles.x, tiles.y, it < tiles.z);
       }
     }
     if (PREFETCH == 0u) {
@@ -197,15 +253,14 @@ fn decode_body(d: DecodeWg, lid: u32) {
     if (it < PREFETCH) {
       continue;
     }
-    let cur = tile_of(it - PREFETCH, klo, l_first);
+    let cur = tile_of(it - PREFETCH, tiles.x, tiles.w);
     let j0 = cur.x;
-    tile_logits(w, j0, cur.y == 1u, lid);
+    tile_logits(w, j0, cur.y == 1u, lid, array<KUnit, K_REGS>());
     tile_weights(lid);
     if (st < STREAMS) {
-      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, klo, khi), d);
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, array<VUnit, V_REGS>());
     }
   }
 
-  merge_streams(acc, st, cl);
-  write_partials(d, lid);
+  return acc;
 }

@@ -113,9 +113,9 @@ fn decode_body(d: DecodeWg, lid: u32) {
     tile_weights(d, j0, lid);
     let full = tile_full(d, j0, d.klo, d.khi);
     if (sl < STREAMS && full) {
-      acc = pv_keys(acc, sl, cl, j0, true, d);
+      acc = pv_keys(acc, sl, cl, j0, true, d, array<VUnit, V_REGS>());
     } else if (sl < STREAMS) {
-      acc = pv_keys(acc, sl, cl, j0, false, d);
+      acc = pv_keys(acc, sl, cl, j0, false, d, array<VUnit, V_REGS>());
     }
   }
 

@@ -7,13 +7,50 @@
 //     column c of o / its sum;
 //   merged_o(r, c) / merged_stats(r): them read back, with the (max, sum) of vector r.
 // SUMS 1 (decode_partial): the lanes also sum the weights (l); decode_pv has its sums.
+// DIRECT 1 (decode_partial, kv_staging "direct"): no v_s; a lane's unit is a whole V load
+// unit (storage.wgsl's VU, PV_UNIT vec4 columns: vu_col), loaded by the lane itself into
+// registers (v_reg: V_REGS units a tile, a key's units by consecutive lanes); its scale
+// multiplies the weight.
 
-const PV_LANES: u32 = min(THREADS, V_VEC4S);                    // PV lanes across v's head
+const PV_UNIT: u32 = 1u + DIRECT * (VUNIT_VEC4S - 1u);          // vec4 columns a lane unit
+const PV_UNITS: u32 = V_VEC4S / PV_UNIT;                        // units across v's head
+const PV_LANES: u32 = min(THREADS, PV_UNITS);                   // PV lanes across v's head
 const STREAMS: u32 = THREADS / PV_LANES;                        // PV streams
-const LANE_COLS: u32 = (V_VEC4S + PV_LANES - 1u) / PV_LANES;    // vec4 columns per PV lane
+const LANE_UNITS: u32 = (PV_UNITS + PV_LANES - 1u) / PV_LANES;  // units per PV lane
+const LANE_COLS: u32 = LANE_UNITS * PV_UNIT;                    // vec4 columns per PV lane
 const V_LOADS: u32 = (KV_TILE * V_GRANULES + THREADS - 1u) / THREADS;   // V granules per lane
+const STREAM_KEYS: u32 = (KV_TILE + STREAMS - 1u) / STREAMS;    // keys of a tile per stream
+const V_REGS: u32 = 1u + DIRECT * (STREAM_KEYS * LANE_UNITS - 1u);  // DIRECT: V granules a lane
 
-var<workgroup> v_s: array<TS, KV_TILE * V_VEC4S>;
+var<workgroup> v_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * V_VEC4S - 1u)>;
+
+// A V unit in a lane's registers, with its scale (1 where the loads dequantized).
+struct VUnit {
+  x: VU,
+  s: f32,
+}
+
+// The output's vec4 column of lane cl's column u.
+fn lane_col(cl: u32, u: u32) -> u32 {
+  if (DIRECT == 1u) {
+    return vu_col(cl + PV_LANES * (u / PV_UNIT), u % PV_UNIT);
+  }
+  return cl + PV_LANES * u;
+}
+
+// DIRECT: unit u of lane (st, cl)'s V registers for the tile of keys jf.. (its stream's key
+// u / LANE_UNITS, unit u % LANE_UNITS): zeros unless live and the key lies in [lo, hi).
+fn v_reg(u: u32, st: u32, cl: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool
+         ) -> VUnit {
+  let jj = st + STREAMS * (u / LANE_UNITS);
+  let gi = cl + PV_LANES * (u % LANE_UNITS);
+  var g = VUnit();
+  if (live && st < STREAMS && jj < KV_TILE && gi < PV_UNITS && jf + jj >= lo && jf + jj < hi) {
+    let e = v_row_at(b, kvh, jf + jj);
+    g = VUnit(vu_v(e, gi), vu_scale_v(e, gi));
+  }
+  return g;
+}
 
 // A PV lane's accumulators: its columns of every vector's o and (SUMS 1) its part of every
 // vector's sum of weights.
@@ -32,14 +69,25 @@ fn stage_v(idx: u32, vg: GV) {
   }
 }
 
-// The PV lane cl's columns (cl, cl+PV_LANES, ...) of the value of tile key jj.
-fn tile_values(jj: u32, cl: u32) -> array<vec4<f32>, LANE_COLS> {
+// The PV lane cl's columns (lane_col) of the value of tile key jj, its n-th of the stream,
+// unscaled: from the lane's registers vt (DIRECT) or the staged tile.
+fn tile_values(jj: u32, n: u32, cl: u32, vt: array<VUnit, V_REGS>) -> array<vec4<f32>, LANE_COLS> {
   var vv: array<vec4<f32>, LANE_COLS>;
   for (var u = 0u; u < LANE_COLS; u++) {
-    let c = cl + PV_LANES * u;
-    vv[u] = select(vec4<f32>(0.0), ts_f32(v_s[jj * V_VEC4S + min(c, V_VEC4S - 1u)]), c < V_VEC4S);
+    let c = lane_col(cl, u);
+    if (DIRECT == 1u) {
+      vv[u] = vu_part(vt[n * LANE_UNITS + u / PV_UNIT].x, u % PV_UNIT);
+    } else {
+      vv[u] = select(vec4<f32>(0.0), ts_f32(v_s[jj * V_VEC4S + min(c, V_VEC4S - 1u)]),
+                     c < V_VEC4S);
+    }
   }
   return vv;
+}
+
+// The scale of the unit of the lane's column u of its stream's n-th key (1 when staged).
+fn col_scale(n: u32, u: u32, vt: array<VUnit, V_REGS>) -> f32 {
+  return select(1.0, vt[min(n * LANE_UNITS + u / PV_UNIT, V_REGS - 1u)].s, DIRECT == 1u);
 }
 
 // Whether the tile of keys j0.. lies, as far as its keys are loaded ([klo, khi)), in what
@@ -55,12 +103,13 @@ fn tile_full(d: DecodeWg, j0: u32, klo: u32, khi: u32) -> bool {
 // lane's columns cl, cl+PV_LANES, ...; full: every key for every vector (tile_full), else
 // each vector only the keys its row sees. Both calls pass full as a literal, so each inlined
 // call is the loop it needs: a branch per (key, vector) only on edge tiles.
-fn pv_keys(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg) -> Lanes {
+fn pv_keys(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg,
+           vt: array<VUnit, V_REGS>) -> Lanes {
   var a = acc;
-  for (var n = 0u; n < (KV_TILE + STREAMS - 1u) / STREAMS; n++) {
+  for (var n = 0u; n < STREAM_KEYS; n++) {
     let jj = st + STREAMS * n;
     if (jj < KV_TILE) {
-      let vv = tile_values(jj, cl);
+      let vv = tile_values(jj, n, cl, vt);
       for (var r = 0u; r < VECTORS; r++) {
         let p = p_s[jj * VECTORS + r];
         if (SUMS == 1u) {
@@ -68,7 +117,7 @@ fn pv_keys(acc: Lanes, st: u32, cl: u32, j0: u32, full: bool, d: DecodeWg) -> La
         }
         if (full || key_visible(i32(j0 + jj), row_pos(d.seq, d.i0 + r % M_TILE), d.seq)) {
           for (var u = 0u; u < LANE_COLS; u++) {
-            a.o[r][u] += p * vv[u];
+            a.o[r][u] += (p * col_scale(n, u, vt)) * vv[u];
           }
         }
       }
@@ -85,7 +134,7 @@ fn merge_streams(acc: Lanes, st: u32, cl: u32) {
     if (st == s) {
       for (var r = 0u; r < VECTORS; r++) {
         for (var u = 0u; u < LANE_COLS; u++) {
-          let c = cl + PV_LANES * u;
+          let c = lane_col(cl, u);
           if (c < V_VEC4S) {
             merge_o(r, c, acc.o[r][u], s == 0u);
           }

@@ -95,7 +95,8 @@ fn decode_body(d: DecodeWg, lid: u32) {
       continue;
     }
     let j0 = d.klo + (it - PREFETCH) * KV_TILE;
-    tile_logits(w, j0, true, lid);   // this kernel loads the bias of every tile
+    // this kernel loads the bias of every tile; its K is staged (DIRECT 0: no registers)
+    tile_logits(w, j0, true, lid, array<KUnit, K_REGS>());
     ml = tile_scores(w, j0, ml, lid);
   }
 

@@ -4,7 +4,11 @@
 // head, all VECTORS query vectors; consecutive lanes take consecutive keys (distinct banks);
 // with SLICES > 1 the slices' partial dots meet in part_s.
 // Each family declares Q_STRIDE and LOW_KEYS (1 where a tile may start before the split's
-// first key klo: decode_partial's listed blocks).
+// first key klo: decode_partial's listed blocks). DIRECT 1 (decode_partial, kv_staging
+// "direct"): no k_s; lane (slice h = lid % SLICES, key lid / SLICES) loads the load units
+// (storage.wgsl's KU: a granule, or 16 bytes of quantized codes) h, h + SLICES, ... of its
+// keys straight into registers (k_reg: K_REGS units a tile, the SLICES lanes of a key reading
+// its row's consecutive units together) and dots them there, a unit's scale applied once.
 
 const SLICES: u32 = max(1u, THREADS / KV_TILE);                 // QK lanes per key
 const PASS_KEYS: u32 = THREADS / SLICES;                        // keys per QK pass
@@ -12,9 +16,12 @@ const PASSES: u32 = KV_TILE / min(KV_TILE, PASS_KEYS);          // QK passes per
 const SLICE_VEC4S: u32 = (QK_VEC4S + SLICES - 1u) / SLICES;     // vec4s per QK lane
 const K_STRIDE: u32 = QK_VEC4S + 1u;    // padded K row stride: lanes read distinct banks
 const K_LOADS: u32 = (KV_TILE * QK_GRANULES + THREADS - 1u) / THREADS;  // K granules per lane
+const QK_UNITS: u32 = QK_VEC4S / UNIT_VEC4S;                    // DIRECT: load units a row
+const SLICE_UNITS: u32 = (QK_UNITS + SLICES - 1u) / SLICES;     // DIRECT: units per slice
+const K_REGS: u32 = 1u + DIRECT * (PASSES * SLICE_UNITS - 1u);  // DIRECT: K units a lane
 
 var<workgroup> q_s: array<vec4<f32>, VECTORS * Q_STRIDE>;
-var<workgroup> k_s: array<TS, KV_TILE * K_STRIDE>;
+var<workgroup> k_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * K_STRIDE - 1u)>;
 var<workgroup> part_s: array<f32, KV_TILE * VECTORS * SLICES>;
 
 // The workgroup's vectors and the keys [klo, khi) of its split that they may see.
@@ -75,25 +82,75 @@ fn stage_k(idx: u32, kg: GV) {
   }
 }
 
-// p_s = the logits of the staged K tile (keys j0..) for every query vector; with_bias false:
-// the tile's bias is known to be 0. Ends with p_s complete (a barrier).
-fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32) {
-  // Lane (slice h, key jj).
-  let h = lid / min(KV_TILE, PASS_KEYS);
-  for (var kk = 0u; kk < PASSES; kk++) {
-    let jj = lid % min(KV_TILE, PASS_KEYS) + PASS_KEYS * kk;
-    var sc: array<f32, VECTORS>;
-    for (var r = 0u; r < VECTORS; r++) {
-      sc[r] = 0.0;
-    }
-    for (var cc = 0u; cc < SLICE_VEC4S; cc++) {
-      let c = min(h * SLICE_VEC4S + cc, QK_VEC4S - 1u);
-      let kc = select(vec4<f32>(0.0), ts_f32(k_s[jj * K_STRIDE + c]),
-                      h * SLICE_VEC4S + cc < QK_VEC4S);
-      for (var r = 0u; r < VECTORS; r++) {
-        sc[r] += dot(q_s[r * Q_STRIDE + c], kc);
+// DIRECT: unit u of the lane's K registers for the tile of keys jf.. (pass u / SLICE_UNITS,
+// slice unit u % SLICE_UNITS): zeros unless live and the key lies in [lo, hi), as
+// kv_granules.
+fn k_reg(u: u32, lid: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool) -> KUnit {
+  let jj = lid / SLICES + PASS_KEYS * (u / SLICE_UNITS);
+  let gi = lid % SLICES + SLICES * (u % SLICE_UNITS);
+  var g = KUnit();
+  if (live && gi < QK_UNITS && jf + jj >= lo && jf + jj < hi) {
+    let e = kv_elem(b, kvh, jf + jj) + gi * UNIT_VEC4S * 4u;
+    g = KUnit(ku_k(e), ku_scale_k(e));
+  }
+  return g;
+}
+
+// The dots of key jj's slice h with every query vector: from the lane's registers kt
+// (DIRECT, pass kk) or the staged tile.
+fn slice_dots(jj: u32, h: u32, kk: u32, kt: array<KUnit, K_REGS>) -> array<f32, VECTORS> {
+  var sc: array<f32, VECTORS>;
+  for (var r = 0u; r < VECTORS; r++) {
+    sc[r] = 0.0;
+  }
+  if (DIRECT == 1u) {
+    for (var g = 0u; g < SLICE_UNITS; g++) {
+      let gi = h + SLICES * g;
+      if (gi < QK_UNITS) {
+        let ku = kt[kk * SLICE_UNITS + g];
+        var t: array<f32, VECTORS>;
+        for (var r = 0u; r < VECTORS; r++) {
+          t[r] = 0.0;
+        }
+        for (var s = 0u; s < UNIT_VEC4S; s++) {
+          let kc = ku_part(ku.x, s);
+          for (var r = 0u; r < VECTORS; r++) {
+            t[r] += dot(q_s[r * Q_STRIDE + gi * UNIT_VEC4S + s], kc);
+          }
+        }
+        for (var r = 0u; r < VECTORS; r++) {
+          sc[r] += t[r] * ku.s;
+        }
       }
     }
+    return sc;
+  }
+  for (var cc = 0u; cc < SLICE_VEC4S; cc++) {
+    let c = min(h * SLICE_VEC4S + cc, QK_VEC4S - 1u);
+    let kc = select(vec4<f32>(0.0), ts_f32(k_s[jj * K_STRIDE + c]),
+                    h * SLICE_VEC4S + cc < QK_VEC4S);
+    for (var r = 0u; r < VECTORS; r++) {
+      sc[r] += dot(q_s[r * Q_STRIDE + c], kc);
+    }
+  }
+  return sc;
+}
+
+// p_s = the logits of the K tile (keys j0..: staged, or DIRECT in the lanes' registers kt)
+// for every query vector; with_bias false: the tile's bias is known to be 0. Ends with p_s
+// complete (a barrier).
+fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REGS>) {
+  // Lane (slice h, key jj): staged, consecutive lanes take consecutive keys (distinct banks);
+  // DIRECT, consecutive lanes take a key's consecutive slices (its row's bytes together).
+  var h = lid / min(KV_TILE, PASS_KEYS);
+  var jl = lid % min(KV_TILE, PASS_KEYS);
+  if (DIRECT == 1u) {
+    h = lid % SLICES;
+    jl = lid / SLICES;
+  }
+  for (var kk = 0u; kk < PASSES; kk++) {
+    let jj = jl + PASS_KEYS * kk;
+    let sc = slice_dots(jj, h, kk, kt);
     for (var r = 0u; r < VECTORS; r++) {
       if (SLICES == 1u) {
         p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);

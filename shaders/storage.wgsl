@@ -108,18 +108,21 @@ fn bf16_pack(x: vec4<f32>) -> vec2<u32> {
 }
 
 // piece: i8
-// Four int8 codes of a word (little-endian), sign-extended by shifts (unpack4xI8 is not in
-// every compiler's WGSL).
+// Four int8 codes of a word (little-endian) as f32, exactly and without integer-to-float
+// conversions (a fraction of the FMA rate on GPUs): code c + 128 (the sign bit flipped) is
+// the low mantissa of 2^23 + c + 128, from which 2^23 + 128 is subtracted. unpack4xI8 is not
+// in every compiler's WGSL.
 fn i8x4(w: u32) -> vec4<f32> {
-  return vec4<f32>(f32(bitcast<i32>(w << 24u) >> 24u), f32(bitcast<i32>(w << 16u) >> 24u),
-                   f32(bitcast<i32>(w << 8u) >> 24u), f32(bitcast<i32>(w) >> 24u));
+  let u = (vec4<u32>(w ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
+  return bitcast<vec4<f32>>(u | vec4<u32>(0x4b000000u)) - vec4<f32>(8388736.0);
 }
 
 // piece: i4
-// Four int4 codes: the low (sh 0) or high (sh 4) nibbles of a word's 4 bytes, minus 8.
+// Four int4 codes: the low (sh 0) or high (sh 4) nibbles of a word's 4 bytes, minus 8, as f32
+// through the mantissa as i8x4 does (2^23 + n - (2^23 + 8)).
 fn i4x4(w: u32, sh: u32) -> vec4<f32> {
   let n = (vec4<u32>(w) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(0xfu);
-  return vec4<f32>(n) - vec4<f32>(8.0);
+  return bitcast<vec4<f32>>(n | vec4<u32>(0x4b000000u)) - vec4<f32>(8388616.0);
 }
 
 // piece: load_plain
@@ -140,7 +143,7 @@ fn load_$x(g: u32) -> GV {
   let e0 = g * GRANULE;
   let s = ${x}_scale[e0 / $row];
   let w = e0 / 4u;
-  return gv_of(i8x4($x[w]) * s, $second);
+  return gv_of(i8x4(${x}_word(w)) * s, $second);
 }
 
 // piece: load_int4
@@ -152,17 +155,195 @@ fn load_$x(g: u32) -> GV {
   let w = blk * 4u + (r % 16u) / 4u;
   let sh = select(0u, 4u, r >= 16u);
   let s = unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
-  return gv_of(i4x4($x[w], sh) * s, $second);
+  return gv_of(i4x4(${x}_word(w), sh) * s, $second);
 }
 
 // piece: second_int8
-i8x4($x[w + 1u]) * s
+i8x4(${x}_word(w + 1u)) * s
 
 // piece: second_int4
-i4x4($x[w + 1u], sh) * s
+i4x4(${x}_word(w + 1u), sh) * s
 
 // piece: second_none
 vec4<f32>(0.0)
+
+// piece: word_narrow
+// Word w of quantized K/V codes bound as array<u32>.
+fn ${x}_word(w: u32) -> u32 {
+  return $x[w];
+}
+
+// piece: word_wide
+// Word w of quantized K/V codes bound as array<vec4<u32>> (the wide units below).
+fn ${x}_word(w: u32) -> u32 {
+  return $x[w / 4u][w % 4u];
+}
+
+// The load units of the direct decode_partial (decode_qk_common's k_reg, decode_pv_common's
+// v_reg): KU, UNIT_VEC4S vec4s of values as loaded; ku_part(x, s) its vec4 s without the
+// scale, ku_$x(e) the unit whose first element is e, ku_scale_$x(e) its scale. Wide (K/V
+// bound as array<vec4<u32>>, wgsl_io.kv_unit): 16 raw bytes, converted where used (4 f32, 8
+// f16 or bf16, 16 int8 codes of one vector, or one whole q4_0 block of 32 int4 codes), so a
+// lane issues one 16-byte load per unit, holds it in 4 registers and applies a quantized
+// unit's scale once. Otherwise a granule as load_$x returns it (dequantized: scale 1).
+
+// piece: unit_granule
+alias KU = GV;
+const UNIT_VEC4S: u32 = GRANULE_VEC4S;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return vec4<f32>(g_part(x, s));
+}
+
+// piece: unit_float32
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 1u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return bitcast<vec4<f32>>(x);
+}
+
+// piece: unit_float16
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 2u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return vec4<f32>(unpack2x16float(x[2u * s]), unpack2x16float(x[2u * s + 1u]));
+}
+
+// piece: unit_bfloat16
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 2u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return bf16x4(vec2<u32>(x[2u * s], x[2u * s + 1u]));
+}
+
+// piece: unit_int8
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 4u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return i8x4(x[s]);
+}
+
+// piece: unit_int4
+// vec4 s < 4: the low nibbles of word s (elements 4s..), s >= 4: the high ones (16 + ...).
+alias KU = vec4<u32>;
+const UNIT_VEC4S: u32 = 8u;
+fn ku_part(x: KU, s: u32) -> vec4<f32> {
+  return i4x4(x[s % 4u], (s / 4u) * 4u);
+}
+
+// piece: ku_granule
+fn ku_$x(e: u32) -> KU {
+  return load_$x(e / GRANULE);
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  return 1.0;
+}
+
+// piece: ku_float
+fn ku_$x(e: u32) -> KU {
+  return $x[e / (4u * UNIT_VEC4S)];
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  return 1.0;
+}
+
+// piece: ku_int8
+fn ku_$x(e: u32) -> KU {
+  return $x[e / 16u];
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  return ${x}_scale[e / $row];
+}
+
+// piece: ku_int4
+fn ku_$x(e: u32) -> KU {
+  return $x[e / 32u];
+}
+fn ku_scale_$x(e: u32) -> f32 {
+  let blk = e / 32u;
+  return unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
+}
+
+// V's units (decode_pv_common's v_reg): VU, VUNIT_VEC4S vec4s of values; vu_part(x, s)
+// its vec4 s unscaled, vu_col(gi, s) that vec4's column in the row for unit gi of the row,
+// vu_v(e, gi) unit gi of the row whose first element is e, vu_scale_v(e, gi) its scale. A
+// PV lane accumulates every column of its units for every query vector, so quantized V is
+// read in units of 8 values (two vec4 columns, f16's granule): int8 8 codes (v bound as
+// array<vec2<u32>>), int4 one word of a q4_0 block (v as array<u32>): its 4 low nibbles
+// are elements 4w.. of the block, its high ones 16 + 4w.. (columns 8 blk + w and + 4).
+
+// piece: vunit_k
+// V's units are K's (float K/V, or granules).
+alias VU = KU;
+const VUNIT_VEC4S: u32 = UNIT_VEC4S;
+fn vu_part(x: VU, s: u32) -> vec4<f32> {
+  return ku_part(x, s);
+}
+fn vu_col(gi: u32, s: u32) -> u32 {
+  return gi * VUNIT_VEC4S + s;
+}
+fn vu_v(e: u32, gi: u32) -> VU {
+  return ku_v(e + gi * VUNIT_VEC4S * 4u);
+}
+fn vu_scale_v(e: u32, gi: u32) -> f32 {
+  return ku_scale_v(e + gi * VUNIT_VEC4S * 4u);
+}
+
+// piece: vunit_int8
+alias VU = vec2<u32>;
+const VUNIT_VEC4S: u32 = 2u;
+fn vu_part(x: VU, s: u32) -> vec4<f32> {
+  return i8x4(x[s]);
+}
+fn vu_col(gi: u32, s: u32) -> u32 {
+  return gi * 2u + s;
+}
+fn vu_v(e: u32, gi: u32) -> VU {
+  return v[e / 8u + gi];
+}
+fn vu_scale_v(e: u32, gi: u32) -> f32 {
+  return v_scale[e / V_DIM];
+}
+
+// piece: vunit_int4
+alias VU = u32;
+const VUNIT_VEC4S: u32 = 2u;
+fn vu_part(x: VU, s: u32) -> vec4<f32> {
+  return i4x4(x, s * 4u);
+}
+fn vu_col(gi: u32, s: u32) -> u32 {
+  return (gi / 4u) * 8u + gi % 4u + 4u * s;
+}
+fn vu_v(e: u32, gi: u32) -> VU {
+  return v[e / 8u + gi];
+}
+fn vu_scale_v(e: u32, gi: u32) -> f32 {
+  let blk = e / 32u + gi / 4u;
+  return unpack2x16float(v_scale[blk / 2u])[blk % 2u];
+}
+
+// piece: word_v8
+// Word w of int8 V codes bound as array<vec2<u32>> (vunit_int8).
+fn ${x}_word(w: u32) -> u32 {
+  return $x[w / 2u][w % 2u];
+}
+
+// piece: load_wide_float32
+// The granule loads where float K/V are bound wide (compiled, unused, beside the units).
+fn load_$x(g: u32) -> GV {
+  return bitcast<vec4<f32>>($x[g]);
+}
+
+// piece: load_wide_float16
+fn load_$x(g: u32) -> GV {
+  let w = $x[g];
+  return gv_of(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+               vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));
+}
+
+// piece: load_wide_bfloat16
+fn load_$x(g: u32) -> GV {
+  return $x[g];
+}
 
 // piece: store_float32
 fn store_out(i: u32, x: vec4<f32>) {

@@ -18,6 +18,9 @@ from .probe import NAME
 from .tiles import (
     DECODE_CHOICES,
     DECODE_DEFAULTS,
+    DECODE_PARTIAL_CHOICES,
+    DECODE_STAGING,
+    DIRECT_MAX_REGS,
     KV_STAGING,
     OUT_TILE,
     PREFILL_CHOICES,
@@ -26,6 +29,7 @@ from .tiles import (
     SHRINK,
     _p,
     decode_consts,
+    decode_regs,
     decode_storage,
     prefill_storage,
     prefill_threads,
@@ -132,6 +136,19 @@ def _decode_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, A
     return why or _thread_check(lambda s, p: decode_consts(s, p)["THREADS"])(spec, caps, params)
 
 
+def _partial_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
+    """decode_partial's: its kv_staging, then the decode checks."""
+    staging = params.get("kv_staging", DECODE_STAGING)
+    if staging not in KV_STAGING:
+        return [f"kv_staging={staging!r} is not one of {KV_STAGING}"]
+    regs = decode_regs(spec, params) if staging == "direct" else 0
+    if regs > DIRECT_MAX_REGS:
+        return [f"kv_staging='direct' holds {regs} 16-byte K/V units a lane per tile, over "
+                f"{DIRECT_MAX_REGS} (the register tile spills): use kv_staging='workgroup' or "
+                "a smaller kv_tile"]
+    return _decode_checks(spec, caps, params)
+
+
 KV_LAYOUTS = frozenset({"BSNH", "BNSH", "paged"})
 
 
@@ -163,12 +180,14 @@ def _decode(dtype: str, m: int, blocks: bool) -> KernelInfo:
         v_head_sizes=V_HEAD_SIZES,
         features=_features(dtype), kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES,
         supports=ALL_FEATURES,
-        params={"m_tile": m, "block_skip": blocks}, defaults=DECODE_DEFAULTS[dtype],
-        choices=DECODE_CHOICES, workgroup_storage=decode_storage,
+        params={"m_tile": m, "block_skip": blocks},
+        defaults={**DECODE_DEFAULTS[dtype], "kv_staging": DECODE_STAGING},
+        choices=DECODE_PARTIAL_CHOICES, workgroup_storage=decode_storage,
         extra_checks=_with_bindings(
-            "decode_partial", _block_checks(_decode_checks) if blocks else _decode_checks),
+            "decode_partial", _block_checks(_partial_checks) if blocks else _partial_checks),
         doc=f"fused QK^T + online softmax + PV per KV split, {m} query row(s) x the GQA "
-            "group's heads per workgroup sharing each K/V tile"
+            "group's heads per workgroup sharing each K/V tile, read straight into the lanes' "
+            "registers or staged in workgroup memory (kv_staging)"
             + ("; visits only the listed KV blocks, dealt out evenly over the splits"
                if blocks else "") + _DEQUANT)
 

@@ -130,12 +130,13 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
                                 bias_shape=bias_shape, op=op)
 
 
-def declarations(family: str, aux: frozenset[str], spec: AttentionSpec) -> str:
+def declarations(family: str, aux: frozenset[str], spec: AttentionSpec, wide: bool = False) -> str:
     """The binding declarations of a family's variant, from attnreg/ports.py; element
-    types per the spec's stored dtypes (backends/webgpu/wgsl_io.py)."""
+    types per the spec's stored dtypes (backends/webgpu/wgsl_io.py; wide: quantized K/V as
+    16-byte words)."""
     return "".join(
-        _declaration(i, p.access, p.ident,
-                     "Params" if p.access == "uniform" else wgsl_io.binding_type(p.kind, spec))
+        _declaration(i, p.access, p.ident, "Params" if p.access == "uniform"
+                     else wgsl_io.binding_type(p.kind, spec, wide, p.name))
         for i, p in enumerate(ports.ports(family, ports.WGSL, aux)))
 
 
@@ -199,8 +200,10 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
             f"const V_VEC4S: u32 = {hv // 4}u;", f"const V_GRANULES: u32 = {max(1, hv // ge)}u;"]
     head += [f"const {k}: u32 = {int(v)}u;" for k, v in sorted(stage_consts.items())]
     head += [lane_helpers(subgroups), common.wgsl_struct("Params")]
-    text = "\n".join(head) + "\n" + declarations(family, aux, spec)
-    text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)))
+    # KV_WIDE (the direct decode_partial, tiles.py): quantized K/V loaded in 16-byte units
+    wide = bool(stage_consts.get("KV_WIDE", 0))
+    text = "\n".join(head) + "\n" + declarations(family, aux, spec, wide)
+    text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)), wide)
     text += shape_helpers(aux)
     if family != "reduce":
         text += memory_helpers(aux)

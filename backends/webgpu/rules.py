@@ -86,6 +86,64 @@ def block_skip(backend: str) -> Rule:
 BLOCK_SKIP = block_skip(probe.NAME)
 
 
+# -- decode_partial's K/V staging and tiles ----------------------------------------------------
+def _decode_partial(ctx: Ctx, backend: str) -> bool:
+    k = ctx.kernel
+    return (k is not None and k.backend == backend and k.family == "decode_partial"
+            and k.matrix is None and "kv_staging" in k.defaults)
+
+
+def _staging(ctx: Ctx, backend: str) -> bool:
+    if not _decode_partial(ctx, backend) or "kv_staging" in ctx.user:
+        return False
+    p = {**_params(ctx), **ctx.kernel.params}               # type: ignore[union-attr]
+    return tiles.decode_regs(ctx.spec, p) > tiles.DIRECT_MAX_REGS or int(p.get("m_tile", 1)) > 1
+
+
+# H100, f16 GQA 32/8 L=32768: Dawn 130 -> 75 us, wgpu-native 100 -> 71 us reading K/V
+# directly; whisper (m_tile 4): staged 21.2 / 17.5 us against direct 22.0 / 18.9 us
+# (ci/results/h100_wgsl_decode.txt).
+def decode_staging(backend: str) -> Rule:
+    """decode_partial's kv_staging for a backend hosting these kernels (webgpu, dawn,
+    browser)."""
+    return Rule(
+        f"{backend}_decode_kv_staging",
+        "decode_partial reads K/V straight into the lanes' registers, except where a lane's "
+        "share of a tile would spill or several query rows share a workgroup, where staging "
+        "K/V measured faster",
+        "params", lambda c: _staging(c, backend), lambda c: {"kv_staging": "workgroup"},
+        measured=("ci/results/h100_wgsl_decode.txt",))
+
+
+# kv_tile of the direct decode_partial over quantized K/V on GPUs, where measured fastest (a
+# quantized key is a quarter or half of an f16 one: more keys per tile keep the bytes in
+# flight). H100, wgpu-native, L=32768: int8 81.8 us at 16 keys, 78.2 at 32; int4 141.3 at 16,
+# 110.7 at 32; 64-key tiles spill (ci/results/h100_wgsl_decode.txt).
+QUANT_KV_TILE = {"int8": 32, "int4": 32}
+
+
+def _quant_tile(ctx: Ctx, backend: str) -> bool:
+    p = _params(ctx)
+    return (_decode_partial(ctx, backend) and ctx.caps.device_type == "gpu"
+            and ctx.spec.kv_dtype in QUANT_KV_TILE and "kv_tile" not in ctx.user
+            and p.get("kv_staging") == "direct")
+
+
+def decode_quant_tile(backend: str) -> Rule:
+    return Rule(
+        f"{backend}_decode_quant_kv_tile",
+        "the direct decode_partial over int8/int4 K/V on GPUs takes longer key tiles, a "
+        "quantized key being a fraction of an f16 one, so that a round keeps enough bytes in "
+        "flight", "params",
+        lambda c: _quant_tile(c, backend),
+        lambda c: {"kv_tile": QUANT_KV_TILE[str(c.spec.kv_dtype)]},
+        measured=("ci/results/h100_wgsl_decode.txt",))
+
+
+DECODE_STAGING = decode_staging(probe.NAME)
+DECODE_QUANT_TILE = decode_quant_tile(probe.NAME)
+
+
 # -- unfused decode crossover ------------------------------------------------------------------
 # Where decode_qk + decode_pv measured faster than decode_partial (fused), by vendor or device
 # type: (min GQA group, head sizes, min total length), single-row decode (the measured case);
@@ -112,4 +170,5 @@ UNFUSED_CROSSOVER = Rule(
     and c.flags.get("route", "auto") == "auto" and _unfused_wins(c),
     lambda c: {"route": "split_kv_unfused"}, measured=(RULE_NUMBERS,))
 
-RULES: tuple[Rule, ...] = (BLOCK_SKIP, FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)
+RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TILES, STEP_IN_TILE,
+                          UNFUSED_CROSSOVER)

@@ -38,6 +38,19 @@ DECODE_DEFAULTS: Mapping[str, Mapping[str, int]] = {
     "bfloat16": {"kv_tile": 16, "threads": 64, "group_tile": 16, "prefetch": 1},
 }
 DECODE_CHOICES: Mapping[str, tuple[Any, ...]] = {"kv_tile": (16, 32), "threads": (64, 128)}
+# decode_partial's kv_staging (the prefill's values): "direct" has every lane load the K and V
+# granules it computes with straight from memory into registers (next tile's loads in flight
+# during this tile's compute), "workgroup" stages K/V tiles in workgroup memory first (the
+# register tile per lane is then one kv_tile's share, whatever the head size). The rule
+# webgpu_decode_kv_staging picks per spec (rules.py says why).
+DECODE_STAGING = "direct"
+# 16-byte load units a lane of the direct decode_partial may hold per tile (decode_regs; twice
+# that with the next tile's loads in flight). Past it the register tile spills: on the H100,
+# 24 units (int8 K/V, kv_tile 64) took 2.2-2.6 ms where 12 took 78 us, and Dawn's build of it
+# computed values 2.4e-3 off (ci/results/h100_wgsl_decode.txt). The staged tiles hold any head.
+DIRECT_MAX_REGS = 16
+DECODE_PARTIAL_CHOICES: Mapping[str, tuple[Any, ...]] = {**DECODE_CHOICES,
+                                                          "kv_staging": KV_STAGING}
 MAX_VECTORS = 16
 REDUCE_THREADS = 256
 # Halving order when a variant's workgroup storage exceeds the device: (param, floor). The
@@ -137,13 +150,35 @@ def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
             "BALANCE": int(blocks and op == "attention")}
 
 
+def decode_direct(params: Mapping[str, Any]) -> int:
+    """1 where decode_partial reads K/V straight into registers (kv_staging "direct")."""
+    return int(str(params.get("kv_staging", DECODE_STAGING)) == "direct")
+
+
+def decode_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    """16-byte load units a lane of the direct decode_partial holds per K/V tile: its QK
+    share of K (passes x slice) and its PV share of V (keys of its stream x columns), as
+    shaders/decode_qk_common.wgsl and decode_pv_common.wgsl lay them out (a unit: a granule,
+    or 16 bytes of quantized codes, wgsl_io.kv_unit)."""
+    c = decode_consts(spec, params)
+    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)   # elements a K unit
+    ve = 8 if spec.kv_dtype and wgsl_io.kv_unit(spec) else ue  # a V unit (storage.wgsl)
+    bc, th = c["KV_TILE"], c["THREADS"]
+    slices = max(1, th // bc)
+    k = bc // min(bc, th // slices) * -(-(spec.head_size // ue) // slices)
+    vu = max(1, spec.head_size_v // ve)
+    pv_lanes = min(th, vu)
+    return k + -(-bc // (th // pv_lanes)) * -(-vu // pv_lanes)
+
+
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
     hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
     r, bc = c["M_TILE"] * c["GROUP_TILE"], c["KV_TILE"]
     hs = max(1, c["THREADS"] // bc)
+    staged = 1 - decode_direct(params)     # the direct path's k_s / v_s are one element
     # q_s holds a query, then the merged output: the longer of the two rows
-    return (r * max(hv, vv) * 16 + bc * (hv + 1) * 4 * e + bc * vv * 4 * e
+    return (r * max(hv, vv) * 16 + staged * (bc * (hv + 1) * 4 * e + bc * vv * 4 * e)
             + bc * r * 4 * (1 + hs) + 4 * r * 4)
 
 
@@ -165,9 +200,12 @@ def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
     if family == "prefill":
         return prefill_consts(spec, params, subgroup_width)
     if family in ("decode_partial", "decode_qk"):
-        return decode_consts(spec, params, bias_shape, op)
+        direct = decode_direct(params) if family == "decode_partial" else 0
+        # the direct loads take quantized K/V in 16-byte units where rows are whole units
+        wide = int(bool(direct and wgsl_io.kv_unit(spec)))
+        return {**decode_consts(spec, params, bias_shape, op), "DIRECT": direct, "KV_WIDE": wide}
     if family == "decode_pv":
-        return pv_consts(spec, params)
+        return {**pv_consts(spec, params), "DIRECT": 0}
     return reduce_consts(spec, params)
 
 

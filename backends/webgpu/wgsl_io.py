@@ -82,11 +82,30 @@ def prelude(spec: AttentionSpec) -> str:
     return _piece(f"compute_{compute(spec)}") + f"const GRANULE: u32 = {granule(spec)}u;\n"
 
 
-def binding_type(kind: str, spec: AttentionSpec) -> str:
-    """The WGSL type of a binding of port kind ``kind`` (attnreg/ports.py) in this program."""
+def kv_unit(spec: AttentionSpec) -> int:
+    """vec4s of values in a wide load unit of K/V (16 raw bytes: 4 f32, 8 f16 or bf16, 16
+    int8 codes, 32 int4 codes = one q4_0 block), where k's and v's rows are whole units (all
+    but int8 rows of 8 codes); 0 otherwise (the units are granules)."""
+    if spec.kv_dtype == "int8":
+        return 4 if spec.head_size % 16 == 0 and spec.head_size_v % 16 == 0 else 0
+    if spec.kv_dtype == "int4":
+        return 8
+    return 1 if spec.dtype == "float32" else 2
+
+
+# V's words in a wide program: quantized V is read in units of 8 values (storage.wgsl vunit_*).
+_WIDE_V = {"int8": "array<vec2<u32>>", "int4": "array<u32>"}
+
+
+def binding_type(kind: str, spec: AttentionSpec, wide: bool = False, name: str = "") -> str:
+    """The WGSL type of a binding of port kind ``kind`` (attnreg/ports.py) in this program;
+    wide: K/V as raw words (16 bytes; quantized v in words of 8 values, kv_unit)."""
     if kind == "kv":
         return _STORED[spec.dtype]
     if kind == "kvc":
+        if wide:
+            return _WIDE_V.get(str(spec.kv_dtype), "array<vec4<u32>>") if name == "v" \
+                else "array<vec4<u32>>"
         return "array<u32>" if spec.kv_dtype else _STORED[spec.dtype]
     if kind == "scale":
         return "array<f32>" if spec.kv_dtype == "int8" else "array<u32>"
@@ -101,18 +120,25 @@ def _load_plain(name: str, spec: AttentionSpec) -> str:
     return _piece("load_widened" if compute(spec) == "bf16q" else "load_plain", x=name)
 
 
-def _load_quant(name: str, spec: AttentionSpec) -> str:
+def _load_quant(name: str, spec: AttentionSpec, wide: bool) -> str:
     # a granule of 8 reads a second word of codes; one of 4 has none
     quant = str(spec.kv_dtype)
     second = _piece(f"second_{quant}" if granule(spec) == 8 else "second_none", x=name)
     # one scale per vector: k's are QK_DIM elements long, v's V_DIM (v_head_size)
-    return _piece(f"load_{quant}", x=name, row="V_DIM" if name == "v" else "QK_DIM",
-                  second=second.strip())
+    row = "V_DIM" if name == "v" else "QK_DIM"
+    word = "word_wide" if wide else "word_narrow"
+    if wide and name == "v":
+        word = "word_v8" if quant == "int8" else "word_narrow"
+    return (_piece(word, x=name)
+            + _piece(f"load_{quant}", x=name, row=row, second=second.strip())
+            + ("" if wide and name == "v"       # v's wide units: vunit_{quant}
+               else _piece(f"ku_{quant}" if wide else "ku_granule", x=name, row=row)))
 
 
-def helpers(spec: AttentionSpec, bound: frozenset[str]) -> str:
+def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False) -> str:
     """The load/store helpers of a program whose bindings are ``bound`` (buffer names):
-    load_q/load_k/load_v where q, k, v are bound, store_out where out is the output."""
+    load_q/load_k/load_v where q, k, v are bound (and the load units ku_k/ku_v; wide: of
+    quantized K/V bound as 16-byte words, kv_unit), store_out where out is the output."""
     parts = []
     if spec.dtype == "bfloat16":
         parts.append(_piece("bf16_in"))   # the prelude's g_part / ts_f32 call bf16x4
@@ -123,8 +149,15 @@ def helpers(spec: AttentionSpec, bound: frozenset[str]) -> str:
         quant = spec.kv_dtype
         if quant is not None:
             parts.append(_piece("i8" if quant == "int8" else "i4"))
-        load = _load_plain if quant is None else _load_quant
-        parts += [load("k", spec), load("v", spec)]
+        parts.append(_piece(f"unit_{quant or spec.dtype}" if wide else "unit_granule"))
+        for x in ("k", "v"):
+            if quant is not None:
+                parts.append(_load_quant(x, spec, wide))
+            elif wide:
+                parts.append(_piece(f"load_wide_{spec.dtype}", x=x) + _piece("ku_float", x=x))
+            else:
+                parts.append(_load_plain(x, spec) + _piece("ku_granule", x=x))
+        parts.append(_piece(f"vunit_{quant}" if wide and quant else "vunit_k"))
     if "out" in bound:
         parts.append(_piece(f"store_{spec.dtype}"))
     return "".join(parts)

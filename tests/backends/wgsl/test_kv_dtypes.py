@@ -158,7 +158,7 @@ def test_binding_types_and_helpers():
                          "PREFETCH": 1, "BALANCE": 0})
     for decl in ("var<storage, read> q: array<vec4<u32>>;", "var<storage, read> k: array<vec4<u32>>;",
                  "alias GV = vec4<u32>;", "const GRANULE: u32 = 8u;", "alias TS = vec2<u32>;",
-                 "var<workgroup> k_s: array<TS, KV_TILE * K_STRIDE>;"):
+                 "var<workgroup> k_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * K_STRIDE - 1u)>;"):
         assert decl in bf, decl
     red = program.source("reduce", _spec(dtype="bfloat16"), {"THREADS": 256})
     assert "fn bf16_pack(" in red and "fn load_q(" not in red
@@ -170,12 +170,17 @@ def test_staging_sized_in_staged_type():
     """bf16 K/V tiles are staged as bf16 bits: the workgroup storage (and so the fitted
     tiles and the plans) of float16; with quantized K/V they stage dequantized f32, as the
     f32 kernels do."""
-    for fn in (wtiles.prefill_storage, wtiles.decode_storage, wtiles.qk_storage,
-               wtiles.pv_storage):
-        f32 = fn(_spec(), {})
-        assert fn(_spec(dtype="bfloat16"), {}) == fn(_spec(dtype="float16"), {}) < f32
-        assert fn(_spec(dtype="bfloat16", kv_dtype="int8"), {}) == f32
-        assert fn(_spec(dtype="float32", kv_dtype="int4"), {}) == f32
+    staged = {"kv_staging": "workgroup"}          # decode_partial's staged tiles
+    for fn, p in ((wtiles.prefill_storage, {}), (wtiles.decode_storage, staged),
+                  (wtiles.qk_storage, {}), (wtiles.pv_storage, {})):
+        f32 = fn(_spec(), p)
+        assert fn(_spec(dtype="bfloat16"), p) == fn(_spec(dtype="float16"), p) < f32
+        assert fn(_spec(dtype="bfloat16", kv_dtype="int8"), p) == f32
+        assert fn(_spec(dtype="float32", kv_dtype="int4"), p) == f32
+    # read straight into registers (kv_staging "direct"), K/V take no workgroup storage
+    direct = wtiles.decode_storage(_spec(), {})
+    assert direct == wtiles.decode_storage(_spec(dtype="float16"), {}) < \
+        wtiles.decode_storage(_spec(dtype="float16"), staged)
     assert wtiles.prefill_consts(_spec(dtype="bfloat16"), {}) == \
         wtiles.prefill_consts(_spec(dtype="float16"), {})
 
@@ -253,3 +258,34 @@ def test_bf16_widening_and_rounding_are_exact(backend):
             for h in range(spec.num_heads):
                 assert np.array_equal(got[:, 0, h].view(np.uint16), want[:, 0].view(np.uint16)), \
                     f"{kid} head {h}"
+
+
+def test_decode_reads_kv_directly_where_the_rules_say():
+    """decode_partial reads K/V straight into registers (raw 16-byte words: k, and v unless
+    quantized, bound as vec4<u32>) for one query row and small heads; the rules stage K/V
+    for several rows per workgroup and for heads whose register tile would spill, and give
+    quantized K/V 32-key tiles on GPUs; a forced direct tile past DIRECT_MAX_REGS is
+    rejected with its reason."""
+    caps = attnreg.profile("nvidia-h100")
+    gqa = dict(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8, head_size=128)
+    cases = [(attnreg.AttentionSpec(**gqa), "direct", 16),
+             (attnreg.AttentionSpec(**gqa, kv_dtype="int8"), "direct", 32),
+             (attnreg.AttentionSpec(**gqa, kv_dtype="int4"), "direct", 32),
+             (attnreg.AttentionSpec(seq_len=4, past_len=1496, num_heads=8, kv_num_heads=8,
+                                    head_size=64), "workgroup", 16)]
+    for spec, staging, tile in cases:
+        stage = attnreg.explain(spec, caps=caps).stages[0]
+        assert stage.family == "decode_partial", stage
+        assert (stage.params["kv_staging"], stage.params.get("kv_tile", 16)) == (staging, tile)
+    mla = attnreg.AttentionSpec(num_heads=16, kv_num_heads=1, head_size=576, v_head_size=512,
+                                dtype="float16", seq_len=1, past_len=40)
+    assert attnreg.explain(mla, caps=caps).stages[0].params["kv_staging"] == "workgroup"
+    k = attnreg.registry.get().kernel("webgpu.decode_partial.f16.m1")
+    why = k.not_supported_reasons(mla, caps, {"kv_staging": "direct"})
+    assert any("kv_staging='direct' holds" in w for w in why), why
+    consts = wtiles.stage_consts("decode_partial", _spec(dtype="float16", kv_dtype="int4"), {})
+    assert consts["DIRECT"] == consts["KV_WIDE"] == 1
+    src = program.source("decode_partial", _spec(dtype="float16", kv_dtype="int4"), consts,
+                         aux=frozenset({"k_scale", "v_scale"}))
+    assert "var<storage, read> k: array<vec4<u32>>;" in src
+    assert "var<storage, read> v: array<u32>;" in src

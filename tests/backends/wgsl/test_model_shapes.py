@@ -294,18 +294,22 @@ def test_decode_tiles_keep_the_gqa_group_where_storage_allows():
     reg = attnreg.registry.get()
     mla = attnreg.AttentionSpec(num_heads=16, kv_num_heads=1, head_size=576, v_head_size=512,
                                 dtype="float16", seq_len=1, past_len=40)
-    for kid, want in (("decode_partial.f16.m1", {"group_tile": 4, "kv_tile": 8}),
-                      ("decode_qk.f16.m1", {"group_tile": 4}),
-                      ("decode_pv.f16", {"group_tile": 4})):
+    # decode_partial stages these heads' K/V in workgroup memory (the staging rule: a lane's
+    # share of a tile read directly would be past DIRECT_MAX_REGS units)
+    staged = {"kv_staging": "workgroup"}
+    assert wtiles.decode_regs(mla, {}) > wtiles.DIRECT_MAX_REGS
+    for kid, want, params in (("decode_partial.f16.m1", {"group_tile": 4, "kv_tile": 8}, staged),
+                              ("decode_qk.f16.m1", {"group_tile": 4}, {}),
+                              ("decode_pv.f16", {"group_tile": 4}, {})):
         k = reg.kernel(f"webgpu.{kid}")
-        fit = wkernels.fit_tiles(k, mla, {}, 32768)
+        fit = wkernels.fit_tiles(k, mla, params, 32768)
         assert fit == want, (kid, fit)
-        p = {**k.defaults, **fit, **k.params}
+        p = {**k.defaults, **params, **fit, **k.params}
         assert k.storage_need(mla, p) <= 32768 < k.storage_need(mla, {**p, "group_tile": 8})
     # a spec that fits keeps its tiles; one whose group is 1 has nothing to take back
     k = reg.kernel("webgpu.decode_partial.f16.m1")
     assert wkernels.fit_tiles(k, mla.replace(head_size=64, v_head_size=64), {}, 32768) == {}
-    assert wkernels.fit_tiles(k, mla.replace(num_heads=1), {}, 32768) == {"kv_tile": 8}
+    assert wkernels.fit_tiles(k, mla.replace(num_heads=1), staged, 32768) == {"kv_tile": 8}
 
 
 def test_code_without_the_features_is_unchanged():
