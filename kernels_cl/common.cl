@@ -238,5 +238,13 @@ inline float finite_or_nan(float x) { return isinf(x) ? NAN : x; }
 inline float inv_sum(float l) { return isnan(l) ? l : (l > 0.0f ? 1.0f / l : 0.0f); }
 // lse of a row from its max m and sum l: NaN for a poisoned row, -inf for an empty one.
 inline float lse_of(float m, float l) { return isnan(l) ? l : (l > 0.0f ? m + log(l) : -INFINITY); }
+// The sink sk joins a row's denominator only: its max *m and sum *l rescaled to the max of
+// (*m, sk), the sink's weight added; returns the factor f that rescales the row's output.
+inline float join_sink(float sk, float* m, float* l) {
+  const float m2 = fmax(*m, sk), mu = SAFE_MAX(m2), f = EXP(*m - mu);
+  *l = *l * f + EXP(sk - mu);
+  *m = m2;
+  return f;
+}
 
 

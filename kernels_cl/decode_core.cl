@@ -140,6 +140,130 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   SG_SCRATCH_DECL
 #define DECODE_LOCAL_NAMES red_m, red_l, red_o SG_SCRATCH_ARG
 
+// The rows' running state before the first chunk (m -inf, l and acc 0) and this lane's
+// float4 groups of their q, pre-scaled (zeros for padding rows: their q is never read).
+inline void decode_q_rows(PARAMS P, const Rows* w, const __global elem_t* q, int lane,
+                          float4 qr[RP][DPL4], float4 acc[RP][DPLV], float m[RP],
+                          float l[RP]) {
+  for (int r = 0; r < RP; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    for (int d = 0; d < DPLV; ++d) acc[r][d] = (float4)(0.0f);
+    for (int d = 0; d < DPL4; ++d) {
+      const int g = lane + d * SG;
+      qr[r][d] = (float4)(0.0f);
+      if (g < HD4 && row_live(P, w, r)) {
+        const int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
+        qr[r][d] = LD4(q, (size_t)w->b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
+                              + 4 * g) * P->scale;
+      }
+    }
+  }
+}
+
+// The chunk's RP x KC dot products, this lane's partial sums of its dims, summed across the
+// lanes by the transposed butterfly: dot product l (row l / KC, key l % KC) in lane l.
+// (Conversions happen where the values are used, so few converted tiles are live.)
+inline float decode_chunk_scores(float4 qr[RP][DPL4], kvraw_t ck[KC][DPL4],
+                                 int lane SG_SCRATCH_PARAM) {
+  float x[SG];
+  for (int c = 0; c < KC; ++c) {
+    for (int r = 0; r < RP; ++r) x[r * KC + c] = 0.0f;
+    for (int d = 0; d < DPL4; ++d) {
+      const float4 kc = kv_cvt4(ck[c][d]);
+      for (int r = 0; r < RP; ++r) x[r * KC + c] += dot(qr[r][d], kc);
+    }
+  }
+  FOLD(16) FOLD(8) FOLD(4) FOLD(2) FOLD(1)
+  return x[0];
+}
+
+// Online softmax over chunk ci (keys from j0; past nchunks all masked) of dot product X0
+// (this lane's row and key): every row's m, l and acc rescaled to its new max; returns this
+// lane's weight p.
+inline float decode_chunk_softmax(PARAMS P, const Rows* w, const __global bias_t* bias,
+                                  int j0, int kend, bool live_chunk, float x0, int lane,
+                                  float4 acc[RP][DPLV], float m[RP],
+                                  float l[RP] SG_SCRATCH_PARAM) {
+  const int r = lane / KC, c = lane % KC;
+  const float sc = live_chunk ? finish_score(P, w, bias, r, j0 + c, kend, x0) : -INFINITY;
+  float mx = sc;
+  for (int o = KC / 2; o > 0; o >>= 1) mx = fmax(mx, SG_XOR(mx, o));
+  float mold = -INFINITY;
+  for (int rr = 0; rr < RP; ++rr) mold = rr == r ? m[rr] : mold;
+  const float mnew = fmax(mold, mx);
+  const float p = WEIGHT(sc, SAFE_MAX(mnew));
+  float ps = p;
+  for (int o = KC / 2; o > 0; o >>= 1) ps += SG_XOR(ps, o);
+  for (int rr = 0; rr < RP; ++rr) {
+    const float mn = SG_BCAST(mnew, rr * KC);
+    const float alpha = EXP(m[rr] - SAFE_MAX(mn));
+    l[rr] = l[rr] * alpha + SG_BCAST(ps, rr * KC);
+    m[rr] = mn;
+    for (int d = 0; d < DPLV; ++d) acc[rr][d] *= alpha;
+  }
+  return p;
+}
+
+// P.V of the chunk's KC keys from j0 (lane l's weight p: row l / KC, key l % KC, by
+// broadcast). A chunk on the causal diagonal or the window's edge (not FULL) adds only the
+// keys each row sees (the chunk differs per sub-group: the shuffles stay outside the branch,
+// uniform).
+inline void decode_chunk_pv(PARAMS P, const Rows* w, kvraw_t cv[KC][DPLV], float p, bool full,
+                            int j0, float4 acc[RP][DPLV] SG_SCRATCH_PARAM) {
+  for (int cc = 0; cc < KC; ++cc) {
+    float pr[RP];
+    for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);
+    if (full) {
+      for (int d = 0; d < DPLV; ++d) {
+        const float4 vc = kv_cvt4(cv[cc][d]);
+        for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
+      }
+    } else {
+      bool seen[RP];
+      for (int rr = 0; rr < RP; ++rr) seen[rr] = key_seen(P, w, rr, j0 + cc);
+      for (int d = 0; d < DPLV; ++d) {
+        const float4 vc = kv_cvt4(cv[cc][d]);
+        for (int rr = 0; rr < RP; ++rr)
+          if (seen[rr]) acc[rr][d] += pr[rr] * vc;
+      }
+    }
+  }
+}
+
+// The sub-groups' (m, l, acc) per row merged through local memory (red_m, red_l, red_o)
+// into split t's partial state (kend: the split's key end, for the absolute lse).
+inline void decode_merge_out(PARAMS P, const Rows* w, int t, int kend, int lane, int wid,
+                             float4 acc[RP][DPLV], const float m[RP], const float l[RP],
+                             __local float* red_m, __local float* red_l, __local float4* red_o,
+                             __global float* o_parts, __global float* lse_parts) {
+  for (int rr = 0; rr < RP; ++rr) {
+    if (lane == 0) {
+      red_m[wid * RP + rr] = m[rr];
+      red_l[wid * RP + rr] = l[rr];
+    }
+    for (int d = 0; d < DPLV; ++d) {
+      const int g = lane + d * SG;
+      if (g < HV4) red_o[(wid * RP + rr) * HV4 + g] = acc[rr][d];
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int idx = get_local_id(0); idx < R_ROWS * HV4; idx += WG) {
+    const int r = idx / HV4, g = idx % HV4;
+    if (row_ok(P, w, r)) {
+      MERGE_SUBGROUPS(float4, RP, HV4, r, g)
+      const size_t row = part_row(P, w, r, t);
+      // a padding row: o 0 and lse -inf, selected whatever it accumulated
+      const bool live = row_live(P, w, r);
+      const float4 o = live && (ll > 0.0f || isnan(ll)) ? finite_or_nan4(oo / ll)
+                                                        : (float4)(0.0f);
+      vstore4(o, 0, o_parts + row * HV + 4 * g);
+      if (g == 0)
+        lse_parts[row] = live ? lse_of(mm + alibi_offset(P, w, r, kend), ll) : -INFINITY;
+    }
+  }
+}
+
 inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* lse_parts,
                         Rows* wout, __local float* red_m, __local float* red_l,
                         __local float4* red_o SG_SCRATCH_PARAM) {
@@ -149,26 +273,13 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
   *wout = w;
   const int2 kr = split_keys(P, &w, t);
   KV_POINTERS(w)
-  const int lid = get_local_id(0), lane = SG_LANE, wid = SG_ID;
+  const int lane = SG_LANE, wid = SG_ID;
   const int2 ckeys = common_keys(P, &w);
 
   float4 qr[RP][DPL4];
   float4 acc[RP][DPLV];
   float m[RP], l[RP];
-  for (int r = 0; r < RP; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-    for (int d = 0; d < DPLV; ++d) acc[r][d] = (float4)(0.0f);
-    for (int d = 0; d < DPL4; ++d) {
-      const int g = lane + d * SG;
-      qr[r][d] = (float4)(0.0f);
-      if (g < HD4 && row_live(P, &w, r)) {
-        const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
-        qr[r][d] = LD4(q, (size_t)w.b * P->q_sb + (size_t)h * P->q_sh + (size_t)i * P->q_ss
-                              + 4 * g) * P->scale;
-      }
-    }
-  }
+  decode_q_rows(P, &w, q, lane, qr, acc, m, l);
 
   const int nchunks = kr.y > kr.x ? (kr.y - kr.x + KC - 1) / KC : 0;
   // Raw chunks in flight: PF = 1 keeps the next chunk loading while this one is computed,
@@ -191,85 +302,16 @@ inline void decode_tile(DECODE_ARGS, __global float* o_parts, __global float* ls
 #else
     FETCH_CHUNK(ci + NW, ak, av)
 #endif
-    // Conversions happen where the values are used, so few converted tiles are live.
-    float x[SG];
-    for (int c = 0; c < KC; ++c) {
-      for (int r = 0; r < RP; ++r) x[r * KC + c] = 0.0f;
-      for (int d = 0; d < DPL4; ++d) {
-        const float4 kc = kv_cvt4(ck[c][d]);
-        for (int r = 0; r < RP; ++r) x[r * KC + c] += dot(qr[r][d], kc);
-      }
-    }
-    FOLD(16) FOLD(8) FOLD(4) FOLD(2) FOLD(1)
-    const int r = lane / KC, c = lane % KC;
-    const float sc = ci < nchunks ? finish_score(P, &w, bias, r, kr.x + ci * KC + c, kr.y, x[0])
-                                  : -INFINITY;
-    float mx = sc;
-    for (int o = KC / 2; o > 0; o >>= 1) mx = fmax(mx, SG_XOR(mx, o));
-    float mold = -INFINITY;
-    for (int rr = 0; rr < RP; ++rr) mold = rr == r ? m[rr] : mold;
-    const float mnew = fmax(mold, mx);
-    const float p = WEIGHT(sc, SAFE_MAX(mnew));
-    float ps = p;
-    for (int o = KC / 2; o > 0; o >>= 1) ps += SG_XOR(ps, o);
-    for (int rr = 0; rr < RP; ++rr) {
-      const float mn = SG_BCAST(mnew, rr * KC);
-      const float alpha = EXP(m[rr] - SAFE_MAX(mn));
-      l[rr] = l[rr] * alpha + SG_BCAST(ps, rr * KC);
-      m[rr] = mn;
-      for (int d = 0; d < DPLV; ++d) acc[rr][d] *= alpha;
-    }
-    // a chunk on the causal diagonal or the window's edge adds only the keys each row sees
-    // (the chunk differs per sub-group: the shuffles stay outside the branch, uniform)
+    const float x0 = decode_chunk_scores(qr, ck, lane SG_SCRATCH_ARG);
     const int j0 = kr.x + ci * KC;
+    const float p = decode_chunk_softmax(P, &w, bias, j0, kr.y, ci < nchunks, x0, lane, acc, m,
+                                         l SG_SCRATCH_ARG);
     // MQ == 1: the rows share one position, so no chunk has an edge (the branch folds away)
     const bool full = MQ == 1 || all_see(ckeys, j0, min(j0 + KC, kr.y));
-    for (int cc = 0; cc < KC; ++cc) {
-      float pr[RP];
-      for (int rr = 0; rr < RP; ++rr) pr[rr] = SG_BCAST(p, rr * KC + cc);
-      if (full) {
-        for (int d = 0; d < DPLV; ++d) {
-          const float4 vc = kv_cvt4(cv[cc][d]);
-          for (int rr = 0; rr < RP; ++rr) acc[rr][d] += pr[rr] * vc;
-        }
-      } else {
-        bool seen[RP];
-        for (int rr = 0; rr < RP; ++rr) seen[rr] = key_seen(P, &w, rr, j0 + cc);
-        for (int d = 0; d < DPLV; ++d) {
-          const float4 vc = kv_cvt4(cv[cc][d]);
-          for (int rr = 0; rr < RP; ++rr)
-            if (seen[rr]) acc[rr][d] += pr[rr] * vc;
-        }
-      }
-    }
+    decode_chunk_pv(P, &w, cv, p, full, j0, acc SG_SCRATCH_ARG);
   }
-
-  // merge the sub-groups' (m, l, acc) per row
-  for (int rr = 0; rr < RP; ++rr) {
-    if (lane == 0) {
-      red_m[wid * RP + rr] = m[rr];
-      red_l[wid * RP + rr] = l[rr];
-    }
-    for (int d = 0; d < DPLV; ++d) {
-      const int g = lane + d * SG;
-      if (g < HV4) red_o[(wid * RP + rr) * HV4 + g] = acc[rr][d];
-    }
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int idx = lid; idx < R_ROWS * HV4; idx += WG) {
-    const int r = idx / HV4, g = idx % HV4;
-    if (row_ok(P, &w, r)) {
-      MERGE_SUBGROUPS(float4, RP, HV4, r, g)
-      const size_t row = part_row(P, &w, r, t);
-      // a padding row: o 0 and lse -inf, selected whatever it accumulated
-      const bool live = row_live(P, &w, r);
-      const float4 o = live && (ll > 0.0f || isnan(ll)) ? finite_or_nan4(oo / ll)
-                                                        : (float4)(0.0f);
-      vstore4(o, 0, o_parts + row * HV + 4 * g);
-      if (g == 0)
-        lse_parts[row] = live ? lse_of(mm + alibi_offset(P, &w, r, kr.y), ll) : -INFINITY;
-    }
-  }
+  decode_merge_out(P, &w, t, kr.y, lane, wid, acc, m, l, red_m, red_l, red_o, o_parts,
+                   lse_parts);
 }
 
 #endif

@@ -98,44 +98,46 @@ inline uint vword(uint4 x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 
 #define MMA_ENTRY decode_fused
 #endif
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void MMA_ENTRY(KERNEL_ARGS) {
-  __local float red_m[NW * R_ROWS], red_l[NW * R_ROWS];
-  __local float red_o[NW * R_ROWS * HV];
-#if MMA_OUT == 2
-  __local int last;
+// A chunk's registers, one spelling for every storage: K runs (or raw codes) K, V runs V and,
+// for quantized K/V, their scales KS and VS (mma_kvq.cl); as declarations, the chunk's fetch
+// and its copy (PF), and as the parameters and arguments of the functions below.
+#if KV_Q
+#define CHUNK_REGS(K, V, KS, VS)                                                \
+  uint K[NKB][K_WORDS], V[NKC][4][V_WORDS];                                     \
+  ksc_t KS[NKB][NKS];                                                           \
+  vsc_t VS AVS_DIMS;
+#define FETCH_KV(CI, K, V, KS, VS) FETCH_CHUNK_Q(CI, K, V, KS, VS)
+#define COPY_KV(DK, DV, DKS, DVS, SK, SV, SKS, SVS) COPY_CHUNK_Q(DK, DV, DKS, DVS, SK, SV, SKS, SVS)
+#define K_CHUNK(K, KS) uint K[NKB][K_WORDS], ksc_t KS[NKB][NKS]
+#define V_CHUNK(V, VS) uint V[NKC][4][V_WORDS], vsc_t VS AVS_DIMS
+#define CHUNK_ARGS(K, KS) K, KS
+#else
+#define CHUNK_REGS(K, V, KS, VS) uint4 K[NKB][NDR], V[NKC][4][NVW / 4];
+#define FETCH_KV(CI, K, V, KS, VS) FETCH_CHUNK(CI, K, V)
+#define COPY_KV(DK, DV, DKS, DVS, SK, SV, SKS, SVS) COPY_CHUNK(DK, DV, SK, SV)
+#define K_CHUNK(K, KS) uint4 K[NKB][NDR]
+#define V_CHUNK(V, VS) uint4 V[NKC][4][NVW / 4]
+#define CHUNK_ARGS(K, KS) K
 #endif
-  SG_SCRATCH_DECL
-  MMA_SCRATCH_DECL
 
-  Rows w;
-  int split;
-  w = decompose(P, seqlens, kv_start, seqlens_q, (int)get_group_id(0), (int)P->n_splits,
-                &split);
-  const int2 kr = split_keys(P, &w, split);
-  const int2 ckeys = common_keys(P, &w);
-  KV_POINTERS(w)
-  const int lid = get_local_id(0), lane = lid & 31, wid = lid >> 5, g = lane >> 2, t = lane & 3;
-  const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
-
-  // Q's A fragments (f16 bits raw, bf16 bits times the scale's power of two; the rest of the
-  // scale applies to the f32 scores: mma_tile.cl qk_scale), rows g and g + 8 (zeros for
-  // padding rows: their q is never read).
-  const float qk_p2 = qk_pow2(P->scale), qk_scale = P->scale / qk_p2;
-  uint4 qa[2 * NDR];
+// Q's A fragments (f16 bits raw, bf16 bits times the scale's power of two qk_p2; the rest of
+// the scale applies to the f32 scores: mma_tile.cl qk_scale), rows g and g + 8 (zeros for
+// padding rows: their q is never read).
+inline void decode_q_frags(PARAMS P, const Rows* w, const __global elem_t* q, int g, int t,
+                           float qk_p2, uint4 qa[2 * NDR]) {
 #if KV_Q
   UNROLL
-  for (int ch = 0; ch < 2 * NDR; ++ch) qa[ch] = q_frag_q(P, &w, q, g, t, ch);
+  for (int ch = 0; ch < 2 * NDR; ++ch) qa[ch] = q_frag_q(P, w, q, g, t, ch);
 #else
   UNROLL
   for (int c = 0; c < NDR; ++c) {
     uint4 lo = (uint4)(0u), hi = (uint4)(0u);
-    if (row_live(P, &w, g))
-      lo = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + g / MQ) * P->q_sh
-                   + (size_t)(w.i0 + g % MQ) * P->q_ss + 32 * c + 8 * t);
-    if (row_live(P, &w, g + 8))
-      hi = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + (g + 8) / MQ) * P->q_sh
-                   + (size_t)(w.i0 + (g + 8) % MQ) * P->q_ss + 32 * c + 8 * t);
+    if (row_live(P, w, g))
+      lo = LD16(q, (size_t)w->b * P->q_sb + (size_t)(w->h0 + g / MQ) * P->q_sh
+                   + (size_t)(w->i0 + g % MQ) * P->q_ss + 32 * c + 8 * t);
+    if (row_live(P, w, g + 8))
+      hi = LD16(q, (size_t)w->b * P->q_sb + (size_t)(w->h0 + (g + 8) / MQ) * P->q_sh
+                   + (size_t)(w->i0 + (g + 8) % MQ) * P->q_ss + 32 * c + 8 * t);
     qa[2 * c] = (uint4)(lo.x, hi.x, lo.y, hi.y);
     qa[2 * c + 1] = (uint4)(lo.z, hi.z, lo.w, hi.w);
   }
@@ -144,200 +146,177 @@ void MMA_ENTRY(KERNEL_ARGS) {
   UNROLL
   for (int ch = 0; ch < 2 * NDR; ++ch) qa[ch] = q_prescale(qa[ch], qk_p2);
 #endif
+}
 
-  float o[NDB][4];
-  MMA_ZERO(o, NDB)
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-  const int nchunks = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
-  // rounds 1 .. PL2 - 1 (round 0 is loaded now; round r prefetches round r + PL2)
-  for (int d = 1; d < PL2; ++d) PREFETCH_CHUNK(wid + d * NW)
 #if KV_Q == 1
-  // The split's largest v_scale (every warp finds it alone): P takes v_scale / vmax. (Key
-  // j's vector index: KOFF(j) / HD, V's offset / HV alike.)
+// The split's largest v_scale (every warp finds it alone): P takes v_scale / vmax. (Key j's
+// vector index: KOFF(j) / HD, V's offset / HV alike.)
+inline float split_vmax(PARAMS P, const __global int* btab, const __global scale_t* vsb,
+                        int2 kr, int lane SG_SCRATCH_PARAM) {
   float vmax = 0.0f;
   for (int j = kr.x + lane; j < kr.y; j += 32) vmax = fmax(vmax, vsb[KOFF(j) / HD]);
   UNROLL
   for (int x = 1; x < 32; x <<= 1) vmax = fmax(vmax, SG_XOR(vmax, x));
   if (!(vmax > 0.0f) || !isfinite(vmax)) vmax = 1.0f;    // all zero, or non-finite scales
-  const float vinv = 1.0f / vmax;
-#endif
-#if KV_Q
-  uint ak[NKB][K_WORDS], av[NKC][4][V_WORDS];
-  ksc_t aks[NKB][NKS];
-  vsc_t avs AVS_DIMS;
-#if PF
-  FETCH_CHUNK_Q(wid, ak, av, aks, avs)
-#endif
-#else
-  uint4 ak[NKB][NDR], av[NKC][4][NVW / 4];
-#if PF
-  FETCH_CHUNK(wid, ak, av)
-#endif
-#endif
-  // Every warp runs the same number of rounds (a round past the end is all masked).
-  for (int base = 0; base < nchunks; base += NW) {
-    const int ci = base + wid;
-    const int t0 = kr.x + ci * TK, t1 = min(t0 + TK, kr.y);
-    PREFETCH_CHUNK(ci + PL2 * NW)
-#if KV_Q
-    uint ck[NKB][K_WORDS], cv[NKC][4][V_WORDS];
-    ksc_t cks[NKB][NKS];
-    vsc_t cvs AVS_DIMS;
-#if PF
-    COPY_CHUNK_Q(ck, cv, cks, cvs, ak, av, aks, avs)
-    FETCH_CHUNK_Q(ci + NW, ak, av, aks, avs)
-#else
-    FETCH_CHUNK_Q(ci, ck, cv, cks, cvs)
-#endif
-#else
-    uint4 ck[NKB][NDR], cv[NKC][4][NVW / 4];
-#if PF
-    COPY_CHUNK(ck, cv, ak, av)
-    FETCH_CHUNK(ci + NW, ak, av)
-#else
-    FETCH_CHUNK(ci, ck, cv)
-#endif
+  return vmax;
+}
 #endif
 
-    // S = Q K^T for the 16 rows and the chunk's keys.
-    float s[NKB][4];
+// S = Q K^T for the 16 rows and the chunk's keys.
+inline void decode_scores(uint4 qa[2 * NDR], K_CHUNK(ck, cks),
+                          float s[NKB][4] MMA_SCRATCH_PARAM) {
+  UNROLL
+  for (int nb = 0; nb < NKB; ++nb) {
     UNROLL
-    for (int nb = 0; nb < NKB; ++nb) {
-      UNROLL
-      for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
 #if KV_Q
-      UNROLL
-      for (int ch = 0; ch < 2 * NDR; ++ch) MMA_D(s[nb], qa[ch], K_FRAG(ck[nb], cks[nb], ch));
+    UNROLL
+    for (int ch = 0; ch < 2 * NDR; ++ch) MMA_D(s[nb], qa[ch], K_FRAG(ck[nb], cks[nb], ch));
 #if KV_Q == 1
-      UNROLL
-      for (int e = 0; e < 2 * MMA_NHR; ++e) s[nb][e] *= cks[nb][e & 1];   // the key's scale
+    UNROLL
+    for (int e = 0; e < 2 * MMA_NHR; ++e) s[nb][e] *= cks[nb][e & 1];   // the key's scale
 #endif
 #else
-      UNROLL
-      for (int c = 0; c < NDR; ++c) {
-        MMA_D(s[nb], qa[2 * c], (uint2)(ck[nb][c].x, ck[nb][c].y));
-        MMA_D(s[nb], qa[2 * c + 1], (uint2)(ck[nb][c].z, ck[nb][c].w));
-      }
-#endif
+    UNROLL
+    for (int c = 0; c < NDR; ++c) {
+      MMA_D(s[nb], qa[2 * c], (uint2)(ck[nb][c].x, ck[nb][c].y));
+      MMA_D(s[nb], qa[2 * c + 1], (uint2)(ck[nb][c].z, ck[nb][c].w));
     }
-
-    // Logits and the chunk's max per row (over the row's 4 lanes).
-    const bool full = ci < nchunks && all_see(ckeys, t0, t1);
-    const bool fast = plain && full && t1 - t0 == TK;
-    MMA_LOGITS_TILE(s, mt, fast, g)
-    MMA_SOFTMAX_TILE(s, mt, m, l, o)
+#endif
+  }
+}
 
 #if KV_Q == 0
-    // An edge chunk: its values lose their non-finite halves (a row that does not see a key
-    // must not meet its NaN through 0 * NaN); the warp learns whether it had any.
-    float badf = 0.0f;
-    if (!full) {
+// O += P V for a chunk's weights s (f16 P from the S fragments) and values cv (V's key pairs
+// packed from the loaded runs). An edge chunk (not FULL) first loses its values' non-finite
+// halves (a row that does not see a key must not meet its NaN through 0 * NaN); returns 1
+// when it had any, else 0 (vinv: int8's alone).
+inline float decode_pv_chunk(float s[NKB][4], V_CHUNK(cv, cvs), bool full, float vinv,
+                             float o[NDB][4] MMA_SCRATCH_PARAM) {
+  float badf = 0.0f;
+  if (!full) {
+    UNROLL
+    for (int kc = 0; kc < NKC; ++kc) {
       UNROLL
-      for (int kc = 0; kc < NKC; ++kc) {
+      for (int kk = 0; kk < 4; ++kk) {
         UNROLL
-        for (int kk = 0; kk < 4; ++kk) {
-          UNROLL
-          for (int u = 0; u < NVW / 4; ++u) {
-            const uint4 x = cv[kc][kk][u];
-            const uint4 y = (uint4)(finite_halves(x.x), finite_halves(x.y),
-                                    finite_halves(x.z), finite_halves(x.w));
-            if (any(x != y)) badf = 1.0f;
-            cv[kc][kk][u] = y;
-          }
+        for (int u = 0; u < NVW / 4; ++u) {
+          const uint4 x = cv[kc][kk][u];
+          const uint4 y = (uint4)(finite_halves(x.x), finite_halves(x.y),
+                                  finite_halves(x.z), finite_halves(x.w));
+          if (any(x != y)) badf = 1.0f;
+          cv[kc][kk][u] = y;
         }
       }
     }
-
-    // O += P V: P (f16) from the S fragments, V's key pairs packed from the loaded runs.
+  }
+  UNROLL
+  for (int kc = 0; kc < NKC; ++kc) {
+    const uint4 a = MMA_P_FRAGMENT(s, kc);
     UNROLL
-    for (int kc = 0; kc < NKC; ++kc) {
-      const uint4 a = MMA_P_FRAGMENT(s, kc);
-      UNROLL
-      for (int i = 0; i < NVW; ++i) {     // dims VDIM(g, 2i) (low halves) and VDIM(g, 2i + 1)
-        const uint k0 = vword(cv[kc][0][i / 4], i % 4), k1 = vword(cv[kc][1][i / 4], i % 4);
-        const uint k8 = vword(cv[kc][2][i / 4], i % 4), k9 = vword(cv[kc][3][i / 4], i % 4);
-        MMA_D(o[2 * i], a, (uint2)((k0 & 0xffffu) | (k1 << 16), (k8 & 0xffffu) | (k9 << 16)));
-        MMA_D(o[2 * i + 1], a, (uint2)((k0 >> 16) | (k1 & 0xffff0000u),
-                                          (k8 >> 16) | (k9 & 0xffff0000u)));
-      }
+    for (int i = 0; i < NVW; ++i) {     // dims VDIM(g, 2i) (low halves) and VDIM(g, 2i + 1)
+      const uint k0 = vword(cv[kc][0][i / 4], i % 4), k1 = vword(cv[kc][1][i / 4], i % 4);
+      const uint k8 = vword(cv[kc][2][i / 4], i % 4), k9 = vword(cv[kc][3][i / 4], i % 4);
+      MMA_D(o[2 * i], a, (uint2)((k0 & 0xffffu) | (k1 << 16), (k8 & 0xffffu) | (k9 << 16)));
+      MMA_D(o[2 * i + 1], a, (uint2)((k0 >> 16) | (k1 & 0xffff0000u),
+                                        (k8 >> 16) | (k9 & 0xffff0000u)));
     }
-
+  }
+  return badf;
+}
 #else
-    float badf = 0.0f;
+// O += P V for a chunk's weights s and raw V codes cv (scales cvs): V's fragments made from
+// the codes of the lane's 4 keys of each chunk. int8: P first takes each key's v_scale / vmax
+// (vinv = 1 / vmax; f32, before P is rounded to f16). On an edge chunk (not FULL) a
+// non-finite int8 scale, or int4 product (code * scale beyond f16's range is inf), becomes 0
+// there (a row that does not see the key must not meet it through 0 * NaN); returns 1 when
+// there was one, else 0 (elsewhere every row sees the key).
+inline float decode_pv_chunk(float s[NKB][4], V_CHUNK(cv, cvs), bool full, float vinv,
+                             float o[NDB][4] MMA_SCRATCH_PARAM) {
+  float badf = 0.0f;
 #if KV_Q == 1
-    // P takes each key's v_scale / vmax (f32, before P is rounded to f16). On an edge chunk
-    // a non-finite scale becomes 0 there (a row that does not see the key must not meet it
-    // through 0 * NaN) and the warp learns of it; elsewhere every row sees the key.
+  UNROLL
+  for (int nb = 0; nb < NKB; ++nb) {
     UNROLL
-    for (int nb = 0; nb < NKB; ++nb) {
-      UNROLL
-      for (int e = 0; e < 2; ++e) {
-        float f = cvs[nb][e] * vinv;
-        if (!full && !isfinite(f)) {
-          f = 0.0f;
-          badf = 1.0f;
-        }
-        s[nb][e] *= f;
-        if (MMA_NHR == 2) s[nb][e + 2] *= f;
+    for (int e = 0; e < 2; ++e) {
+      float f = cvs[nb][e] * vinv;
+      if (!full && !isfinite(f)) {
+        f = 0.0f;
+        badf = 1.0f;
       }
+      s[nb][e] *= f;
+      if (MMA_NHR == 2) s[nb][e + 2] *= f;
     }
+  }
 #endif
-    // O += P V: V's fragments made from the raw codes of the lane's 4 keys of each chunk.
+  UNROLL
+  for (int kc = 0; kc < NKC; ++kc) {
+    const uint4 a = MMA_P_FRAGMENT(s, kc);
     UNROLL
-    for (int kc = 0; kc < NKC; ++kc) {
-      const uint4 a = MMA_P_FRAGMENT(s, kc);
-      UNROLL
-      for (int db = 0; db < NDB; ++db) {
-        uint2 b = V_FRAG(cv[kc], cvs[kc], db);
+    for (int db = 0; db < NDB; ++db) {
+      uint2 b = V_FRAG(cv[kc], cvs[kc], db);
 #if KV_Q == 2
-        if (!full) {               // int4: code * scale beyond f16's range is inf there
-          const uint2 y = (uint2)(finite_halves(b.x), finite_halves(b.y));
-          if (any(b != y)) badf = 1.0f;
-          b = y;
-        }
-#endif
-        MMA_D(o[db], a, b);
+      if (!full) {
+        const uint2 y = (uint2)(finite_halves(b.x), finite_halves(b.y));
+        if (any(b != y)) badf = 1.0f;
+        b = y;
       }
+#endif
+      MMA_D(o[db], a, b);
     }
+  }
+  return badf;
+}
 #endif
 
-    // Whether any lane of the warp zeroed a value: on an edge chunk (a warp-uniform branch
-    // for the hardware's shuffles); the emulation's shuffles are work-group barriers, so
-    // there every warp shuffles in every round (inside a uniform branch PoCL lost the result).
+// Whether any lane of the warp zeroed a value (BADF): on an edge chunk (a warp-uniform
+// branch for the hardware's shuffles); the emulation's shuffles are work-group barriers, so
+// there every warp shuffles in every round (inside a uniform branch PoCL lost the result).
+// If so, the columns of this lane's rows that see a bad v (keys [t0, t1)) become NaN (and stay
+// NaN).
+inline void nan_bad_columns(PARAMS P, const Rows* w, const __global int* btab,
+                            const __global kv_t* vb, const __global scale_t* vsb, int g, int t,
+                            int t0, int t1, bool full, float badf,
+                            float o[NDB][4] SG_SCRATCH_PARAM) {
 #if MMA == 1
-    if (!full) {
+  if (!full) {
 #else
-    {
+  {
 #endif
-      badf = fmax(badf, SG_XOR(badf, 1));
-      badf = fmax(badf, SG_XOR(badf, 2));
-      badf = fmax(badf, SG_XOR(badf, 4));
-      badf = fmax(badf, SG_XOR(badf, 8));
-      badf = fmax(badf, SG_XOR(badf, 16));
-      if (badf > 0.0f) {
-        // the columns of this lane's rows that see a bad v become NaN (and stay NaN)
+    badf = fmax(badf, SG_XOR(badf, 1));
+    badf = fmax(badf, SG_XOR(badf, 2));
+    badf = fmax(badf, SG_XOR(badf, 4));
+    badf = fmax(badf, SG_XOR(badf, 8));
+    badf = fmax(badf, SG_XOR(badf, 16));
+    if (badf > 0.0f) {
+      UNROLL
+      for (int hr = 0; hr < MMA_NHR; ++hr) {
+        const int r = g + 8 * hr;
+        const int2 seen = row_keys(P, w, r);
+        const int j0 = max(t0, seen.x), j1 = min(t1, seen.y);
         UNROLL
-        for (int hr = 0; hr < MMA_NHR; ++hr) {
-          const int r = g + 8 * hr;
-          const int2 seen = row_keys(P, &w, r);
-          const int j0 = max(t0, seen.x), j1 = min(t1, seen.y);
+        for (int db = 0; db < NDB; ++db) {
           UNROLL
-          for (int db = 0; db < NDB; ++db) {
-            UNROLL
-            for (int e = 0; e < 2; ++e) {
-              bool bad = false;
-              for (int j = j0; j < j1; ++j)
-                bad = bad || V_BAD(vb, vsb, VOFF(KOFF(j)), VDIM(2 * t + e, db));
-              if (bad && row_ok(P, &w, r)) o[db][2 * hr + e] = NAN;
-            }
+          for (int e = 0; e < 2; ++e) {
+            bool bad = false;
+            for (int j = j0; j < j1; ++j)
+              bad = bad || V_BAD(vb, vsb, VOFF(KOFF(j)), VDIM(2 * t + e, db));
+            if (bad && row_ok(P, w, r)) o[db][2 * hr + e] = NAN;
           }
         }
       }
     }
   }
+}
 
-  // Row sums over the row's 4 lanes; the warps' states into local memory, merged per row.
+// Row sums over the row's 4 lanes; the warps' states into local memory (red_m, red_l,
+// red_o), merged per row into the split's partial state (kend: its key end, for the absolute
+// lse; vmax: int8's, which O carries).
+inline void decode_mma_out(PARAMS P, const Rows* w, int split, int kend, int g, int t, int wid,
+                           float vmax, float m[2], float l[2], float o[NDB][4],
+                           __local float* red_m, __local float* red_l, __local float* red_o,
+                           __global float* o_parts,
+                           __global float* lse_parts SG_SCRATCH_PARAM) {
   UNROLL
   for (int hr = 0; hr < MMA_NHR; ++hr) {
     l[hr] += SG_XOR(l[hr], 1);
@@ -357,17 +336,82 @@ void MMA_ENTRY(KERNEL_ARGS) {
     }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int idx = lid; idx < R_ROWS * HV; idx += WG) {
+  for (int idx = get_local_id(0); idx < R_ROWS * HV; idx += WG) {
     const int r = idx / HV, d = idx % HV;
-    if (!row_ok(P, &w, r)) continue;
+    if (!row_ok(P, w, r)) continue;
     MERGE_SUBGROUPS(float, R_ROWS, HV, r, d)
-    const size_t row = part_row(P, &w, r, split);
+    const size_t row = part_row(P, w, r, split);
     // a padding row: o 0 and lse -inf, selected whatever it accumulated
-    const bool live = row_live(P, &w, r);
+    const bool live = row_live(P, w, r);
     o_parts[row * HV + d] = live ? finite_or_nan(oo * inv_sum(ll)) : 0.0f;
     if (d == 0)
-      lse_parts[row] = live ? lse_of(mm + alibi_offset(P, &w, r, kr.y), ll) : -INFINITY;
+      lse_parts[row] = live ? lse_of(mm + alibi_offset(P, w, r, kend), ll) : -INFINITY;
   }
+}
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void MMA_ENTRY(KERNEL_ARGS) {
+  __local float red_m[NW * R_ROWS], red_l[NW * R_ROWS];
+  __local float red_o[NW * R_ROWS * HV];
+#if MMA_OUT == 2
+  __local int last;
+#endif
+  SG_SCRATCH_DECL
+  MMA_SCRATCH_DECL
+
+  Rows w;
+  int split;
+  w = decompose(P, seqlens, kv_start, seqlens_q, (int)get_group_id(0), (int)P->n_splits,
+                &split);
+  const int2 kr = split_keys(P, &w, split);
+  const int2 ckeys = common_keys(P, &w);
+  KV_POINTERS(w)
+  const int lid = get_local_id(0), lane = lid & 31, wid = lid >> 5, g = lane >> 2, t = lane & 3;
+  const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
+  const float qk_p2 = qk_pow2(P->scale), qk_scale = P->scale / qk_p2;
+  uint4 qa[2 * NDR];
+  decode_q_frags(P, &w, q, g, t, qk_p2, qa);
+
+  float o[NDB][4];
+  MMA_ZERO(o, NDB)
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  const int nchunks = kr.y > kr.x ? (kr.y - kr.x + TK - 1) / TK : 0;
+  // rounds 1 .. PL2 - 1 (round 0 is loaded now; round r prefetches round r + PL2)
+  for (int d = 1; d < PL2; ++d) PREFETCH_CHUNK(wid + d * NW)
+#if KV_Q == 1
+  const float vmax = split_vmax(P, btab, vsb, kr, lane SG_SCRATCH_ARG), vinv = 1.0f / vmax;
+#else
+  const float vmax = 1.0f, vinv = 1.0f;       // (only int8's P and O take v_scale / vmax)
+#endif
+  CHUNK_REGS(ak, av, aks, avs)
+#if PF
+  FETCH_KV(wid, ak, av, aks, avs)
+#endif
+  // Every warp runs the same number of rounds (a round past the end is all masked).
+  for (int base = 0; base < nchunks; base += NW) {
+    const int ci = base + wid;
+    const int t0 = kr.x + ci * TK, t1 = min(t0 + TK, kr.y);
+    PREFETCH_CHUNK(ci + PL2 * NW)
+    CHUNK_REGS(ck, cv, cks, cvs)
+#if PF
+    COPY_KV(ck, cv, cks, cvs, ak, av, aks, avs)
+    FETCH_KV(ci + NW, ak, av, aks, avs)
+#else
+    FETCH_KV(ci, ck, cv, cks, cvs)
+#endif
+    float s[NKB][4];
+    decode_scores(qa, CHUNK_ARGS(ck, cks), s MMA_SCRATCH_ARG);
+    // Logits and the chunk's max per row (over the row's 4 lanes).
+    const bool full = ci < nchunks && all_see(ckeys, t0, t1);
+    const bool fast = plain && full && t1 - t0 == TK;
+    MMA_LOGITS_TILE(s, mt, fast, g)
+    MMA_SOFTMAX_TILE(s, mt, m, l, o)
+    const float badf = decode_pv_chunk(s, CHUNK_ARGS(cv, cvs), full, vinv, o MMA_SCRATCH_ARG);
+    nan_bad_columns(P, &w, btab, vb, vsb, g, t, t0, t1, full, badf, o SG_SCRATCH_ARG);
+  }
+  decode_mma_out(P, &w, split, kr.y, g, t, wid, vmax, m, l, o, red_m, red_l, red_o, o_parts,
+                 lse_parts SG_SCRATCH_ARG);
 #if MMA_OUT == 2
   fused_finish(P, &w, sink, o_parts, lse_parts, out, lse, tickets, &last);
 #endif

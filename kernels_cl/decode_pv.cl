@@ -9,6 +9,65 @@
 
 #define KLN (WG / DL)              // key lanes of the P.V phase
 
+// P.V of the staged weights Ps of the tile of keys from t0 (the split's keys end at kend)
+// into acc: this work-item's float4 dims (dl + dv DL) and keys (kn, kn + KLN, ...). A tile on
+// the causal diagonal or the window's edge (not FULL) adds only the keys each row sees.
+inline void pv_tile(PARAMS P, const Rows* w, const __global int* btab, const __global kv_t* vb,
+                    const __global scale_t* vsb, __local const float* Ps, int t0, int kend,
+                    bool full, int dl, int kn, float4 acc[R_ROWS][DV]) {
+  if (full) {
+    for (int jj = kn; jj < TK; jj += KLN) {
+      const int j = min(t0 + jj, kend - 1);               // clamped; p is 0 past the range
+      for (int dv = 0; dv < DV; ++dv) {
+        const int g = min(dl + dv * DL, HV4 - 1);
+        const float4 vv = V_LD4(vb, vsb, VOFF(KOFF(j)), 4 * g);
+        for (int r = 0; r < R_ROWS; ++r) acc[r][dv] += Ps[r * TK + jj] * vv;
+      }
+    }
+  } else {
+    for (int jj = kn; jj < TK; jj += KLN) {
+      const int j = min(t0 + jj, kend - 1);
+      bool seen[R_ROWS];
+      for (int r = 0; r < R_ROWS; ++r) seen[r] = t0 + jj < kend && key_seen(P, w, r, j);
+      for (int dv = 0; dv < DV; ++dv) {
+        const int g = min(dl + dv * DL, HV4 - 1);
+        const float4 vv = V_LD4(vb, vsb, VOFF(KOFF(j)), 4 * g);
+        for (int r = 0; r < R_ROWS; ++r)
+          if (seen[r]) acc[r][dv] += Ps[r * TK + jj] * vv;
+      }
+    }
+  }
+}
+
+// The key lanes merged (through red), one row at a time, into split t's partial state.
+inline void pv_write(PARAMS P, const Rows* w, int t, int kend, int dl, int kn,
+                     float4 acc[R_ROWS][DV], __local float4* red, __local const float* Mt,
+                     __local const float* Lt, __global float* o_parts,
+                     __global float* lse_parts) {
+  for (int r = 0; r < R_ROWS; ++r) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int dv = 0; dv < DV; ++dv) {
+      const int g = dl + dv * DL;
+      if (g < HV4) red[kn * HV4 + g] = acc[r][dv];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (kn == 0 && row_ok(P, w, r)) {
+      const size_t row = part_row(P, w, r, t);
+      const bool any = Lt[r] != 0.0f;                     // NaN (a NaN score): not empty
+      for (int dv = 0; dv < DV; ++dv) {
+        const int g = dl + dv * DL;
+        if (g < HV4) {
+          float4 o = (float4)(0.0f);
+          for (int c = 0; c < KLN; ++c) o += red[c * HV4 + g];
+          vstore4(any ? finite_or_nan4(o) : (float4)(0.0f), 0, o_parts + row * HV + 4 * g);
+        }
+      }
+      if (dl == 0)
+        lse_parts[row] = any ? Mt[r] + alibi_offset(P, w, r, kend) + log(Lt[r]) : -INFINITY;
+    }
+  }
+}
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_pv(KERNEL_ARGS) {
   __local float Ps[R_ROWS * TK];
@@ -54,51 +113,8 @@ void decode_pv(KERNEL_ARGS) {
     // (a clamped key past the range is key kr.y - 1 again, with p 0: every row of a full
     // tile sees it)
     // MQ == 1: the rows share one position, so no tile has an edge (the branch folds away)
-    if (MQ == 1 || all_see(ckeys, t0, min(t0 + TK, kr.y))) {
-      for (int jj = kn; jj < TK; jj += KLN) {
-        const int j = min(t0 + jj, kr.y - 1);             // clamped; p is 0 past the range
-        for (int dv = 0; dv < DV; ++dv) {
-          const int g = min(dl + dv * DL, HV4 - 1);
-          const float4 vv = V_LD4(vb, vsb, VOFF(KOFF(j)), 4 * g);
-          for (int r = 0; r < R_ROWS; ++r) acc[r][dv] += Ps[r * TK + jj] * vv;
-        }
-      }
-    } else {
-      for (int jj = kn; jj < TK; jj += KLN) {
-        const int j = min(t0 + jj, kr.y - 1);
-        bool seen[R_ROWS];
-        for (int r = 0; r < R_ROWS; ++r) seen[r] = t0 + jj < kr.y && key_seen(P, &w, r, j);
-        for (int dv = 0; dv < DV; ++dv) {
-          const int g = min(dl + dv * DL, HV4 - 1);
-          const float4 vv = V_LD4(vb, vsb, VOFF(KOFF(j)), 4 * g);
-          for (int r = 0; r < R_ROWS; ++r)
-            if (seen[r]) acc[r][dv] += Ps[r * TK + jj] * vv;
-        }
-      }
-    }
+    const bool full = MQ == 1 || all_see(ckeys, t0, min(t0 + TK, kr.y));
+    pv_tile(P, &w, btab, vb, vsb, Ps, t0, kr.y, full, dl, kn, acc);
   }
-  // merge the key lanes, one row at a time
-  for (int r = 0; r < R_ROWS; ++r) {
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int dv = 0; dv < DV; ++dv) {
-      const int g = dl + dv * DL;
-      if (g < HV4) red[kn * HV4 + g] = acc[r][dv];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (kn == 0 && row_ok(P, &w, r)) {
-      const size_t row = part_row(P, &w, r, t);
-      const bool any = Lt[r] != 0.0f;                     // NaN (a NaN score): not empty
-      for (int dv = 0; dv < DV; ++dv) {
-        const int g = dl + dv * DL;
-        if (g < HV4) {
-          float4 o = (float4)(0.0f);
-          for (int c = 0; c < KLN; ++c) o += red[c * HV4 + g];
-          vstore4(any ? finite_or_nan4(o) : (float4)(0.0f), 0, o_parts + row * HV + 4 * g);
-        }
-      }
-      if (dl == 0)
-        lse_parts[row] = any ? Mt[r] + alibi_offset(P, &w, r, kr.y) + log(Lt[r])
-                             : -INFINITY;
-    }
-  }
+  pv_write(P, &w, t, kr.y, dl, kn, acc, red, Mt, Lt, o_parts, lse_parts);
 }

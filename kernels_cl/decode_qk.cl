@@ -6,6 +6,61 @@
 // split without visible keys). Only keys of the split's key range are written; decode_pv
 // (same row tiling) reads exactly those.
 
+// One staged tile [t0, t1) of keys for this work-item's rows (rl + a RL) and keys (kl + n KL):
+// the final scores into the scores buffer (kend: the split's key end), and each row's running
+// (max, sum) of the work-item's keys rescaled and extended.
+inline void qk_tile(PARAMS P, const Rows* w, const __global bias_t* bias, __global float* scores,
+                    __local const float* Qs, __local const float* Ks, int t0, int t1, int kend,
+                    int kl, int rl, float m[MR], float l[MR]) {
+  for (int a = 0; a < MR; ++a) {
+    const int r = rl + a * RL, rc = min(r, R_ROWS - 1);
+    float s[NK];
+    for (int n = 0; n < NK; ++n) s[n] = 0.0f;
+    for (int g = 0; g < HD4; ++g) {
+      const float4 qv = vload4(0, Qs + rc * KP + 4 * g);
+      for (int n = 0; n < NK; ++n) s[n] += dot(qv, vload4(0, Ks + (kl + n * KL) * KP + 4 * g));
+    }
+    float mx = m[a];
+    for (int n = 0; n < NK; ++n) {
+      const int j = t0 + kl + n * KL;
+      s[n] = finish_score_r(P, w, bias, r, j, t1, kend, true, s[n]);
+      mx = fmax(mx, s[n]);
+      if (r < R_ROWS && j < t1 && row_ok(P, w, r)) scores[SCORE_ROW(P, w, r) + j] = s[n];
+    }
+    const float mu = SAFE_MAX(mx);
+    float ls = l[a] * EXP(m[a] - mu);
+    for (int n = 0; n < NK; ++n) ls += WEIGHT(s[n], mu);
+    m[a] = mx;
+    l[a] = ls;
+  }
+}
+
+// The KL key lanes of every row combined (through red_m, red_l) into split t's statistics.
+inline void qk_stats(PARAMS P, const Rows* w, int t, int kl, int rl, const float m[MR],
+                     const float l[MR], __local float* red_m, __local float* red_l,
+                     __global float* stats) {
+  const int lid = get_local_id(0);
+  for (int a = 0; a < MR; ++a) {
+    const int r = rl + a * RL;
+    if (r < R_ROWS) {
+      red_m[r * KL + kl] = m[a];
+      red_l[r * KL + kl] = l[a];
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid < R_ROWS && row_ok(P, w, lid)) {
+    float mx = -INFINITY;
+    for (int c = 0; c < KL; ++c) mx = fmax(mx, red_m[lid * KL + c]);
+    const float mu = SAFE_MAX(mx);
+    float ls = 0.0f;
+    for (int c = 0; c < KL; ++c) ls += red_l[lid * KL + c] * EXP(red_m[lid * KL + c] - mu);
+    const size_t row = part_row(P, w, lid, t);
+    const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * (int)P->n_splits;
+    stats[row] = ls != 0.0f ? mx : -INFINITY;           // NaN ls (a NaN score): not empty
+    stats[nrows + row] = ls;
+  }
+}
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void decode_qk(KERNEL_ARGS) {
   __local float Qs[R_ROWS * KP];
@@ -44,47 +99,8 @@ void decode_qk(KERNEL_ARGS) {
     barrier(CLK_LOCAL_MEM_FENCE);
     tr = tile_keys(&ts, 0, it + 1);
     FETCH(tr.x, tr.y)
-    for (int a = 0; a < MR; ++a) {
-      const int r = rl + a * RL, rc = min(r, R_ROWS - 1);
-      float s[NK];
-      for (int n = 0; n < NK; ++n) s[n] = 0.0f;
-      for (int g = 0; g < HD4; ++g) {
-        const float4 qv = vload4(0, Qs + rc * KP + 4 * g);
-        for (int n = 0; n < NK; ++n) s[n] += dot(qv, vload4(0, Ks + (kl + n * KL) * KP + 4 * g));
-      }
-      float mx = m[a];
-      for (int n = 0; n < NK; ++n) {
-        const int j = t0 + kl + n * KL;
-        s[n] = finish_score_r(P, &w, bias, r, j, t1, kr.y, true, s[n]);
-        mx = fmax(mx, s[n]);
-        if (r < R_ROWS && j < t1 && row_ok(P, &w, r)) scores[SCORE_ROW(P, &w, r) + j] = s[n];
-      }
-      const float mu = SAFE_MAX(mx);
-      float ls = l[a] * EXP(m[a] - mu);
-      for (int n = 0; n < NK; ++n) ls += WEIGHT(s[n], mu);
-      m[a] = mx;
-      l[a] = ls;
-    }
+    qk_tile(P, &w, bias, scores, Qs, Ks, t0, t1, kr.y, kl, rl, m, l);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  // combine the KL key lanes of every row
-  for (int a = 0; a < MR; ++a) {
-    const int r = rl + a * RL;
-    if (r < R_ROWS) {
-      red_m[r * KL + kl] = m[a];
-      red_l[r * KL + kl] = l[a];
-    }
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (lid < R_ROWS && row_ok(P, &w, lid)) {
-    float mx = -INFINITY;
-    for (int c = 0; c < KL; ++c) mx = fmax(mx, red_m[lid * KL + c]);
-    const float mu = SAFE_MAX(mx);
-    float ls = 0.0f;
-    for (int c = 0; c < KL; ++c) ls += red_l[lid * KL + c] * EXP(red_m[lid * KL + c] - mu);
-    const size_t row = part_row(P, &w, lid, t);
-    const size_t nrows = (size_t)P->batch * P->num_heads * P->seq_len * ns;
-    stats[row] = ls != 0.0f ? mx : -INFINITY;           // NaN ls (a NaN score): not empty
-    stats[nrows + row] = ls;
-  }
+  qk_stats(P, &w, t, kl, rl, m, l, red_m, red_l, stats);
 }

@@ -39,14 +39,8 @@ inline void write_final(PARAMS P, const Rows* w, int h, int i, float4 a[DV], flo
                         __global float* lse, int dl, bool live) {
   // m is absolute here (alibi_offset added by the caller), so it compares with the sink.
   if (P->has_sink && live) {
-    // The sink joins the denominator only: rescale to the max of (m, sink).
-    float sk = sink[h];
-    float mm = fmax(m, sk);
-    float mu = SAFE_MAX(mm);
-    float f = EXP(m - mu);
+    const float f = join_sink(sink[h], &m, &l);
     for (int dv = 0; dv < DV; ++dv) a[dv] *= f;
-    l = l * f + EXP(sk - mu);
-    m = mm;
   }
   float inv = inv_sum(l);
   size_t base = OUT_OFF(P, w->b, h, i);
@@ -139,6 +133,75 @@ void flash_prefill(KERNEL_ARGS) {
     }                                                                   \
   }
 
+// The tile's scores of this sub-group's rows (sg RS + a) and this lane's keys (lane + c SG).
+inline void sg_scores(__local const float* Qs, __local const float* Ks, int lane, int sg,
+                      float s[RS][KPL]) {
+  for (int a = 0; a < RS; ++a)
+    for (int c = 0; c < KPL; ++c) s[a][c] = 0.0f;
+  for (int g = 0; g < HD4; ++g) {
+    float4 kv[KPL];
+    for (int c = 0; c < KPL; ++c) kv[c] = vload4(0, Ks + (lane + c * SG) * KP + 4 * g);
+    for (int a = 0; a < RS; ++a) {
+      float4 qv = vload4(0, Qs + (sg * RS + a) * KP + 4 * g);
+      for (int c = 0; c < KPL; ++c) s[a][c] += dot(qv, kv[c]);
+    }
+  }
+}
+
+// Online softmax per row of the tile [t0, t1) (kref: the key range's end), the
+// probabilities left in s; m, l and acc rescaled to the new max.
+inline void sg_softmax(PARAMS P, const Rows* w, const __global bias_t* bias, int t0, int t1,
+                       int kref, bool use_bias, int lane, int sg, float s[RS][KPL],
+                       float m[RS], float l[RS], float acc[RS][DPL] SG_SCRATCH_PARAM) {
+  for (int a = 0; a < RS; ++a) {
+    int r = sg * RS + a;
+    float mx = m[a];
+    for (int c = 0; c < KPL; ++c) {
+      s[a][c] = finish_score_r(P, w, bias, r, t0 + lane + c * SG, t1, kref, use_bias,
+                               s[a][c]);
+      mx = fmax(mx, s[a][c]);
+    }
+    mx = SG_MAX(mx);
+    float mu = SAFE_MAX(mx);
+    float alpha = EXP(m[a] - mu);
+    float ls = 0.0f;
+    for (int c = 0; c < KPL; ++c) {
+      s[a][c] = WEIGHT(s[a][c], mu);
+      ls += s[a][c];
+    }
+    l[a] = l[a] * alpha + SG_SUM(ls);
+    m[a] = mx;
+    for (int d = 0; d < DPL; ++d) acc[a][d] *= alpha;
+  }
+}
+
+// The sub-group's rows normalised into out (this lane's dims) and lse (write_final's rules,
+// per lane: kref is the key range's end, for the absolute lse).
+inline void sg_write_rows(PARAMS P, const Rows* w, int kref, const __global float* sink,
+                          __global elem_t* out, __global float* lse, int lane, int sg,
+                          float acc[RS][DPL], const float l[RS], const float m[RS]) {
+  for (int a = 0; a < RS; ++a) {
+    int r = sg * RS + a;
+    if (!row_ok(P, w, r)) continue;
+    int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
+    // a padding row: out 0 and lse -inf, selected (see write_final)
+    const bool live = row_live(P, w, r);
+    float mm = m[a] + alibi_offset(P, w, r, kref), ll = l[a];
+    if (P->has_sink && live) {
+      const float f = join_sink(sink[h], &mm, &ll);
+      for (int d = 0; d < DPL; ++d) acc[a][d] *= f;
+    }
+    float inv = inv_sum(ll);
+    size_t base = OUT_OFF(P, w->b, h, i);
+    for (int d = 0; d < DPL; ++d) {
+      int dd = lane + d * SG;
+      if (dd < HV) ST1(live ? finite_or_nan(acc[a][d] * inv) : 0.0f, out, base + dd);
+    }
+    if (P->return_lse && lane == 0)
+      lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(mm, ll) : -INFINITY;
+  }
+}
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) SG_ATTR
 void flash_prefill(KERNEL_ARGS) {
   QKV_LOCALS
@@ -168,37 +231,8 @@ void flash_prefill(KERNEL_ARGS) {
     const bool use_bias = tile_bias(&ts, blk_zero, it);
     STAGE_NEXT(KP, ts, blk_ids, it)
     float s[RS][KPL];
-    for (int a = 0; a < RS; ++a)
-      for (int c = 0; c < KPL; ++c) s[a][c] = 0.0f;
-    for (int g = 0; g < HD4; ++g) {
-      float4 kv[KPL];
-      for (int c = 0; c < KPL; ++c) kv[c] = vload4(0, Ks + (lane + c * SG) * KP + 4 * g);
-      for (int a = 0; a < RS; ++a) {
-        float4 qv = vload4(0, Qs + (sg * RS + a) * KP + 4 * g);
-        for (int c = 0; c < KPL; ++c) s[a][c] += dot(qv, kv[c]);
-      }
-    }
-    // online softmax per row, the probabilities left in s
-    for (int a = 0; a < RS; ++a) {
-      int r = sg * RS + a;
-      float mx = m[a];
-      for (int c = 0; c < KPL; ++c) {
-        s[a][c] = finish_score_r(P, &w, bias, r, t0 + lane + c * SG, t1, kr.y, use_bias,
-                                 s[a][c]);
-        mx = fmax(mx, s[a][c]);
-      }
-      mx = SG_MAX(mx);
-      float mu = SAFE_MAX(mx);
-      float alpha = EXP(m[a] - mu);
-      float ls = 0.0f;
-      for (int c = 0; c < KPL; ++c) {
-        s[a][c] = WEIGHT(s[a][c], mu);
-        ls += s[a][c];
-      }
-      l[a] = l[a] * alpha + SG_SUM(ls);
-      m[a] = mx;
-      for (int d = 0; d < DPL; ++d) acc[a][d] *= alpha;
-    }
+    sg_scores(Qs, Ks, lane, sg, s);
+    sg_softmax(P, &w, bias, t0, t1, kr.y, use_bias, lane, sg, s, m, l, acc SG_SCRATCH_ARG);
     // P.V: each V element is read once per sub-group, the probability comes by shuffle; a
     // tile on the causal diagonal or the window's edge adds only the keys each row sees
     // (the branch is uniform over the work-group: the tile is)
@@ -209,30 +243,7 @@ void flash_prefill(KERNEL_ARGS) {
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-
-  for (int a = 0; a < RS; ++a) {
-    int r = sg * RS + a;
-    if (!row_ok(P, &w, r)) continue;
-    int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
-    // a padding row: out 0 and lse -inf, selected (see write_final)
-    const bool live = row_live(P, &w, r);
-    float mm = m[a] + alibi_offset(P, &w, r, kr.y), ll = l[a];
-    if (P->has_sink && live) {
-      float sk = sink[h];
-      float m2 = fmax(mm, sk), mu = SAFE_MAX(m2), f = EXP(mm - mu);
-      for (int d = 0; d < DPL; ++d) acc[a][d] *= f;
-      ll = ll * f + EXP(sk - mu);
-      mm = m2;
-    }
-    float inv = inv_sum(ll);
-    size_t base = OUT_OFF(P, w.b, h, i);
-    for (int d = 0; d < DPL; ++d) {
-      int dd = lane + d * SG;
-      if (dd < HV) ST1(live ? finite_or_nan(acc[a][d] * inv) : 0.0f, out, base + dd);
-    }
-    if (P->return_lse && lane == 0)
-      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(mm, ll) : -INFINITY;
-  }
+  sg_write_rows(P, &w, kr.y, sink, out, lse, lane, sg, acc, l, m);
 }
 
 #endif

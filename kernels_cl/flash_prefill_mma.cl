@@ -156,6 +156,204 @@ inline uint4 q_frag(__local const uint* qs, int r0, int dc, int t) {
 #define V_BFRAG2(db) v_frag2(Vs, kc, db, lane)
 #define V_BFRAG1(db) *(__local const uint2*)(Vt + (8 * (db) + g) * VW + 8 * kc + 2 * t)
 
+// Quantized K/V's scale bits beside the fetched granules, as parameters and arguments.
+#if KV_Q
+#define SC_PARAMS , uint pks[NLK], uint pvs[2 * NLV]
+#define SC_ARGS , pks, pvs
+#else
+#define SC_PARAMS
+#define SC_ARGS
+#endif
+
+// The Q tile into Qs (f16 bits raw, bf16 bits times the scale's power of two qk_p2; the rest
+// of the scale is applied to the f32 scores: mma_tile.cl qk_scale), invalid and padding rows
+// zero.
+inline void stage_q(PARAMS P, const Rows* w, const __global elem_t* q, float qk_p2,
+                    __local uint* Qs) {
+  for (int idx = get_local_id(0); idx < R_ROWS * HD8; idx += WG) {
+    const int r = idx / HD8, c = idx % HD8;
+    uint4 x = (uint4)(0u);
+    if (row_live(P, w, r))
+      x = LD16(q, (size_t)w->b * P->q_sb + (size_t)(w->h0 + r / MQ) * P->q_sh
+                  + (size_t)(w->i0 + r % MQ) * P->q_ss + 8 * c);
+    vstore4(q_prescale(x, qk_p2), 0, Qs + r * QW + 4 * c);
+  }
+}
+
+#if PF == 2
+// Prefetch 2's step into tile `it` (keys [t0, t1)): the next tile's copies started into the
+// other buffer (its keys returned), this tile's waited for (the next tile's may still fly);
+// where some row does not see all of its keys (masks, or a bias that may be -inf) a
+// non-finite v is zeroed, as the staged tiles of prefetch 0 / 1 do, and flags the tile
+// (vflag: the slow path).
+inline int2 async_step(PARAMS P, const __global int* btab, const __global kv_t* kb,
+                       const __global kv_t* vb, const Tiles* ts, const __global int* ids,
+                       int it, int2 ckeys, int t0, int t1, __local uint* smem,
+                       __local int* vflag) {
+  const int lid = get_local_id(0);
+  __local uint* const Vs = smem + (it & 1) * KV_BUF + TK * KW;
+  const int2 tr = tile_keys(ts, ids, it + 1);
+  if (it + 1 < ts->count) ASYNC_TILE(tr.x, tr.y, smem + ((it + 1) & 1) * KV_BUF)
+  CP_COMMIT();
+  CP_WAIT(1);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (P->has_bias || !all_see(ckeys, t0, t1)) {
+    for (int idx = lid; idx < (t1 - t0) * HV8; idx += WG) {
+      __local uint* const p = Vs + idx / HV8 * VW + 4 * (idx % HV8);
+      const uint4 x = vload4(0, p);
+      const uint4 y = (uint4)(finite_halves(x.x), finite_halves(x.y), finite_halves(x.z),
+                              finite_halves(x.w));
+      if (any(x != y)) {
+        vstore4(y, 0, p);
+        *vflag = it + 1;
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  return tr;
+}
+#else
+// Prefetch 0 / 1's step into tile `it` (keys [t0, t1)): the tile fetched into registers now
+// (0: they live only until the stores) or in the last round (1), staged (quantized K/V
+// dequantized here): K as is, V transposed (dims x keys, keys in v_slot order) with
+// non-finite halves zeroed and the tile flagged (vflag); then (1) the next tile's loads
+// started, to fly while this one is computed. Returns the next tile's keys.
+inline int2 reg_step(PARAMS P, const __global int* btab, const __global kv_t* kb,
+                     const __global kv_t* vb, const __global scale_t* ksb,
+                     const __global scale_t* vsb, const Tiles* ts, const __global int* ids,
+                     int it, int t0, int t1, gran_t pk[NLK], gran_t pv[2 * NLV] SC_PARAMS,
+                     __local uint* Ks, __local uint* Vt, __local int* vflag) {
+  const int lid = get_local_id(0);
+#if !PF
+  MMA_FETCH(t0, t1)
+#endif
+  UNROLL
+  for (int n = 0; n < NLK; ++n) {
+    const int idx = lid + n * WG;
+    if (idx < TK * HD8)
+      vstore4(K_H8(n, 8 * (idx % HD8)), 0, Ks + idx / HD8 * QW + 4 * (idx % HD8));
+  }
+  UNROLL
+  for (int n = 0; n < NLV; ++n) {
+    const int idx = lid + n * WG;
+    if (idx < TK / 2 * HV8) {
+      const int word = v_slot(2 * (idx % (TK / 2))) / 2, d0 = 8 * (idx / (TK / 2));
+      const uint4 xa = V_H8(2 * n, d0), xb = V_H8(2 * n + 1, d0);
+      const uint wa[4] = {xa.x, xa.y, xa.z, xa.w};
+      const uint wb[4] = {xb.x, xb.y, xb.z, xb.w};
+      bool bad = false;
+      UNROLL
+      for (int e = 0; e < 4; ++e) {     // dims d0 + 2e (low halves), d0 + 2e + 1 (high)
+        const uint a = finite_halves(wa[e]), b = finite_halves(wb[e]);
+        bad = bad || a != wa[e] || b != wb[e];
+        Vt[(d0 + 2 * e) * VW + word] = (a & 0xffffu) | (b << 16);
+        Vt[(d0 + 2 * e + 1) * VW + word] = (a >> 16) | (b & 0xffff0000u);
+      }
+      if (bad) *vflag = it + 1;
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const int2 tr = tile_keys(ts, ids, it + 1);
+#if PF
+  MMA_FETCH(tr.x, tr.y)
+#endif
+  return tr;
+}
+#endif
+
+// The staged tile as the products read it, and Q's fragments: from registers (QREG) or Qs.
+#if PF == 2
+#define V_TILE Vs
+#else
+#define V_TILE Vt
+#endif
+#if QREG
+#define Q_SRC qf
+#define Q_SRC_PARAM uint4 qf[NDC]
+#else
+#define Q_SRC Qs
+#define Q_SRC_PARAM __local const uint* Qs
+#endif
+
+// S = Q K^T for this warp's 16 rows (lane (g, t): r0 and r0 + 8) and the staged tile's keys.
+inline void prefill_scores(Q_SRC_PARAM, __local const uint* Ks, int r0, int g, int t, int lane,
+                           float s[NKB][4] MMA_SCRATCH_PARAM) {
+  MMA_ZERO(s, NKB)
+  UNROLL
+  for (int dc = 0; dc < NDC; ++dc) {
+    const uint4 a = Q_FRAG(dc);
+    MMA_BLOCKS(s, NKB, a, K_BFRAG2, K_BFRAG1)
+  }
+}
+
+// O += P V: P (f16) straight from the S fragments, V's from the staged tile.
+inline void prefill_pv(float s[NKB][4], __local const uint* V_TILE, int g, int t, int lane,
+                       float o[NDB][4] MMA_SCRATCH_PARAM) {
+  UNROLL
+  for (int kc = 0; kc < NKC; ++kc) {
+    const uint4 a = MMA_P_FRAGMENT(s, kc);
+    MMA_BLOCKS(o, NDB, a, V_BFRAG2, V_BFRAG1)
+  }
+}
+
+// A non-finite v in the tile of tn keys from t0: mark (vbad) the columns of this lane's rows
+// (r0, r0 + 8) that see it. Bit 2 db + e (of word / 64): column 8 db + 2t + e of row hr sees
+// a bad v.
+inline void mark_bad_v(PARAMS P, const Rows* w, const __global int* btab,
+                       const __global kv_t* vb, const __global scale_t* vsb, int r0, int t,
+                       int t0, int tn, ulong vbad[2][VBW]) {
+  UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = r0 + 8 * hr;
+    if (!row_ok(P, w, r)) continue;
+    for (int jj = 0; jj < tn; ++jj) {
+      if (!key_seen(P, w, r, t0 + jj)) continue;
+      const size_t off = VOFF(KOFF(t0 + jj));
+      for (int db = 0; db < NDB; ++db)
+        for (int e = 0; e < 2; ++e)
+          if (V_BAD(vb, vsb, off, 8 * db + 2 * t + e))
+            vbad[hr][VB_WORD(2 * db + e)] |= 1UL << ((2 * db + e) % 64);
+    }
+  }
+}
+
+// Row sums over the row's 4 lanes; then sink, normalisation, out and lse (kend: the key
+// range's end, for the absolute lse), NaN in the columns vbad marks.
+inline void mma_prefill_out(PARAMS P, const Rows* w, int kend, const __global float* sink,
+                            __global elem_t* out, __global float* lse, int r0, int t,
+                            float m[2], float l[2], float o[NDB][4],
+                            ulong vbad[2][VBW] SG_SCRATCH_PARAM) {
+  UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += SG_XOR(l[hr], 1);
+    l[hr] += SG_XOR(l[hr], 2);
+  }
+  UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = r0 + 8 * hr;
+    if (!row_ok(P, w, r)) continue;
+    const int h = w->h0 + r / MQ, i = w->i0 + r % MQ;
+    // a padding row: out 0 and lse -inf, selected whatever it accumulated
+    const bool live = row_live(P, w, r);
+    float mm = m[hr] + alibi_offset(P, w, r, kend), ll = l[hr], f = 1.0f;
+    if (P->has_sink && live) f = join_sink(sink[h], &mm, &ll);
+    const float inv = inv_sum(ll) * f;
+    const size_t base = OUT_OFF(P, w->b, h, i) + 2 * t;
+    UNROLL
+    for (int db = 0; db < NDB; ++db) {
+      float2 y = (float2)(finite_or_nan(o[db][2 * hr] * inv),
+                          finite_or_nan(o[db][2 * hr + 1] * inv));
+      const ulong bits = vbad[hr][VB_WORD(2 * db)] >> ((2 * db) % 64);
+      if (bits & 1UL) y.x = NAN;
+      if ((bits >> 1) & 1UL) y.y = NAN;
+      y = live ? y : (float2)(0.0f);     // (ST2_OUT's parameter y is also its .y)
+      ST2_OUT(y, out, base + 8 * db);
+    }
+    if (P->return_lse && t == 0)
+      lse[((size_t)w->b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(mm, ll) : -INFINITY;
+  }
+}
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void flash_prefill(KERNEL_ARGS) {
 #if PF == 2
@@ -184,18 +382,8 @@ void flash_prefill(KERNEL_ARGS) {
   const int r0 = 16 * (lid >> 5) + g;            // this lane's rows: r0 and r0 + 8
   // Logits are the scaled product where nothing but the scale applies (a uniform choice).
   const bool plain = !P->has_bias && !P->has_alibi && !(P->softcap > 0.0f);
-
-  // Q tile (f16 bits raw, bf16 bits times the scale's power of two; the rest of the scale is
-  // applied to the f32 scores: mma_tile.cl qk_scale), invalid and padding rows zero.
   const float qk_p2 = qk_pow2(P->scale), qk_scale = P->scale / qk_p2;
-  for (int idx = lid; idx < R_ROWS * HD8; idx += WG) {
-    const int r = idx / HD8, c = idx % HD8;
-    uint4 x = (uint4)(0u);
-    if (row_live(P, &w, r))
-      x = LD16(q, (size_t)w.b * P->q_sb + (size_t)(w.h0 + r / MQ) * P->q_sh
-                  + (size_t)(w.i0 + r % MQ) * P->q_ss + 8 * c);
-    vstore4(q_prescale(x, qk_p2), 0, Qs + r * QW + 4 * c);
-  }
+  stage_q(P, &w, q, qk_p2, Qs);
   if (lid == 0) vflag = 0;
   barrier(CLK_LOCAL_MEM_FENCE);
 #if QREG
@@ -208,8 +396,7 @@ void flash_prefill(KERNEL_ARGS) {
   float o[NDB][4];
   MMA_ZERO(o, NDB)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  // bit 2 db + e (of word / 64): column 8 db + 2t + e of row hr sees a bad v
-  ulong vbad[2][VBW];
+  ulong vbad[2][VBW];             // the columns that see a non-finite v (mark_bad_v)
   UNROLL
   for (int u = 0; u < VBW; ++u) vbad[0][u] = vbad[1][u] = 0;
 
@@ -229,138 +416,20 @@ void flash_prefill(KERNEL_ARGS) {
 #if PF == 2
     __local const uint* const Ks = smem + (it & 1) * KV_BUF;
     __local uint* const Vs = smem + (it & 1) * KV_BUF + TK * KW;
-    tr = tile_keys(&ts, blk_ids, it + 1);
-    if (it + 1 < ts.count) ASYNC_TILE(tr.x, tr.y, smem + ((it + 1) & 1) * KV_BUF)
-    CP_COMMIT();
-    CP_WAIT(1);                   // this tile's copies (the next tile's may still fly)
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (P->has_bias || !all_see(ckeys, t0, t1)) {
-      // Keys some row does not see (masks, or a bias that may be -inf): a non-finite v is
-      // zeroed, as the staged tiles of prefetch 0 / 1 do, and flags the tile (slow path).
-      for (int idx = lid; idx < tn * HV8; idx += WG) {
-        __local uint* const p = Vs + idx / HV8 * VW + 4 * (idx % HV8);
-        const uint4 x = vload4(0, p);
-        const uint4 y = (uint4)(finite_halves(x.x), finite_halves(x.y), finite_halves(x.z),
-                                finite_halves(x.w));
-        if (any(x != y)) {
-          vstore4(y, 0, p);
-          vflag = it + 1;
-        }
-      }
-      barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    tr = async_step(P, btab, kb, vb, &ts, blk_ids, it, ckeys, t0, t1, smem, &vflag);
 #else
-#if !PF
-    MMA_FETCH(t0, t1)           // fetched here: registers live only until the stores below
+    tr = reg_step(P, btab, kb, vb, ksb, vsb, &ts, blk_ids, it, t0, t1, pk, pv SC_ARGS, Ks, Vt,
+                  &vflag);
 #endif
-    // Stage the fetched tile (quantized K/V dequantized here): K as is, V transposed (dims x
-    // keys, keys in v_slot order) with non-finite halves zeroed and the tile flagged.
-    UNROLL
-    for (int n = 0; n < NLK; ++n) {
-      const int idx = lid + n * WG;
-      if (idx < TK * HD8)
-        vstore4(K_H8(n, 8 * (idx % HD8)), 0, Ks + idx / HD8 * QW + 4 * (idx % HD8));
-    }
-    UNROLL
-    for (int n = 0; n < NLV; ++n) {
-      const int idx = lid + n * WG;
-      if (idx < TK / 2 * HV8) {
-        const int word = v_slot(2 * (idx % (TK / 2))) / 2, d0 = 8 * (idx / (TK / 2));
-        const uint4 xa = V_H8(2 * n, d0), xb = V_H8(2 * n + 1, d0);
-        const uint wa[4] = {xa.x, xa.y, xa.z, xa.w};
-        const uint wb[4] = {xb.x, xb.y, xb.z, xb.w};
-        bool bad = false;
-        UNROLL
-        for (int e = 0; e < 4; ++e) {     // dims d0 + 2e (low halves), d0 + 2e + 1 (high)
-          const uint a = finite_halves(wa[e]), b = finite_halves(wb[e]);
-          bad = bad || a != wa[e] || b != wb[e];
-          Vt[(d0 + 2 * e) * VW + word] = (a & 0xffffu) | (b << 16);
-          Vt[(d0 + 2 * e + 1) * VW + word] = (a >> 16) | (b & 0xffff0000u);
-        }
-        if (bad) vflag = it + 1;
-      }
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    tr = tile_keys(&ts, blk_ids, it + 1);
-#if PF
-    MMA_FETCH(tr.x, tr.y)       // the next tile's loads fly while this one is computed
-#endif
-#endif
-
-    // S = Q K^T for this warp's 16 rows and the tile's keys.
     float s[NKB][4];
-    MMA_ZERO(s, NKB)
-    UNROLL
-    for (int dc = 0; dc < NDC; ++dc) {
-      const uint4 a = Q_FRAG(dc);
-      MMA_BLOCKS(s, NKB, a, K_BFRAG2, K_BFRAG1)
-    }
-
+    prefill_scores(Q_SRC, Ks, r0, g, t, lane, s MMA_SCRATCH_ARG);
     // Logits and the tile's max per row (over the row's 4 lanes).
     const bool fast = plain && tn == TK && all_see(ckeys, t0, t1);
     MMA_LOGITS_TILE(s, mt, fast, r0)
     MMA_SOFTMAX_TILE(s, mt, m, l, o)
-
-    // O += P V: P (f16) straight from the S fragments.
-    UNROLL
-    for (int kc = 0; kc < NKC; ++kc) {
-      const uint4 a = MMA_P_FRAGMENT(s, kc);
-      MMA_BLOCKS(o, NDB, a, V_BFRAG2, V_BFRAG1)
-    }
-
-    // A non-finite v in this tile: mark the columns of this lane's rows that see it.
-    if (vflag == it + 1) {
-      UNROLL
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = r0 + 8 * hr;
-        if (!row_ok(P, &w, r)) continue;
-        for (int jj = 0; jj < tn; ++jj) {
-          if (!key_seen(P, &w, r, t0 + jj)) continue;
-          const size_t off = VOFF(KOFF(t0 + jj));
-          for (int db = 0; db < NDB; ++db)
-            for (int e = 0; e < 2; ++e)
-              if (V_BAD(vb, vsb, off, 8 * db + 2 * t + e))
-                vbad[hr][VB_WORD(2 * db + e)] |= 1UL << ((2 * db + e) % 64);
-        }
-      }
-    }
+    prefill_pv(s, V_TILE, g, t, lane, o MMA_SCRATCH_ARG);
+    if (vflag == it + 1) mark_bad_v(P, &w, btab, vb, vsb, r0, t, t0, tn, vbad);
     barrier(CLK_LOCAL_MEM_FENCE);      // this tile's readers are done
   }
-
-  // Row sums over the row's 4 lanes; then sink, normalisation, out and lse.
-  UNROLL
-  for (int hr = 0; hr < 2; ++hr) {
-    l[hr] += SG_XOR(l[hr], 1);
-    l[hr] += SG_XOR(l[hr], 2);
-  }
-  UNROLL
-  for (int hr = 0; hr < 2; ++hr) {
-    const int r = r0 + 8 * hr;
-    if (!row_ok(P, &w, r)) continue;
-    const int h = w.h0 + r / MQ, i = w.i0 + r % MQ;
-    // a padding row: out 0 and lse -inf, selected whatever it accumulated
-    const bool live = row_live(P, &w, r);
-    float mm = m[hr] + alibi_offset(P, &w, r, kr.y), ll = l[hr], f = 1.0f;
-    if (P->has_sink && live) {
-      // The sink joins the denominator only: rescale to the max of (m, sink).
-      const float sk = sink[h], m2 = fmax(mm, sk), mv = SAFE_MAX(m2);
-      f = EXP(mm - mv);
-      ll = ll * f + EXP(sk - mv);
-      mm = m2;
-    }
-    const float inv = inv_sum(ll) * f;
-    const size_t base = OUT_OFF(P, w.b, h, i) + 2 * t;
-    UNROLL
-    for (int db = 0; db < NDB; ++db) {
-      float2 y = (float2)(finite_or_nan(o[db][2 * hr] * inv),
-                          finite_or_nan(o[db][2 * hr + 1] * inv));
-      const ulong bits = vbad[hr][VB_WORD(2 * db)] >> ((2 * db) % 64);
-      if (bits & 1UL) y.x = NAN;
-      if ((bits >> 1) & 1UL) y.y = NAN;
-      y = live ? y : (float2)(0.0f);     // (ST2_OUT's parameter y is also its .y)
-      ST2_OUT(y, out, base + 8 * db);
-    }
-    if (P->return_lse && t == 0)
-      lse[((size_t)w.b * P->num_heads + h) * P->seq_len + i] = live ? lse_of(mm, ll) : -INFINITY;
-  }
+  mma_prefill_out(P, &w, kr.y, sink, out, lse, r0, t, m, l, o, vbad SG_SCRATCH_ARG);
 }

@@ -57,6 +57,8 @@ inline void mma_ptx_lo(float* c, uint4 a, uint2 b) {
   c[1] = c1;
 }
 #define MMA_SCRATCH_DECL
+#define MMA_SCRATCH_PARAM
+#define MMA_SCRATCH_ARG
 #define MMA_SYNC(C, A, B) mma_ptx((C), (A), (B))
 #define MMA_SYNC_LO(C, A, B) mma_ptx_lo((C), (A), (B))
 
@@ -105,6 +107,9 @@ inline void mma_emu_lo(float* c, uint4 a, uint2 b, __local uint* scr) {
   c[1] = cc[1];
 }
 #define MMA_SCRATCH_DECL __local uint mma_scr[WG / 32 * MMA_WARP_WORDS];
+// Functions that multiply take the exchange as a parameter (as SG_SCRATCH_PARAM).
+#define MMA_SCRATCH_PARAM , __local uint* mma_scr
+#define MMA_SCRATCH_ARG , mma_scr
 #define MMA_SYNC(C, A, B) mma_emu((C), (A), (B), mma_scr)
 #define MMA_SYNC_LO(C, A, B) mma_emu_lo((C), (A), (B), mma_scr)
 
