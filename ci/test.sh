@@ -9,6 +9,9 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" PATH="$PWD/.venv/bin:$PATH"
 # per-backend test files. ATTNREG_CONFORMANCE=full runs the whole matrix (about twice the
 # cells), as does `attnreg conformance` without --quick.
 export ATTNREG_CONFORMANCE="${ATTNREG_CONFORMANCE:-quick}"
+# One BLAS thread per process: the two workers already fill both cores, and OpenBLAS's
+# spinning threads only took CPU from them (the float64 reference's matmuls are small).
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 start=$(date +%s)
 echo "[test] ruff";  ruff check attnreg backends tests bench
 bash ci/view.sh      # the installed layout, for the tools that read packages from disk

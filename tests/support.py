@@ -22,7 +22,8 @@ from attnreg.tools import cells as cmod
 from attnreg.tools import conformance as conf
 from attnreg.tools import recipes as recipes_mod
 
-__all__ = ["IN_CI", "CellRunner", "assert_covering", "backend_cells", "cell_module", "cell_test",
+__all__ = ["IN_CI", "OPTIMIZED_MODULE", "CellRunner", "assert_covering", "backend_cells",
+           "cell_module", "cell_test",
            "check_close", "conformance_cells", "expected", "make_tensors", "missing",
            "module_cells", "prefill_rejection_when_tint_fails", "require_devices"]
 
@@ -234,8 +235,15 @@ def quick_keeps(c: cmod.Case) -> bool:
     return c.label.endswith(ALL_FEATURE_CELLS) and c.spec.kv_dtype is None
 
 
+# The cells built with PoCL's optimizer on (the rest of the suite builds without it:
+# tests/conftest.py): the float16 OpenCL kernels' non-finite cells.
+OPTIMIZED_MODULE = "test_opencl_optimized_cells"
+
+
 def cell_module(c: cmod.Case) -> str:
-    """The test module of tests/conformance/ that runs a cell (CELL_MODULES)."""
+    """The test module of tests/conformance/ that runs a cell (CELL_MODULES, OPTIMIZED_MODULE)."""
+    if c.backend == "opencl" and c.kind == "nonfinite" and c.spec.dtype == "float16":
+        return OPTIMIZED_MODULE
     modules = CELL_MODULES.get(c.backend)
     return "test_conformance" if modules is None else modules.get(c.family, modules["*"])
 
