@@ -70,24 +70,54 @@ def digest(*parts: Any) -> bytes:
     return h.digest()
 
 
-def exchange(group: Group, size: int, timeout: float | None, stamp: bytes,
+class Channel:
+    """One cache's exchange buffers, kept across calls (torch views of numpy arrays, no copy
+    between them): the rank's send buffer of the first round's ``size`` bytes, whose payload
+    part a call's states are written into directly (:meth:`payload`), and one receive row per
+    rank, which the merge reads in place."""
+
+    def __init__(self, group: Group, size: int) -> None:
+        import torch
+        self.group, self.size = group, size
+        self.rank, self.world = group_place(group)
+        self.send = np.zeros(size, np.uint8)
+        self._src = torch.from_numpy(self.send)
+        recv = torch.empty((self.world, size), dtype=torch.uint8)
+        self._outs = list(recv.unbind(0))
+        self.recv = recv.numpy()
+
+    def payload(self, nbytes: int) -> np.ndarray | None:
+        """The send buffer's first ``nbytes`` payload bytes (a call writes its states there),
+        or None when they do not fit the first round."""
+        return self.send[HEADER:HEADER + nbytes] if nbytes <= self.size - HEADER else None
+
+    def all_gather(self, timeout: float | None) -> list[np.ndarray]:
+        """Every rank's send buffer, as the rows of the receive buffer."""
+        _wait(self.group, self._outs, self._src, self.rank, timeout)
+        return list(self.recv)
+
+
+def exchange(channel: Channel, timeout: float | None, stamp: bytes,
              payload: np.ndarray | None, failure: BaseException | None) -> list[np.ndarray]:
     """Every rank's payload (uint8), in rank order; RankError if a rank failed, sent another
-    stamp, or did not answer in time. ``size`` is the first round's byte count, the same on
-    every rank; a failed rank passes its exception and no payload."""
-    rank, world = group_place(group)
+    stamp, or did not answer in time. Every rank's channel has the same size (the first
+    round's byte count); a failed rank passes its exception and no payload. A payload in the
+    channel's send buffer (Channel.payload) is sent as it is; the payloads that fit the first
+    round come back as views of the channel's receive buffer, valid until its next exchange."""
+    size, send = channel.size, channel.send
     data = payload if payload is not None and failure is None else np.zeros(0, np.uint8)
-    first = np.zeros(size, np.uint8)
-    _header(first, stamp, data.size, failure)
+    _header(send, stamp, data.size, failure)
     head = min(data.size, size - HEADER)
-    first[HEADER:HEADER + head] = data[:head]
-    got = _all_gather(group, first, world, rank, timeout)
-    _check(got, rank)
+    if head and data.ctypes.data != send.ctypes.data + HEADER:
+        send[HEADER:HEADER + head] = data[:head]
+    got = channel.all_gather(timeout)
+    _check(got, channel.rank)
     if failure is not None:
         raise failure                   # the others raise RankError naming this rank
     rest = data.size - head             # the same on every rank: _check compared the sizes
-    tails = _all_gather(group, data[head:], world, rank, timeout) if rest > 0 else \
-        [np.zeros(0, np.uint8)] * world
+    if rest == 0:
+        return [g[HEADER:HEADER + head] for g in got]
+    tails = _all_gather(channel.group, data[head:], channel.world, channel.rank, timeout)
     return [np.concatenate([g[HEADER:HEADER + head], t]) for g, t in zip(got, tails)]
 
 
@@ -122,9 +152,15 @@ def _check(got: list[np.ndarray], rank: int) -> None:
 def _all_gather(group: Group, buf: np.ndarray, world: int, rank: int,
                 timeout: float | None) -> list[np.ndarray]:
     import torch
-    dist = torch_dist()
     src = torch.from_numpy(np.ascontiguousarray(buf))
     outs = [torch.empty_like(src) for _ in range(world)]
+    _wait(group, outs, src, rank, timeout)
+    return [o.numpy() for o in outs]
+
+
+def _wait(group: Group, outs: list[Any], src: Any, rank: int, timeout: float | None) -> None:
+    """all_gather of ``src`` into ``outs``, bounded by ``timeout``; RankError if it fails."""
+    dist = torch_dist()
     try:
         work = dist.all_gather(outs, src, group=group, async_op=True)
         if timeout is None:
@@ -135,4 +171,3 @@ def _all_gather(group: Group, buf: np.ndarray, world: int, rank: int,
         raise RankError(f"rank {rank}: the other ranks did not all answer (a rank died, hung "
                         f"or did not make this call; timeout {timeout or 'of the group'} s): "
                         f"{str(exc).splitlines()[0][:300]}") from exc
-    return [o.numpy() for o in outs]

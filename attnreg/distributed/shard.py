@@ -17,23 +17,28 @@ from .pieces import Bounds, Launch
 States = tuple[np.ndarray, np.ndarray]
 
 
-def empty_states(spec: AttentionSpec) -> States:
-    """States of a shard no row sees: o 0 and lse -inf everywhere (the reduce ignores them)."""
+def empty_states(spec: AttentionSpec, into: States | None = None) -> States:
+    """States of a shard no row sees: o 0 and lse -inf everywhere (the reduce ignores them),
+    written into ``into`` where given."""
     shape = (spec.batch, spec.num_heads, spec.seq_len)
-    return (np.zeros((*shape, spec.head_size_v), np.float32),
-            np.full(shape, -np.inf, np.float32))
+    if into is None:
+        return (np.zeros((*shape, spec.head_size_v), np.float32),
+                np.full(shape, -np.inf, np.float32))
+    into[0].fill(0.0)
+    into[1].fill(-np.inf)
+    return into
 
 
 def shard_states(session: Session, kv: KVCache, spec: AttentionSpec, q: np.ndarray,
-                 launches: list[Launch]) -> States:
-    """o [B, Nq, S, Hv] and lse [B, Nq, S] (float32) of the keys this shard holds."""
-    o, lse = empty_states(spec)
+                 launches: list[Launch], into: States | None = None) -> States:
+    """o [B, Nq, S, Hv] and lse [B, Nq, S] (float32) of the keys this shard holds, written
+    into ``into`` where given."""
+    whole = len(launches) == 1 and _whole(spec, launches[0])
+    o, lse = into if whole and into is not None else empty_states(spec, into)
     slopes = alibi_slopes(spec.num_heads, spec.alibi_max_bias) if spec.alibi_max_bias else None
     for launch in launches:
         out_l, lse_l = _run(session, kv, spec, q, launch)
         o_l = out_l if spec.q_layout == "BNSH" else out_l.transpose(0, 2, 1, 3)
-        whole = launch.seq_len == spec.seq_len and len(launch.pieces) == spec.batch and all(
-            p.rows == (0, spec.seq_len) for p in launch.pieces)
         if whole:                       # a decode: every entry's rows in one launch
             o[:] = o_l
             lse[:] = lse_l
@@ -46,6 +51,12 @@ def shard_states(session: Session, kv: KVCache, spec: AttentionSpec, q: np.ndarr
                 # the run saw ALiBi's term at positions moved by the shift (pieces.py)
                 lse[p.b, :, u:v] -= (slopes * p.shift).astype(np.float32)[:, None]
     return o, lse
+
+
+def _whole(spec: AttentionSpec, launch: Launch) -> bool:
+    """Whether one launch answers every row of every entry (a decode's)."""
+    return launch.seq_len == spec.seq_len and len(launch.pieces) == spec.batch and all(
+        p.rows == (0, spec.seq_len) for p in launch.pieces)
 
 
 def _run(session: Session, kv: KVCache, spec: AttentionSpec, q: np.ndarray,

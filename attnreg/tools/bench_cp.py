@@ -4,15 +4,18 @@ keys on one device, against the same L keys split over N ranks of a torch.distri
 
 Every time is wall clock per call, host query in and host output back, as an application
 sees it (the one-device rows run Session.run on a KVCache the same way). The sharded row
-splits its median into the ranks' own attention (local), the all_gather of the states
-(exchange: it also waits for the slowest rank) and the reduce on the device (merge); the
-merge's share is exchange + merge over the whole call. The issue's target compares the
-sharded call over L with one device over L / N (ratio ``vs 1dev L/N``).
+splits its median into the ranks' own attention (local; the slowest rank's beside it), the
+all_gather of the states (exchange: it also waits for the slowest rank; gloo's floor, an
+all_gather of the same bytes alone, beside it) and the merge (where the rules put it, and,
+in a second row, on the device); the merge's share is exchange + merge over the whole call.
+The issue's target compares the sharded call over L with one device over L / N (ratio
+``vs 1dev L/N``).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import socket
 import statistics
@@ -116,12 +119,20 @@ def _rank(rank: int, world: int, port: int, where: tuple[str, list[str], dict[st
 
 
 def _chunks(length: int) -> Any:
-    """The cache's tokens, the same on every rank: K and V chunks [1, n, Nkv, H]."""
+    """The cache's tokens, the same on every rank: K and V chunks [1, n, Nkv, H] (a prefix of
+    a longer cache's: chunk i is the same for every length that holds it whole)."""
     for i, t in enumerate(range(0, length, CHUNK)):
-        rng = np.random.default_rng(1000 + i)
-        n = min(CHUNK, length - t)
-        yield tuple((rng.standard_normal((1, n, NKV, H), np.float32) * 0.5).astype(DTYPE)
-                    for _ in range(2))
+        yield _chunk(i, min(CHUNK, length - t))
+
+
+@functools.cache
+def _chunk(i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk i of n tokens, drawn once per process (the bench fills several caches)."""
+    rng = np.random.default_rng(1000 + i)
+    k, v = ((rng.standard_normal((1, n, NKV, H), np.float32) * 0.5).astype(DTYPE)
+            for _ in range(2))
+    k.flags.writeable = v.flags.writeable = False
+    return k, v
 
 
 def _query(spec: AttentionSpec) -> np.ndarray:
@@ -161,7 +172,8 @@ def _one_device(s: Session, backend: str, dev: str, length: int, iters: int, war
 def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, world: int,
              iters: int, warmup: int, check: bool) -> list[dict[str, Any]]:
     """sharded_attention over ``length`` keys split over the group's ranks: a row with the
-    merge on the device (the default), one with the merge in numpy."""
+    merge where the rules put it (the default), one with the merge on the device; each with
+    the slowest rank's local time and gloo's floor (an all_gather of the same bytes alone)."""
     import torch.distributed as dist
     # the first (and only) all_gather of a call sized to the decode's states (exchange.py)
     states = 4 * NQ * (H + 1)
@@ -173,8 +185,9 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
     spec = cache.spec(NQ, 1, causal=True)
     q = _query(spec)
     used = len({dev_ids[r % len(dev_ids)] for r in range(world)})
+    floor = _gloo_floor(HEADER + states, world, iters, warmup)
     rows = []
-    for where in ("device", "host"):
+    for where in ("auto", "device"):
         cache.merge = where
         parts: dict[str, list[float]] = {"local_s": [], "exchange_s": [], "merge_s": []}
 
@@ -184,18 +197,35 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
                 parts[key].append(val)
 
         ts = _times(call, iters, warmup, dist.barrier)
+        placed = "the host" if cache.last_merge.endswith("on_host") or where == "host" \
+            else "the device"
         err = _error(spec, lambda sp: sharded_attention(sp, q, cache), length) if check else None
         wall = statistics.median(ts) * 1e6
         med = {k[:-2] + "_us": statistics.median(v[warmup:]) * 1e6 for k, v in parts.items()}
+        locals_us = [0.0] * world
+        dist.all_gather_object(locals_us, med["local_us"])
         share = (med["exchange_us"] + med["merge_us"]) / wall
         rows.append(dict(
             suite="context-parallel", backend=backend, device=f"{world} ranks on {used} dev",
-            case=f"decode-f16-L{length}-cp{world}" + ("" if where == "device" else "-host-merge"),
-            kernels=f"local {med['local_us']:.0f} + exchange {med['exchange_us']:.0f} + merge "
-                    f"{med['merge_us']:.0f} us on the {where} (merge share {share:.0%})",
+            case=f"decode-f16-L{length}-cp{world}" + ("" if where == "auto" else "-device-merge"),
+            kernels=f"local {med['local_us']:.0f} (slowest rank {max(locals_us):.0f}) + exchange "
+                    f"{med['exchange_us']:.0f} (gloo floor {floor:.0f}) + merge "
+                    f"{med['merge_us']:.0f} us on {placed} (merge share {share:.0%})",
             gpu_us=None, wall_us=wall, gb_s=_bytes(length) / wall / 1e3, tflops=None,
-            max_err=err, extra={**med, "merge_share": share, "devices": dev_ids[:world]}))
+            max_err=err, extra={**med, "merge_share": share, "devices": dev_ids[:world],
+                                "local_ranks_us": locals_us, "gloo_floor_us": floor,
+                                "merge_rule": cache.last_merge}))
     return rows
+
+
+def _gloo_floor(nbytes: int, world: int, iters: int, warmup: int) -> float:
+    """Median us of an all_gather of ``nbytes`` per rank alone (the exchange's floor)."""
+    import torch
+    import torch.distributed as dist
+    src = torch.zeros(nbytes, dtype=torch.uint8)
+    outs = [torch.empty_like(src) for _ in range(world)]
+    ts = _times(lambda: dist.all_gather(outs, src), iters, warmup, dist.barrier)
+    return statistics.median(ts) * 1e6
 
 
 def _bytes(length: int) -> int:
