@@ -24,7 +24,7 @@ from .cache import CALL_FIELDS, ShardedKVCache
 from .exchange import Group, digest, exchange
 from .merge import host_merge, merge_place
 from .pieces import shard_launches
-from .shard import States, empty_states, shard_states
+from .shard import States, empty_states, shard_runs, shard_states
 
 EXTRAS = {"head_sink": "head_sink", "kv_start": "kv_start", "seqlens_q": "seqlens_q"}
 
@@ -137,20 +137,21 @@ def _unpack(spec: AttentionSpec, data: np.ndarray) -> States:
 def local_states(cache: ShardedKVCache, r: int, call: Call,
                  into: States | None = None) -> States:
     """Shard r's states for the call (empty, with no launch, where no row sees it), written
-    into ``into`` where given. The launches are kept in the cache's memo for the next calls
-    with the same spec, kv_start and row counts until the placement changes."""
+    into ``into`` where given. Its runs are kept in the cache's memo for the next calls with
+    the same spec, kv_start and row counts until the placement changes; its prepared
+    launches, across appends."""
     session, kv = cache.shards[r]
-    key = ("launches", r, call.spec, call.starts.tobytes(), call.rows.tobytes())
-    launches = cache.memo.get(key)
-    if launches is None:
+    key = ("runs", r, call.spec, call.starts.tobytes(), call.rows.tobytes())
+    runs = cache.memo.get(key)
+    if runs is None:
         launches = shard_launches(call.spec, cache.offsets[r], cache.counts[r], call.lengths,
                                   call.starts, call.rows)
         if len(cache.memo) > 256:           # a caller cycling through many specs
             cache.memo.clear()
-        cache.memo[key] = launches
-    if not launches:
+        runs = cache.memo[key] = shard_runs(call.spec, kv, launches)
+    if not runs:
         return empty_states(call.spec, into)
-    return shard_states(session, kv, call.spec, call.q, launches, into)
+    return shard_states(session, kv, call.spec, call.q, runs, into, cache.prepared[r])
 
 
 def merge(cache: ShardedKVCache, session: Session, call: Call, states: list[States]) -> Any:

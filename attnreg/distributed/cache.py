@@ -27,7 +27,8 @@ from ..errors import ClosedError, SpecError
 from ..session import Session
 from ..spec import AttentionSpec
 from .exchange import HEADER, Channel, Group, digest, exchange, group_place
-from .merge import MERGES
+from .rules import GATHER_RULES, GATHERS, MERGES, choose
+from .shard import Prepared
 
 T = TypeVar("T")
 
@@ -46,11 +47,14 @@ class ShardedKVCache:
     other arguments are :meth:`attnreg.Session.kv_cache`'s, for every shard (a paged shard
     owns its block table). ``timeout``: seconds a call waits for the other ranks (None: the
     process group's timeout); ``exchange_bytes``: the size of a call's first all_gather
-    (exchange.py: states that fit take one collective). ``merge``: where the states are
-    merged: "auto" (merge.py's rules: numpy for small states, the device for large ones),
-    "device" (one reduce on this process's device: the first Session's, or this rank's) or
-    "host" (numpy, in float64). In a group every rank
-    makes the cache with the same arguments (its own Session), checked by one all_gather here.
+    (exchange.py: states that fit take one round). ``merge``: where the states are merged:
+    "auto" (rules.py: numpy for small states, the device for large ones), "device" (one
+    reduce on this process's device: the first Session's, or this rank's) or "host" (numpy).
+    ``gather``: how a group's ranks exchange the states' first round: "auto" (rules.py),
+    "all_gather" or "point_to_point" (isend / irecv between every two ranks). In a group every
+    rank makes the cache with the same arguments (its own Session), checked by one all_gather
+    here; ``merge`` and ``gather`` may be set again between calls (``gather`` alike on every
+    rank).
     """
 
     def __init__(self, sessions: Session | Sequence[Session], *, batch: int, kv_num_heads: int,
@@ -58,9 +62,11 @@ class ShardedKVCache:
                  layout: str = "BSNH", kv_dtype: str | None = None, page_size: int | None = None,
                  v_head_size: int | None = None, group: Group | None = None,
                  timeout: float | None = None, exchange_bytes: int = 65536,
-                 merge: str = "auto") -> None:
+                 merge: str = "auto", gather: str = "auto") -> None:
         if merge not in MERGES:
             raise SpecError("merge", merge, f"one of {MERGES}")
+        if gather not in GATHERS:
+            raise SpecError("gather", gather, f"one of {GATHERS}")
         self.merge = merge
         local = [sessions] if isinstance(sessions, Session) else list(sessions) \
             if isinstance(sessions, (list, tuple)) else None
@@ -86,10 +92,12 @@ class ShardedKVCache:
         if group is not None:       # every rank's cache alike, or every rank raises
             stamp = digest(getattr(self, "capacities", shard_capacity), exchange_bytes, batch,
                            kv_num_heads, head_size, dtype, layout, kv_dtype, page_size,
-                           v_head_size)
-            exchange(Channel(group, HEADER), timeout, stamp, None, failure)
-        # the exchange's buffers, kept across calls
+                           v_head_size, gather)
+            # by all_gather, whatever the ranks' gather settings (the stamp compares them)
+            exchange(Channel(group, HEADER, "all_gather"), timeout, stamp, None, failure)
+        # the exchange's buffers, kept across calls, and how they travel (the gather setter)
         self.channel = Channel(group, self.exchange_bytes) if group is not None else None
+        self.gather = gather
         self.offsets = np.zeros((n_shards, batch), np.int64)
         self.counts = np.zeros((n_shards, batch), np.int64)
         self.active = 0                 # the last shard in use (appends go there first)
@@ -122,6 +130,8 @@ class ShardedKVCache:
                 capacity=self.capacities[r], dtype=self.dtype, layout=self.layout,
                 kv_dtype=self.kv_dtype, page_size=self.page_size, v_head_size=self.v_head_size))
         self.head_size_v = next(iter(self.shards.values()))[1].head_size_v
+        # each shard's prepared launches (shard.py), kept across calls and appends
+        self.prepared: dict[int, Prepared] = {r: {} for r in self.shards}
 
     def each_shard(self, fn: Callable[[int], T]) -> list[T]:
         """fn(r) for every shard this process holds, in shard order; concurrently where they
@@ -134,6 +144,20 @@ class ShardedKVCache:
             weakref.finalize(self, self._pool.shutdown, wait=False)
         futures = [self._pool.submit(fn, r) for r in order]
         return [f.result() for f in futures]
+
+    @property
+    def gather(self) -> str:
+        """How a group's ranks exchange states: "auto", "all_gather" or "point_to_point"."""
+        return self._gather
+
+    @gather.setter
+    def gather(self, value: str) -> None:
+        if value not in GATHERS:
+            raise SpecError("gather", value, f"one of {GATHERS}")
+        self._gather, self.gather_rule = value, ""       # the rule, for a group's cache
+        if self.channel is not None:
+            self.channel.way, self.gather_rule = choose(GATHER_RULES, value, "gather",
+                                                        ranks=self.num_shards)
 
     @property
     def num_shards(self) -> int:

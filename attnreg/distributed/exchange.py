@@ -2,19 +2,23 @@
 the states are small host arrays, so no GPU transport is needed), and the error every rank
 raises when another one fails.
 
-Every rank sends the same number of bytes in every collective (gloo aborts the process on a
-size mismatch), whatever went wrong: a first all_gather of a fixed size (the cache's
-``exchange_bytes``) carries each rank's header (ok or failed and why, a digest of its call,
-its payload size) and the start of its payload; only when every rank is ok and all digests
-agree does a second all_gather, of the agreed remaining size, carry the rest (states larger
-than the first round: a long prefill). Waits are bounded by the cache's timeout; a rank that
-died, hung or never called makes the others raise RankError, never hang.
+Every rank sends the same number of bytes in every round (gloo aborts the process on a size
+mismatch), whatever went wrong: a first round of a fixed size (the cache's ``exchange_bytes``)
+carries each rank's header (ok or failed and why, a digest of its call, its payload size) and
+the start of its payload; only when every rank is ok and all digests agree does a second
+all_gather, of the agreed remaining size, carry the rest (states larger than the first round:
+a long prefill). The first round travels in a cache's Channel: buffers kept across calls, the
+states written into the send buffer by the shard and read by the merge from the receive
+buffer, as one all_gather or, for a few ranks (rules.py), each rank's isend to and irecv from
+every other. Waits are bounded by the cache's timeout; a rank that died, hung or never called
+makes the others raise RankError, never hang.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
@@ -74,17 +78,22 @@ class Channel:
     """One cache's exchange buffers, kept across calls (torch views of numpy arrays, no copy
     between them): the rank's send buffer of the first round's ``size`` bytes, whose payload
     part a call's states are written into directly (:meth:`payload`), and one receive row per
-    rank, which the merge reads in place."""
+    rank, which the merge reads in place. ``way``: how the first round travels (rules.py:
+    one all_gather, or point to point)."""
 
-    def __init__(self, group: Group, size: int) -> None:
+    def __init__(self, group: Group, size: int, way: str = "all_gather") -> None:
         import torch
-        self.group, self.size = group, size
+        self.group, self.size, self.way = group, size, way
         self.rank, self.world = group_place(group)
         self.send = np.zeros(size, np.uint8)
         self._src = torch.from_numpy(self.send)
         recv = torch.empty((self.world, size), dtype=torch.uint8)
         self._outs = list(recv.unbind(0))
         self.recv = recv.numpy()
+        # the other ranks, as (index in the group, global rank): point to point takes the latter
+        dist = torch_dist()
+        self._peers = [(r, dist.get_global_rank(group, r)) for r in range(self.world)
+                       if r != self.rank]
 
     def payload(self, nbytes: int) -> np.ndarray | None:
         """The send buffer's first ``nbytes`` payload bytes (a call writes its states there),
@@ -92,9 +101,29 @@ class Channel:
         return self.send[HEADER:HEADER + nbytes] if nbytes <= self.size - HEADER else None
 
     def all_gather(self, timeout: float | None) -> list[np.ndarray]:
-        """Every rank's send buffer, as the rows of the receive buffer."""
-        _wait(self.group, self._outs, self._src, self.rank, timeout)
-        return list(self.recv)
+        """Every rank's send buffer: the receive buffer's rows (this rank's own: the send
+        buffer itself)."""
+        if self.way == "point_to_point":
+            self._point_to_point(timeout)
+        else:
+            _wait(self.group, self._outs, self._src, self.rank, timeout)
+        return [self.send if r == self.rank else row for r, row in enumerate(self.recv)]
+
+    def _point_to_point(self, timeout: float | None) -> None:
+        """The send buffer to every other rank, theirs into the receive rows (irecv first)."""
+        dist = torch_dist()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            works = [dist.irecv(self._outs[r], src=g, group=self.group) for r, g in self._peers]
+            works += [dist.isend(self._src, dst=g, group=self.group) for _, g in self._peers]
+            for work in works:
+                if deadline is None:
+                    work.wait()
+                else:
+                    left = max(deadline - time.monotonic(), 1e-3)
+                    work.wait(timeout=datetime.timedelta(seconds=left))
+        except Exception as exc:    # gloo: RuntimeError, a dead peer, a timeout
+            raise _unanswered(self.rank, timeout, exc) from exc
 
 
 def exchange(channel: Channel, timeout: float | None, stamp: bytes,
@@ -159,7 +188,8 @@ def _all_gather(group: Group, buf: np.ndarray, world: int, rank: int,
 
 
 def _wait(group: Group, outs: list[Any], src: Any, rank: int, timeout: float | None) -> None:
-    """all_gather of ``src`` into ``outs``, bounded by ``timeout``; RankError if it fails."""
+    """all_gather of ``src`` into ``outs`` (one tensor per rank), bounded by ``timeout``;
+    RankError if it fails."""
     dist = torch_dist()
     try:
         work = dist.all_gather(outs, src, group=group, async_op=True)
@@ -168,6 +198,10 @@ def _wait(group: Group, outs: list[Any], src: Any, rank: int, timeout: float | N
         else:
             work.wait(timeout=datetime.timedelta(seconds=timeout))
     except Exception as exc:        # gloo: RuntimeError / DistBackendError, a dead peer, a timeout
-        raise RankError(f"rank {rank}: the other ranks did not all answer (a rank died, hung "
-                        f"or did not make this call; timeout {timeout or 'of the group'} s): "
-                        f"{str(exc).splitlines()[0][:300]}") from exc
+        raise _unanswered(rank, timeout, exc) from exc
+
+
+def _unanswered(rank: int, timeout: float | None, exc: Exception) -> RankError:
+    return RankError(f"rank {rank}: the other ranks did not all answer (a rank died, hung or "
+                     f"did not make this call; timeout {timeout or 'of the group'} s): "
+                     f"{str(exc).splitlines()[0][:300]}")

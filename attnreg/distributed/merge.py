@@ -1,70 +1,38 @@
 """The merge of the shards' states (docs/contract.md "Split-KV partial states and merging"):
-where it runs, as named rules, and the merge in numpy.
+where it runs (rules.py) and the merge in numpy.
 
 The states are small (B x Nq x S x Hv floats) and, after the exchange, on the host. A merge
 on the device pays an upload, a reduce launch and a read-back, each with the device's fixed
 costs; numpy pays a few array operations, which grow with the states' size. So small states
-are merged in numpy and large ones (a long prefill's) on the device, by the rules below.
+are merged in numpy and large ones (a long prefill's) on the device.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import reference
 from ..spec import AttentionSpec
+from .rules import MERGE_RULES, choose
 
 States = tuple[np.ndarray, np.ndarray]
-
-# Where a call's states are merged: by the rules ("auto"), or as the caller fixed it.
-MERGES = ("auto", "device", "host")
-# The states (every shard's o and lse, float32) up to which numpy merges them.
-HOST_MERGE_BYTES = 4 << 20
-MEASURED = ("ci/results/h100_context_parallel.txt",)
-
-
-@dataclass(frozen=True)
-class MergeRule:
-    """One rule of where a merge runs: ``when`` sees the spec and the states' total bytes."""
-
-    name: str
-    why: str
-    where: str
-    when: Callable[[AttentionSpec, int], bool]
-    measured: tuple[str, ...] = MEASURED
-
-
-MERGE_RULES: tuple[MergeRule, ...] = (
-    MergeRule("cp_merge_small_states_on_host",
-              "states of a few rows merge faster in numpy than through a device's upload, "
-              "reduce launch and read-back, whose fixed costs dominate there", "host",
-              lambda spec, nbytes: nbytes <= HOST_MERGE_BYTES),
-    MergeRule("cp_merge_large_states_on_device",
-              "a long prefill's states merge faster in one reduce on the device than in "
-              "numpy, whose passes over them grow with their size", "device",
-              lambda spec, nbytes: True),
-)
 
 
 def merge_place(spec: AttentionSpec, n_states: int, fixed: str) -> tuple[str, str]:
     """(where the merge runs, the rule or setting that chose it) for ``n_states`` states."""
-    if fixed != "auto":
-        return fixed, f"merge={fixed!r}"
     rows = spec.batch * spec.num_heads * spec.seq_len
-    nbytes = n_states * rows * (spec.head_size_v + 1) * 4
-    rule = next(r for r in MERGE_RULES if r.when(spec, nbytes))
-    return rule.where, rule.name
+    return choose(MERGE_RULES, fixed, "merge",
+                  state_bytes=n_states * rows * (spec.head_size_v + 1) * 4)
 
 
 def host_merge(spec: AttentionSpec, states: Sequence[States], sink: np.ndarray | None,
                rows: np.ndarray | None) -> Any:
-    """The states merged in numpy as the spec's result (out in q's layout and
-    dtype; with return_lse, (out, lse)). Rows whose shards all saw some key (every lse finite,
+    """The states merged in numpy as the spec's result (out in q's layout and dtype; with
+    return_lse, (out, lse)). Rows whose shards all saw some key (every lse finite,
     every o finite) take the direct form; anything else (a shard no row of it saw, padding rows,
     non-finite values) the reference's reduce, which spells those cases out."""
     got = _direct(spec, states, sink, rows)

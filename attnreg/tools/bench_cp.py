@@ -169,13 +169,22 @@ def _one_device(s: Session, backend: str, dev: str, length: int, iters: int, war
                 gb_s=_bytes(length) / wall / 1e3, tflops=None, max_err=err, extra={})
 
 
+# The sharded rows: (case suffix, merge, gather, a barrier before every call). The first is
+# the default call timed as it always was; "back-to-back" times it as the one-device rows
+# are (a decode loop's steady state: the ranks meet in each call's exchange); the others fix
+# the merge or the gather the rules did not choose.
+SHARDED_ROWS = (("", "auto", "auto", True), ("-back-to-back", "auto", "auto", False),
+                ("-all-gather", "auto", "all_gather", True),
+                ("-device-merge", "device", "auto", True))
+
+
 def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, world: int,
              iters: int, warmup: int, check: bool) -> list[dict[str, Any]]:
-    """sharded_attention over ``length`` keys split over the group's ranks: a row with the
-    merge where the rules put it (the default), one with the merge on the device; each with
-    the slowest rank's local time and gloo's floor (an all_gather of the same bytes alone)."""
+    """sharded_attention over ``length`` keys split over the group's ranks, one row per
+    SHARDED_ROWS entry, each with the slowest rank's local time and gloo's floor (an
+    all_gather of the same bytes alone)."""
     import torch.distributed as dist
-    # the first (and only) all_gather of a call sized to the decode's states (exchange.py)
+    # the first (and only) round of a call sized to the decode's states (exchange.py)
     states = 4 * NQ * (H + 1)
     cache = ShardedKVCache(session, batch=1, kv_num_heads=NKV, head_size=H, dtype=DTYPE,
                            shard_capacity=-(-length // world), group=dist.group.WORLD,
@@ -187,8 +196,8 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
     used = len({dev_ids[r % len(dev_ids)] for r in range(world)})
     floor = _gloo_floor(HEADER + states, world, iters, warmup)
     rows = []
-    for where in ("auto", "device"):
-        cache.merge = where
+    for suffix, merge, gather, synced in SHARDED_ROWS:
+        cache.merge, cache.gather = merge, gather
         parts: dict[str, list[float]] = {"local_s": [], "exchange_s": [], "merge_s": []}
 
         def call(parts: dict[str, list[float]] = parts) -> None:
@@ -196,25 +205,27 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
             for key, val in cache.last_timings.items():
                 parts[key].append(val)
 
-        ts = _times(call, iters, warmup, dist.barrier)
-        placed = "the host" if cache.last_merge.endswith("on_host") or where == "host" \
-            else "the device"
+        ts = _times(call, iters, warmup, dist.barrier if synced else lambda: None)
         err = _error(spec, lambda sp: sharded_attention(sp, q, cache), length) if check else None
         wall = statistics.median(ts) * 1e6
         med = {k[:-2] + "_us": statistics.median(v[warmup:]) * 1e6 for k, v in parts.items()}
         locals_us = [0.0] * world
         dist.all_gather_object(locals_us, med["local_us"])
         share = (med["exchange_us"] + med["merge_us"]) / wall
+        placed = "the host" if cache.last_merge.endswith("on_host") or merge == "host" \
+            else "the device"
         rows.append(dict(
             suite="context-parallel", backend=backend, device=f"{world} ranks on {used} dev",
-            case=f"decode-f16-L{length}-cp{world}" + ("" if where == "auto" else "-device-merge"),
-            kernels=f"local {med['local_us']:.0f} (slowest rank {max(locals_us):.0f}) + exchange "
-                    f"{med['exchange_us']:.0f} (gloo floor {floor:.0f}) + merge "
-                    f"{med['merge_us']:.0f} us on {placed} (merge share {share:.0%})",
+            case=f"decode-f16-L{length}-cp{world}{suffix}",
+            kernels=f"local {med['local_us']:.0f} (slowest rank {max(locals_us):.0f}) + "
+                    f"{cache.channel.way if cache.channel else '-'} {med['exchange_us']:.0f} "
+                    f"(gloo all_gather floor {floor:.0f}) + merge {med['merge_us']:.0f} us on "
+                    f"{placed} (merge share {share:.0%})",
             gpu_us=None, wall_us=wall, gb_s=_bytes(length) / wall / 1e3, tflops=None,
             max_err=err, extra={**med, "merge_share": share, "devices": dev_ids[:world],
                                 "local_ranks_us": locals_us, "gloo_floor_us": floor,
-                                "merge_rule": cache.last_merge}))
+                                "merge_rule": cache.last_merge, "gather_rule": cache.gather_rule,
+                                "barrier_before_call": synced}))
     return rows
 
 
