@@ -78,8 +78,8 @@ class Channel:
     """One cache's exchange buffers, kept across calls (torch views of numpy arrays, no copy
     between them): the rank's send buffer of the first round's ``size`` bytes, whose payload
     part a call's states are written into directly (:meth:`payload`), and one receive row per
-    rank, which the merge reads in place. ``way``: how the first round travels (rules.py:
-    one all_gather, or point to point)."""
+    rank, which the merge reads in place. ``way``: how the rounds travel (rules.py: one
+    all_gather, or point to point)."""
 
     def __init__(self, group: Group, size: int, way: str = "all_gather") -> None:
         import torch
@@ -103,27 +103,39 @@ class Channel:
     def all_gather(self, timeout: float | None) -> list[np.ndarray]:
         """Every rank's send buffer: the receive buffer's rows (this rank's own: the send
         buffer itself)."""
-        if self.way == "point_to_point":
-            self._point_to_point(timeout)
-        else:
-            _wait(self.group, self._outs, self._src, self.rank, timeout)
+        self._move(self._src, self._outs, timeout)
         return [self.send if r == self.rank else row for r, row in enumerate(self.recv)]
 
-    def _point_to_point(self, timeout: float | None) -> None:
-        """The send buffer to every other rank, theirs into the receive rows (irecv first)."""
+    def gather(self, data: np.ndarray, timeout: float | None) -> list[np.ndarray]:
+        """Every rank's ``data`` (the same size on every rank), in fresh arrays."""
+        import torch
+        src = torch.from_numpy(np.ascontiguousarray(data))
+        outs = [torch.empty_like(src) for _ in range(self.world)]
+        self._move(src, outs, timeout)
+        return [data if r == self.rank else o.numpy() for r, o in enumerate(outs)]
+
+    def _move(self, src: Any, outs: list[Any], timeout: float | None) -> None:
+        """``src`` to every rank, theirs into ``outs`` (one tensor per rank), the channel's
+        way, bounded by ``timeout``; RankError if a rank does not answer."""
         dist = torch_dist()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            works = [dist.irecv(self._outs[r], src=g, group=self.group) for r, g in self._peers]
-            works += [dist.isend(self._src, dst=g, group=self.group) for _, g in self._peers]
+            if self.way == "point_to_point":    # the receives posted before the sends
+                works = [dist.irecv(outs[r], src=g, group=self.group) for r, g in self._peers]
+                works += [dist.isend(src, dst=g, group=self.group) for _, g in self._peers]
+            else:
+                works = [dist.all_gather(outs, src, group=self.group, async_op=True)]
             for work in works:
                 if deadline is None:
                     work.wait()
                 else:
                     left = max(deadline - time.monotonic(), 1e-3)
                     work.wait(timeout=datetime.timedelta(seconds=left))
-        except Exception as exc:    # gloo: RuntimeError, a dead peer, a timeout
-            raise _unanswered(self.rank, timeout, exc) from exc
+        except Exception as exc:    # gloo: RuntimeError / DistBackendError, a dead peer, a timeout
+            raise RankError(f"rank {self.rank}: the other ranks did not all answer (a rank "
+                            f"died, hung or did not make this call; timeout "
+                            f"{timeout or 'of the group'} s): "
+                            f"{str(exc).splitlines()[0][:300]}") from exc
 
 
 def exchange(channel: Channel, timeout: float | None, stamp: bytes,
@@ -146,7 +158,7 @@ def exchange(channel: Channel, timeout: float | None, stamp: bytes,
     rest = data.size - head             # the same on every rank: _check compared the sizes
     if rest == 0:
         return [g[HEADER:HEADER + head] for g in got]
-    tails = _all_gather(channel.group, data[head:], channel.world, channel.rank, timeout)
+    tails = channel.gather(data[head:], timeout)
     return [np.concatenate([g[HEADER:HEADER + head], t]) for g, t in zip(got, tails)]
 
 
@@ -176,32 +188,3 @@ def _check(got: list[np.ndarray], rank: int) -> None:
     if odd:
         raise RankError(f"ranks {odd} made a different call than rank 0 (every rank must make "
                         "the same appends and calls, with the same spec)", tuple(odd))
-
-
-def _all_gather(group: Group, buf: np.ndarray, world: int, rank: int,
-                timeout: float | None) -> list[np.ndarray]:
-    import torch
-    src = torch.from_numpy(np.ascontiguousarray(buf))
-    outs = [torch.empty_like(src) for _ in range(world)]
-    _wait(group, outs, src, rank, timeout)
-    return [o.numpy() for o in outs]
-
-
-def _wait(group: Group, outs: list[Any], src: Any, rank: int, timeout: float | None) -> None:
-    """all_gather of ``src`` into ``outs`` (one tensor per rank), bounded by ``timeout``;
-    RankError if it fails."""
-    dist = torch_dist()
-    try:
-        work = dist.all_gather(outs, src, group=group, async_op=True)
-        if timeout is None:
-            work.wait()
-        else:
-            work.wait(timeout=datetime.timedelta(seconds=timeout))
-    except Exception as exc:        # gloo: RuntimeError / DistBackendError, a dead peer, a timeout
-        raise _unanswered(rank, timeout, exc) from exc
-
-
-def _unanswered(rank: int, timeout: float | None, exc: Exception) -> RankError:
-    return RankError(f"rank {rank}: the other ranks did not all answer (a rank died, hung or "
-                     f"did not make this call; timeout {timeout or 'of the group'} s): "
-                     f"{str(exc).splitlines()[0][:300]}")

@@ -43,6 +43,7 @@ class Case:
     seed: int = 0
     merge: str = "auto"
     gather: str = "auto"
+    exchange_bytes: int = 65536
 
     def inputs(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, dict[str, Any]]:
         """The appends, the query and the call's extra tensors (the same on every rank)."""
@@ -93,7 +94,7 @@ class Worker:
             session, batch=case.batch, kv_num_heads=case.heads[1], head_size=case.head_size,
             shard_capacity=list(case.caps), dtype=case.dtype, layout=case.layout,
             kv_dtype=case.kv_dtype, page_size=case.page_size, group=g, timeout=timeout,
-            merge=case.merge, gather=case.gather)
+            merge=case.merge, gather=case.gather, exchange_bytes=case.exchange_bytes)
         for k, v in kv:
             cache.append(k, v)
         if then_sleep:

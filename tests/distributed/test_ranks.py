@@ -75,6 +75,15 @@ def test_two_ranks_on_the_reference(pool: Pool, gather: str) -> None:
         _check_all(case, got, f"{n} reference ranks, {gather}")
 
 
+@pytest.mark.parametrize("gather", ["point_to_point", "all_gather"])
+def test_states_past_the_first_round_take_a_second(pool: Pool, gather: str) -> None:
+    """A first round of 1 KiB (its header and 512 bytes of states): the prefill's states
+    (about 10 KiB a rank) end in a second round."""
+    case = replace(PREFILL, gather=gather, exchange_bytes=1024)
+    got = pool.run({r: _job(case, "01", ("reference",) * 2) for r in range(2)})
+    _check_all(case, got, f"two rounds, {gather}")
+
+
 def test_three_ranks_of_lavapipe_pocl_and_the_reference(pool: Pool) -> None:
     """Each rank merges on its own device (merge="device": a reduce on lavapipe, PoCL and
     the reference)."""
