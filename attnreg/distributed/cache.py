@@ -27,7 +27,7 @@ from ..errors import ClosedError, SpecError
 from ..session import Session
 from ..spec import AttentionSpec
 from .exchange import HEADER, Channel, Group, digest, exchange, group_place
-from .rules import GATHER_RULES, GATHERS, MERGES, choose
+from .rules import GATHER_RULES, GATHERS, MERGES, choose, host_cores
 from .shard import Prepared
 
 T = TypeVar("T")
@@ -157,7 +157,8 @@ class ShardedKVCache:
         self._gather, self.gather_rule = value, ""       # the rule, for a group's cache
         if self.channel is not None:
             self.channel.way, self.gather_rule = choose(GATHER_RULES, value, "gather",
-                                                        ranks=self.num_shards)
+                                                        ranks=self.num_shards,
+                                                        cores=host_cores())
 
     @property
     def num_shards(self) -> int:

@@ -6,6 +6,7 @@ name what chose."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +20,10 @@ MERGES = ("auto", "device", "host")
 GATHERS = ("auto", "all_gather", "point_to_point")
 # The states (every shard's o and lse, float32) up to which numpy merges them.
 HOST_MERGE_BYTES = 512 << 10
-# The most ranks that exchange point to point (each sends and receives ranks - 1 messages).
+# The most ranks that exchange point to point (each sends and receives ranks - 1 messages),
+# and the host's cores per rank they need (gloo's transport thread must wake at once).
 POINT_TO_POINT_RANKS = 8
+POINT_TO_POINT_CORES = 4
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,11 @@ GATHER_RULES: tuple[CallRule, ...] = (
     CallRule("cp_gather_point_to_point_few_ranks",
              "a few ranks' isend and irecv go straight to gloo's transport, where all_gather "
              "first hands its ring to the process group's worker thread", "point_to_point",
-             lambda f: f["ranks"] <= POINT_TO_POINT_RANKS),
-    CallRule("cp_gather_all_gather", "many ranks: one all_gather, whose ring sends each "
-             "rank's states over one link at a time", "all_gather", lambda f: True),
+             lambda f: f["ranks"] <= POINT_TO_POINT_RANKS
+             and f["cores"] >= POINT_TO_POINT_CORES * f["ranks"]),
+    CallRule("cp_gather_all_gather", "many ranks, or a host whose cores the ranks' devices "
+             "keep busy (CPU devices): one all_gather, which waits for its transport less",
+             "all_gather", lambda f: True),
 )
 
 
@@ -61,3 +66,11 @@ def choose(rules: tuple[CallRule, ...], fixed: str, setting: str, **facts: Any
         return fixed, f"{setting}={fixed!r}"
     rule = next(r for r in rules if r.when(facts))
     return rule.choice, rule.name
+
+
+def host_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                  # not Linux
+        return os.cpu_count() or 1

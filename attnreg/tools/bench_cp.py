@@ -172,10 +172,9 @@ def _one_device(s: Session, backend: str, dev: str, length: int, iters: int, war
 # The sharded rows: (case suffix, merge, gather, a barrier before every call). The first is
 # the default call timed as it always was; "back-to-back" times it as the one-device rows
 # are (a decode loop's steady state: the ranks meet in each call's exchange); the others fix
-# the merge or the gather the rules did not choose.
+# the exchange ("other": the way the rules did not choose, named in the suffix) or the merge.
 SHARDED_ROWS = (("", "auto", "auto", True), ("-back-to-back", "auto", "auto", False),
-                ("-all-gather", "auto", "all_gather", True),
-                ("-device-merge", "device", "auto", True))
+                ("-{other}", "auto", "other", True), ("-device-merge", "device", "auto", True))
 
 
 def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, world: int,
@@ -196,8 +195,12 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
     used = len({dev_ids[r % len(dev_ids)] for r in range(world)})
     floor = _gloo_floor(HEADER + states, world, iters, warmup)
     rows = []
+    assert cache.channel is not None
+    chosen = cache.channel.way
+    other = "all_gather" if chosen == "point_to_point" else "point_to_point"
     for suffix, merge, gather, synced in SHARDED_ROWS:
-        cache.merge, cache.gather = merge, gather
+        cache.merge, cache.gather = merge, other if gather == "other" else gather
+        suffix = suffix.format(other=other.replace("_", "-"))
         parts: dict[str, list[float]] = {"local_s": [], "exchange_s": [], "merge_s": []}
 
         def call(parts: dict[str, list[float]] = parts) -> None:
@@ -218,7 +221,7 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
             suite="context-parallel", backend=backend, device=f"{world} ranks on {used} dev",
             case=f"decode-f16-L{length}-cp{world}{suffix}",
             kernels=f"local {med['local_us']:.0f} (slowest rank {max(locals_us):.0f}) + "
-                    f"{cache.channel.way if cache.channel else '-'} {med['exchange_us']:.0f} "
+                    f"{cache.channel.way} {med['exchange_us']:.0f} "
                     f"(gloo all_gather floor {floor:.0f}) + merge {med['merge_us']:.0f} us on "
                     f"{placed} (merge share {share:.0%})",
             gpu_us=None, wall_us=wall, gb_s=_bytes(length) / wall / 1e3, tflops=None,

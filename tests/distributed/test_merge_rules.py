@@ -36,12 +36,14 @@ def test_a_decode_merges_in_numpy_and_a_long_prefill_on_the_device() -> None:
     assert merge_place(DECODE, 2, "device") == ("device", "merge='device'")
 
 
-def test_a_few_ranks_exchange_point_to_point() -> None:
-    assert choose(GATHER_RULES, "auto", "gather", ranks=2) == \
+def test_a_few_ranks_with_cores_to_spare_exchange_point_to_point() -> None:
+    assert choose(GATHER_RULES, "auto", "gather", ranks=2, cores=32) == \
         ("point_to_point", "cp_gather_point_to_point_few_ranks")
-    assert choose(GATHER_RULES, "auto", "gather", ranks=POINT_TO_POINT_RANKS + 1) == \
+    assert choose(GATHER_RULES, "auto", "gather", ranks=POINT_TO_POINT_RANKS + 1,
+                  cores=1024) == ("all_gather", "cp_gather_all_gather")
+    assert choose(GATHER_RULES, "auto", "gather", ranks=2, cores=2) == \
         ("all_gather", "cp_gather_all_gather")
-    assert choose(GATHER_RULES, "all_gather", "gather", ranks=2) == \
+    assert choose(GATHER_RULES, "all_gather", "gather", ranks=2, cores=32) == \
         ("all_gather", "gather='all_gather'")
 
 
