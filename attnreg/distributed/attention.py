@@ -1,8 +1,8 @@
 """sharded_attention: what run computes, over a ShardedKVCache (docs/contract.md "Past one
 device"). Each shard's states come from its own Session (shard.py), are gathered in-process or
-through the process group (exchange.py), and are merged by one reduce on this process's device
-with the reduce's rule (docs/contract.md "Split-KV partial states and merging"), the sink
-counted there, once."""
+through the process group (exchange.py), and are merged as the splits of one reduce, by the
+reduce's rule (docs/contract.md "Split-KV partial states and merging"), the sink counted there,
+once: on this process's device or in numpy, as merge.py's rules say."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import reference
 from ..device_tensor import DeviceTensor
 from ..errors import SpecError
 from ..session import Session
@@ -23,8 +22,9 @@ from ..spec import AttentionSpec
 from ..tensors import _as_array, _check_dtype, _check_index, _check_shape, _check_sink
 from .cache import CALL_FIELDS, ShardedKVCache
 from .exchange import Group, digest, exchange
+from .merge import host_merge, merge_place
 from .pieces import shard_launches
-from .shard import States, empty_states, shard_states
+from .shard import States, empty_states, shard_runs, shard_states
 
 EXTRAS = {"head_sink": "head_sink", "kv_start": "kv_start", "seqlens_q": "seqlens_q"}
 
@@ -67,7 +67,7 @@ def _in_process(spec: Any, q: Any, cache: ShardedKVCache,
     call = check_call(spec, q, cache, tensors)
     states = cache.each_shard(lambda r: local_states(cache, r, call))
     t1 = time.perf_counter()
-    res = merge(cache.shards[0][0], call, states, cache.merge)
+    res = merge(cache, cache.shards[0][0], call, states)
     cache.last_timings = {"local_s": t1 - t0, "exchange_s": 0.0,
                           "merge_s": time.perf_counter() - t1}
     return res
@@ -81,21 +81,43 @@ def _ranked(spec: Any, q: Any, cache: ShardedKVCache,
     payload, failure, call = None, None, None
     try:
         call = check_call(spec, q, cache, tensors)
-        o, lse = local_states(cache, cache.rank, call)
-        payload = np.concatenate([o.reshape(-1).view(np.uint8), lse.reshape(-1).view(np.uint8)])
+        payload = _local_payload(cache, call)
     except Exception as exc:            # sent to the other ranks, then raised here
         failure = exc
     t1 = time.perf_counter()
-    text = _spec_text(spec) if isinstance(spec, AttentionSpec) else repr(spec)
-    stamp = digest(text, cache.offsets, cache.counts)
-    got = exchange(cache.group, cache.exchange_bytes, cache.timeout, stamp, payload, failure)
+    assert cache.channel is not None
+    got = exchange(cache.channel, cache.timeout, _stamp(spec, cache), payload, failure)
     t2 = time.perf_counter()
     assert call is not None             # exchange raised the failure otherwise
-    res = merge(cache.shards[cache.rank][0], call, [_unpack(call.spec, x) for x in got],
-                cache.merge)
+    res = merge(cache, cache.shards[cache.rank][0], call, [_unpack(call.spec, x) for x in got])
     cache.last_timings = {"local_s": t1 - t0, "exchange_s": t2 - t1,
                           "merge_s": time.perf_counter() - t2}
     return res
+
+
+def _local_payload(cache: ShardedKVCache, call: Call) -> np.ndarray:
+    """This rank's states as the exchange's payload bytes (o, then lse, float32): written
+    straight into the channel's send buffer where they fit its first round."""
+    spec = call.spec
+    nbytes = 4 * spec.batch * spec.num_heads * spec.seq_len * (spec.head_size_v + 1)
+    assert cache.channel is not None
+    buf = cache.channel.payload(nbytes)
+    if buf is None:
+        buf = np.empty(nbytes, np.uint8)
+    local_states(cache, cache.rank, call, into=_unpack(spec, buf))
+    return buf
+
+
+def _stamp(spec: Any, cache: ShardedKVCache) -> bytes:
+    """The digest of a call the ranks compare: its spec and the cache's placement (kept in
+    the cache's memo until the placement changes)."""
+    if not isinstance(spec, AttentionSpec):
+        return digest(repr(spec), cache.offsets, cache.counts)
+    key = ("stamp", spec)
+    got = cache.memo.get(key)
+    if got is None:
+        got = cache.memo[key] = digest(_spec_text(spec), cache.offsets, cache.counts)
+    return got
 
 
 @functools.lru_cache(maxsize=256)
@@ -104,7 +126,7 @@ def _spec_text(spec: AttentionSpec) -> str:
 
 
 def _unpack(spec: AttentionSpec, data: np.ndarray) -> States:
-    """A rank's payload as its (o, lse): the bytes _ranked packed."""
+    """A rank's payload as its (o, lse): the bytes _local_payload wrote (views, no copy)."""
     rows = (spec.batch, spec.num_heads, spec.seq_len)
     flat = data.view(np.float32)
     cut = math.prod(rows) * spec.head_size_v
@@ -112,29 +134,38 @@ def _unpack(spec: AttentionSpec, data: np.ndarray) -> States:
             flat[cut:cut + math.prod(rows)].reshape(rows))
 
 
-def local_states(cache: ShardedKVCache, r: int, call: Call) -> States:
-    """Shard r's states for the call (empty, with no launch, where no row sees it)."""
+def local_states(cache: ShardedKVCache, r: int, call: Call,
+                 into: States | None = None) -> States:
+    """Shard r's states for the call (empty, with no launch, where no row sees it), written
+    into ``into`` where given. Its runs are kept in the cache's memo for the next calls with
+    the same spec, kv_start and row counts until the placement changes; its prepared
+    launches, across appends."""
     session, kv = cache.shards[r]
-    launches = shard_launches(call.spec, cache.offsets[r], cache.counts[r], call.lengths,
-                              call.starts, call.rows)
-    if not launches:
-        return empty_states(call.spec)
-    return shard_states(session, kv, call.spec, call.q, launches)
+    key = ("runs", r, call.spec, call.starts.tobytes(), call.rows.tobytes())
+    runs = cache.memo.get(key)
+    if runs is None:
+        launches = shard_launches(call.spec, cache.offsets[r], cache.counts[r], call.lengths,
+                                  call.starts, call.rows)
+        if len(cache.memo) > 256:           # a caller cycling through many specs
+            cache.memo.clear()
+        runs = cache.memo[key] = shard_runs(call.spec, kv, launches)
+    if not runs:
+        return empty_states(call.spec, into)
+    return shard_states(session, kv, call.spec, call.q, runs, into, cache.prepared[r])
 
 
-def merge(session: Session, call: Call, states: list[States], where: str = "device") -> Any:
-    """The shards' states as the splits of one reduce: on ``session``'s device, or in float64
-    numpy (``where="host"``, the reference's reduce); the sink, and the padding rows of
-    seqlens_q, are the reduce's."""
+def merge(cache: ShardedKVCache, session: Session, call: Call, states: list[States]) -> Any:
+    """The shards' states as the splits of one reduce, where merge.py's rules (or the cache's
+    ``merge`` setting) say: on ``session``'s device, or in numpy; the sink, and the padding
+    rows of seqlens_q, are the reduce's."""
     spec = call.spec
+    where, cache.last_merge = merge_place(spec, len(states), cache.merge)
+    sink, rows = call.extras.get("head_sink"), call.extras.get("seqlens_q")
+    if where == "host":
+        return host_merge(spec, states, sink, rows)
     o_parts = np.stack([o for o, _ in states], axis=3)
     lse_parts = np.stack([lse for _, lse in states], axis=3)
-    sink, rows = call.extras.get("head_sink"), call.extras.get("seqlens_q")
-    if where == "device":
-        return session.reduce_states(reduce_spec(spec), o_parts, lse_parts, sink, seqlens_q=rows)
-    out, lse = reference.reduce(spec, o_parts, lse_parts, sink, rows)
-    out = np.ascontiguousarray(reference.out_layout(spec, out)).astype(spec.dtype)
-    return (out, lse.astype(np.float32)) if spec.return_lse else out
+    return session.reduce_states(reduce_spec(spec), o_parts, lse_parts, sink, seqlens_q=rows)
 
 
 @functools.lru_cache(maxsize=256)

@@ -26,12 +26,12 @@ from ..device_tensor import KVCache
 from ..errors import ClosedError, SpecError
 from ..session import Session
 from ..spec import AttentionSpec
-from .exchange import HEADER, Group, digest, exchange, group_place
+from .exchange import HEADER, Channel, Group, digest, exchange, group_place
+from .rules import GATHER_RULES, GATHERS, MERGES, choose, host_cores
+from .shard import Prepared
 
 T = TypeVar("T")
 
-# Where a call's states are merged: one reduce on the device, or numpy's float64 reduce.
-MERGES = ("device", "host")
 # The spec fields a caller chooses per call; the rest describe the cache (cache.spec makes them).
 CALL_FIELDS = ("q_layout", "causal", "scale", "softcap", "local_window", "right_window",
                "alibi_max_bias", "head_sink", "return_lse", "kv_start", "seqlens_q")
@@ -47,10 +47,14 @@ class ShardedKVCache:
     other arguments are :meth:`attnreg.Session.kv_cache`'s, for every shard (a paged shard
     owns its block table). ``timeout``: seconds a call waits for the other ranks (None: the
     process group's timeout); ``exchange_bytes``: the size of a call's first all_gather
-    (exchange.py: states that fit take one collective). ``merge``: where the states are
-    merged, "device" (one reduce on this process's device: the first Session's, or this
-    rank's) or "host" (the float64 reduce of the reference, in numpy). In a group every rank
-    makes the cache with the same arguments (its own Session), checked by one all_gather here.
+    (exchange.py: states that fit take one round). ``merge``: where the states are merged:
+    "auto" (rules.py: numpy for small states, the device for large ones), "device" (one
+    reduce on this process's device: the first Session's, or this rank's) or "host" (numpy).
+    ``gather``: how a group's ranks exchange the states' first round: "auto" (rules.py),
+    "all_gather" or "point_to_point" (isend / irecv between every two ranks). In a group every
+    rank makes the cache with the same arguments (its own Session), checked by one all_gather
+    here; ``merge`` and ``gather`` may be set again between calls (``gather`` alike on every
+    rank).
     """
 
     def __init__(self, sessions: Session | Sequence[Session], *, batch: int, kv_num_heads: int,
@@ -58,9 +62,11 @@ class ShardedKVCache:
                  layout: str = "BSNH", kv_dtype: str | None = None, page_size: int | None = None,
                  v_head_size: int | None = None, group: Group | None = None,
                  timeout: float | None = None, exchange_bytes: int = 65536,
-                 merge: str = "device") -> None:
+                 merge: str = "auto", gather: str = "auto") -> None:
         if merge not in MERGES:
             raise SpecError("merge", merge, f"one of {MERGES}")
+        if gather not in GATHERS:
+            raise SpecError("gather", gather, f"one of {GATHERS}")
         self.merge = merge
         local = [sessions] if isinstance(sessions, Session) else list(sessions) \
             if isinstance(sessions, (list, tuple)) else None
@@ -86,13 +92,22 @@ class ShardedKVCache:
         if group is not None:       # every rank's cache alike, or every rank raises
             stamp = digest(getattr(self, "capacities", shard_capacity), exchange_bytes, batch,
                            kv_num_heads, head_size, dtype, layout, kv_dtype, page_size,
-                           v_head_size)
-            exchange(group, HEADER, timeout, stamp, None, failure)
+                           v_head_size, gather)
+            # by all_gather, whatever the ranks' gather settings (the stamp compares them)
+            exchange(Channel(group, HEADER, "all_gather"), timeout, stamp, None, failure)
+        # the exchange's buffers, kept across calls, and how they travel (the gather setter)
+        self.channel = Channel(group, self.exchange_bytes) if group is not None else None
+        self.gather = gather
         self.offsets = np.zeros((n_shards, batch), np.int64)
         self.counts = np.zeros((n_shards, batch), np.int64)
         self.active = 0                 # the last shard in use (appends go there first)
         self.last_timings: dict[str, float] = {}     # the last call's steps, in seconds
+        self.last_merge = ""            # the rule (or setting) that placed the last merge
         self.checked_specs: set[AttentionSpec] = set()   # specs already checked against it
+        self.version = 0                # bumped by every append and release (the placement)
+        self._lengths = (-1, self.counts.sum(axis=0))
+        # per call spec, what does not change until the next append or release (attention.py)
+        self.memo: dict[Any, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
 
     def _setup(self, local: list[Session], shard_capacity: Any, n_shards: int,
@@ -115,6 +130,8 @@ class ShardedKVCache:
                 capacity=self.capacities[r], dtype=self.dtype, layout=self.layout,
                 kv_dtype=self.kv_dtype, page_size=self.page_size, v_head_size=self.v_head_size))
         self.head_size_v = next(iter(self.shards.values()))[1].head_size_v
+        # each shard's prepared launches (shard.py), kept across calls and appends
+        self.prepared: dict[int, Prepared] = {r: {} for r in self.shards}
 
     def each_shard(self, fn: Callable[[int], T]) -> list[T]:
         """fn(r) for every shard this process holds, in shard order; concurrently where they
@@ -129,6 +146,21 @@ class ShardedKVCache:
         return [f.result() for f in futures]
 
     @property
+    def gather(self) -> str:
+        """How a group's ranks exchange states: "auto", "all_gather" or "point_to_point"."""
+        return self._gather
+
+    @gather.setter
+    def gather(self, value: str) -> None:
+        if value not in GATHERS:
+            raise SpecError("gather", value, f"one of {GATHERS}")
+        self._gather, self.gather_rule = value, ""       # the rule, for a group's cache
+        if self.channel is not None:
+            self.channel.way, self.gather_rule = choose(GATHER_RULES, value, "gather",
+                                                        ranks=self.num_shards,
+                                                        cores=host_cores())
+
+    @property
     def num_shards(self) -> int:
         return len(self.capacities)
 
@@ -138,8 +170,17 @@ class ShardedKVCache:
 
     @property
     def lengths(self) -> np.ndarray:
-        """L_b: the tokens each batch entry holds over all shards."""
-        return self.counts.sum(axis=0)
+        """L_b: the tokens each batch entry holds over all shards (a read-only array)."""
+        if self._lengths[0] != self.version:
+            lengths = self.counts.sum(axis=0)
+            lengths.flags.writeable = False
+            self._lengths = (self.version, lengths)
+        return self._lengths[1]
+
+    def _moved(self) -> None:
+        """The placement changed: what was kept for the old one no longer holds."""
+        self.version += 1
+        self.memo.clear()
 
     def spec(self, num_heads: int, seq_len: int = 1, **fields: Any) -> AttentionSpec:
         """The AttentionSpec of attending over the whole cache with seq_len new query rows
@@ -157,14 +198,17 @@ class ShardedKVCache:
         """Write S new tokens per batch entry ([B, S, Nkv, H] in the cache's dtype) after each
         entry's length, by the placement rule. Checked whole before anything is written."""
         s = self._check_new(k_new, v_new)
-        for r, t0, t1 in self._placement(s):
-            if r != self.active:        # a shard starts where every entry's length is now
-                self.active = r
-                self.offsets[r] = self.lengths
-            if r in self.shards:
-                self.shards[r][1].append(np.ascontiguousarray(k_new[:, t0:t1]),
-                                         np.ascontiguousarray(v_new[:, t0:t1]))
-            self.counts[r] += t1 - t0
+        try:
+            for r, t0, t1 in self._placement(s):
+                if r != self.active:    # a shard starts where every entry's length is now
+                    self.active = r
+                    self.offsets[r] = self.counts.sum(axis=0)
+                if r in self.shards:
+                    self.shards[r][1].append(np.ascontiguousarray(k_new[:, t0:t1]),
+                                             np.ascontiguousarray(v_new[:, t0:t1]))
+                self.counts[r] += t1 - t0
+        finally:
+            self._moved()
 
     def release(self, b: int) -> None:
         """End sequence ``b`` on every shard (KVCache.release): its length becomes 0 and its
@@ -175,6 +219,7 @@ class ShardedKVCache:
             kv.release(int(b))
         self.counts[:, b] = 0
         self.offsets[:, b] = 0
+        self._moved()
 
     def _placement(self, s: int) -> list[tuple[int, int, int]]:
         """(shard, first, end) of the new tokens each shard takes, or a SpecError if the

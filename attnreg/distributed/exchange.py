@@ -2,19 +2,23 @@
 the states are small host arrays, so no GPU transport is needed), and the error every rank
 raises when another one fails.
 
-Every rank sends the same number of bytes in every collective (gloo aborts the process on a
-size mismatch), whatever went wrong: a first all_gather of a fixed size (the cache's
-``exchange_bytes``) carries each rank's header (ok or failed and why, a digest of its call,
-its payload size) and the start of its payload; only when every rank is ok and all digests
-agree does a second all_gather, of the agreed remaining size, carry the rest (states larger
-than the first round: a long prefill). Waits are bounded by the cache's timeout; a rank that
-died, hung or never called makes the others raise RankError, never hang.
+Every rank sends the same number of bytes in every round (gloo aborts the process on a size
+mismatch), whatever went wrong: a first round of a fixed size (the cache's ``exchange_bytes``)
+carries each rank's header (ok or failed and why, a digest of its call, its payload size) and
+the start of its payload; only when every rank is ok and all digests agree does a second
+all_gather, of the agreed remaining size, carry the rest (states larger than the first round:
+a long prefill). The first round travels in a cache's Channel: buffers kept across calls, the
+states written into the send buffer by the shard and read by the merge from the receive
+buffer, as one all_gather or, for a few ranks (rules.py), each rank's isend to and irecv from
+every other. Waits are bounded by the cache's timeout; a rank that died, hung or never called
+makes the others raise RankError, never hang.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
@@ -70,24 +74,91 @@ def digest(*parts: Any) -> bytes:
     return h.digest()
 
 
-def exchange(group: Group, size: int, timeout: float | None, stamp: bytes,
+class Channel:
+    """One cache's exchange buffers, kept across calls (torch views of numpy arrays, no copy
+    between them): the rank's send buffer of the first round's ``size`` bytes, whose payload
+    part a call's states are written into directly (:meth:`payload`), and one receive row per
+    rank, which the merge reads in place. ``way``: how the rounds travel (rules.py: one
+    all_gather, or point to point)."""
+
+    def __init__(self, group: Group, size: int, way: str = "all_gather") -> None:
+        import torch
+        self.group, self.size, self.way = group, size, way
+        self.rank, self.world = group_place(group)
+        self.send = np.zeros(size, np.uint8)
+        self._src = torch.from_numpy(self.send)
+        recv = torch.empty((self.world, size), dtype=torch.uint8)
+        self._outs = list(recv.unbind(0))
+        self.recv = recv.numpy()
+        # the other ranks, as (index in the group, global rank): point to point takes the latter
+        dist = torch_dist()
+        self._peers = [(r, dist.get_global_rank(group, r)) for r in range(self.world)
+                       if r != self.rank]
+
+    def payload(self, nbytes: int) -> np.ndarray | None:
+        """The send buffer's first ``nbytes`` payload bytes (a call writes its states there),
+        or None when they do not fit the first round."""
+        return self.send[HEADER:HEADER + nbytes] if nbytes <= self.size - HEADER else None
+
+    def all_gather(self, timeout: float | None) -> list[np.ndarray]:
+        """Every rank's send buffer: the receive buffer's rows (this rank's own: the send
+        buffer itself)."""
+        self._move(self._src, self._outs, timeout)
+        return [self.send if r == self.rank else row for r, row in enumerate(self.recv)]
+
+    def gather(self, data: np.ndarray, timeout: float | None) -> list[np.ndarray]:
+        """Every rank's ``data`` (the same size on every rank), in fresh arrays."""
+        import torch
+        src = torch.from_numpy(np.ascontiguousarray(data))
+        outs = [torch.empty_like(src) for _ in range(self.world)]
+        self._move(src, outs, timeout)
+        return [data if r == self.rank else o.numpy() for r, o in enumerate(outs)]
+
+    def _move(self, src: Any, outs: list[Any], timeout: float | None) -> None:
+        """``src`` to every rank, theirs into ``outs`` (one tensor per rank), the channel's
+        way, bounded by ``timeout``; RankError if a rank does not answer."""
+        dist = torch_dist()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            if self.way == "point_to_point":    # the receives posted before the sends
+                works = [dist.irecv(outs[r], src=g, group=self.group) for r, g in self._peers]
+                works += [dist.isend(src, dst=g, group=self.group) for _, g in self._peers]
+            else:
+                works = [dist.all_gather(outs, src, group=self.group, async_op=True)]
+            for work in works:
+                if deadline is None:
+                    work.wait()
+                else:
+                    left = max(deadline - time.monotonic(), 1e-3)
+                    work.wait(timeout=datetime.timedelta(seconds=left))
+        except Exception as exc:    # gloo: RuntimeError / DistBackendError, a dead peer, a timeout
+            raise RankError(f"rank {self.rank}: the other ranks did not all answer (a rank "
+                            f"died, hung or did not make this call; timeout "
+                            f"{timeout or 'of the group'} s): "
+                            f"{str(exc).splitlines()[0][:300]}") from exc
+
+
+def exchange(channel: Channel, timeout: float | None, stamp: bytes,
              payload: np.ndarray | None, failure: BaseException | None) -> list[np.ndarray]:
     """Every rank's payload (uint8), in rank order; RankError if a rank failed, sent another
-    stamp, or did not answer in time. ``size`` is the first round's byte count, the same on
-    every rank; a failed rank passes its exception and no payload."""
-    rank, world = group_place(group)
+    stamp, or did not answer in time. Every rank's channel has the same size (the first
+    round's byte count); a failed rank passes its exception and no payload. A payload in the
+    channel's send buffer (Channel.payload) is sent as it is; the payloads that fit the first
+    round come back as views of the channel's receive buffer, valid until its next exchange."""
+    size, send = channel.size, channel.send
     data = payload if payload is not None and failure is None else np.zeros(0, np.uint8)
-    first = np.zeros(size, np.uint8)
-    _header(first, stamp, data.size, failure)
+    _header(send, stamp, data.size, failure)
     head = min(data.size, size - HEADER)
-    first[HEADER:HEADER + head] = data[:head]
-    got = _all_gather(group, first, world, rank, timeout)
-    _check(got, rank)
+    if head and data.ctypes.data != send.ctypes.data + HEADER:
+        send[HEADER:HEADER + head] = data[:head]
+    got = channel.all_gather(timeout)
+    _check(got, channel.rank)
     if failure is not None:
         raise failure                   # the others raise RankError naming this rank
     rest = data.size - head             # the same on every rank: _check compared the sizes
-    tails = _all_gather(group, data[head:], world, rank, timeout) if rest > 0 else \
-        [np.zeros(0, np.uint8)] * world
+    if rest == 0:
+        return [g[HEADER:HEADER + head] for g in got]
+    tails = channel.gather(data[head:], timeout)
     return [np.concatenate([g[HEADER:HEADER + head], t]) for g, t in zip(got, tails)]
 
 
@@ -117,22 +188,3 @@ def _check(got: list[np.ndarray], rank: int) -> None:
     if odd:
         raise RankError(f"ranks {odd} made a different call than rank 0 (every rank must make "
                         "the same appends and calls, with the same spec)", tuple(odd))
-
-
-def _all_gather(group: Group, buf: np.ndarray, world: int, rank: int,
-                timeout: float | None) -> list[np.ndarray]:
-    import torch
-    dist = torch_dist()
-    src = torch.from_numpy(np.ascontiguousarray(buf))
-    outs = [torch.empty_like(src) for _ in range(world)]
-    try:
-        work = dist.all_gather(outs, src, group=group, async_op=True)
-        if timeout is None:
-            work.wait()
-        else:
-            work.wait(timeout=datetime.timedelta(seconds=timeout))
-    except Exception as exc:        # gloo: RuntimeError / DistBackendError, a dead peer, a timeout
-        raise RankError(f"rank {rank}: the other ranks did not all answer (a rank died, hung "
-                        f"or did not make this call; timeout {timeout or 'of the group'} s): "
-                        f"{str(exc).splitlines()[0][:300]}") from exc
-    return [o.numpy() for o in outs]

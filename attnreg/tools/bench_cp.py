@@ -4,15 +4,18 @@ keys on one device, against the same L keys split over N ranks of a torch.distri
 
 Every time is wall clock per call, host query in and host output back, as an application
 sees it (the one-device rows run Session.run on a KVCache the same way). The sharded row
-splits its median into the ranks' own attention (local), the all_gather of the states
-(exchange: it also waits for the slowest rank) and the reduce on the device (merge); the
-merge's share is exchange + merge over the whole call. The issue's target compares the
-sharded call over L with one device over L / N (ratio ``vs 1dev L/N``).
+splits its median into the ranks' own attention (local; the slowest rank's beside it), the
+all_gather of the states (exchange: it also waits for the slowest rank; gloo's floor, an
+all_gather of the same bytes alone, beside it) and the merge (where the rules put it, and,
+in a second row, on the device); the merge's share is exchange + merge over the whole call.
+The issue's target compares the sharded call over L with one device over L / N (ratio
+``vs 1dev L/N``).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import socket
 import statistics
@@ -116,12 +119,20 @@ def _rank(rank: int, world: int, port: int, where: tuple[str, list[str], dict[st
 
 
 def _chunks(length: int) -> Any:
-    """The cache's tokens, the same on every rank: K and V chunks [1, n, Nkv, H]."""
+    """The cache's tokens, the same on every rank: K and V chunks [1, n, Nkv, H] (a prefix of
+    a longer cache's: chunk i is the same for every length that holds it whole)."""
     for i, t in enumerate(range(0, length, CHUNK)):
-        rng = np.random.default_rng(1000 + i)
-        n = min(CHUNK, length - t)
-        yield tuple((rng.standard_normal((1, n, NKV, H), np.float32) * 0.5).astype(DTYPE)
-                    for _ in range(2))
+        yield _chunk(i, min(CHUNK, length - t))
+
+
+@functools.cache
+def _chunk(i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk i of n tokens, drawn once per process (the bench fills several caches)."""
+    rng = np.random.default_rng(1000 + i)
+    k, v = ((rng.standard_normal((1, n, NKV, H), np.float32) * 0.5).astype(DTYPE)
+            for _ in range(2))
+    k.flags.writeable = v.flags.writeable = False
+    return k, v
 
 
 def _query(spec: AttentionSpec) -> np.ndarray:
@@ -158,12 +169,21 @@ def _one_device(s: Session, backend: str, dev: str, length: int, iters: int, war
                 gb_s=_bytes(length) / wall / 1e3, tflops=None, max_err=err, extra={})
 
 
+# The sharded rows: (case suffix, merge, gather, a barrier before every call). The first is
+# the default call timed as it always was; "back-to-back" times it as the one-device rows
+# are (a decode loop's steady state: the ranks meet in each call's exchange); the others fix
+# the exchange ("other": the way the rules did not choose, named in the suffix) or the merge.
+SHARDED_ROWS = (("", "auto", "auto", True), ("-back-to-back", "auto", "auto", False),
+                ("-{other}", "auto", "other", True), ("-device-merge", "device", "auto", True))
+
+
 def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, world: int,
              iters: int, warmup: int, check: bool) -> list[dict[str, Any]]:
-    """sharded_attention over ``length`` keys split over the group's ranks: a row with the
-    merge on the device (the default), one with the merge in numpy."""
+    """sharded_attention over ``length`` keys split over the group's ranks, one row per
+    SHARDED_ROWS entry, each with the slowest rank's local time and gloo's floor (an
+    all_gather of the same bytes alone)."""
     import torch.distributed as dist
-    # the first (and only) all_gather of a call sized to the decode's states (exchange.py)
+    # the first (and only) round of a call sized to the decode's states (exchange.py)
     states = 4 * NQ * (H + 1)
     cache = ShardedKVCache(session, batch=1, kv_num_heads=NKV, head_size=H, dtype=DTYPE,
                            shard_capacity=-(-length // world), group=dist.group.WORLD,
@@ -173,9 +193,14 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
     spec = cache.spec(NQ, 1, causal=True)
     q = _query(spec)
     used = len({dev_ids[r % len(dev_ids)] for r in range(world)})
+    floor = _gloo_floor(HEADER + states, world, iters, warmup)
     rows = []
-    for where in ("device", "host"):
-        cache.merge = where
+    assert cache.channel is not None
+    chosen = cache.channel.way
+    other = "all_gather" if chosen == "point_to_point" else "point_to_point"
+    for suffix, merge, gather, synced in SHARDED_ROWS:
+        cache.merge, cache.gather = merge, other if gather == "other" else gather
+        suffix = suffix.format(other=other.replace("_", "-"))
         parts: dict[str, list[float]] = {"local_s": [], "exchange_s": [], "merge_s": []}
 
         def call(parts: dict[str, list[float]] = parts) -> None:
@@ -183,19 +208,38 @@ def _sharded(session: Session, backend: str, dev_ids: list[str], length: int, wo
             for key, val in cache.last_timings.items():
                 parts[key].append(val)
 
-        ts = _times(call, iters, warmup, dist.barrier)
+        ts = _times(call, iters, warmup, dist.barrier if synced else lambda: None)
         err = _error(spec, lambda sp: sharded_attention(sp, q, cache), length) if check else None
         wall = statistics.median(ts) * 1e6
         med = {k[:-2] + "_us": statistics.median(v[warmup:]) * 1e6 for k, v in parts.items()}
+        locals_us = [0.0] * world
+        dist.all_gather_object(locals_us, med["local_us"])
         share = (med["exchange_us"] + med["merge_us"]) / wall
+        placed = "the host" if cache.last_merge.endswith("on_host") or merge == "host" \
+            else "the device"
         rows.append(dict(
             suite="context-parallel", backend=backend, device=f"{world} ranks on {used} dev",
-            case=f"decode-f16-L{length}-cp{world}" + ("" if where == "device" else "-host-merge"),
-            kernels=f"local {med['local_us']:.0f} + exchange {med['exchange_us']:.0f} + merge "
-                    f"{med['merge_us']:.0f} us on the {where} (merge share {share:.0%})",
+            case=f"decode-f16-L{length}-cp{world}{suffix}",
+            kernels=f"local {med['local_us']:.0f} (slowest rank {max(locals_us):.0f}) + "
+                    f"{cache.channel.way} {med['exchange_us']:.0f} "
+                    f"(gloo all_gather floor {floor:.0f}) + merge {med['merge_us']:.0f} us on "
+                    f"{placed} (merge share {share:.0%})",
             gpu_us=None, wall_us=wall, gb_s=_bytes(length) / wall / 1e3, tflops=None,
-            max_err=err, extra={**med, "merge_share": share, "devices": dev_ids[:world]}))
+            max_err=err, extra={**med, "merge_share": share, "devices": dev_ids[:world],
+                                "local_ranks_us": locals_us, "gloo_floor_us": floor,
+                                "merge_rule": cache.last_merge, "gather_rule": cache.gather_rule,
+                                "barrier_before_call": synced}))
     return rows
+
+
+def _gloo_floor(nbytes: int, world: int, iters: int, warmup: int) -> float:
+    """Median us of an all_gather of ``nbytes`` per rank alone (the exchange's floor)."""
+    import torch
+    import torch.distributed as dist
+    src = torch.zeros(nbytes, dtype=torch.uint8)
+    outs = [torch.empty_like(src) for _ in range(world)]
+    ts = _times(lambda: dist.all_gather(outs, src), iters, warmup, dist.barrier)
+    return statistics.median(ts) * 1e6
 
 
 def _bytes(length: int) -> int:

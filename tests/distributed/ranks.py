@@ -41,6 +41,9 @@ class Case:
     page_size: int | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    merge: str = "auto"
+    gather: str = "auto"
+    exchange_bytes: int = 65536
 
     def inputs(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, dict[str, Any]]:
         """The appends, the query and the call's extra tensors (the same on every rank)."""
@@ -90,7 +93,8 @@ class Worker:
         cache = self.cache = ShardedKVCache(
             session, batch=case.batch, kv_num_heads=case.heads[1], head_size=case.head_size,
             shard_capacity=list(case.caps), dtype=case.dtype, layout=case.layout,
-            kv_dtype=case.kv_dtype, page_size=case.page_size, group=g, timeout=timeout)
+            kv_dtype=case.kv_dtype, page_size=case.page_size, group=g, timeout=timeout,
+            merge=case.merge, gather=case.gather, exchange_bytes=case.exchange_bytes)
         for k, v in kv:
             cache.append(k, v)
         if then_sleep:
@@ -105,7 +109,8 @@ class Worker:
                 "counts": cache.counts, "timings": cache.last_timings}
 
     def again(self, case: Case) -> Any:
-        """The last cache's call once more (after another rank failed)."""
+        """The last cache's call once more (after another rank failed), with the case's query
+        and extra tensors (its appends are not made again)."""
         assert self.cache is not None
         _, q, extras = case.inputs()
         spec = self.cache.spec(case.heads[0], case.seq_len, return_lse=True, **case.fields)

@@ -102,8 +102,8 @@ def test_prefill_across_shards(ref3: list[attnreg.Session], fields: dict[str, An
 
 
 def test_the_merge_in_numpy(ref3: list[attnreg.Session]) -> None:
-    """merge="host": the reference's float64 reduce instead of one on the device (the sink
-    and the padding rows of seqlens_q included), in q's layout and dtype."""
+    """merge="host": the reduce in numpy instead of one on the device (the sink and the
+    padding rows of seqlens_q included), in q's layout and dtype."""
     cache = _cache(ref3, (8, 8, 8), (4, 20), merge="host", dtype="float16")
     _call(cache, seq_len=12, causal=True, head_sink=True, seqlens_q=True, q_layout="BNSH")
     _call(cache, local_window=13, head_sink=True)
@@ -138,13 +138,34 @@ def test_quantized_and_paged_shards(ref3: list[attnreg.Session], layout: str,
 
 
 def test_shards_on_lavapipe_pocl_and_the_reference() -> None:
-    """Three devices of one process (their shards run concurrently); the merge on the first."""
+    """Three devices of one process (their shards run concurrently); the merge on the first
+    (merge="device": a reduce on lavapipe)."""
     sessions = [attnreg.Session(backend=b, device=require_devices(b)[0].id)
                 for b in ("webgpu", "opencl", "reference")]
     try:
-        cache = _cache(sessions, (8, 8, 8), (5, 9, 6), dtype="float16")
+        cache = _cache(sessions, (8, 8, 8), (5, 9, 6), dtype="float16", merge="device")
         _call(cache, local_window=13, head_sink=True)
         _call(cache, seq_len=6, causal=True)
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_a_decode_loop_on_lavapipe_and_pocl_shards() -> None:
+    """Call, append, call: each shard's plain decode runs through its prepared launch, kept
+    across appends (the cache's own lengths on the device), the merge in numpy and, on the
+    last step, on lavapipe."""
+    sessions = [attnreg.Session(backend=b, device=require_devices(b)[0].id)
+                for b in ("webgpu", "opencl")]
+    try:
+        cache = _cache(sessions, (8, 8), (7,), dtype="float16")
+        for step in range(3):
+            cache.merge = "device" if step == 2 else "auto"
+            _call(cache, seed=10 + step, causal=True)
+            rng = np.random.default_rng(step)
+            cache.append(*(rng.standard_normal((2, 2, NKV, H)).astype(np.float16)
+                           for _ in range(2)))
+        assert all(len(p) == 1 for p in cache.prepared.values()), cache.prepared
     finally:
         for s in sessions:
             s.close()
