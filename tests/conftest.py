@@ -50,3 +50,11 @@ def _vulkan_driver_list_unchanged(request: pytest.FixtureRequest) -> Iterator[No
         else:
             os.environ[v] = old
     assert after == before, f"{request.module.__name__} left the Vulkan driver list changed: {after}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The quick-matrix modules first. pytest-xdist's loadfile mode hands whole modules to the
+    two workers in collection order, and those are the longest (one to three minutes each,
+    ci/results/cpu_ci_time.txt): run first, the short modules even out the end instead of one
+    long module running alone. The sort is stable, so every other order stays as collected."""
+    items.sort(key=lambda item: 0 if item.nodeid.startswith("tests/conformance/") else 1)
