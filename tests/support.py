@@ -23,9 +23,9 @@ from attnreg.tools import conformance as conf
 from attnreg.tools import recipes as recipes_mod
 
 __all__ = ["IN_CI", "OPTIMIZED_MODULE", "CellRunner", "assert_covering", "backend_cells",
-           "cell_module", "cell_test",
-           "check_close", "conformance_cells", "expected", "make_tensors", "missing",
-           "module_cells", "prefill_rejection_when_tint_fails", "require_devices"]
+           "cell_module", "cell_test", "check_close", "conformance_cells", "expected",
+           "make_tensors", "missing", "module_cells", "prefill_rejection_when_tint_fails",
+           "require_devices"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # ATTNREG_CONFORMANCE=quick runs fewer cells per kernel (CI; the default is the full matrix).
