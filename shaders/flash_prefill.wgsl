@@ -39,6 +39,10 @@
 //   this body with only its PV loops in a function   226.6 226.5 (211.0)   2585 2585 (2389)
 //   the two PV loops (full, edge) as one loop with   331.0 331.0 (211.0)   3950 3951 (2387)
 //     a run-time test
+// Loops over the lane's tiles are marked @unroll and written out by the program builder
+// (backends/webgpu/unroll.py): Dawn's NVIDIA build kept larger tiles' private arrays in local
+// memory otherwise (q_tile 64, 4 rows x 8 lanes: 12502 -> 3537 us at S2048; this body 2475 ->
+// 2441; ci/results/h100_wgsl_prefill_tiles.txt).
 // Why NVIDIA's build of the splits is slower is not known. The twins in main (the staging
 // for both PREFETCH orders, the PV loop for full and edge steps) stay for the same reason.
 
@@ -64,7 +68,7 @@ var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
 fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool
                ) -> array<f32, ROWS_PER_LANE> {
   var r = x;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
     if (is_max) {
       r[a] = lane_max(r[a]);
     } else {
@@ -73,12 +77,12 @@ fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool
   }
   if (LANE_GROUPS > 1u) {
     if (tx % SHUFFLE_LANES == 0u) {
-      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + tx / SHUFFLE_LANES] = r[a];
       }
     }
     workgroupBarrier();
-    for (var a = 0u; a < ROWS_PER_LANE; a++) {
+    for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
       var acc = red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS];
       for (var g = 1u; g < LANE_GROUPS; g++) {
         let y = red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + g];
@@ -101,7 +105,7 @@ fn osi(row: u32, tx: u32, c: u32) -> u32 {
 fn stage_k(idx: u32, kg: GV) {
   if (idx < KV_TILE * QK_GRANULES) {
     let ks = tile_at(idx, K_STRIDE, QK_GRANULES);
-    for (var s = 0u; s < GRANULE_VEC4S; s++) {
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
       k_s[ks + s] = ts_part(kg, s);
     }
   }
@@ -110,7 +114,7 @@ fn stage_k(idx: u32, kg: GV) {
 fn stage_v(idx: u32, vg: GV) {
   if (idx < KV_TILE * V_GRANULES) {
     let vs = tile_at(idx, V_VEC4S, V_GRANULES);
-    for (var s = 0u; s < GRANULE_VEC4S; s++) {
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
       v_s[vs + s] = ts_part(vg, s);
     }
   }
@@ -121,9 +125,9 @@ fn stage_v(idx: u32, vg: GV) {
 fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi: u32
                ) -> array<vec4<f32>, LANE_SLOTS> {
   var vv: array<vec4<f32>, LANE_SLOTS>;
-  for (var c = 0u; c < LANE_UNITS; c++) {
+  for (var c = 0u; c < LANE_UNITS; c++) {  // @unroll
     let un = tx + ROW_LANES * c;
-    for (var s = 0u; s < OUT_UNIT; s++) {
+    for (var s = 0u; s < OUT_UNIT; s++) {  // @unroll
       vv[c * OUT_UNIT + s] = vec4<f32>(0.0);
     }
     if (un < OUT_UNITS) {
@@ -131,7 +135,7 @@ fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
         vv[c] = ts_f32(v_s[(st * K_STEP + jj) * V_VEC4S + un]);
       } else if (j >= lo && j < hi) {
         let gv = load_v(v_granule(b, kvh, j) + un);
-        for (var s = 0u; s < OUT_UNIT; s++) {
+        for (var s = 0u; s < OUT_UNIT; s++) {  // @unroll
           vv[c * OUT_UNIT + s] = vec4<f32>(g_part(gv, s));
         }
       }
@@ -168,7 +172,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let span = w.span;
   let seen_all = common_span(sq, i0, min(i0 + Q_TILE, P.seq_len) - 1u);
   var rk: array<vec2<i32>, ROWS_PER_LANE>;    // the keys each of the lane's rows sees
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
     rk[a] = row_span(row_pos(sq, i0 + ty * ROWS_PER_LANE + a), sq);
   }
   let lo = u32(span.x);
@@ -185,7 +189,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i0 + r < sq.rows) {               // padding rows' q is never read
       gv = load_q(q_granule(b, h, i0 + r) + g);
     }
-    for (var s = 0u; s < GRANULE_VEC4S; s++) {
+    for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
       q_s[r * QK_VEC4S + g * GRANULE_VEC4S + s] = vec4<f32>(g_part(gv, s)) * P.scale;
     }
   }
@@ -194,13 +198,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var m: array<f32, ROWS_PER_LANE>;
   var l: array<f32, ROWS_PER_LANE>;
   var o: array<array<vec4<f32>, O_REGS>, ROWS_PER_LANE>;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
     m[a] = MASKED;
     l[a] = 0.0;
-    for (var c = 0u; c < O_REGS; c++) {
+    for (var c = 0u; c < O_REGS; c++) {  // @unroll
       o[a][c] = vec4<f32>(0.0);
     }
-    for (var c = 0u; c < WG_SLOTS; c++) {
+    for (var c = 0u; c < WG_SLOTS; c++) {  // @unroll
       o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] = vec4<f32>(0.0);
     }
   }
@@ -226,10 +230,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (STAGED == 1u) {
       if (AHEAD == 1u && it > 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
-        for (var u = 0u; u < K_LOADS; u++) {
+        for (var u = 0u; u < K_LOADS; u++) {  // @unroll
           stage_k(lid + u * THREADS, kr[u]);
         }
-        for (var u = 0u; u < V_LOADS; u++) {
+        for (var u = 0u; u < V_LOADS; u++) {  // @unroll
           stage_v(lid + u * THREADS, vr[u]);
         }
         workgroupBarrier();
@@ -238,12 +242,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (it < n_units) {
         jf = unit_of(it, u_first, l_first).x;
       }
-      for (var u = 0u; u < K_LOADS; u++) {
+      for (var u = 0u; u < K_LOADS; u++) {  // @unroll
         let idx = lid + u * THREADS;
         let jj = idx / QK_GRANULES;
         kr[u] = GV();
+        // min(): V_LOADS == K_LOADS where this runs; it keeps the unrolled copies' constant
+        // index in bounds where V_LOADS < K_LOADS and the branch is dead
         if (V_GRANULES == QK_GRANULES) {
-          vr[u] = GV();
+          vr[min(u, V_LOADS - 1u)] = GV();
         }
         // only keys some row sees: never past the valid length, never left of the window
         // or of kv_start
@@ -251,12 +257,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           let at = kv_granule(b, kvh, jf + jj) + idx % QK_GRANULES;
           kr[u] = load_k(at);
           if (V_GRANULES == QK_GRANULES) {    // v's rows are k's: the same granules
-            vr[u] = load_v(at);
+            vr[min(u, V_LOADS - 1u)] = load_v(at);
           }
         }
       }
       if (V_GRANULES != QK_GRANULES) {
-        for (var u = 0u; u < V_LOADS; u++) {
+        for (var u = 0u; u < V_LOADS; u++) {  // @unroll
           let idx = lid + u * THREADS;
           let jj = idx / V_GRANULES;
           vr[u] = GV();
@@ -267,10 +273,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       if (AHEAD == 0u) {
         workgroupBarrier();   // the previous tile's readers are done with k_s/v_s
-        for (var u = 0u; u < K_LOADS; u++) {
+        for (var u = 0u; u < K_LOADS; u++) {  // @unroll
           stage_k(lid + u * THREADS, kr[u]);
         }
-        for (var u = 0u; u < V_LOADS; u++) {
+        for (var u = 0u; u < V_LOADS; u++) {  // @unroll
           stage_v(lid + u * THREADS, vr[u]);
         }
         workgroupBarrier();
@@ -288,20 +294,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       // S = QK^T for the lane's ROWS_PER_LANE rows and LANE_KEYS keys, accumulated in
       // private memory.
       var sc: array<array<f32, LANE_KEYS>, ROWS_PER_LANE>;
-      for (var a = 0u; a < ROWS_PER_LANE; a++) {
-        for (var e = 0u; e < LANE_KEYS; e++) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+        for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
           sc[a][e] = 0.0;
         }
       }
       if (STAGED == 1u) {
         for (var c = 0u; c < QK_VEC4S; c++) {
           var kc: array<vec4<f32>, LANE_KEYS>;
-          for (var e = 0u; e < LANE_KEYS; e++) {
+          for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
             kc[e] = ts_f32(k_s[(st * K_STEP + tx + ROW_LANES * e) * K_STRIDE + c]);
           }
-          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
             let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + c];
-            for (var e = 0u; e < LANE_KEYS; e++) {
+            for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
               sc[a][e] += dot(qa, kc[e]);
             }
           }
@@ -309,7 +315,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       } else {
         var kb: array<u32, LANE_KEYS>;
         var ok: array<bool, LANE_KEYS>;
-        for (var e = 0u; e < LANE_KEYS; e++) {
+        for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
           let j = js + tx + ROW_LANES * e;
           ok[e] = j >= lo && j < hi;        // only keys some row sees
           kb[e] = 0u;
@@ -319,16 +325,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         for (var g = 0u; g < QK_GRANULES; g++) {
           var kg: array<GV, LANE_KEYS>;
-          for (var e = 0u; e < LANE_KEYS; e++) {
+          for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
             kg[e] = GV();
             if (ok[e]) {
               kg[e] = load_k(kb[e] + g);
             }
           }
-          for (var s = 0u; s < GRANULE_VEC4S; s++) {
-            for (var a = 0u; a < ROWS_PER_LANE; a++) {
+          for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
+            for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
               let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + g * GRANULE_VEC4S + s];
-              for (var e = 0u; e < LANE_KEYS; e++) {
+              for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
                 sc[a][e] += dot(qa, vec4<f32>(g_part(kg[e], s)));
               }
             }
@@ -337,11 +343,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
 
       var mx: array<f32, ROWS_PER_LANE>;
-      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         let i = i0 + ty * ROWS_PER_LANE + a;
         let pos = row_pos(sq, i);
         var best = MASKED;
-        for (var e = 0u; e < LANE_KEYS; e++) {
+        for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
           let j = js + tx + ROW_LANES * e;
           var x = MASKED;
           if (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq)) {
@@ -355,23 +361,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       mx = rows_reduce(mx, ty, tx, true);
       workgroupBarrier();     // the previous step's readers are done with p_s
 
-      for (var a = 0u; a < ROWS_PER_LANE; a++) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         let m_new = max(m[a], mx[a]);
         // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p and alpha at 0.
         let m_use = select(m_new, 0.0, m_new <= MASKED);
         let alpha = exp(m[a] - m_use);
         m[a] = m_new;
         var psum = 0.0;
-        for (var e = 0u; e < LANE_KEYS; e++) {
+        for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
           let p = weight_of(sc[a][e], m_use);
           psum += p;
           p_s[(ty * ROWS_PER_LANE + a) * K_STEP + tx + ROW_LANES * e] = p;
         }
         l[a] = l[a] * alpha + psum;
-        for (var c = 0u; c < O_REGS; c++) {
+        for (var c = 0u; c < O_REGS; c++) {  // @unroll
           o[a][c] *= alpha;
         }
-        for (var c = 0u; c < WG_SLOTS; c++) {
+        for (var c = 0u; c < WG_SLOTS; c++) {  // @unroll
           o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] *= alpha;
         }
       }
@@ -382,12 +388,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       if (all_see(js, js + K_STEP, span, seen_all)) {
         for (var jj = 0u; jj < K_STEP; jj++) {
           let vv = step_values(st, jj, js + jj, tx, b, kvh, lo, hi);
-          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
             let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
-            for (var c = 0u; c < REG_SLOTS; c++) {
+            for (var c = 0u; c < REG_SLOTS; c++) {  // @unroll
               o[a][c] += p * vv[c];
             }
-            for (var c = 0u; c < WG_SLOTS; c++) {
+            for (var c = 0u; c < WG_SLOTS; c++) {  // @unroll
               let at = osi(ty * ROWS_PER_LANE + a, tx, c);
               o_s[at] += p * vv[REG_SLOTS + c];
             }
@@ -397,15 +403,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var jj = 0u; jj < K_STEP; jj++) {
           let j = js + jj;
           let vv = step_values(st, jj, j, tx, b, kvh, lo, hi);
-          for (var a = 0u; a < ROWS_PER_LANE; a++) {
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
             // a branch per (key, row), not a select per element: the edge steps then
             // cost what the full ones do
             if (i32(j) >= rk[a].x && i32(j) < rk[a].y) {
               let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
-              for (var c = 0u; c < REG_SLOTS; c++) {
+              for (var c = 0u; c < REG_SLOTS; c++) {  // @unroll
                 o[a][c] += p * vv[c];
               }
-              for (var c = 0u; c < WG_SLOTS; c++) {
+              for (var c = 0u; c < WG_SLOTS; c++) {  // @unroll
                 let at = osi(ty * ROWS_PER_LANE + a, tx, c);
                 o_s[at] += p * vv[REG_SLOTS + c];
               }
@@ -418,17 +424,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
   // Each lane summed only its own columns: the row sum is the sum over the row group.
   l = rows_reduce(l, ty, tx, false);
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
     let i = i0 + ty * ROWS_PER_LANE + a;
     if (i < P.seq_len) {
       let fin = finish_row(m[a], l[a], row_sink(h, sq, i));
       let base = out_vec4(b, h, i);
-      for (var c = 0u; c < LANE_SLOTS; c++) {
+      for (var c = 0u; c < LANE_SLOTS; c++) {  // @unroll
         let un = tx + ROW_LANES * (c / OUT_UNIT);
         if (un < OUT_UNITS) {
           var acc = vec4<f32>(0.0);
           if (c < REG_SLOTS) {
-            acc = o[a][c];
+            acc = o[a][min(c, O_REGS - 1u)];   // c < REG_SLOTS here; the min keeps an unrolled
+                                                // dead branch's constant index in bounds
           } else {
             acc = o_s[osi(ty * ROWS_PER_LANE + a, tx, c - REG_SLOTS)];
           }

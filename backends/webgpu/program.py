@@ -34,7 +34,7 @@ from attnreg.caps import DeviceCaps
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import kernels, mma, tiles, wgsl_io
+from . import kernels, mma, tiles, unroll, wgsl_io
 
 ENTRY = "main"
 NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium, wgpudawn)
@@ -209,6 +209,7 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
         text += memory_helpers(aux)
     names = names or FILES[family]
     text += "\n".join(load(name) for name in names)
+    text = unroll.unroll(text)
     if "mma_hw" in names:
         text = SUBGROUP_MATRIX_DIRECTIVE + text
     return for_dialect(text, dialect)
