@@ -21,6 +21,7 @@ import attnreg
 from attnreg import testing
 from attnreg.backends.webgpu import program, unroll
 from attnreg.tools import bench_suites
+from bench.wgsl_mma_phases import Edit, source_with
 
 # Tile variants (params of the prefill kernel, over its defaults).
 VARIANTS: list[dict[str, Any]] = [
@@ -43,7 +44,7 @@ _TS16 = ("alias TS = vec4<f16>;\nfn ts_part(g: GV, s: u32) -> TS {\n  return g[s
          "fn ts_f32(x: TS) -> vec4<f32> {\n  return vec4<f32>(x);\n}")
 _TS32 = ("alias TS = vec4<f32>;\nfn ts_part(g: GV, s: u32) -> TS {\n  return vec4<f32>(g[s]);\n}\n"
          "fn ts_f32(x: TS) -> vec4<f32> {\n  return x;\n}")
-Edit = tuple[str, str, str]
+
 PF = "flash_prefill"
 _NO_QK = [(PF, "for (var g = 0u; g < QK_GRANULES; g++) {", "for (var g = 0u; g < 0u; g++) {"),
           (PF, "for (var c = 0u; c < QK_VEC4S; c++) {", "for (var c = 0u; c < 0u; c++) {")]
@@ -70,20 +71,6 @@ def _rolled(wgsl: str, names: Any = None) -> str:
 def _staged_f32(wgsl: str, names: Any = None) -> str:
     # only float16 programs hold the piece (others, such as a probe's, pass unchanged)
     return unroll_on(wgsl.replace(_TS16, _TS32))
-
-
-def _source_with(edits: Sequence[Edit]) -> Callable[[str], str]:
-    original = program.load
-
-    def load(name: str) -> str:
-        text = original(name)
-        for fname, old, new in edits:
-            if name == fname:
-                if old not in text:
-                    raise SystemExit(f"{fname}.wgsl no longer contains {old!r}: update PHASES")
-                text = text.replace(old, new)
-        return text
-    return load
 
 
 def _time(sess: attnreg.Session, backend: str, spec: attnreg.AttentionSpec, t: Mapping[str, Any],
@@ -119,7 +106,7 @@ def sweep(backend: str, rounds: int, iters: int, quick: bool = False, phases: bo
         original = program.load
         for _ in range(rounds):
             for label, params, edits, hook in runs:
-                program.load = _source_with(edits) if edits else original
+                program.load = source_with(edits) if edits else original
                 unroll.unroll = hook
                 program._BUILT.clear()
                 try:

@@ -66,7 +66,7 @@ def _median_us(sess: attnreg.Session, plan: attnreg.Plan, inputs: Mapping[str, A
     return statistics.median(t["gpu_s"] or t["wall_s"]) * 1e6
 
 
-def _source_with(edits: list[Edit]) -> Callable[[str], str]:
+def source_with(edits: list[Edit]) -> Callable[[str], str]:
     original = program.load
 
     def load(name: str) -> str:
@@ -101,7 +101,7 @@ def main() -> int:
         kernel = f"dawn.{'prefill' if fname == 'flash_prefill_mma' else 'decode_partial'}.f16.mma"
         for phase, edits in EDITS[fname].items():
             # program.build keys its cache by ``load``: each edit builds its own programs
-            program.load = _source_with(edits)
+            program.load = source_with(edits)
             try:
                 with attnreg.Session(backend="dawn", device=dev.id, flags={
                         "experimental_features": True, "matrix_units": "on"}) as s:
