@@ -18,6 +18,9 @@ import re
 from collections.abc import Mapping
 
 MARK = "// @unroll"
+# A loop whose copies would exceed this much text stays a loop (its inner loops are still
+# written out): code size costs compile time, on lavapipe most of all.
+MAX_CHARS = 40_000
 _CONST = re.compile(r"^\s*const\s+(\w+)\s*:\s*u32\s*=\s*(.+?);", re.M)
 _LOOP = re.compile(r"for \(var (\w+) = 0u; \1 < ([^;]+); \1\+\+\) \{[ \t]*// @unroll[^\n]*\n")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -106,7 +109,7 @@ def unroll(wgsl: str, names: Mapping[str, int] | None = None) -> str:
         body = unroll(wgsl[m.end():end], names)
         n = _eval(m.group(2), names)
         out.append(wgsl[pos:m.start()])
-        if n is None or n > 64 or _own_jumps(body):
+        if n is None or n * len(body) > MAX_CHARS or _own_jumps(body):
             out.append(wgsl[m.start():m.end()] + body + "}")
         else:
             var = m.group(1)
