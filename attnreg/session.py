@@ -74,6 +74,7 @@ class Session:
         self.flags = dict(flags or {})
         flagmod.resolve(self.flags)                 # unknown or ill-typed flags -> SpecError now
         self._plans: dict[Any, Plan] = {}
+        self._plans_made = 0
         self._runtimes: dict[str, Runtime] = {}    # device id -> the runtime opened on it
         # the runtime on the caller's device object, whose caps every plan is made for
         self._adopted: Runtime | None = None
@@ -99,6 +100,12 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._guard.closed
+
+    @property
+    def plans_made(self) -> int:
+        """How many plans the session has made (a plan served from its cache is not counted):
+        a prepared decode loop that re-plans shows here."""
+        return self._plans_made
 
     def close(self) -> None:
         """Release every device buffer and compiled program; later calls on the session, its
@@ -134,6 +141,7 @@ class Session:
                                           kernel=kernel, params=params, exclude=self._failed,
                                           **where)
                 self._plans[key] = plan
+                self._plans_made += 1
             return plan
 
     explain = plan

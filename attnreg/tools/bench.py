@@ -191,7 +191,7 @@ def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps:
     out = session.empty(spec.out_shape, dtype, device=dev.id)
     kv1 = rng.standard_normal((b, 1, nkv, h)).astype(dtype)
     q_host = rng.standard_normal(spec.q_shape).astype(dtype)
-    plans_before = len(session._plans)
+    plans_before = session.plans_made
     call = session.prepare(spec, cache.tensors(q), out=out)      # plan once, run many
     parts: dict[str, list[float]] = {"q_write": [], "append": [], "call": [], "step_waited": []}
     moved = _transfers(call.runtime.counters)
@@ -210,7 +210,7 @@ def decode_loop(session: Session, dev: DeviceCaps, *, length: int = 2048, steps:
         parts["call"].append(t3 - t2)
         parts["step_waited"].append(t4 - t0)
     per_step = moved() / steps
-    replans = len(session._plans) - plans_before
+    replans = session.plans_made - plans_before
     med, row = _loop_row(dev, f"decode-loop-{_tag(dtype)}-L{length}-{layout}",
                          "prepared call over a KV cache", parts, plans=replans, steps=steps,
                          transfers_per_step=per_step)

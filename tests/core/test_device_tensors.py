@@ -46,7 +46,7 @@ def test_decode_loop_with_kv_cache(dev: attnreg.DeviceCaps, layout: str) -> None
                 host[name] = full
             _, problem = compare(spec, out.numpy(), expected(spec, host))
             assert not problem, f"step {step}: {problem}"
-        assert len(s._plans) == 1, "a decode loop over a static cache must plan once"
+        assert s.plans_made == 1, "a decode loop over a static cache must plan once"
         assert list(cache.lengths) == [10, 10]
 
 

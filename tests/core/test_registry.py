@@ -140,9 +140,12 @@ def test_session_validates_flags_and_caches_plans(toy: ToyPlugin) -> None:
     with pytest.raises(attnreg.SpecError, match="backend"):
         attnreg.Session(backend="nope")
     with attnreg.Session(backend="toy", flags={"split_size": 32}) as s:
+        assert s.plans_made == 0
         p1 = s.plan(DECODE)
         assert s.plan(DECODE) is p1 and p1.params["split_size"] == 32
+        assert s.plans_made == 1                    # the second plan came from the cache
         assert s.plan(DECODE, flags={"split_size": 64}).params["split_size"] == 64
+        assert s.plans_made == 2
     with pytest.raises(attnreg.SpecError, match="closed"):
         s.run(DECODE, make_tensors(DECODE))
 
