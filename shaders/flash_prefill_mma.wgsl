@@ -31,67 +31,6 @@ var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
 var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, Q_TILE>;
 
-// vbad with the bits of the output columns of this lane's row (its half's column tiles c =
-// hf, hf+2, ..) set where a key of the tile j0.. that the row sees has a non-finite v: the
-// slow path of a tile that raised flag 2.
-fn mark_bad_v(bad: array<u32, MASK_WORDS>, w: PrefillWg, j0: u32, lo: u32, hi: u32, pos: i32,
-              hf: u32) -> array<u32, MASK_WORDS> {
-  var vbad = bad;
-  for (var jl = 0u; jl < KV_TILE; jl++) {
-    let j = j0 + jl;
-    if (j >= lo && j < hi && key_visible(i32(j), pos, w.seq)) {
-      for (var c = hf; c < OUT_TILES; c += 2u) {
-        for (var d = 0u; d < 16u; d++) {
-          if (is_bad_f16(v_elem(w.b, w.kvh, j, c * 16u + d))) {
-            let bit = (c / 2u) * 16u + d;
-            vbad[bit / 32u] |= 1u << (bit % 32u);
-          }
-        }
-      }
-    }
-  }
-  return vbad;
-}
-
-// The row's factor (alpha_s[rr]) and lse from the sum over both halves (called by every
-// lane).
-fn finish_lane_row(ml: vec2<f32>, w: PrefillWg, rr: u32, hf: u32, i: u32) {
-  workgroupBarrier();
-  red_s[rr * ROW_LANES + hf] = ml.y;
-  workgroupBarrier();
-  let fin = finish_row(ml.x, red_s[rr * ROW_LANES] + red_s[rr * ROW_LANES + 1u],
-                       row_sink(w.h, w.seq, i));
-  if (hf == 0u) {
-    alpha_s[rr] = fin.x;
-    if (P.return_lse != 0u && i < P.seq_len) {
-      lse[(w.b * P.num_heads + w.h) * P.seq_len + i] = fin.y;
-    }
-  }
-}
-
-// Output column tile c through the subgroup's o_x: written by the lanes of half c % 2 (row
-// rr), times the row's factor (alpha_s), NaN where vbad says a non-finite v was seen; base:
-// the row's first out vec4. Called by every lane.
-fn write_tile(acc: MAcc, c: u32, vbad: array<u32, MASK_WORDS>, base: u32, rr: u32, hf: u32,
-              sg: u32, lane: u32, live: bool) {
-  mm_store_x(acc, sg * 256u);
-  workgroupBarrier();
-  if (c % 2u == hf && live) {
-    for (var u = 0u; u < 4u; u++) {
-      var o4 = vec4<f32>(0.0);
-      for (var e = 0u; e < 4u; e++) {
-        o4[e] = o_x[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
-        let bit = (c / 2u) * 16u + u * 4u + e;
-        if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
-          o4[e] = nan_f32();
-        }
-      }
-      store_out(base + c * 4u + u, finite_or_nan4(o4));
-    }
-  }
-  workgroupBarrier();
-}
-
 // The kernel, entered through the primitive file's main (it knows how the device numbers
 // subgroups: sg is the subgroup, lane its invocation; lid the workgroup-linear invocation).
 fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
