@@ -22,10 +22,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import attnreg  # noqa: E402
-from attnreg import testing  # noqa: E402
-from attnreg.backends.webgpu import program  # noqa: E402
-from bench.wgsl_mma_phases import LOGITS, Edit, _median_us, _source_with  # noqa: E402
+import attnreg
+from attnreg import testing
+from attnreg.backends.webgpu import program
+from bench.wgsl_mma_phases import LOGITS, Edit, _median_us, _source_with
 
 GQA = dict(num_heads=32, kv_num_heads=8, head_size=128, dtype="float16", causal=True)
 ON = {"experimental_features": True, "matrix_units": "on"}
@@ -90,7 +90,7 @@ def _side_by_side(dev: str, seqs: list[int], iters: int, rounds: int) -> dict[in
             for label, (kernel, params) in VARIANTS.items():
                 try:
                     us, err, what = _run(dev, spec, t, want, kernel, params, iters)
-                except Exception as exc:  # noqa: BLE001 - a variant that fails is reported
+                except Exception as exc:  # a failing variant is reported
                     print(f"  round {r}  {label:28s} FAILED: {str(exc)[:300]}", flush=True)
                     continue
                 got.setdefault(label, []).append(us)
@@ -114,7 +114,7 @@ def _phases(dev: str, n: int, label: str, iters: int) -> None:
         try:
             us, err, _ = _run(dev, spec, t, want, kernel, params, iters)
             print(f"  {phase:32s} {us:9.1f} us  max err {err:.2g}", flush=True)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # reported, as above
             print(f"  {phase:32s} FAILED: {str(exc)[:300]}", flush=True)
         finally:
             program.load = original

@@ -15,10 +15,6 @@
 // o_x only on tiles where a row's reference max moved (flag 1).
 // Prefix constants: those of flash_prefill_mma (V_STRIDE, P_STRIDE and S_STRIDE padded).
 
-// mma_hw.wgsl / mma_emu.wgsl's staged product (mm_qk) names q_s and k_s; this form never
-// calls it, so they take no memory.
-var<workgroup> q_s: array<f16, 1>;
-var<workgroup> k_s: array<f16, 1>;
 var<workgroup> v_s: array<f16, 2u * KV_TILE * V_STRIDE>;
 var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
 // Each subgroup's 16 x 16 O scratch (a separate array: see flash_prefill_mma.wgsl).
@@ -61,21 +57,15 @@ fn pv_col(acc: MAcc, p0: MLeft, p1: MLeft, p2: MLeft, p3: MLeft, vo: u32) -> MAc
   return a;
 }
 
-// Left operand t of 16 rows from element at (rows st apart), or a zero one past the bound n.
+// Left operand t of the 16 rows of q from element at (rows st apart); past the bound n the
+// last one again (the guarded lines that would use it compile away).
 fn left_tile(at: u32, st: u32, t: u32, n: u32) -> MLeft {
-  var m: MLeft;
-  if (t < n) {
-    m = mm_load_q(at + t * 16u, st);
-  }
-  return m;
+  return mm_load_q(at + min(t, n - 1u) * 16u, st);
 }
 
+// P's operand of key tile t (the last one again past KEY_TILES, as left_tile).
 fn p_tile(at: u32, t: u32) -> MLeft {
-  var m: MLeft;
-  if (t < KEY_TILES) {
-    m = mm_load_p(at + t * 16u);
-  }
-  return m;
+  return mm_load_p(at + min(t, KEY_TILES - 1u) * 16u);
 }
 
 // The kernel, entered through the primitive file's main (sg: the subgroup, lane its

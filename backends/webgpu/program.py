@@ -188,11 +188,15 @@ def files(stage: Stage) -> tuple[str, ...]:
         return FILES[stage.family]
     prim = MMA_PRIMITIVE[str(mma)]
     if stage.family != "prefill":
-        return ("attn_common", "mma_common", prim, MMA_KERNEL[stage.family])
-    if stage.params.get("form") == "direct":    # Q and K straight from storage (mma.py)
+        return ("attn_common", "mma_common", "mma_staging", prim, prim + "_staged",
+                MMA_KERNEL[stage.family])
+    # the prefill's forms: operands staged in workgroup memory, or Q and K straight from
+    # storage (form "direct", mma.py)
+    if stage.params.get("form") == "direct":
         return ("attn_common", "mma_common", prim, prim + "_direct", "mma_prefill_common",
-                "flash_prefill_mma_direct")
-    return ("attn_common", "mma_common", prim, "mma_prefill_common", MMA_KERNEL["prefill"])
+                MMA_KERNEL["prefill"] + "_direct")
+    return ("attn_common", "mma_common", "mma_staging", prim, prim + "_staged",
+            "mma_prefill_common", MMA_KERNEL["prefill"])
 
 
 def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
