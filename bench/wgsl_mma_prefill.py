@@ -84,7 +84,7 @@ def _side_by_side(dev: str, seqs: list[int], iters: int, rounds: int) -> dict[in
         spec = attnreg.AttentionSpec(batch=1, seq_len=n, **GQA)
         t = testing.make_tensors(spec, 0)
         want = testing.expected(spec, t)
-        print(f"\nS={n} ({_tflops(spec, 1e6) / 1e6:.2f} GFLOP causal)", flush=True)
+        print(f"\nS={n} ({_tflops(spec, 1e6) * 1e3:.2f} GFLOP causal)", flush=True)
         got: dict[str, list[float]] = {}
         for r in range(rounds):
             for label, (kernel, params) in VARIANTS.items():

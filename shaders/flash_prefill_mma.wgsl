@@ -38,12 +38,9 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   if (!w.ok) {
     return;
   }
-  let rr = sg * 16u + lane % 16u;      // this lane's row in the workgroup (softmax, output)
-  let hf = lane / 16u;                 // which half of the row's scores / column tiles
-  let i = w.i0 + rr;
-  let pos = row_pos(w.seq, i);
-  let lo = u32(w.span.x);
-  let hi = u32(w.span.y);
+  let at = lane_place(w, sg, lane);
+  let lo = u32(w.span.x);               // the keys some row of the workgroup sees
+  let hi = u32(w.span.y);               // (kept apart from at: uniform)
 
   // Q tile, rows past seq_len (and padding rows) zero.
   for (var idx = lid; idx < Q_TILE * QK_GRANULES; idx += THREADS) {
@@ -75,10 +72,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     workgroupBarrier();
 
     // The softmax of this lane's half of the row.
-    let x = lane_logits(rr, hf, j0, hi, i < P.seq_len, w.b, w.h, i, pos, w.seq);
+    let x = place_logits(at, j0, hi, w);
     workgroupBarrier();
-    ml = lane_weights(x, ml, max(red_s[rr * ROW_LANES], red_s[rr * ROW_LANES + 1u]),
-                          rr * P_STRIDE + hf * LANE_KEYS, rr, hf);
+    ml = lane_weights(x, ml, max(red_s[at.rr * ROW_LANES], red_s[at.rr * ROW_LANES + 1u]),
+                          at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr, at.hf);
     let flags = take_flags(lid);
 
     if ((flags & 1u) != 0u) {
@@ -87,8 +84,8 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
         o[c] = rescaled(o[c], sg, lane, sg * 16u);
       }
     }
-    if ((flags & 2u) != 0u && i < P.seq_len) {
-      vbad = mark_bad_v(vbad, w, j0, lo, hi, pos, hf);
+    if ((flags & 2u) != 0u && at.i < P.seq_len) {
+      vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
     }
 
     // O += P V. The bound is read at run time (it equals OUT_TILES): with OUT_TILES and KEY_TILES
@@ -103,10 +100,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
   }
 
-  finish_lane_row(ml, w, rr, hf, i);
+  finish_lane_row(ml, w, at.rr, at.hf, at.i);
   // Out, tile by tile through o_x.
-  let base = out_vec4(w.b, w.h, i);
+  let base = out_vec4(w.b, w.h, at.i);
   for (var c = 0u; c < OUT_TILES; c++) {
-    write_tile(o[c], c, vbad, base, rr, hf, sg, lane, i < P.seq_len);
+    write_tile(o[c], c, vbad, base, at.rr, at.hf, sg, lane, at.i < P.seq_len);
   }
 }

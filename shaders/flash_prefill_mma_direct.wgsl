@@ -75,12 +75,6 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   if (!w.ok) {
     return;
   }
-  let rr = sg * 16u + lane % 16u;      // this lane's row in the workgroup (softmax, output)
-  let hf = lane / 16u;                 // which half of the row's scores / column tiles
-  let i = w.i0 + rr;
-  let pos = row_pos(w.seq, i);
-  let lo = u32(w.span.x);
-  let hi = u32(w.span.y);
   // The subgroup's Q rows (rows past seq_len load whatever is there: they see no key).
   let qo = w.b * P.q_sb + w.h * P.q_sh + (w.i0 + sg * 16u) * P.q_ss;
   let q0 = left_tile(qo, P.q_ss, 0u, DEPTH_TILES);
@@ -91,6 +85,9 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let q5 = left_tile(qo, P.q_ss, 5u, DEPTH_TILES);
   let q6 = left_tile(qo, P.q_ss, 6u, DEPTH_TILES);
   let q7 = left_tile(qo, P.q_ss, 7u, DEPTH_TILES);
+  let at = lane_place(w, sg, lane);
+  let lo = u32(w.span.x);               // the keys some row of the workgroup sees (kept
+  let hi = u32(w.span.y);               // apart from at: uniform)
   let kb = kv_elem(w.b, w.kvh, 0u);
   let ks = kv_elem(w.b, w.kvh, 1u) - kb;   // k's row pitch
   var o0 = mm_zero(); var o1 = mm_zero(); var o2 = mm_zero(); var o3 = mm_zero();
@@ -112,12 +109,13 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     stage_v(w.b, w.kvh, j0, lo, hi, lid, vb);
     workgroupBarrier();
 
-    let x = lane_logits(rr, hf, j0, hi, i < P.seq_len, w.b, w.h, i, pos, w.seq);
+    let x = place_logits(at, j0, hi, w);
     var best = MASKED;
     for (var e = 0u; e < LANE_KEYS; e++) {
       best = max(best, x[e]);
     }
-    ml = lane_weights(x, ml, pair_max(best, lid), rr * P_STRIDE + hf * LANE_KEYS, rr, hf);
+    ml = lane_weights(x, ml, pair_max(best, lid), at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr,
+                      at.hf);
     let flags = take_flags(lid);
     if ((flags & 1u) != 0u) {          // some row's reference max moved: O rows *= alpha
       o0 = rescaled(o0, sg, lane, sg * 16u);
@@ -129,8 +127,8 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       if (OUT_TILES > 6u) { o6 = rescaled(o6, sg, lane, sg * 16u); }
       if (OUT_TILES > 7u) { o7 = rescaled(o7, sg, lane, sg * 16u); }
     }
-    if ((flags & 2u) != 0u && i < P.seq_len) {
-      vbad = mark_bad_v(vbad, w, j0, lo, hi, pos, hf);
+    if ((flags & 2u) != 0u && at.i < P.seq_len) {
+      vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
     }
 
     let p0 = p_tile(pa, 0u);
@@ -147,7 +145,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, vo + 96u); }
     if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, vo + 112u); }
   }
-  write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, rr, hf, sg, lane);
+  write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, at.rr, at.hf, sg, lane);
 }
 
 // The row's factor and lse, then out tile by tile through o_x.

@@ -8,16 +8,44 @@
 alias MAcc = array<f32, 8>;
 
 var<private> mm_lane: u32;
+var<private> mm_steps: u32;     // 8, read at run time (mm_mac)
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   mm_lane = lid % 32u;
+  mm_steps = min(8u, nwg.x + 8u);
   kernel_body(wid, nwg, lid, lid / 32u, lid % 32u);
 }
 
 fn mm_zero() -> MAcc {
   return MAcc();
+}
+
+// acc + A x B over 16 depths for the lane's 8 elements (row l / 16 + 2t, column l % 16):
+// A's rows from a.x, a.y apart; B from b.x. PV (pv true): A = P in p_s, B = V in v_s, keys
+// b.y apart; QK^T: A = Q, B = K^T with keys b.y apart, read through emu_q / emu_k (the
+// staged file: q_s, k_s; the direct one: the storage buffers). pv is a literal at every
+// call, so each inlined call keeps one branch.
+// The element loop's bound is read at run time (it is 8): with constant bounds lavapipe
+// unrolled every inlined product (the direct form inlines up to 64) and one build took 100 s.
+// (A run-time bound on the depth loop instead gave wrong values in a staged cell there.)
+fn mm_mac(acc: MAcc, a: vec2<u32>, b: vec2<u32>, pv: bool) -> MAcc {
+  var c = acc;
+  let col = mm_lane % 16u;
+  for (var t = 0u; t < mm_steps; t++) {
+    let row = mm_lane / 16u + 2u * t;
+    var s = 0.0;
+    for (var d = 0u; d < 16u; d++) {
+      if (pv) {
+        s += f32(p_s[a.x + row * a.y + d]) * f32(v_s[b.x + d * b.y + col]);
+      } else {
+        s += emu_q(a.x + row * a.y + d) * emu_k(b.x + col * b.y + d);
+      }
+    }
+    c[t] += s;
+  }
+  return c;
 }
 
 fn mm_store_s(acc: MAcc, so: u32) {

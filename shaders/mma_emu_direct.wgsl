@@ -15,33 +15,23 @@ fn mm_load_p(po: u32) -> MLeft {
   return MLeft(po, P_STRIDE);
 }
 
-// acc + A x K^T over 16 depths for the lane's 8 elements (rows l / 16 + 2t, column l % 16).
-fn mm_qk_direct(acc: MAcc, a: MLeft, ko: u32, ks: u32) -> MAcc {
-  var c = acc;
-  let col = mm_lane % 16u;
-  for (var t = 0u; t < 8u; t++) {
-    let row = mm_lane / 16u + 2u * t;
-    var s = 0.0;
-    for (var d = 0u; d < 16u; d++) {
-      s += f32(q[a.x + row * a.y + d]) * f32(k[ko + col * ks + d]);
-    }
-    c[t] += s;
-  }
-  return c;
+// Q and K as the QK^T product of mma_emu.wgsl's mm_mac reads them: from storage.
+fn emu_q(e: u32) -> f32 {
+  return f32(q[e]);
 }
 
+fn emu_k(e: u32) -> f32 {
+  return f32(k[e]);
+}
+
+// acc + A x K^T, 16 keys of k from element ko, keys ks apart.
+fn mm_qk_direct(acc: MAcc, a: MLeft, ko: u32, ks: u32) -> MAcc {
+  return mm_mac(acc, a, vec2<u32>(ko, ks), false);
+}
+
+// acc + A (P) x V[vo.., 16 keys x 16 columns of v_s, rows V_STRIDE apart].
 fn mm_pv_left(acc: MAcc, a: MLeft, vo: u32) -> MAcc {
-  var c = acc;
-  let col = mm_lane % 16u;
-  for (var t = 0u; t < 8u; t++) {
-    let row = mm_lane / 16u + 2u * t;
-    var s = 0.0;
-    for (var d = 0u; d < 16u; d++) {
-      s += f32(p_s[a.x + row * a.y + d]) * f32(v_s[vo + d * V_STRIDE + col]);
-    }
-    c[t] += s;
-  }
-  return c;
+  return mm_mac(acc, a, vec2<u32>(vo, V_STRIDE), true);
 }
 
 // Called by every invocation (it holds barriers); slot: the invocation's own.

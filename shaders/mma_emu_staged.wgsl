@@ -1,32 +1,20 @@
-// The staged products in software (with mma_emu.wgsl): the contract of mma_hw_staged.wgsl,
-// both operands read from the kernel's workgroup tiles at the call.
+// The staged products in software (with mma_emu.wgsl's mm_mac): the contract of
+// mma_hw_staged.wgsl, both operands read from the kernel's workgroup tiles at the call.
 
+fn emu_q(e: u32) -> f32 {
+  return f32(q_s[e]);
+}
+
+fn emu_k(e: u32) -> f32 {
+  return f32(k_s[e]);
+}
+
+// acc + Q[qo.., rows Q_STRIDE apart] x K^T (k_s keys K_STRIDE apart from ko).
 fn mm_qk(acc: MAcc, qo: u32, ko: u32) -> MAcc {
-  return mm_mac(acc, qo, ko, false);
+  return mm_mac(acc, vec2<u32>(qo, Q_STRIDE), vec2<u32>(ko, K_STRIDE), false);
 }
 
+// acc + P[po.., rows P_STRIDE apart] x V (v_s keys V_STRIDE apart from vo).
 fn mm_pv(acc: MAcc, po: u32, vo: u32) -> MAcc {
-  return mm_mac(acc, po, vo, true);
-}
-
-// acc + A x B over 16 depths for the lane's 8 elements: A rows from ao, B from bo; QK^T
-// (pv false: q_s rows Q_STRIDE apart, k_s keys K_STRIDE apart) or PV (p_s rows P_STRIDE
-// apart, v_s keys V_STRIDE apart). pv is a literal at both calls, so each inlined call keeps
-// one of the two branches.
-fn mm_mac(acc: MAcc, ao: u32, bo: u32, pv: bool) -> MAcc {
-  var c = acc;
-  let col = mm_lane % 16u;
-  for (var t = 0u; t < 8u; t++) {
-    let row = mm_lane / 16u + 2u * t;
-    var s = 0.0;
-    for (var d = 0u; d < 16u; d++) {
-      if (pv) {
-        s += f32(p_s[ao + row * P_STRIDE + d]) * f32(v_s[bo + d * V_STRIDE + col]);
-      } else {
-        s += f32(q_s[ao + row * Q_STRIDE + d]) * f32(k_s[bo + col * K_STRIDE + d]);
-      }
-    }
-    c[t] += s;
-  }
-  return c;
+  return mm_mac(acc, vec2<u32>(po, P_STRIDE), vec2<u32>(vo, V_STRIDE), true);
 }

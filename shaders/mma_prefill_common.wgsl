@@ -1,8 +1,9 @@
-// What both forms of the matrix prefill (flash_prefill_mma: Q and K staged, flash_prefill_mma_direct:
-// Q and K read straight from storage) share: the non-finite v slow path, the row's closing
-// factor and lse, and the output written tile by tile through the subgroup's O scratch. The
-// softmax lanes: lane (row rr, half hf) of a subgroup, 2 lanes a row (ROW_LANES), each with
-// half of the row's scores and every other 16-column output tile.
+// What both forms of the matrix prefill share (flash_prefill_mma: Q and K staged;
+// flash_prefill_mma_direct: Q and K read straight from storage): where a lane works, its
+// logits, the non-finite v slow path, the row's closing factor and lse, and the output
+// written tile by tile through the subgroup's O scratch. The softmax lanes: lane (row rr,
+// half hf) of a subgroup, 2 lanes a row (ROW_LANES), each with half of the row's scores and
+// every other 16-column output tile.
 
 // vbad with the bits of the output columns of this lane's row (its half's column tiles c =
 // hf, hf+2, ..) set where a key of the tile j0.. that the row sees has a non-finite v: the
@@ -63,4 +64,26 @@ fn write_tile(acc: MAcc, c: u32, vbad: array<u32, MASK_WORDS>, base: u32, rr: u3
     }
   }
   workgroupBarrier();
+}
+
+// Where a lane works: its row in the workgroup (rr: softmax, output), which half of the row's
+// scores and output column tiles (hf), the query row i and its position. (The workgroup's
+// key span stays out of it: a struct holding a lane's values is not uniform to WGSL's
+// analysis, and the key loop's bounds must be.)
+struct LanePlace {
+  rr: u32,
+  hf: u32,
+  i: u32,
+  pos: i32,
+}
+
+fn lane_place(w: PrefillWg, sg: u32, lane: u32) -> LanePlace {
+  let rr = sg * 16u + lane % 16u;
+  let i = w.i0 + rr;
+  return LanePlace(rr, lane / 16u, i, row_pos(w.seq, i));
+}
+
+// The logits of this lane's half of its row for the tile of keys j0.. (mma_common.wgsl).
+fn place_logits(at: LanePlace, j0: u32, hi: u32, w: PrefillWg) -> array<f32, LANE_KEYS> {
+  return lane_logits(at.rr, at.hf, j0, hi, at.i < P.seq_len, w.b, w.h, at.i, at.pos, w.seq);
 }

@@ -32,6 +32,9 @@ MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64), "kv_tile":
 # The prefill's direct form (fixed param form="direct": shaders/flash_prefill_mma_direct.wgsl)
 # loads Q and K straight from their stored f16 rows (no pages, no quantized K/V) and keeps its
 # Q operands and output tiles in up to 8 variables each: heads up to 128.
+# Its default q_tile is 64 (4 subgroups share each staged V tile): on the H100 (Dawn) S=2048
+# took 2566 us at q_tile 64, 5068 at 32, 7450 at 16 (ci/results/h100_wgsl_mma_prefill.txt).
+DIRECT_DEFAULTS: Mapping[str, Any] = {**MMA_DEFAULTS, "q_tile": 64}
 DIRECT_HEADS = (32, 128, 16)
 DIRECT_V_HEADS = (16, 128, 16)
 # q_tile first: the hardware build needs kv_tile >= 32 (see _mma_checks).
@@ -49,7 +52,7 @@ HEAD_SIZES = (16, 512, 16)
 
 
 def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
-    d = MMA_DEFAULTS
+    d = DIRECT_DEFAULTS if params.get("form") == "direct" else MMA_DEFAULTS
     br, bc = _p(params, d, "q_tile"), _p(params, d, "kv_tile")
     h, hv = spec.head_size, spec.head_size_v
     noc = hv // 16                      # output column tiles (v's head); QK runs over NDC
@@ -209,10 +212,14 @@ def _mma_kernel(family: str, dtype: str, direct: bool = False) -> KernelInfo:
         family=family, dtypes=frozenset({dtype}),
         head_sizes=DIRECT_HEADS if direct else HEAD_SIZES,
         v_head_sizes=DIRECT_V_HEADS if direct else HEAD_SIZES, supports=ALL_FEATURES,
-        features=_features(dtype, "subgroup-matrix"), priority=20,
+        # The direct form first where it applies (flag matrix_units=on / emulate): on the
+        # H100 (Dawn) it took 2565 vs 7592 us at S=2048, 258 vs 617 at S=512
+        # (ci/results/h100_wgsl_mma_prefill.txt).
+        features=_features(dtype, "subgroup-matrix"), priority=21 if direct else 20,
         kv_layouts=frozenset({"BSNH", "BNSH"}) if direct else KV_LAYOUTS,
         kv_dtypes=frozenset() if direct else KV_DTYPES,
-        params={"form": "direct"} if direct else {}, defaults=defaults, choices=choices,
+        params={"form": "direct"} if direct else {},
+        defaults=DIRECT_DEFAULTS if direct else defaults, choices=choices,
         emulation={"mma": "emulate"}, emulates=frozenset({"subgroup-matrix"}),
         matrix=SUBGROUP_MATRIX,
         workgroup_storage=_direct_storage if direct else storage,
