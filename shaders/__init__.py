@@ -11,6 +11,8 @@ from importlib import resources
 FAMILIES = ("attn_common", "flash_prefill", "decode_common", "decode_qk_common",
             "decode_pv_common", "decode_partial", "decode_qk", "decode_pv", "reduce",
             "mma_common", "mma_hw", "mma_emu", "flash_prefill_mma", "decode_mma",
+            "mma_prefill_common", "mma_staging", "mma_hw_staged", "mma_emu_staged", "mma_hw_direct",
+            "mma_emu_direct", "flash_prefill_mma_direct",
             "utility_common", "patch16", "copy_rows", "copy_bw", "quantize_kv")
 # Files of named pieces (not modules): ``// piece: NAME`` starts a piece, which runs to the
 # next such line; what comes before the first is the file's own comment.

@@ -31,67 +31,6 @@ var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
 var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, Q_TILE>;
 
-// vbad with the bits of the output columns of this lane's row (its half's column tiles c =
-// hf, hf+2, ..) set where a key of the tile j0.. that the row sees has a non-finite v: the
-// slow path of a tile that raised flag 2.
-fn mark_bad_v(bad: array<u32, MASK_WORDS>, w: PrefillWg, j0: u32, lo: u32, hi: u32, pos: i32,
-              hf: u32) -> array<u32, MASK_WORDS> {
-  var vbad = bad;
-  for (var jl = 0u; jl < KV_TILE; jl++) {
-    let j = j0 + jl;
-    if (j >= lo && j < hi && key_visible(i32(j), pos, w.seq)) {
-      for (var c = hf; c < OUT_TILES; c += 2u) {
-        for (var d = 0u; d < 16u; d++) {
-          if (is_bad_f16(v_elem(w.b, w.kvh, j, c * 16u + d))) {
-            let bit = (c / 2u) * 16u + d;
-            vbad[bit / 32u] |= 1u << (bit % 32u);
-          }
-        }
-      }
-    }
-  }
-  return vbad;
-}
-
-// The row's factor (alpha_s[rr]) and lse from the sum over both halves (called by every
-// lane).
-fn finish_lane_row(ml: vec2<f32>, w: PrefillWg, rr: u32, hf: u32, i: u32) {
-  workgroupBarrier();
-  red_s[rr * ROW_LANES + hf] = ml.y;
-  workgroupBarrier();
-  let fin = finish_row(ml.x, red_s[rr * ROW_LANES] + red_s[rr * ROW_LANES + 1u],
-                       row_sink(w.h, w.seq, i));
-  if (hf == 0u) {
-    alpha_s[rr] = fin.x;
-    if (P.return_lse != 0u && i < P.seq_len) {
-      lse[(w.b * P.num_heads + w.h) * P.seq_len + i] = fin.y;
-    }
-  }
-}
-
-// Output column tile c through the subgroup's o_x: written by the lanes of half c % 2 (row
-// rr), times the row's factor (alpha_s), NaN where vbad says a non-finite v was seen; base:
-// the row's first out vec4. Called by every lane.
-fn write_tile(acc: MAcc, c: u32, vbad: array<u32, MASK_WORDS>, base: u32, rr: u32, hf: u32,
-              sg: u32, lane: u32, live: bool) {
-  mm_store_x(acc, sg * 256u);
-  workgroupBarrier();
-  if (c % 2u == hf && live) {
-    for (var u = 0u; u < 4u; u++) {
-      var o4 = vec4<f32>(0.0);
-      for (var e = 0u; e < 4u; e++) {
-        o4[e] = o_x[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
-        let bit = (c / 2u) * 16u + u * 4u + e;
-        if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
-          o4[e] = nan_f32();
-        }
-      }
-      store_out(base + c * 4u + u, finite_or_nan4(o4));
-    }
-  }
-  workgroupBarrier();
-}
-
 // The kernel, entered through the primitive file's main (it knows how the device numbers
 // subgroups: sg is the subgroup, lane its invocation; lid the workgroup-linear invocation).
 fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
@@ -99,12 +38,9 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   if (!w.ok) {
     return;
   }
-  let rr = sg * 16u + lane % 16u;      // this lane's row in the workgroup (softmax, output)
-  let hf = lane / 16u;                 // which half of the row's scores / column tiles
-  let i = w.i0 + rr;
-  let pos = row_pos(w.seq, i);
-  let lo = u32(w.span.x);
-  let hi = u32(w.span.y);
+  let at = lane_place(w, sg, lane);
+  let lo = u32(w.span.x);               // the keys some row of the workgroup sees
+  let hi = u32(w.span.y);               // (kept apart from at: uniform)
 
   // Q tile, rows past seq_len (and padding rows) zero.
   for (var idx = lid; idx < Q_TILE * QK_GRANULES; idx += THREADS) {
@@ -136,10 +72,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     workgroupBarrier();
 
     // The softmax of this lane's half of the row.
-    let x = lane_logits(rr, hf, j0, hi, i < P.seq_len, w.b, w.h, i, pos, w.seq);
+    let x = place_logits(at, j0, hi, w);
     workgroupBarrier();
-    ml = lane_weights(x, ml, max(red_s[rr * ROW_LANES], red_s[rr * ROW_LANES + 1u]),
-                          rr * P_STRIDE + hf * LANE_KEYS, rr, hf);
+    ml = lane_weights(x, ml, max(red_s[at.rr * ROW_LANES], red_s[at.rr * ROW_LANES + 1u]),
+                          at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr, at.hf);
     let flags = take_flags(lid);
 
     if ((flags & 1u) != 0u) {
@@ -148,8 +84,8 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
         o[c] = rescaled(o[c], sg, lane, sg * 16u);
       }
     }
-    if ((flags & 2u) != 0u && i < P.seq_len) {
-      vbad = mark_bad_v(vbad, w, j0, lo, hi, pos, hf);
+    if ((flags & 2u) != 0u && at.i < P.seq_len) {
+      vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
     }
 
     // O += P V. The bound is read at run time (it equals OUT_TILES): with OUT_TILES and KEY_TILES
@@ -164,10 +100,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
   }
 
-  finish_lane_row(ml, w, rr, hf, i);
+  finish_lane_row(ml, w, at.rr, at.hf, at.i);
   // Out, tile by tile through o_x.
-  let base = out_vec4(w.b, w.h, i);
+  let base = out_vec4(w.b, w.h, at.i);
   for (var c = 0u; c < OUT_TILES; c++) {
-    write_tile(o[c], c, vbad, base, rr, hf, sg, lane, i < P.seq_len);
+    write_tile(o[c], c, vbad, base, at.rr, at.hf, sg, lane, at.i < P.seq_len);
   }
 }

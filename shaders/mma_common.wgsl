@@ -1,12 +1,12 @@
-// What both matrix-unit kernels (flash_prefill_mma, decode_mma) share: the staging of a K/V
-// tile into the primitive's k_s / v_s (rows K_STRIDE / V_STRIDE halves apart; k rows are
-// QK_DIM elements, QK_GRANULES granules, v rows V_DIM, V_GRANULES granules), non-finite tests
-// on halves, and the softmax between the two products: ROW_LANES lanes per row of scores
-// (s_s, rows S_STRIDE apart) each take LANE_KEYS of a tile's keys, with a lazy running max
-// (a row keeps its reference max until a tile exceeds it by more than TAU) whose moves the
-// lanes flag to the workgroup. Each kernel declares q_s, k_s, v_s, s_s, p_s (P, rows
-// P_STRIDE apart), red_s (a value per row and lane), alpha_s (a factor per row) and o_x (the
-// subgroups' O scratch).
+// What the matrix-unit kernels (flash_prefill_mma and its direct form, decode_mma) share: the
+// staging of v into the kernel's v_s (rows V_STRIDE halves apart; v rows are V_DIM elements,
+// V_GRANULES granules; mma_staging.wgsl stages q and whole K/V tiles), non-finite tests on
+// halves, and the softmax between the two products: ROW_LANES lanes per row of scores (s_s,
+// rows S_STRIDE apart) each take LANE_KEYS of a tile's keys, with a lazy running max (a row
+// keeps its reference max until a tile exceeds it by more than TAU) whose moves the lanes flag
+// to the workgroup. Each kernel declares v_s, s_s, p_s (P, rows P_STRIDE apart), red_s (a
+// value per row and lane), alpha_s (a factor per row) and o_x (the subgroups' O scratch); the
+// staged ones q_s and k_s too.
 
 // ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
 const TAU: f32 = 8.0;
@@ -30,32 +30,6 @@ fn is_bad_f16(x: f16) -> bool {
 fn v_elem(b: u32, kvh: u32, j: u32, d: u32) -> f16 {
   let g = load_v(v_granule(b, kvh, j) + d / GRANULE);
   return g_part(g, (d % GRANULE) / 4u)[d % 4u];
-}
-
-// Granule g of query row r (its first granule at: q_granule) into q_s: zeros unless load.
-// Raw: the scale is applied to the f32 scores.
-fn stage_q_granule(r: u32, g: u32, at: u32, load: bool) {
-  var gv = GV();
-  if (load) {
-    gv = load_q(at + g);
-  }
-  for (var e = 0u; e < GRANULE; e++) {
-    q_s[r * Q_STRIDE + g * GRANULE + e] = g_part(gv, e / 4u)[e % 4u];
-  }
-}
-
-// Granule g of key j's k (tile row jj) into k_s: zeros unless load.
-fn stage_k_granule(b: u32, kvh: u32, j: u32, jj: u32, g: u32, load: bool) {
-  var kg = GV();
-  if (load) {
-    kg = load_k(kv_granule(b, kvh, j) + g);
-  }
-  for (var c = 0u; c < GRANULE; c += 4u) {
-    let kh = g_part(kg, c / 4u);
-    for (var e = 0u; e < 4u; e++) {
-      k_s[jj * K_STRIDE + g * GRANULE + c + e] = kh[e];
-    }
-  }
 }
 
 // Granule g of key j's v (tile row jj) into v_s: zeros unless load; a non-finite v half is
@@ -86,31 +60,6 @@ fn lazy_max(m: f32, m_tile: f32) -> vec2<f32> {
     return vec2<f32>(m_tile, select(1.0, exp(m - m_tile), m > MASKED));
   }
   return vec2<f32>(m, 1.0);
-}
-
-// The tile of keys j0.. into k_s / v_s, keys outside [lo, hi) as zeros (no row sees them); a
-// non-finite v half is staged as 0 and raises flag 2. Between barriers: the previous tile's
-// readers are done before, the tile is complete after.
-fn stage_tiles(b: u32, kvh: u32, j0: u32, lo: u32, hi: u32, lid: u32) {
-  workgroupBarrier();
-  for (var idx = lid; idx < KV_TILE * QK_GRANULES; idx += THREADS) {
-    let jj = idx / QK_GRANULES;
-    let ld = j0 + jj >= lo && j0 + jj < hi;
-    stage_k_granule(b, kvh, j0 + jj, jj, idx % QK_GRANULES, ld);
-    if (V_GRANULES == QK_GRANULES
-        && stage_v_granule(b, kvh, j0 + jj, jj, idx % QK_GRANULES, ld)) {
-      atomicOr(&flag_a, 2u);
-    }
-  }
-  if (V_GRANULES != QK_GRANULES) {      // v's rows differ from k's: their own granules
-    for (var idx = lid; idx < KV_TILE * V_GRANULES; idx += THREADS) {
-      let jj = idx / V_GRANULES;
-      if (stage_v_granule(b, kvh, j0 + jj, jj, idx % V_GRANULES, j0 + jj >= lo && j0 + jj < hi)) {
-        atomicOr(&flag_a, 2u);
-      }
-    }
-  }
-  workgroupBarrier();
 }
 
 // The logits of lane part `part` of score row rr (query row i at position pos, of head h;

@@ -2,16 +2,19 @@
 // contract of mma_hw.wgsl (16x16x16, f16 operands read from workgroup memory, f32
 // accumulation) on any device. A "subgroup" is 32 consecutive invocations; lane l of it owns
 // the 8 result elements (row l/16 + 2t, column l%16), t = 0..7, which live in its MAcc. The
-// operands are read from workgroup memory at the call, as the hardware loads them there.
+// operands are read at the call (mma_emu_staged.wgsl: from workgroup memory;
+// mma_emu_direct.wgsl: Q and K from storage), where the hardware would load them.
 
 alias MAcc = array<f32, 8>;
 
 var<private> mm_lane: u32;
+var<private> mm_steps: u32;     // 8, read at run time (mm_mac)
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   mm_lane = lid % 32u;
+  mm_steps = min(8u, nwg.x + 8u);
   kernel_body(wid, nwg, lid, lid / 32u, lid % 32u);
 }
 
@@ -19,29 +22,25 @@ fn mm_zero() -> MAcc {
   return MAcc();
 }
 
-fn mm_qk(acc: MAcc, qo: u32, ko: u32) -> MAcc {
-  return mm_mac(acc, qo, ko, false);
-}
-
-fn mm_pv(acc: MAcc, po: u32, vo: u32) -> MAcc {
-  return mm_mac(acc, po, vo, true);
-}
-
-// acc + A x B over 16 depths for the lane's 8 elements: A rows from ao, B from bo; QK^T
-// (pv false: q_s rows Q_STRIDE apart, k_s keys K_STRIDE apart) or PV (p_s rows P_STRIDE
-// apart, v_s keys V_STRIDE apart). pv is a literal at both calls, so each inlined call keeps
-// one of the two branches.
-fn mm_mac(acc: MAcc, ao: u32, bo: u32, pv: bool) -> MAcc {
+// acc + A x B over 16 depths for the lane's 8 elements (row l / 16 + 2t, column l % 16):
+// A's rows from a.x, a.y apart; B from b.x. PV (pv true): A = P in p_s, B = V in v_s, keys
+// b.y apart; QK^T: A = Q, B = K^T with keys b.y apart, read through emu_q / emu_k (the
+// staged file: q_s, k_s; the direct one: the storage buffers). pv is a literal at every
+// call, so each inlined call keeps one branch.
+// The element loop's bound is read at run time (it is 8): with constant bounds lavapipe
+// unrolled every inlined product (the direct form inlines up to 64) and one build took 100 s.
+// (A run-time bound on the depth loop instead gave wrong values in a staged cell there.)
+fn mm_mac(acc: MAcc, a: vec2<u32>, b: vec2<u32>, pv: bool) -> MAcc {
   var c = acc;
   let col = mm_lane % 16u;
-  for (var t = 0u; t < 8u; t++) {
+  for (var t = 0u; t < mm_steps; t++) {
     let row = mm_lane / 16u + 2u * t;
     var s = 0.0;
     for (var d = 0u; d < 16u; d++) {
       if (pv) {
-        s += f32(p_s[ao + row * P_STRIDE + d]) * f32(v_s[bo + d * V_STRIDE + col]);
+        s += f32(p_s[a.x + row * a.y + d]) * f32(v_s[b.x + d * b.y + col]);
       } else {
-        s += f32(q_s[ao + row * Q_STRIDE + d]) * f32(k_s[bo + col * K_STRIDE + d]);
+        s += emu_q(a.x + row * a.y + d) * emu_k(b.x + col * b.y + d);
       }
     }
     c[t] += s;

@@ -130,6 +130,15 @@ fn load_$x(g: u32) -> GV {
   return $x[g];
 }
 
+// piece: load_halves
+// f16 bound as an array of halves (the direct matrix prefill's q and k, which subgroup
+// matrices load from storage): a granule from its 8 halves.
+fn load_$x(g: u32) -> GV {
+  let e = g * 8u;
+  return GV(vec4<f16>($x[e], $x[e + 1u], $x[e + 2u], $x[e + 3u]),
+            vec4<f16>($x[e + 4u], $x[e + 5u], $x[e + 6u], $x[e + 7u]));
+}
+
 // piece: load_widened
 // bf16 q beside dequantized K/V (compute_bf16q): the stored bits widened to the granule.
 fn load_$x(g: u32) -> GV {

@@ -29,6 +29,14 @@ from .tiles import _p
 SUBGROUP_MATRIX = MatrixUnit("subgroup_matrix", 16, 16, 16, "f16", "f32")
 MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 32, "kv_tile": 32, "mma": "hardware"}
 MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64), "kv_tile": (16, 32, 64)}
+# The prefill's direct form (fixed param form="direct": shaders/flash_prefill_mma_direct.wgsl)
+# loads Q and K straight from their stored f16 rows (no pages, no quantized K/V) and keeps its
+# Q operands and output tiles in up to 8 variables each: heads up to 128.
+# Its default q_tile is 64 (4 subgroups share each staged V tile): on the H100 (Dawn) S=2048
+# took 2566 us at q_tile 64, 5068 at 32, 7450 at 16 (ci/results/h100_wgsl_mma_prefill.txt).
+DIRECT_DEFAULTS: Mapping[str, Any] = {**MMA_DEFAULTS, "q_tile": 64}
+DIRECT_HEADS = (32, 128, 16)
+DIRECT_V_HEADS = (16, 128, 16)
 # q_tile first: the hardware build needs kv_tile >= 32 (see _mma_checks).
 MMA_SHRINK = (("q_tile", 16), ("kv_tile", 16))
 MMA_SUBGROUP = 32
@@ -44,24 +52,31 @@ HEAD_SIZES = (16, 512, 16)
 
 
 def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[str, int]:
-    d = MMA_DEFAULTS
+    d = DIRECT_DEFAULTS if params.get("form") == "direct" else MMA_DEFAULTS
     br, bc = _p(params, d, "q_tile"), _p(params, d, "kv_tile")
     h, hv = spec.head_size, spec.head_size_v
     noc = hv // 16                      # output column tiles (v's head); QK runs over NDC
-    return {"Q_TILE": br, "KV_TILE": bc, "SUBGROUPS": br // 16,
-            "THREADS": MMA_SUBGROUP * (br // 16), "DEPTH_TILES": h // 16, "OUT_TILES": noc,
-            "KEY_TILES": bc // 16, "Q_STRIDE": h, "K_STRIDE": h, "V_STRIDE": hv,
-            "S_STRIDE": bc, "P_STRIDE": bc, "ROW_LANES": 2, "LANE_KEYS": bc // 2,
-            # u32 words of a lane's column mask: it writes every other 16-column tile
-            "MASK_WORDS": max(1, -(-(-(-noc // 2) * 16) // 32))}
+    c = {"Q_TILE": br, "KV_TILE": bc, "SUBGROUPS": br // 16,
+         "THREADS": MMA_SUBGROUP * (br // 16), "DEPTH_TILES": h // 16, "OUT_TILES": noc,
+         "KEY_TILES": bc // 16, "Q_STRIDE": h, "K_STRIDE": h, "V_STRIDE": hv,
+         "S_STRIDE": bc, "P_STRIDE": bc, "ROW_LANES": 2, "LANE_KEYS": bc // 2,
+         # u32 words of a lane's column mask: it writes every other 16-column tile
+         "MASK_WORDS": max(1, -(-(-(-noc // 2) * 16) // 32))}
+    if params.get("form") == "direct":
+        # rows padded by 16 bytes (the GEMM probe's staged blocks: no pad or 32 bytes were
+        # ~40% slower, ci/results/h100_gemm_probe.txt)
+        c.update(QK_DIRECT=1, V_STRIDE=hv + 8, P_STRIDE=bc + 8, S_STRIDE=bc + 4)
+    return c
 
 
 def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_prefill_consts(spec, params)
     br, bc = c["Q_TILE"], c["KV_TILE"]
-    return (br * c["Q_STRIDE"] * 2 + bc * (c["K_STRIDE"] + c["V_STRIDE"]) * 2
-            + br * c["S_STRIDE"] * 4 + br * c["P_STRIDE"] * 2 + c["SUBGROUPS"] * 256 * 4
+    rest = (br * c["S_STRIDE"] * 4 + br * c["P_STRIDE"] * 2 + c["SUBGROUPS"] * 256 * 4
             + br * 12 + 8)
+    if c.get("QK_DIRECT"):      # two v_s buffers; the emulation's pair_s; no q_s / k_s
+        return 2 * bc * c["V_STRIDE"] * 2 + c["THREADS"] * 4 + rest
+    return br * c["Q_STRIDE"] * 2 + bc * (c["K_STRIDE"] + c["V_STRIDE"]) * 2 + rest
 
 
 # The decode partials: m_tile query rows x the group's heads fill the 16 rows of one M tile;
@@ -177,23 +192,46 @@ _FAMILIES: Mapping[str, tuple[Mapping[str, Any], Mapping[str, tuple[Any, ...]],
 }
 
 
-def _mma_kernel(family: str, dtype: str) -> KernelInfo:
+_DIRECT_DOC = (
+    "flash prefill on matrix units, Q and K loaded straight from their stored f16 rows (the "
+    "row pitch as the stride), V staged in two alternating workgroup tiles: per subgroup 16 "
+    "query rows, its Q operands and output tiles held in registers across key tiles, S = QK^T "
+    "and O += PV as 16x16x16 subgroup-matrix products (f16 in, f32 accumulators), the online "
+    "softmax (lazy max) on both halves of the subgroup between them, two workgroup barriers "
+    "a key tile")
+
+
+def _direct_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    return mma_prefill_storage(spec, {**params, "form": "direct"})
+
+
+def _mma_kernel(family: str, dtype: str, direct: bool = False) -> KernelInfo:
     defaults, choices, storage, doc = _FAMILIES[family]
     return KernelInfo(
-        id=f"{NAME}.{family}.{DTYPES[dtype]}.mma", backend=NAME, family=family,
-        dtypes=frozenset({dtype}), head_sizes=HEAD_SIZES, v_head_sizes=HEAD_SIZES,
-        supports=ALL_FEATURES,
-        features=_features(dtype, "subgroup-matrix"), priority=20, kv_layouts=KV_LAYOUTS,
-        kv_dtypes=KV_DTYPES, defaults=defaults, choices=choices, emulation={"mma": "emulate"},
-        emulates=frozenset({"subgroup-matrix"}), matrix=SUBGROUP_MATRIX,
-        workgroup_storage=storage, extra_checks=_with_bindings(family, _mma_checks(family)),
-        doc=doc + _DEQUANT)
+        id=f"{NAME}.{family}.{DTYPES[dtype]}.mma" + "_direct" * direct, backend=NAME,
+        family=family, dtypes=frozenset({dtype}),
+        head_sizes=DIRECT_HEADS if direct else HEAD_SIZES,
+        v_head_sizes=DIRECT_V_HEADS if direct else HEAD_SIZES, supports=ALL_FEATURES,
+        # The direct form first where it applies (flag matrix_units=on / emulate): on the
+        # H100 (Dawn) it took 2565 vs 7592 us at S=2048, 258 vs 617 at S=512
+        # (ci/results/h100_wgsl_mma_prefill.txt).
+        features=_features(dtype, "subgroup-matrix"), priority=21 if direct else 20,
+        kv_layouts=frozenset({"BSNH", "BNSH"}) if direct else KV_LAYOUTS,
+        kv_dtypes=frozenset() if direct else KV_DTYPES,
+        params={"form": "direct"} if direct else {},
+        defaults=DIRECT_DEFAULTS if direct else defaults, choices=choices,
+        emulation={"mma": "emulate"}, emulates=frozenset({"subgroup-matrix"}),
+        matrix=SUBGROUP_MATRIX,
+        workgroup_storage=_direct_storage if direct else storage,
+        extra_checks=_with_bindings(family, _mma_checks(family)),
+        doc=_DIRECT_DOC if direct else doc + _DEQUANT)
 
 
 def declare_matrix() -> list[KernelInfo]:
     """The matrix-unit variants (flag matrix_units): f16 only, since the matrix units
     multiply f16 (an f32 spec would lose its tolerance)."""
-    return [_mma_kernel(f, "float16") for f in _FAMILIES]
+    return [_mma_kernel(f, "float16") for f in _FAMILIES] + [
+        _mma_kernel("prefill", "float16", direct=True)]
 
 
 def fit_tiles(kernel: KernelInfo, spec: AttentionSpec, params: Mapping[str, Any],

@@ -130,12 +130,14 @@ def consts(stage: Stage, spec: AttentionSpec, caps: DeviceCaps, *, op: str = "at
                                 bias_shape=bias_shape, op=op)
 
 
-def declarations(family: str, aux: frozenset[str], spec: AttentionSpec, wide: bool = False) -> str:
+def declarations(family: str, aux: frozenset[str], spec: AttentionSpec, wide: bool = False,
+                 halves: frozenset[str] = frozenset()) -> str:
     """The binding declarations of a family's variant, from attnreg/ports.py; element
     types per the spec's stored dtypes (backends/webgpu/wgsl_io.py; wide: quantized K/V as
-    16-byte words)."""
+    16-byte words; halves: the f16 inputs bound as arrays of halves)."""
     return "".join(
         _declaration(i, p.access, p.ident, "Params" if p.access == "uniform"
+                     else "array<f16>" if p.name in halves
                      else wgsl_io.binding_type(p.kind, spec, wide, p.name))
         for i, p in enumerate(ports.ports(family, ports.WGSL, aux)))
 
@@ -184,7 +186,17 @@ def files(stage: Stage) -> tuple[str, ...]:
     mma = stage.params.get("mma")
     if mma is None:
         return FILES[stage.family]
-    return ("attn_common", "mma_common", MMA_PRIMITIVE[str(mma)], MMA_KERNEL[stage.family])
+    prim = MMA_PRIMITIVE[str(mma)]
+    if stage.family != "prefill":
+        return ("attn_common", "mma_common", "mma_staging", prim, prim + "_staged",
+                MMA_KERNEL[stage.family])
+    # the prefill's forms: operands staged in workgroup memory, or Q and K straight from
+    # storage (form "direct", mma.py)
+    if stage.params.get("form") == "direct":
+        return ("attn_common", "mma_common", prim, prim + "_direct", "mma_prefill_common",
+                MMA_KERNEL["prefill"] + "_direct")
+    return ("attn_common", "mma_common", "mma_staging", prim, prim + "_staged",
+            "mma_prefill_common", MMA_KERNEL["prefill"])
 
 
 def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
@@ -202,8 +214,11 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
     head += [lane_helpers(subgroups), common.wgsl_struct("Params")]
     # KV_WIDE (the direct decode_partial, tiles.py): quantized K/V loaded in 16-byte units
     wide = bool(stage_consts.get("KV_WIDE", 0))
-    text = "\n".join(head) + "\n" + declarations(family, aux, spec, wide)
-    text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)), wide)
+    # QK_DIRECT (the matrix prefill's direct form, mma.py): q and k as arrays of halves, which
+    # subgroup matrices load straight from storage
+    halves = frozenset({"q", "k"}) if stage_consts.get("QK_DIRECT", 0) else frozenset()
+    text = "\n".join(head) + "\n" + declarations(family, aux, spec, wide, halves)
+    text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)), wide, halves)
     text += shape_helpers(aux)
     if family != "reduce":
         text += memory_helpers(aux)

@@ -135,16 +135,18 @@ def _load_quant(name: str, spec: AttentionSpec, wide: bool) -> str:
                else _piece(f"ku_{quant}" if wide else "ku_granule", x=name, row=row)))
 
 
-def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False) -> str:
+def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False,
+            halves: frozenset[str] = frozenset()) -> str:
     """The load/store helpers of a program whose bindings are ``bound`` (buffer names):
     load_q/load_k/load_v where q, k, v are bound (and the load units ku_k/ku_v; wide: of
-    quantized K/V bound as 16-byte words, kv_unit), store_out where out is the output."""
+    quantized K/V bound as 16-byte words, kv_unit; halves: f16 inputs bound as arrays of
+    halves, whose granules are read half by half), store_out where out is the output."""
     parts = []
     if spec.dtype == "bfloat16":
         parts.append(_piece("bf16_in"))   # the prelude's g_part / ts_f32 call bf16x4
         parts.append(_piece("bf16_out") if "out" in bound else "")
     if "q" in bound:
-        parts.append(_load_plain("q", spec))
+        parts.append(_piece("load_halves", x="q") if "q" in halves else _load_plain("q", spec))
     if "k" in bound:
         quant = spec.kv_dtype
         if quant is not None:
@@ -155,6 +157,8 @@ def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False) -> s
                 parts.append(_load_quant(x, spec, wide))
             elif wide:
                 parts.append(_piece(f"load_wide_{spec.dtype}", x=x) + _piece("ku_float", x=x))
+            elif x in halves:
+                parts.append(_piece("load_halves", x=x) + _piece("ku_granule", x=x))
             else:
                 parts.append(_load_plain(x, spec) + _piece("ku_granule", x=x))
         parts.append(_piece(f"vunit_{quant}" if wide and quant else "vunit_k"))

@@ -34,7 +34,9 @@ FAMILIES = {"prefill": SPEC, "decode_partial": DECODE}
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_flag_selects_the_build(backend: str, family: str) -> None:
     require_devices(backend)
-    spec, mma = FAMILIES[family], f"{backend}.{family}.f16.mma"
+    # the prefill's direct form where it applies (plain f16 K/V, heads up to 128)
+    spec = FAMILIES[family]
+    mma = f"{backend}.{family}.f16.mma" + ("_direct" if family == "prefill" else "")
     emu = attnreg.Session(backend=backend, flags={"matrix_units": "emulate"}).plan(spec)
     assert _kernel(emu) == (mma, "emulate")
     assert "matrix_units_emulate" in emu.explain()
@@ -93,7 +95,8 @@ def _growing_logits(spec: attnreg.AttentionSpec, seed: int) -> dict[str, np.ndar
 
 @pytest.mark.parametrize("backend", ["webgpu", "dawn"])
 @pytest.mark.parametrize("case", ["rescale", "nonfinite_v"])
-def test_rare_paths_against_reference(backend: str, case: str) -> None:
+@pytest.mark.parametrize("form", ["", "_direct"])
+def test_rare_paths_against_reference(backend: str, case: str, form: str) -> None:
     require_devices(backend)
     spec = attnreg.AttentionSpec(batch=2, seq_len=35, past_len=60, num_heads=4, kv_num_heads=2,
                                  head_size=48, dtype="float16", causal=True, return_lse=True,
@@ -105,8 +108,9 @@ def test_rare_paths_against_reference(backend: str, case: str) -> None:
         t["v"][1, 70, 0, 3] = np.nan
         t["v"][1, 94, 1, 40] = -np.inf     # the last key: only the last row sees it
     s = attnreg.Session(backend=backend, flags={"matrix_units": "emulate"})
-    got, plan = s.run_with_plan(spec, t)
-    assert _kernel(plan) == (f"{backend}.prefill.f16.mma", "emulate")
+    kernel = f"{backend}.prefill.f16.mma{form}"
+    got, plan = s.run_with_plan(spec, t, kernel=kernel)
+    assert _kernel(plan) == (kernel, "emulate")
     want = testing.expected(spec, t)
     _, problem = testing.compare(spec, got, want)
     assert not problem, problem
@@ -114,6 +118,36 @@ def test_rare_paths_against_reference(backend: str, case: str) -> None:
         # the ramp really moves the max by more than TAU over the keys
         s_max = float(np.max(want[1])) - float(np.min(want[1]))
         assert s_max > 8.0, s_max
+
+
+def test_direct_form_reads_q_and_k_from_storage() -> None:
+    """The direct prefill's hardware build binds q and k as arrays of halves and loads its
+    operands from them (no q_s / k_s); the emulated build compiles on the CI devices."""
+    spec = SPEC.replace(head_size=128)
+    plan = attnreg.Session(backend="webgpu", flags={"matrix_units": "emulate"}).plan(spec)
+    st = plan.stages[0]
+    assert st.kernel == "webgpu.prefill.f16.mma_direct" and st.params["form"] == "direct"
+    hw = attnreg.Stage(st.kernel, st.family, {**st.params, "mma": "hardware"})
+    src = program.build(hw, spec, plan.caps, dialect=program.TINT).wgsl
+    assert "var<storage, read> q: array<f16>;" in src and "var<storage, read> k: array<f16>;" in src
+    assert "subgroupMatrixLoad<MLeft, row_major>(&q," in src and "col_major>(&k," in src
+    assert "var<workgroup> q_s" not in src and "var<workgroup> k_s" not in src
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"kv_layout": "paged", "page_size": 16, "num_pages": 20}, "kv_layout"),
+    ({"kv_dtype": "int8"}, "kv_dtype"),
+    ({"head_size": 256}, "head_size"),
+])
+def test_direct_form_leaves_other_storage_to_the_staged_one(change: dict, words: str) -> None:
+    """Paged or quantized K/V and heads past 128: the direct form says why, and the staged
+    matrix prefill runs them."""
+    spec = SPEC.replace(**change)
+    s = attnreg.Session(backend="webgpu", flags={"matrix_units": "emulate"})
+    plan = s.plan(spec)
+    assert _kernel(plan) == ("webgpu.prefill.f16.mma", "emulate")
+    why = "\n".join(plan.rejected["webgpu.prefill.f16.mma_direct"])
+    assert words in why, why
 
 
 def test_fit_keeps_the_hardware_key_tile() -> None:
@@ -132,7 +166,7 @@ def test_export_for_the_subgroup_matrix_profile(tmp_path) -> None:  # type: igno
     spec = attnreg.AttentionSpec(batch=1, seq_len=128, num_heads=8, kv_num_heads=2,
                                  head_size=64, dtype="float16", causal=True)
     res = export.export(spec, str(tmp_path), "browser-subgroup-matrix")
-    assert res.plan.kernels == ("browser.prefill.f16.mma",)
+    assert res.plan.kernels == ("browser.prefill.f16.mma_direct",)
     js = (tmp_path / "attention.js").read_text()
     assert '"chromium-experimental-subgroup-matrix"' in js and "SUBGROUP_MIN_SIZE = 32;" in js
     assert "enable chromium_experimental_subgroup_matrix;" in (tmp_path / "0_prefill.wgsl").read_text()

@@ -1,0 +1,167 @@
+// flash_prefill_mma_direct: the matrix prefill with Q and K read straight from storage (params
+// form="direct"; plain f16 K/V rows only). One workgroup owns Q_TILE = 16 * SUBGROUPS query
+// rows of one head; subgroup g owns rows 16g..16g+15 and keeps, in separate variables (an
+// array of matrices indexed at run time spills), its DEPTH_TILES Q operands (q0..q7) and its
+// OUT_TILES output tiles (o0..o7): up to 128 columns each, the bounds constants, so the
+// guarded lines of absent tiles compile away. Per tile of KV_TILE keys:
+//   S = Q K^T, K loaded from k with its row pitch as the stride (keys past the row's range
+//   load whatever is there: their scores are never used) -> the subgroup's rows of s_s;
+//   V staged in one of two v_s buffers (zeros where no row sees the key, non-finite halves
+//   as 0 with flag 2: mma_common.wgsl), so the next tile's staging needs no barrier before it;
+//   softmax (mma_common.wgsl's lane_logits / lane_weights, lazy max): lanes l and l ^ 16
+//   share a row, its max exchanged by pair_max; P to p_s as f16;
+//   O += P V, P's KEY_TILES operands loaded once for all output tiles.
+// Two workgroup barriers a tile (after the staging, and take_flags); O is rescaled through
+// o_x only on tiles where a row's reference max moved (flag 1).
+// Prefix constants: those of flash_prefill_mma (V_STRIDE, P_STRIDE and S_STRIDE padded).
+
+var<workgroup> v_s: array<f16, 2u * KV_TILE * V_STRIDE>;
+var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
+// Each subgroup's 16 x 16 O scratch (a separate array: see flash_prefill_mma.wgsl).
+var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
+var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
+var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
+var<workgroup> alpha_s: array<f32, Q_TILE>;
+
+// v of keys j0.. into the v_s buffer whose first row is row0 (zeros outside [lo, hi)).
+fn stage_v(b: u32, kvh: u32, j0: u32, lo: u32, hi: u32, lid: u32, row0: u32) {
+  for (var idx = lid; idx < KV_TILE * V_GRANULES; idx += THREADS) {
+    let jj = idx / V_GRANULES;
+    let ld = j0 + jj >= lo && j0 + jj < hi;
+    if (stage_v_granule(b, kvh, j0 + jj, row0 + jj, idx % V_GRANULES, ld)) {
+      atomicOr(&flag_a, 2u);
+    }
+  }
+}
+
+// Scores of the subgroup's 16 rows against the 16 keys whose k starts at ko (keys ks apart).
+fn s_tile(q0: MLeft, q1: MLeft, q2: MLeft, q3: MLeft, q4: MLeft, q5: MLeft, q6: MLeft,
+          q7: MLeft, ko: u32, ks: u32) -> MAcc {
+  var a = mm_qk_direct(mm_zero(), q0, ko, ks);
+  a = mm_qk_direct(a, q1, ko + 16u, ks);
+  if (DEPTH_TILES > 2u) { a = mm_qk_direct(a, q2, ko + 32u, ks); }
+  if (DEPTH_TILES > 3u) { a = mm_qk_direct(a, q3, ko + 48u, ks); }
+  if (DEPTH_TILES > 4u) { a = mm_qk_direct(a, q4, ko + 64u, ks); }
+  if (DEPTH_TILES > 5u) { a = mm_qk_direct(a, q5, ko + 80u, ks); }
+  if (DEPTH_TILES > 6u) { a = mm_qk_direct(a, q6, ko + 96u, ks); }
+  if (DEPTH_TILES > 7u) { a = mm_qk_direct(a, q7, ko + 112u, ks); }
+  return a;
+}
+
+// acc + P V for output column tile at v_s[vo..]: the tile's KEY_TILES products.
+fn pv_col(acc: MAcc, p0: MLeft, p1: MLeft, p2: MLeft, p3: MLeft, vo: u32) -> MAcc {
+  var a = mm_pv_left(acc, p0, vo);
+  if (KEY_TILES > 1u) { a = mm_pv_left(a, p1, vo + 16u * V_STRIDE); }
+  if (KEY_TILES > 2u) { a = mm_pv_left(a, p2, vo + 32u * V_STRIDE); }
+  if (KEY_TILES > 3u) { a = mm_pv_left(a, p3, vo + 48u * V_STRIDE); }
+  return a;
+}
+
+// Left operand t of the 16 rows of q from element at (rows st apart); past the bound n the
+// last one again (the guarded lines that would use it compile away).
+fn left_tile(at: u32, st: u32, t: u32, n: u32) -> MLeft {
+  return mm_load_q(at + min(t, n - 1u) * 16u, st);
+}
+
+// P's operand of key tile t (the last one again past KEY_TILES, as left_tile).
+fn p_tile(at: u32, t: u32) -> MLeft {
+  return mm_load_p(at + min(t, KEY_TILES - 1u) * 16u);
+}
+
+// The kernel, entered through the primitive file's main (sg: the subgroup, lane its
+// invocation, lid the workgroup-linear invocation).
+fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
+  let w = prefill_wg(wid, nwg, Q_TILE);
+  if (!w.ok) {
+    return;
+  }
+  // The subgroup's Q rows (rows past seq_len load whatever is there: they see no key).
+  let qo = w.b * P.q_sb + w.h * P.q_sh + (w.i0 + sg * 16u) * P.q_ss;
+  let q0 = left_tile(qo, P.q_ss, 0u, DEPTH_TILES);
+  let q1 = left_tile(qo, P.q_ss, 1u, DEPTH_TILES);
+  let q2 = left_tile(qo, P.q_ss, 2u, DEPTH_TILES);
+  let q3 = left_tile(qo, P.q_ss, 3u, DEPTH_TILES);
+  let q4 = left_tile(qo, P.q_ss, 4u, DEPTH_TILES);
+  let q5 = left_tile(qo, P.q_ss, 5u, DEPTH_TILES);
+  let q6 = left_tile(qo, P.q_ss, 6u, DEPTH_TILES);
+  let q7 = left_tile(qo, P.q_ss, 7u, DEPTH_TILES);
+  let at = lane_place(w, sg, lane);
+  let lo = u32(w.span.x);               // the keys some row of the workgroup sees (kept
+  let hi = u32(w.span.y);               // apart from at: uniform)
+  let kb = kv_elem(w.b, w.kvh, 0u);
+  let ks = kv_elem(w.b, w.kvh, 1u) - kb;   // k's row pitch
+  var o0 = mm_zero(); var o1 = mm_zero(); var o2 = mm_zero(); var o3 = mm_zero();
+  var o4 = mm_zero(); var o5 = mm_zero(); var o6 = mm_zero(); var o7 = mm_zero();
+  var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's half of its sum
+  var vbad: array<u32, MASK_WORDS>;    // output columns of this lane poisoned by a v (zeros)
+  let sa = sg * 16u * S_STRIDE;
+  let pa = sg * 16u * P_STRIDE;
+
+  let u_first = lo / KV_TILE;
+  let n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > lo);
+  for (var it = 0u; it < n_units; it++) {
+    let j0 = (u_first + it) * KV_TILE;
+    let vb = (it % 2u) * KV_TILE;      // this tile's v_s buffer (first row)
+    for (var kc = 0u; kc < KEY_TILES; kc++) {
+      mm_store_s(s_tile(q0, q1, q2, q3, q4, q5, q6, q7, kb + (j0 + kc * 16u) * ks, ks),
+                 sa + kc * 16u);
+    }
+    stage_v(w.b, w.kvh, j0, lo, hi, lid, vb);
+    workgroupBarrier();
+
+    let x = place_logits(at, j0, hi, w);
+    var best = MASKED;
+    for (var e = 0u; e < LANE_KEYS; e++) {
+      best = max(best, x[e]);
+    }
+    ml = lane_weights(x, ml, pair_max(best, lid), at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr,
+                      at.hf);
+    let flags = take_flags(lid);
+    if ((flags & 1u) != 0u) {          // some row's reference max moved: O rows *= alpha
+      o0 = rescaled(o0, sg, lane, sg * 16u);
+      if (OUT_TILES > 1u) { o1 = rescaled(o1, sg, lane, sg * 16u); }
+      if (OUT_TILES > 2u) { o2 = rescaled(o2, sg, lane, sg * 16u); }
+      if (OUT_TILES > 3u) { o3 = rescaled(o3, sg, lane, sg * 16u); }
+      if (OUT_TILES > 4u) { o4 = rescaled(o4, sg, lane, sg * 16u); }
+      if (OUT_TILES > 5u) { o5 = rescaled(o5, sg, lane, sg * 16u); }
+      if (OUT_TILES > 6u) { o6 = rescaled(o6, sg, lane, sg * 16u); }
+      if (OUT_TILES > 7u) { o7 = rescaled(o7, sg, lane, sg * 16u); }
+    }
+    if ((flags & 2u) != 0u && at.i < P.seq_len) {
+      vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
+    }
+
+    let p0 = p_tile(pa, 0u);
+    let p1 = p_tile(pa, 1u);
+    let p2 = p_tile(pa, 2u);
+    let p3 = p_tile(pa, 3u);
+    let vo = vb * V_STRIDE;
+    o0 = pv_col(o0, p0, p1, p2, p3, vo);
+    if (OUT_TILES > 1u) { o1 = pv_col(o1, p0, p1, p2, p3, vo + 16u); }
+    if (OUT_TILES > 2u) { o2 = pv_col(o2, p0, p1, p2, p3, vo + 32u); }
+    if (OUT_TILES > 3u) { o3 = pv_col(o3, p0, p1, p2, p3, vo + 48u); }
+    if (OUT_TILES > 4u) { o4 = pv_col(o4, p0, p1, p2, p3, vo + 64u); }
+    if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, vo + 80u); }
+    if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, vo + 96u); }
+    if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, vo + 112u); }
+  }
+  write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, at.rr, at.hf, sg, lane);
+}
+
+// The row's factor and lse, then out tile by tile through o_x.
+fn write_out(o0: MAcc, o1: MAcc, o2: MAcc, o3: MAcc, o4: MAcc, o5: MAcc, o6: MAcc, o7: MAcc,
+             ml: vec2<f32>, vbad: array<u32, MASK_WORDS>, w: PrefillWg, rr: u32, hf: u32,
+             sg: u32, lane: u32) {
+  let i = w.i0 + rr;
+  finish_lane_row(ml, w, rr, hf, i);
+  let base = out_vec4(w.b, w.h, i);
+  let live = i < P.seq_len;
+  write_tile(o0, 0u, vbad, base, rr, hf, sg, lane, live);
+  if (OUT_TILES > 1u) { write_tile(o1, 1u, vbad, base, rr, hf, sg, lane, live); }
+  if (OUT_TILES > 2u) { write_tile(o2, 2u, vbad, base, rr, hf, sg, lane, live); }
+  if (OUT_TILES > 3u) { write_tile(o3, 3u, vbad, base, rr, hf, sg, lane, live); }
+  if (OUT_TILES > 4u) { write_tile(o4, 4u, vbad, base, rr, hf, sg, lane, live); }
+  if (OUT_TILES > 5u) { write_tile(o5, 5u, vbad, base, rr, hf, sg, lane, live); }
+  if (OUT_TILES > 6u) { write_tile(o6, 6u, vbad, base, rr, hf, sg, lane, live); }
+  if (OUT_TILES > 7u) { write_tile(o7, 7u, vbad, base, rr, hf, sg, lane, live); }
+}

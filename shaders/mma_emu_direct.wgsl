@@ -1,0 +1,43 @@
+// The direct form's operands in software (with mma_emu.wgsl): the contract of
+// mma_hw_direct.wgsl on any device. A left operand is where its rows are: (first element,
+// row pitch) of q for Q, of p_s for P; the product reads them at the call. A row's two
+// softmax lanes (l and l ^ 16 of the 32 consecutive invocations) exchange through pair_s.
+
+alias MLeft = vec2<u32>;
+
+var<workgroup> pair_s: array<f32, THREADS>;
+
+fn mm_load_q(qo: u32, qs: u32) -> MLeft {
+  return MLeft(qo, qs);
+}
+
+fn mm_load_p(po: u32) -> MLeft {
+  return MLeft(po, P_STRIDE);
+}
+
+// Q and K as the QK^T product of mma_emu.wgsl's mm_mac reads them: from storage.
+fn emu_q(e: u32) -> f32 {
+  return f32(q[e]);
+}
+
+fn emu_k(e: u32) -> f32 {
+  return f32(k[e]);
+}
+
+// acc + A x K^T, 16 keys of k from element ko, keys ks apart.
+fn mm_qk_direct(acc: MAcc, a: MLeft, ko: u32, ks: u32) -> MAcc {
+  return mm_mac(acc, a, vec2<u32>(ko, ks), false);
+}
+
+// acc + A (P) x V[vo.., 16 keys x 16 columns of v_s, rows V_STRIDE apart].
+fn mm_pv_left(acc: MAcc, a: MLeft, vo: u32) -> MAcc {
+  return mm_mac(acc, a, vec2<u32>(vo, V_STRIDE), true);
+}
+
+// Called by every invocation (it holds barriers); slot: the invocation's own.
+fn pair_max(x: f32, slot: u32) -> f32 {
+  workgroupBarrier();
+  pair_s[slot] = x;
+  workgroupBarrier();
+  return max(x, pair_s[slot ^ 16u]);
+}
