@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attnreg
 from attnreg import testing
 from attnreg.backends.webgpu import program
-from bench.wgsl_mma_phases import LOGITS, Edit, _median_us, _source_with
+from bench.wgsl_mma_phases import LOGITS, Edit, _median_us, source_with
 
 GQA = dict(num_heads=32, kv_num_heads=8, head_size=128, dtype="float16", causal=True)
 ON = {"experimental_features": True, "matrix_units": "on"}
@@ -110,7 +110,7 @@ def _phases(dev: str, n: int, label: str, iters: int) -> None:
     print(f"\nphases of {label}, S={n}:", flush=True)
     original = program.load
     for phase, edits in PHASES.items():
-        program.load = _source_with(edits)       # program.build caches by ``load``
+        program.load = source_with(edits)       # program.build caches by ``load``
         try:
             us, err, _ = _run(dev, spec, t, want, kernel, params, iters)
             print(f"  {phase:32s} {us:9.1f} us  max err {err:.2g}", flush=True)

@@ -23,7 +23,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "probe": ("compiler_check.py", "mma_probe.py",          # checks a probe runs on the device
               "gemm_probe.py", "gemm_wgsl.py"),             # the matrix units' rate, its WGSL
     "kernels": ("tiles.py", "mma.py"),                      # tile geometry, matrix-unit variants
-    "program": ("wgsl_io.py",),                             # WGSL loads and stores per storage
+    "program": ("wgsl_io.py",                               # WGSL loads and stores per storage
+                "unroll.py"),                               # loops written out at build time
     "device": ("toggles.py",                                # Dawn's device toggles
                "interop.py"),                               # devices the caller opened
     "runtime": ("quantize.py",                              # KV cache appends on the device
