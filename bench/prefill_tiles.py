@@ -64,7 +64,8 @@ PHASES: dict[str, list[Edit]] = {
 unroll_on = unroll.unroll
 
 
-def _rolled(wgsl: str, names: Any = None) -> str:
+def rolled(wgsl: str, names: Any = None) -> str:
+    """The unroller switched off: marked loops stay loops (the A/B scripts' baseline)."""
     return wgsl
 
 
@@ -98,7 +99,7 @@ def sweep(backend: str, rounds: int, iters: int, quick: bool = False, phases: bo
         _, flops = bench_suites.traffic(spec)
         runs: list[tuple[str, dict[str, Any], list[Edit], Callable[[str], str]]] = \
             [(str(v), v, [], unroll_on) for v in VARIANTS] + \
-            [(f"{v} rolled", v, [], _rolled) for v in ROLLED] + \
+            [(f"{v} rolled", v, [], rolled) for v in ROLLED] + \
             [(f"{v} K/V staged f32", v, [], _staged_f32) for v in TS32] + \
             [(p, {}, e, unroll_on) for p, e in (PHASES.items() if phases else ())]
         best: dict[str, list[float]] = {}

@@ -19,13 +19,9 @@ import attnreg
 from attnreg import testing
 from attnreg.backends.webgpu import program, unroll
 from attnreg.tools import bench_suites
+from bench.prefill_tiles import rolled, unroll_on
 
 SUITES = ("decode", "long-context", "whisper", "prefill")
-UNROLL = unroll.unroll
-
-
-def _rolled(wgsl: str, names: Any = None) -> str:
-    return wgsl
 
 
 def _cases(quick: bool) -> list[bench_suites.Case]:
@@ -58,7 +54,7 @@ def compare(backend: str, rounds: int, iters: int, quick: bool, log: Any = print
             t = testing.make_tensors(case.spec, 0)
             want = testing.expected(case.spec, t)
             for _ in range(rounds):
-                for mode, hook in (("on", UNROLL), ("off", _rolled)):
+                for mode, hook in (("on", unroll_on), ("off", rolled)):
                     unroll.unroll = hook
                     program._BUILT.clear()
                     try:
@@ -67,7 +63,7 @@ def compare(backend: str, rounds: int, iters: int, quick: bool, log: Any = print
                     except Exception as exc:      # reported, not fatal
                         log(f"  {case.name} {mode}: {type(exc).__name__}: {str(exc)[:160]}")
                     finally:
-                        unroll.unroll = UNROLL
+                        unroll.unroll = unroll_on
             if got["on"] and got["off"]:
                 on, off = statistics.median(got["on"]), statistics.median(got["off"])
                 log(f"{case.name:28s} {' '.join(f'{u:6.1f}' for u in got['on']):>27s} "
