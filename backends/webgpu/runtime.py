@@ -304,14 +304,15 @@ class WebGpuRuntime:
         return res
 
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
-                warmup: int = 3, warmup_s: float = 0.2) -> dict[str, list[float]]:
+                warmup: int = 3, warmup_s: float = 0.6) -> dict[str, list[float]]:
         """Per-launch times of a plan with inputs bound once and nothing read back.
 
         ``gpu_s`` (where the adapter has timestamp-query): timestamps around the run's one
         compute pass, with the iterations submitted back to back, so the GPU stays busy
         and clocked up as in a decode loop. ``wall_s``: host time of submit + wait, one
         launch at a time. ``warmup_s`` keeps launching for that long first: an idle H100
-        sits at 345 MHz and short bursts of launches were timed 2-8x slow without it.
+        sits at 345 MHz and short bursts of launches were timed 2-8x slow without it (0.1 s
+        left the H100's L=32768 decode at 190-238 us against 71-76 us after 0.6 s).
         ``b2b_s``: back to back (see _back_to_back)."""
         dispatches = self._prepare(plan, inputs).dispatches
         t_end = time.perf_counter() + warmup_s
@@ -337,26 +338,32 @@ class WebGpuRuntime:
         return res
 
     def _back_to_back(self, dispatches: list[_Dispatch], iters: int) -> float:
-        """Seconds per launch with ``iters`` launches submitted without waiting: the first
-        launch's pass start to the last one's pass end (timestamp queries) over ``iters``;
-        where the adapter has no timestamps, host time from the first submit to the end
-        of the wait. The gaps between launches count, as in a decode loop that never waits."""
+        """Seconds per launch with ``iters`` launches enqueued without waiting, recorded into
+        one compute pass of one command buffer (as an engine records a decode step's
+        launches, and as OpenCL's in-order queue and torch's replayed CUDA graph run theirs):
+        the pass's start to its end (timestamp queries) over ``iters``; where the adapter has
+        no timestamps, host time from the submit to the end of the wait. WebGPU orders each
+        launch's storage accesses after the previous one's, so the launches still run one
+        after the other; what this leaves out is the pass and submission around each launch
+        (on the H100 through Dawn, 6 us of the 9.5 us a pass of two empty dispatches takes:
+        ci/results/h100_wgsl_decode_phases.txt)."""
         n = max(1, iters)
-        if not self.dev.has_timestamps:
-            cmds = [self._encode(dispatches).finish() for _ in range(n)]
-            t0 = time.perf_counter()
-            for cmd in cmds:
-                self.dev.submit([cmd])
+        qs = None
+        if self.dev.has_timestamps:
+            qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2)
+        enc = self.dev.device.create_command_encoder()
+        cp = enc.begin_compute_pass(timestamp_writes={
+            "query_set": qs, "beginning_of_pass_write_index": 0,
+            "end_of_pass_write_index": 1}) if qs else enc.begin_compute_pass()
+        for _ in range(n):
+            _dispatch(cp, dispatches)
+        cp.end()
+        cmd = enc.finish()
+        t0 = time.perf_counter()
+        self.dev.submit([cmd])
+        if qs is None:
             self.dev.wait()
             return (time.perf_counter() - t0) / n
-        qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2)
-        marks: list[dict[str, Any]] = [{} for _ in range(n)]
-        marks[0]["beginning_of_pass_write_index"] = 0
-        marks[-1]["end_of_pass_write_index"] = 1
-        cmds = [self._encode(dispatches, {"query_set": qs, **m} if m else None).finish()
-                for m in marks]
-        for cmd in cmds:
-            self.dev.submit([cmd])
         ticks = self._read_timestamps(qs, 2)
         return float(ticks[1] - ticks[0]) * 1e-9 / n
 

@@ -1,0 +1,199 @@
+"""Where the WGSL split-KV decode's time goes (decode_partial, kv_staging "direct", the plan
+`auto` makes): the bench's decode cases timed as planned, then with one part of the kernel
+changed by editing its WGSL source:
+
+  K/V from L1         every K/V load reads the first 1024 elements of its buffer (the same
+                      instructions, cache-resident data): the compute and the load latency
+                      the cache leaves, without DRAM traffic
+  loads only          the tile's QK, softmax and PV replaced by a sum of the loaded units (no
+                      barrier in the tile loop): the K/V streaming alone
+  loop skeleton       no K/V loads and no tile compute: queries staged, the empty tile loop,
+                      the streams merged and the partials written, plus the reduce
+  launches only       decode_partial returns at once: the pass's two launches and the reduce
+
+Edited builds compute wrong values (their error is printed: the part really went). GPU time
+per launch and back to back ("one pass": the runtime's b2b, N launches recorded into one
+compute pass), medians, one process; run it once more with ATTNREG_WGSL_CHECKS=none to see what
+the bounds checks (Tint's robustness, naga's checks) cost.
+
+  python3 -m bench.wgsl_decode_phases [--iters 40] [--backends dawn,webgpu]   (device tool)
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import attnreg
+from attnreg import testing
+from attnreg.backends.webgpu import program
+from attnreg.tools.bench import _inputs
+from attnreg.tools.bench_suites import SUITES
+from bench.wgsl_mma_phases import Edit, source_with
+
+DP, QK, PV = "decode_partial", "decode_qk_common", "decode_pv_common"
+COMPUTE = """    tile_logits(w, j0, cur.y == 1u, lid, kc);
+    tile_weights(lid);
+    if (st < STREAMS) {
+      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, vc);
+    }"""
+FOLD = """    for (var u = 0u; u < K_REGS; u++) {
+      for (var s = 0u; s < UNIT_VEC4S; s++) {
+        acc.l[0] += dot(ku_part(kc[u].x, s), vec4<f32>(1.0)) * kc[u].s;
+      }
+    }
+    for (var u = 0u; u < V_REGS; u++) {
+      for (var s = 0u; s < PV_UNIT; s++) {
+        acc.l[0] += dot(vu_part(vc[u].x, s), vec4<f32>(1.0)) * vc[u].s;
+      }
+    }"""
+K_LOAD = "g = KUnit(ku_k(e), ku_scale_k(e));"
+V_LOAD = "g = VUnit(vu_v(e, gi), vu_scale_v(e, gi));"
+L1 = [(QK, K_LOAD, "g = KUnit(ku_k(e % 1024u), ku_scale_k(e % 1024u));"),
+      (PV, V_LOAD, "g = VUnit(vu_v(e % 1024u, gi), vu_scale_v(e % 1024u, gi));")]
+NO_LOADS = [(QK, K_LOAD, "g = KUnit();"), (PV, V_LOAD, "g = VUnit();")]
+# Two tiles' loads in flight during a tile's compute (instead of one): three register tiles
+# in rotation, the loop written out three times so no register tile is copied (a copy would
+# wait for its loads).
+RING = """fn ring_load_k(d: DecodeWg, tiles: vec4<u32>, lid: u32, t: u32) -> array<KUnit, K_REGS> {
+  var k: array<KUnit, K_REGS>;
+  let live = t < tiles.z;
+  let jf = select(0u, tile_of(min(t, tiles.z - 1u), tiles.x, tiles.w).x, live);
+  for (var u = 0u; u < K_REGS; u++) {
+    k[u] = k_reg(u, lid, d.b, d.kvh, jf, tiles.x, tiles.y, live);
+  }
+  return k;
+}
+
+fn ring_load_v(d: DecodeWg, tiles: vec4<u32>, st: u32, cl: u32, t: u32) -> array<VUnit, V_REGS> {
+  var v: array<VUnit, V_REGS>;
+  let live = t < tiles.z;
+  let jf = select(0u, tile_of(min(t, tiles.z - 1u), tiles.x, tiles.w).x, live);
+  for (var u = 0u; u < V_REGS; u++) {
+    v[u] = v_reg(u, st, cl, d.b, d.kvh, jf, tiles.x, tiles.y, live);
+  }
+  return v;
+}
+
+fn ring_tile(acc: Lanes, d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32,
+             t: u32, kc: array<KUnit, K_REGS>, vc: array<VUnit, V_REGS>) -> Lanes {
+  let cur = tile_of(t, tiles.x, tiles.w);
+  tile_logits(w, cur.x, cur.y == 1u, lid, kc);
+  tile_weights(lid);
+  if (st < STREAMS) {
+    return pv_tile(acc, st, cl, cur.x, tile_full(d, cur.x, tiles.x, tiles.y), d, vc);
+  }
+  return acc;
+}
+
+fn direct_tiles(d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32) -> Lanes {
+  var acc = Lanes();
+  var ka = ring_load_k(d, tiles, lid, 0u);
+  var va = ring_load_v(d, tiles, st, cl, 0u);
+  var kb = ring_load_k(d, tiles, lid, 1u);
+  var vb = ring_load_v(d, tiles, st, cl, 1u);
+  var kd: array<KUnit, K_REGS>;
+  var vd: array<VUnit, V_REGS>;
+  for (var it = 0u; it < tiles.z; it += 3u) {
+    kd = ring_load_k(d, tiles, lid, it + 2u);
+    vd = ring_load_v(d, tiles, st, cl, it + 2u);
+    acc = ring_tile(acc, d, w, tiles, lid, st, cl, it, ka, va);
+    if (it + 1u < tiles.z) {
+      ka = ring_load_k(d, tiles, lid, it + 3u);
+      va = ring_load_v(d, tiles, st, cl, it + 3u);
+      acc = ring_tile(acc, d, w, tiles, lid, st, cl, it + 1u, kb, vb);
+    }
+    if (it + 2u < tiles.z) {
+      kb = ring_load_k(d, tiles, lid, it + 4u);
+      vb = ring_load_v(d, tiles, st, cl, it + 4u);
+      acc = ring_tile(acc, d, w, tiles, lid, st, cl, it + 2u, kd, vd);
+    }
+  }
+  return acc;
+}
+
+"""
+
+
+def _direct_fn() -> str:
+    """decode_partial.wgsl's direct_tiles, as written (RING replaces it)."""
+    text = program.load(DP)
+    return text[text.index("fn direct_tiles("):text.index('// kv_staging "workgroup": K/V tiles')]
+
+
+PARTIAL_EMPTY = (DP, "let tiles = tile_range(d);", "return;\n  let tiles = tile_range(d);")
+REDUCE_EMPTY = ("reduce", "  let i = row % P.seq_len;", "  return;\n  let i = row % P.seq_len;")
+VARIANTS: dict[str, list[Edit]] = {
+    "as planned": [],
+    "K/V from L1": L1,
+    "loads only": [(DP, COMPUTE, FOLD)],
+    "loop skeleton": [(DP, COMPUTE, FOLD), *NO_LOADS],
+    "2 tiles in flight": [(DP, _direct_fn(), RING)],
+    "launches only": [PARTIAL_EMPTY],
+    "reduce empty": [REDUCE_EMPTY],
+    "both empty": [PARTIAL_EMPTY, REDUCE_EMPTY],
+}
+# Launches for this long before each timing: an idle H100 drops its clocks while the next
+# variant compiles, and 0.1 s of launches left the L=32768 cases timed 2-3x slow.
+WARM_S = 0.6
+CASES = ("decode-f16-L8192", "decode-f16-L32768", "whisper-S4-T1500",
+         "decode-f16-int8-L32768", "decode-f16-int4-L32768")
+
+
+def _median_us(sess: attnreg.Session, plan: attnreg.Plan, inputs: Mapping[str, Any],
+               iters: int) -> tuple[float, float]:
+    """(per launch, back to back in one pass) GPU microseconds, medians."""
+    rt = sess.runtime(plan)
+    rt.launch(plan, inputs)
+    t = rt.timings(plan, inputs, iters=iters, warmup=5, warmup_s=WARM_S)
+    return (statistics.median(t["gpu_s"] or t["wall_s"]) * 1e6,
+            statistics.median(t["b2b_s"]) * 1e6)
+
+
+def _one(backend: str, dev: Any, spec: attnreg.AttentionSpec, t: Mapping[str, Any],
+         want: Any, iters: int) -> str:
+    """One variant (program.load already edited) timed: its line's figures."""
+    with attnreg.Session(backend=backend, device=dev.id) as s:
+        plan = s.plan(spec)
+        err, _ = testing.compare(spec, s.run(spec, t), want)
+        us, b2b = _median_us(s, plan, t, iters)
+        prm = {k: v for k, v in plan.stages[0].params.items()
+               if k in ("kv_tile", "threads", "n_splits", "kv_staging", "m_tile")}
+        return (f"{us:8.1f} us  one pass {b2b:7.1f} us  err {err:.2g}  "
+                f"{' -> '.join(plan.kernels)} {prm}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--backends", default="dawn,webgpu")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cpu", action="store_true", help="take a CPU adapter too (a local check)")
+    args = ap.parse_args()
+    specs = {c.name: c.spec for cases in SUITES.values() for c in cases if c.name in CASES}
+    original = program.load
+    for backend in args.backends.split(","):
+        devs = [d for d in attnreg.devices(backend) if args.cpu or d.device_type != "cpu"]
+        if not devs:
+            print(f"{backend}: no GPU adapter")
+            continue
+        dev = devs[0]
+        print(f"\n{backend} {dev.name} ({dev.id}); GPU us per launch, median of {args.iters}")
+        for name in args.cases.split(","):
+            spec = specs[name]
+            t = _inputs(spec)   # the bench's inputs (quantized K/V with their scales)
+            want = testing.expected(spec, t)
+            for variant in args.variants.split(","):
+                program.load = source_with(VARIANTS[variant])
+                try:
+                    print(f"  {name:24s} {variant:14s} {_one(backend, dev, spec, t, want, args.iters)}",
+                          flush=True)
+                finally:
+                    program.load = original
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
