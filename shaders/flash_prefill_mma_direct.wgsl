@@ -1,21 +1,28 @@
-// flash_prefill_mma_direct: the matrix prefill with Q and K read straight from storage (params
-// form="direct"; plain f16 K/V rows only). One workgroup owns Q_TILE = 16 * SUBGROUPS query
-// rows of one head; subgroup g owns rows 16g..16g+15 and keeps, in separate variables (an
-// array of matrices indexed at run time spills), its DEPTH_TILES Q operands (q0..q7) and its
-// OUT_TILES output tiles (o0..o7): up to 128 columns each, the bounds constants, so the
-// guarded lines of absent tiles compile away. Per tile of KV_TILE keys:
-//   S = Q K^T, K loaded from k with its row pitch as the stride (keys past the row's range
-//   load whatever is there: their scores are never used) -> the subgroup's rows of s_s;
-//   V staged in one of two v_s buffers (zeros where no row sees the key, non-finite halves
-//   as 0 with flag 2: mma_common.wgsl), so the next tile's staging needs no barrier before it;
+// flash_prefill_mma_direct: the matrix prefill with Q read straight from storage and K, V
+// staged by the whole workgroup (params form="direct"; plain f16 K/V rows only). One
+// workgroup owns Q_TILE = 16 * SUBGROUPS query rows of one head; subgroup g owns rows
+// 16g..16g+15 and keeps, in separate variables (an array of matrices indexed at run time
+// spills), its DEPTH_TILES Q operands (q0..q7) and its OUT_TILES output tiles (o0..o7): up to
+// 128 columns each, the bounds constants, so the guarded lines of absent tiles compile away.
+// K and V go through one workgroup tile each (k_s, v_s, rows padded by 8 halves as the GEMM
+// probe's staged blocks), loaded a 16-byte granule at a time by every invocation into
+// registers (K_UNITS / V_UNITS granules a tile) early and stored after the tile's first
+// barrier, so every subgroup shares one copy of K and two barriers a tile suffice. Per tile
+// of KV_TILE keys j0..:
+//   registers <- K of the next tile, V of this one (zeros outside the keys [lo, hi) some row
+//   of the workgroup sees: no load past the range);
+//   S = Q K^T from k_s -> the subgroup's rows of s_s;
+//   barrier; K and V registers -> k_s, v_s (a non-finite v half staged as 0, with flag 2:
+//   the granule is tested whole, stage_v_units);
 //   softmax (mma_common.wgsl's lane_logits / lane_weights, lazy max): lanes l and l ^ 16
 //   share a row, its max exchanged by pair_max; P to p_s as f16;
-//   O += P V, P's KEY_TILES operands loaded once for all output tiles.
-// Two workgroup barriers a tile (after the staging, and take_flags); O is rescaled through
-// o_x only on tiles where a row's reference max moved (flag 1).
-// Prefix constants: those of flash_prefill_mma (V_STRIDE, P_STRIDE and S_STRIDE padded).
+//   take_flags' barrier; O += P V, P's KEY_TILES operands loaded once for all output tiles.
+// O is rescaled through o_x only on tiles where a row's reference max moved (flag 1).
+// Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
+// padded), K_UNITS and V_UNITS.
 
-var<workgroup> v_s: array<f16, 2u * KV_TILE * V_STRIDE>;
+var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
+var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
 var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
 // Each subgroup's 16 x 16 O scratch (a separate array: see flash_prefill_mma.wgsl).
 var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
@@ -23,28 +30,82 @@ var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
 var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, Q_TILE>;
 
-// v of keys j0.. into the v_s buffer whose first row is row0 (zeros outside [lo, hi)).
-fn stage_v(b: u32, kvh: u32, j0: u32, lo: u32, hi: u32, lid: u32, row0: u32) {
-  for (var idx = lid; idx < KV_TILE * V_GRANULES; idx += THREADS) {
-    let jj = idx / V_GRANULES;
-    let ld = j0 + jj >= lo && j0 + jj < hi;
-    if (stage_v_granule(b, kvh, j0 + jj, row0 + jj, idx % V_GRANULES, ld)) {
-      atomicOr(&flag_a, 2u);
+// This invocation's granules of the K tile of keys j0.. (unit u: granule lid + u * THREADS of
+// the tile, key-major), k's key j at element kb + j * ks; zeros for keys outside [lo, hi).
+fn load_k_units(kb: u32, ks: u32, j0: u32, lo: u32, hi: u32, lid: u32) -> array<GV, K_UNITS> {
+  var r: array<GV, K_UNITS>;
+  for (var u = 0u; u < K_UNITS; u++) {  // @unroll
+    let idx = lid + u * THREADS;
+    let j = j0 + idx / QK_GRANULES;
+    if (idx < KV_TILE * QK_GRANULES && j >= lo && j < hi) {
+      r[u] = load_k((kb + j * ks) / GRANULE + idx % QK_GRANULES);
+    }
+  }
+  return r;
+}
+
+// The same of V (its key j at element vb + j * vs).
+fn load_v_units(vb: u32, vs: u32, j0: u32, lo: u32, hi: u32, lid: u32) -> array<GV, V_UNITS> {
+  var r: array<GV, V_UNITS>;
+  for (var u = 0u; u < V_UNITS; u++) {  // @unroll
+    let idx = lid + u * THREADS;
+    let j = j0 + idx / V_GRANULES;
+    if (idx < KV_TILE * V_GRANULES && j >= lo && j < hi) {
+      r[u] = load_v((vb + j * vs) / GRANULE + idx % V_GRANULES);
+    }
+  }
+  return r;
+}
+
+// The K units into k_s (between barriers: no subgroup reads k_s meanwhile).
+fn stage_k_units(r: array<GV, K_UNITS>, lid: u32) {
+  for (var u = 0u; u < K_UNITS; u++) {  // @unroll
+    let idx = lid + u * THREADS;
+    if (idx < KV_TILE * QK_GRANULES) {
+      let at = (idx / QK_GRANULES) * K_STRIDE + (idx % QK_GRANULES) * GRANULE;
+      for (var e = 0u; e < 4u; e++) {  // @unroll
+        k_s[at + e] = r[u][0][e];
+        k_s[at + 4u + e] = r[u][1][e];
+      }
     }
   }
 }
 
-// Scores of the subgroup's 16 rows against the 16 keys whose k starts at ko (keys ks apart).
+// The V units into v_s, non-finite halves as 0 (mm_finite: the granule tested whole, the
+// slow path only where one is found); raises flag 2 if there was one.
+fn stage_v_units(r: array<GV, V_UNITS>, lid: u32) {
+  var bad = false;
+  for (var u = 0u; u < V_UNITS; u++) {  // @unroll
+    let idx = lid + u * THREADS;
+    if (idx < KV_TILE * V_GRANULES) {
+      let at = (idx / V_GRANULES) * V_STRIDE + (idx % V_GRANULES) * GRANULE;
+      var g = r[u];
+      if (!mm_finite(g)) {
+        g = mm_zero_bad(g);
+        bad = true;
+      }
+      for (var e = 0u; e < 4u; e++) {  // @unroll
+        v_s[at + e] = g[0][e];
+        v_s[at + 4u + e] = g[1][e];
+      }
+    }
+  }
+  if (bad) {
+    atomicOr(&flag_a, 2u);
+  }
+}
+
+// Scores of the subgroup's 16 rows against the 16 keys whose k starts at k_s[ko..].
 fn s_tile(q0: MLeft, q1: MLeft, q2: MLeft, q3: MLeft, q4: MLeft, q5: MLeft, q6: MLeft,
-          q7: MLeft, ko: u32, ks: u32) -> MAcc {
-  var a = mm_qk_direct(mm_zero(), q0, ko, ks);
-  a = mm_qk_direct(a, q1, ko + 16u, ks);
-  if (DEPTH_TILES > 2u) { a = mm_qk_direct(a, q2, ko + 32u, ks); }
-  if (DEPTH_TILES > 3u) { a = mm_qk_direct(a, q3, ko + 48u, ks); }
-  if (DEPTH_TILES > 4u) { a = mm_qk_direct(a, q4, ko + 64u, ks); }
-  if (DEPTH_TILES > 5u) { a = mm_qk_direct(a, q5, ko + 80u, ks); }
-  if (DEPTH_TILES > 6u) { a = mm_qk_direct(a, q6, ko + 96u, ks); }
-  if (DEPTH_TILES > 7u) { a = mm_qk_direct(a, q7, ko + 112u, ks); }
+          q7: MLeft, ko: u32) -> MAcc {
+  var a = mm_qk_direct(mm_zero(), q0, ko);
+  a = mm_qk_direct(a, q1, ko + 16u);
+  if (DEPTH_TILES > 2u) { a = mm_qk_direct(a, q2, ko + 32u); }
+  if (DEPTH_TILES > 3u) { a = mm_qk_direct(a, q3, ko + 48u); }
+  if (DEPTH_TILES > 4u) { a = mm_qk_direct(a, q4, ko + 64u); }
+  if (DEPTH_TILES > 5u) { a = mm_qk_direct(a, q5, ko + 80u); }
+  if (DEPTH_TILES > 6u) { a = mm_qk_direct(a, q6, ko + 96u); }
+  if (DEPTH_TILES > 7u) { a = mm_qk_direct(a, q7, ko + 112u); }
   return a;
 }
 
@@ -90,6 +151,8 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let hi = u32(w.span.y);               // apart from at: uniform)
   let kb = kv_elem(w.b, w.kvh, 0u);
   let ks = kv_elem(w.b, w.kvh, 1u) - kb;   // k's row pitch
+  let vb = v_row_at(w.b, w.kvh, 0u);
+  let vs = v_row_at(w.b, w.kvh, 1u) - vb;  // v's
   var o0 = mm_zero(); var o1 = mm_zero(); var o2 = mm_zero(); var o3 = mm_zero();
   var o4 = mm_zero(); var o5 = mm_zero(); var o6 = mm_zero(); var o7 = mm_zero();
   var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's half of its sum
@@ -99,15 +162,20 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 
   let u_first = lo / KV_TILE;
   let n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > lo);
+  stage_k_units(load_k_units(kb, ks, u_first * KV_TILE, lo, hi, lid), lid);
+  workgroupBarrier();
   for (var it = 0u; it < n_units; it++) {
     let j0 = (u_first + it) * KV_TILE;
-    let vb = (it % 2u) * KV_TILE;      // this tile's v_s buffer (first row)
+    // the next tile's K and this tile's V in flight during the QK products
+    let kr = load_k_units(kb, ks, j0 + KV_TILE, lo, hi, lid);
+    let vr = load_v_units(vb, vs, j0, lo, hi, lid);
     for (var kc = 0u; kc < KEY_TILES; kc++) {
-      mm_store_s(s_tile(q0, q1, q2, q3, q4, q5, q6, q7, kb + (j0 + kc * 16u) * ks, ks),
-                 sa + kc * 16u);
+      mm_store_s(s_tile(q0, q1, q2, q3, q4, q5, q6, q7, kc * 16u * K_STRIDE), sa + kc * 16u);
     }
-    stage_v(w.b, w.kvh, j0, lo, hi, lid, vb);
+    // every subgroup's QK (k_s) and PV of the last tile (v_s) are done: both take their next
     workgroupBarrier();
+    stage_k_units(kr, lid);
+    stage_v_units(vr, lid);
 
     let x = place_logits(at, j0, hi, w);
     var best = MASKED;
@@ -135,15 +203,14 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let p1 = p_tile(pa, 1u);
     let p2 = p_tile(pa, 2u);
     let p3 = p_tile(pa, 3u);
-    let vo = vb * V_STRIDE;
-    o0 = pv_col(o0, p0, p1, p2, p3, vo);
-    if (OUT_TILES > 1u) { o1 = pv_col(o1, p0, p1, p2, p3, vo + 16u); }
-    if (OUT_TILES > 2u) { o2 = pv_col(o2, p0, p1, p2, p3, vo + 32u); }
-    if (OUT_TILES > 3u) { o3 = pv_col(o3, p0, p1, p2, p3, vo + 48u); }
-    if (OUT_TILES > 4u) { o4 = pv_col(o4, p0, p1, p2, p3, vo + 64u); }
-    if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, vo + 80u); }
-    if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, vo + 96u); }
-    if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, vo + 112u); }
+    o0 = pv_col(o0, p0, p1, p2, p3, 0u);
+    if (OUT_TILES > 1u) { o1 = pv_col(o1, p0, p1, p2, p3, 16u); }
+    if (OUT_TILES > 2u) { o2 = pv_col(o2, p0, p1, p2, p3, 32u); }
+    if (OUT_TILES > 3u) { o3 = pv_col(o3, p0, p1, p2, p3, 48u); }
+    if (OUT_TILES > 4u) { o4 = pv_col(o4, p0, p1, p2, p3, 64u); }
+    if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, 80u); }
+    if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, 96u); }
+    if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, 112u); }
   }
   write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, at.rr, at.hf, sg, lane);
 }

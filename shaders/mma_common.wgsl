@@ -62,6 +62,12 @@ fn lazy_max(m: f32, m_tile: f32) -> vec2<f32> {
   return vec2<f32>(m, 1.0);
 }
 
+// attn_common.wgsl's logit of a spec without softcap, bias or ALiBi (PLAIN_LOGITS, a prefix
+// constant the plan sets from the spec): the scaled score itself, NaN where it is not finite.
+fn plain_logit(d: f32) -> f32 {
+  return select(max(d, MASKED), nan_f32(), (bitcast<u32>(d) & 0x7f800000u) == 0x7f800000u);
+}
+
 // The logits of lane part `part` of score row rr (query row i at position pos, of head h;
 // live: the row exists): its LANE_KEYS keys from j0 + part * LANE_KEYS, MASKED where the row
 // does not see the key. Their max goes to red_s for the row's other lanes.
@@ -74,7 +80,12 @@ fn lane_logits(rr: u32, part: u32, j0: u32, hi: u32, live: bool, b: u32, h: u32,
     let j = j0 + jl;
     var xv = MASKED;
     if (live && j < hi && key_visible(i32(j), pos, s)) {
-      xv = logit(s_s[rr * S_STRIDE + jl] * P.scale, b, h, i, j, pos);
+      let d = s_s[rr * S_STRIDE + jl] * P.scale;
+      if (PLAIN_LOGITS == 1u) {
+        xv = plain_logit(d);
+      } else {
+        xv = logit(d, b, h, i, j, pos);
+      }
     }
     x[e] = xv;
     best = max(best, xv);

@@ -15,18 +15,18 @@ fn mm_load_p(po: u32) -> MLeft {
   return MLeft(po, P_STRIDE);
 }
 
-// Q and K as the QK^T product of mma_emu.wgsl's mm_mac reads them: from storage.
+// Q and K as the QK^T product of mma_emu.wgsl's mm_mac reads them: q from storage, K from k_s.
 fn emu_q(e: u32) -> f32 {
   return f32(q[e]);
 }
 
 fn emu_k(e: u32) -> f32 {
-  return f32(k[e]);
+  return f32(k_s[e]);
 }
 
-// acc + A x K^T, 16 keys of k from element ko, keys ks apart.
-fn mm_qk_direct(acc: MAcc, a: MLeft, ko: u32, ks: u32) -> MAcc {
-  return mm_mac(acc, a, vec2<u32>(ko, ks), false);
+// acc + A x K^T, 16 keys of k_s from element ko, keys K_STRIDE apart.
+fn mm_qk_direct(acc: MAcc, a: MLeft, ko: u32) -> MAcc {
+  return mm_mac(acc, a, vec2<u32>(ko, K_STRIDE), false);
 }
 
 // acc + A (P) x V[vo.., 16 keys x 16 columns of v_s, rows V_STRIDE apart].
@@ -40,4 +40,15 @@ fn pair_max(x: f32, slot: u32) -> f32 {
   pair_s[slot] = x;
   workgroupBarrier();
   return max(x, pair_s[slot ^ 16u]);
+}
+
+// Whether every half of granule g is finite (mma_common.wgsl's bad4: naga cannot bitcast f16
+// vectors to words, which mma_hw_direct.wgsl's test does).
+fn mm_finite(g: GV) -> bool {
+  return !any(bad4(g[0])) && !any(bad4(g[1]));
+}
+
+// g with its non-finite halves as 0.
+fn mm_zero_bad(g: GV) -> GV {
+  return GV(select(g[0], vec4<f16>(0.0), bad4(g[0])), select(g[1], vec4<f16>(0.0), bad4(g[1])));
 }

@@ -131,7 +131,7 @@ fn load_$x(g: u32) -> GV {
 }
 
 // piece: load_halves
-// f16 bound as an array of halves (the direct matrix prefill's q and k, which subgroup
+// f16 bound as an array of halves (the direct matrix prefill's q, which subgroup
 // matrices load from storage): a granule from its 8 halves.
 fn load_$x(g: u32) -> GV {
   let e = g * 8u;

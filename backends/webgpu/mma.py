@@ -61,11 +61,17 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
          "KEY_TILES": bc // 16, "Q_STRIDE": h, "K_STRIDE": h, "V_STRIDE": hv,
          "S_STRIDE": bc, "P_STRIDE": bc, "ROW_LANES": 2, "LANE_KEYS": bc // 2,
          # u32 words of a lane's column mask: it writes every other 16-column tile
-         "MASK_WORDS": max(1, -(-(-(-noc // 2) * 16) // 32))}
+         "MASK_WORDS": max(1, -(-(-(-noc // 2) * 16) // 32)), "PLAIN_LOGITS": 0}
     if params.get("form") == "direct":
         # rows padded by 16 bytes (the GEMM probe's staged blocks: no pad or 32 bytes were
-        # ~40% slower, ci/results/h100_gemm_probe.txt)
-        c.update(QK_DIRECT=1, V_STRIDE=hv + 8, P_STRIDE=bc + 8, S_STRIDE=bc + 4)
+        # ~40% slower, ci/results/h100_gemm_probe.txt); K_UNITS / V_UNITS: the 16-byte
+        # granules of a K / V tile each invocation stages
+        c.update(Q_DIRECT=1, K_STRIDE=h + 8, V_STRIDE=hv + 8, P_STRIDE=bc + 8, S_STRIDE=bc + 4,
+                 K_UNITS=-(-bc * (h // 8) // c["THREADS"]),
+                 V_UNITS=-(-bc * max(1, hv // 8) // c["THREADS"]),
+                 # logits without the per-score softcap / bias / ALiBi tests where the spec
+                 # has none (mma_common.wgsl's plain_logit)
+                 PLAIN_LOGITS=int(not (spec.softcap or spec.bias or spec.alibi_max_bias)))
     return c
 
 
@@ -74,8 +80,8 @@ def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     br, bc = c["Q_TILE"], c["KV_TILE"]
     rest = (br * c["S_STRIDE"] * 4 + br * c["P_STRIDE"] * 2 + c["SUBGROUPS"] * 256 * 4
             + br * 12 + 8)
-    if c.get("QK_DIRECT"):      # two v_s buffers; the emulation's pair_s; no q_s / k_s
-        return 2 * bc * c["V_STRIDE"] * 2 + c["THREADS"] * 4 + rest
+    if c.get("Q_DIRECT"):       # k_s, v_s; the emulation's pair_s; no q_s
+        return bc * (c["K_STRIDE"] + c["V_STRIDE"]) * 2 + c["THREADS"] * 4 + rest
     return br * c["Q_STRIDE"] * 2 + bc * (c["K_STRIDE"] + c["V_STRIDE"]) * 2 + rest
 
 
@@ -107,7 +113,7 @@ def mma_decode_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[st
             "SG_TILES": tps, "ROW_LANES": 2 * nsg, "LANE_KEYS": max(1, bc // (2 * nsg)),
             "Q_STRIDE": spec.head_size, "K_STRIDE": spec.head_size,
             "V_STRIDE": spec.head_size_v, "S_STRIDE": bc, "P_STRIDE": bc,
-            "MASK_WORDS": max(1, -(-tps * 8 // 32))}
+            "MASK_WORDS": max(1, -(-tps * 8 // 32)), "PLAIN_LOGITS": 0}
 
 
 def mma_decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:

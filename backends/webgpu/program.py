@@ -214,9 +214,9 @@ def source(family: str, spec: AttentionSpec, stage_consts: Mapping[str, int], *,
     head += [lane_helpers(subgroups), common.wgsl_struct("Params")]
     # KV_WIDE (the direct decode_partial, tiles.py): quantized K/V loaded in 16-byte units
     wide = bool(stage_consts.get("KV_WIDE", 0))
-    # QK_DIRECT (the matrix prefill's direct form, mma.py): q and k as arrays of halves, which
+    # Q_DIRECT (the matrix prefill's direct form, mma.py): q as an array of halves, which
     # subgroup matrices load straight from storage
-    halves = frozenset({"q", "k"}) if stage_consts.get("QK_DIRECT", 0) else frozenset()
+    halves = frozenset({"q"}) if stage_consts.get("Q_DIRECT", 0) else frozenset()
     text = "\n".join(head) + "\n" + declarations(family, aux, spec, wide, halves)
     text += wgsl_io.helpers(spec, frozenset(b.name for b in bindings(family, aux)), wide, halves)
     text += shape_helpers(aux)

@@ -120,18 +120,24 @@ def test_rare_paths_against_reference(backend: str, case: str, form: str) -> Non
         assert s_max > 8.0, s_max
 
 
-def test_direct_form_reads_q_and_k_from_storage() -> None:
-    """The direct prefill's hardware build binds q and k as arrays of halves and loads its
-    operands from them (no q_s / k_s); the emulated build compiles on the CI devices."""
+def test_direct_form_reads_q_from_storage_and_stages_k() -> None:
+    """The direct prefill's hardware build binds q as an array of halves and loads its Q
+    operands from it (no q_s), while K and V go through the workgroup's k_s / v_s in 16-byte
+    granules; the emulated build compiles on the CI devices."""
     spec = SPEC.replace(head_size=128)
     plan = attnreg.Session(backend="webgpu", flags={"matrix_units": "emulate"}).plan(spec)
     st = plan.stages[0]
     assert st.kernel == "webgpu.prefill.f16.mma_direct" and st.params["form"] == "direct"
     hw = attnreg.Stage(st.kernel, st.family, {**st.params, "mma": "hardware"})
     src = program.build(hw, spec, plan.caps, dialect=program.TINT).wgsl
-    assert "var<storage, read> q: array<f16>;" in src and "var<storage, read> k: array<f16>;" in src
-    assert "subgroupMatrixLoad<MLeft, row_major>(&q," in src and "col_major>(&k," in src
-    assert "var<workgroup> q_s" not in src and "var<workgroup> k_s" not in src
+    assert "var<storage, read> q: array<f16>;" in src
+    assert "var<storage, read> k: array<mat2x4<f16>>;" in src
+    assert "subgroupMatrixLoad<MLeft, row_major>(&q," in src and "col_major>(&k_s," in src
+    assert "var<workgroup> q_s" not in src and "var<workgroup> k_s" in src
+    # no spec feature needs the full logit here: the plain one is built in
+    assert "const PLAIN_LOGITS: u32 = 1u;" in src
+    biased = program.build(hw, spec.replace(softcap=30.0), plan.caps, dialect=program.TINT).wgsl
+    assert "const PLAIN_LOGITS: u32 = 0u;" in biased
 
 
 @pytest.mark.parametrize("change,words", [
