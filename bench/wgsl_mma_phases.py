@@ -31,7 +31,7 @@ PV_PF = (PF, "acc = mm_pv(acc, sg * 16u * P_STRIDE + kc * 16u, kc * 16u * V_STRI
 QK_DEC = (DEC, "acc = mm_qk(acc, dc * 16u, kc * 16u * K_STRIDE + dc * 16u);", "")
 PV_DEC = (DEC, "acc = mm_pv(acc, kc * 16u, kc * 16u * V_STRIDE + (sg + t * SUBGROUPS) * 16u);",
           "")
-LOGITS = (COMMON, "xv = logit(s_s[rr * S_STRIDE + jl] * P.scale, b, h, i, j, pos);", "xv = 0.0;")
+LOGITS = (COMMON, "let d = s_s[rr * S_STRIDE + jl] * P.scale;", "let d = 0.0;")
 
 
 def _phases(qk: Edit, pv: Edit, bound: Edit, staging: Edit) -> dict[str, list[Edit]]:
