@@ -46,6 +46,10 @@ NO_K: Edit = (PF, "    stage_k_units(kr, lid);\n", "")
 NO_V: Edit = (PF, "    stage_v_units(vr, lid);\n", "")
 # the logits of attn_common.wgsl's logit (its per-score feature tests) instead of plain_logit
 FULL_LOGITS: Edit = ("mma_common", "if (PLAIN_LOGITS == 1u) {", "if (false) {")
+# V's granules loaded in the tile that stages them (not a tile ahead)
+V_NOW: Edit = (PF, "const V_AHEAD = true;", "const V_AHEAD = false;")
+# K / V granules stored in one word order by every lane (4 lanes a bank at head size 128)
+NO_ROT: Edit = (PF, "let rot = (lid / 8u) % 4u;", "let rot = 0u;")
 # label -> (kernel or None for the scalar plan, params, source edits)
 VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
@@ -54,6 +58,12 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "direct-q32-kv32": (DIRECT, {"mma": "hardware", "q_tile": 32, "kv_tile": 32}, []),
     "direct-q64-kv32-full-logits": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
                                     [FULL_LOGITS]),
+    "direct-q64-kv32-v-now": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                              [V_NOW]),
+    "direct-q64-kv32-no-rot": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                               [NO_ROT]),
+    "direct-q64-kv32-v-now-no-rot": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                                     [V_NOW, NO_ROT]),
     "direct-q16-kv64": (DIRECT, {"mma": "hardware", "q_tile": 16, "kv_tile": 64}, []),
 }
 PHASES: dict[str, list[Edit]] = {

@@ -21,6 +21,9 @@
 // Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
 // padded), K_UNITS and V_UNITS.
 
+// V's granules are loaded a tile ahead, as K's (more loads in flight; more registers).
+const V_AHEAD = true;
+
 var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
 var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
 var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
@@ -57,16 +60,38 @@ fn load_v_units(vb: u32, vs: u32, j0: u32, lo: u32, hi: u32, lid: u32) -> array<
   return r;
 }
 
+// Word w (halves 2w, 2w + 1) of granule g.
+fn g_word(g: GV, w: u32) -> vec2<f16> {
+  let p = select(g[0], g[1], w >= 2u);
+  return select(p.xy, p.zw, (w & 1u) != 0u);
+}
+
+// The 8 halves of granule g into k_s (v: v_s) from element at, a word at a time, the words in
+// an order rotated by the invocation's lane / 8: each store of a subgroup then hits 32
+// distinct banks where the granules of 16 lanes are 16 bytes apart (a row of 128 halves, pad
+// 8); in one order the rows' 16-byte granules put 4 lanes on each bank.
+fn put_granule(at: u32, g: GV, lid: u32, v: bool) {
+  let rot = (lid / 8u) % 4u;
+  for (var s = 0u; s < 4u; s++) {  // @unroll
+    let w = (s + rot) % 4u;
+    let h = g_word(g, w);
+    if (v) {
+      v_s[at + 2u * w] = h.x;
+      v_s[at + 2u * w + 1u] = h.y;
+    } else {
+      k_s[at + 2u * w] = h.x;
+      k_s[at + 2u * w + 1u] = h.y;
+    }
+  }
+}
+
 // The K units into k_s (between barriers: no subgroup reads k_s meanwhile).
 fn stage_k_units(r: array<GV, K_UNITS>, lid: u32) {
   for (var u = 0u; u < K_UNITS; u++) {  // @unroll
     let idx = lid + u * THREADS;
     if (idx < KV_TILE * QK_GRANULES) {
-      let at = (idx / QK_GRANULES) * K_STRIDE + (idx % QK_GRANULES) * GRANULE;
-      for (var e = 0u; e < 4u; e++) {  // @unroll
-        k_s[at + e] = r[u][0][e];
-        k_s[at + 4u + e] = r[u][1][e];
-      }
+      put_granule((idx / QK_GRANULES) * K_STRIDE + (idx % QK_GRANULES) * GRANULE, r[u], lid,
+                  false);
     }
   }
 }
@@ -78,16 +103,12 @@ fn stage_v_units(r: array<GV, V_UNITS>, lid: u32) {
   for (var u = 0u; u < V_UNITS; u++) {  // @unroll
     let idx = lid + u * THREADS;
     if (idx < KV_TILE * V_GRANULES) {
-      let at = (idx / V_GRANULES) * V_STRIDE + (idx % V_GRANULES) * GRANULE;
       var g = r[u];
       if (!mm_finite(g)) {
         g = mm_zero_bad(g);
         bad = true;
       }
-      for (var e = 0u; e < 4u; e++) {  // @unroll
-        v_s[at + e] = g[0][e];
-        v_s[at + 4u + e] = g[1][e];
-      }
+      put_granule((idx / V_GRANULES) * V_STRIDE + (idx % V_GRANULES) * GRANULE, g, lid, true);
     }
   }
   if (bad) {
@@ -118,10 +139,17 @@ fn pv_col(acc: MAcc, p0: MLeft, p1: MLeft, p2: MLeft, p3: MLeft, vo: u32) -> MAc
   return a;
 }
 
-// Left operand t of the 16 rows of q from element at (rows st apart); past the bound n the
-// last one again (the guarded lines that would use it compile away).
-fn left_tile(at: u32, st: u32, t: u32, n: u32) -> MLeft {
-  return mm_load_q(at + min(t, n - 1u) * 16u, st);
+// Q operand t of the subgroup's 16 rows of q from element at (rows st apart; the last one
+// again past DEPTH_TILES: the guarded lines that would use it compile away). edge (uniform):
+// the workgroup's rows would reach past q's end (the last rows of the last batch and head),
+// so only the subgroup's `rows` existing rows are read, through its rows of p_s
+// (mm_load_q_edge: called by every invocation).
+fn q_operand(at: u32, st: u32, t: u32, edge: bool, rows: u32, pa: u32, lane: u32) -> MLeft {
+  let o = at + min(t, DEPTH_TILES - 1u) * 16u;
+  if (edge) {
+    return mm_load_q_edge(o, st, rows, pa, lane);
+  }
+  return mm_load_q(o, st);
 }
 
 // P's operand of key tile t (the last one again past KEY_TILES, as left_tile).
@@ -136,16 +164,22 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   if (!w.ok) {
     return;
   }
-  // The subgroup's Q rows (rows past seq_len load whatever is there: they see no key).
-  let qo = w.b * P.q_sb + w.h * P.q_sh + (w.i0 + sg * 16u) * P.q_ss;
-  let q0 = left_tile(qo, P.q_ss, 0u, DEPTH_TILES);
-  let q1 = left_tile(qo, P.q_ss, 1u, DEPTH_TILES);
-  let q2 = left_tile(qo, P.q_ss, 2u, DEPTH_TILES);
-  let q3 = left_tile(qo, P.q_ss, 3u, DEPTH_TILES);
-  let q4 = left_tile(qo, P.q_ss, 4u, DEPTH_TILES);
-  let q5 = left_tile(qo, P.q_ss, 5u, DEPTH_TILES);
-  let q6 = left_tile(qo, P.q_ss, 6u, DEPTH_TILES);
-  let q7 = left_tile(qo, P.q_ss, 7u, DEPTH_TILES);
+  // The subgroup's Q rows (rows past seq_len that q holds load whatever is there: they see
+  // no key; none past q's end is read, q_operand).
+  let st = P.q_ss;
+  let qw = w.b * P.q_sb + w.h * P.q_sh + w.i0 * st;
+  let edge = qw + (Q_TILE - 1u) * st + QK_DIM > arrayLength(&q);
+  let qo = qw + sg * 16u * st;
+  let rows = min(16u, P.seq_len - min(P.seq_len, w.i0 + sg * 16u));
+  let pa = sg * 16u * P_STRIDE;
+  let q0 = q_operand(qo, st, 0u, edge, rows, pa, lane);
+  let q1 = q_operand(qo, st, 1u, edge, rows, pa, lane);
+  let q2 = q_operand(qo, st, 2u, edge, rows, pa, lane);
+  let q3 = q_operand(qo, st, 3u, edge, rows, pa, lane);
+  let q4 = q_operand(qo, st, 4u, edge, rows, pa, lane);
+  let q5 = q_operand(qo, st, 5u, edge, rows, pa, lane);
+  let q6 = q_operand(qo, st, 6u, edge, rows, pa, lane);
+  let q7 = q_operand(qo, st, 7u, edge, rows, pa, lane);
   let at = lane_place(w, sg, lane);
   let lo = u32(w.span.x);               // the keys some row of the workgroup sees (kept
   let hi = u32(w.span.y);               // apart from at: uniform)
@@ -158,17 +192,25 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's half of its sum
   var vbad: array<u32, MASK_WORDS>;    // output columns of this lane poisoned by a v (zeros)
   let sa = sg * 16u * S_STRIDE;
-  let pa = sg * 16u * P_STRIDE;
 
   let u_first = lo / KV_TILE;
   let n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > lo);
   stage_k_units(load_k_units(kb, ks, u_first * KV_TILE, lo, hi, lid), lid);
+  var vn = array<GV, V_UNITS>();       // V_AHEAD: the V of the next tile
+  if (V_AHEAD) {
+    vn = load_v_units(vb, vs, u_first * KV_TILE, lo, hi, lid);
+  }
   workgroupBarrier();
   for (var it = 0u; it < n_units; it++) {
     let j0 = (u_first + it) * KV_TILE;
-    // the next tile's K and this tile's V in flight during the QK products
+    // the next tile's K (and V: V_AHEAD; else this tile's) in flight during the QK products
     let kr = load_k_units(kb, ks, j0 + KV_TILE, lo, hi, lid);
-    let vr = load_v_units(vb, vs, j0, lo, hi, lid);
+    var vr = vn;
+    if (V_AHEAD) {
+      vn = load_v_units(vb, vs, j0 + KV_TILE, lo, hi, lid);
+    } else {
+      vr = load_v_units(vb, vs, j0, lo, hi, lid);
+    }
     for (var kc = 0u; kc < KEY_TILES; kc++) {
       mm_store_s(s_tile(q0, q1, q2, q3, q4, q5, q6, q7, kc * 16u * K_STRIDE), sa + kc * 16u);
     }

@@ -11,6 +11,13 @@ fn mm_load_q(qo: u32, qs: u32) -> MLeft {
   return MLeft(qo, qs);
 }
 
+// mma_hw_direct.wgsl's load where rows past q's end would be read: the emulated product
+// reads q element by element, each row's own (those past the end belong to rows that exist
+// nowhere, whose results are dropped).
+fn mm_load_q_edge(qo: u32, qs: u32, rows: u32, pa: u32, lane: u32) -> MLeft {
+  return MLeft(qo, qs);
+}
+
 fn mm_load_p(po: u32) -> MLeft {
   return MLeft(po, P_STRIDE);
 }

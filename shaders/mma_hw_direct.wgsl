@@ -18,6 +18,23 @@ fn mm_qk_direct(acc: MAcc, a: MLeft, ko: u32) -> MAcc {
   return subgroupMatrixMultiplyAccumulate(a, bm, acc);
 }
 
+// The same where rows past q's end would be read (Tint's robustness then moves or drops the
+// whole load): the first `rows` of them (zeros for the others) copied by the subgroup's
+// lanes into its 16 rows of p_s from pa (free before the key loop), loaded from there.
+// Called by every invocation (barriers).
+fn mm_load_q_edge(qo: u32, qs: u32, rows: u32, pa: u32, lane: u32) -> MLeft {
+  workgroupBarrier();
+  for (var e = lane; e < 256u; e += 32u) {
+    var x = f16(0.0);
+    if (e / 16u < rows) {
+      x = q[qo + (e / 16u) * qs + e % 16u];
+    }
+    p_s[pa + (e / 16u) * P_STRIDE + e % 16u] = x;
+  }
+  workgroupBarrier();
+  return subgroupMatrixLoad<MLeft, row_major>(&p_s, pa, P_STRIDE);
+}
+
 // 16 rows of P from p_s[po..], rows P_STRIDE apart.
 fn mm_load_p(po: u32) -> MLeft {
   return subgroupMatrixLoad<MLeft, row_major>(&p_s, po, P_STRIDE);
