@@ -23,6 +23,8 @@
 
 // V's granules are loaded a tile ahead, as K's (more loads in flight; more registers).
 const V_AHEAD = true;
+// The K / V registers go to k_s / v_s after the softmax (else right after the first barrier).
+const STAGE_LATE = true;
 
 var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
 var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
@@ -60,27 +62,18 @@ fn load_v_units(vb: u32, vs: u32, j0: u32, lo: u32, hi: u32, lid: u32) -> array<
   return r;
 }
 
-// Word w (halves 2w, 2w + 1) of granule g.
-fn g_word(g: GV, w: u32) -> vec2<f16> {
-  let p = select(g[0], g[1], w >= 2u);
-  return select(p.xy, p.zw, (w & 1u) != 0u);
-}
-
-// The 8 halves of granule g into k_s (v: v_s) from element at, a word at a time, the words in
-// an order rotated by the invocation's lane / 8: each store of a subgroup then hits 32
-// distinct banks where the granules of 16 lanes are 16 bytes apart (a row of 128 halves, pad
-// 8); in one order the rows' 16-byte granules put 4 lanes on each bank.
-fn put_granule(at: u32, g: GV, lid: u32, v: bool) {
-  let rot = (lid / 8u) % 4u;
-  for (var s = 0u; s < 4u; s++) {  // @unroll
-    let w = (s + rot) % 4u;
-    let h = g_word(g, w);
+// The 8 halves of granule g into k_s (v: v_s) from element at, in order. (Each lane's words
+// in an order rotated by lane / 8, which spreads a subgroup's stores over distinct banks,
+// measured slower on the H100: S=2048 2485 against 1813 us, h100_wgsl_mma_prefill_kstaged.txt;
+// the driver seems to merge the in-order stores.)
+fn put_granule(at: u32, g: GV, v: bool) {
+  for (var e = 0u; e < 4u; e++) {  // @unroll
     if (v) {
-      v_s[at + 2u * w] = h.x;
-      v_s[at + 2u * w + 1u] = h.y;
+      v_s[at + e] = g[0][e];
+      v_s[at + 4u + e] = g[1][e];
     } else {
-      k_s[at + 2u * w] = h.x;
-      k_s[at + 2u * w + 1u] = h.y;
+      k_s[at + e] = g[0][e];
+      k_s[at + 4u + e] = g[1][e];
     }
   }
 }
@@ -90,8 +83,7 @@ fn stage_k_units(r: array<GV, K_UNITS>, lid: u32) {
   for (var u = 0u; u < K_UNITS; u++) {  // @unroll
     let idx = lid + u * THREADS;
     if (idx < KV_TILE * QK_GRANULES) {
-      put_granule((idx / QK_GRANULES) * K_STRIDE + (idx % QK_GRANULES) * GRANULE, r[u], lid,
-                  false);
+      put_granule((idx / QK_GRANULES) * K_STRIDE + (idx % QK_GRANULES) * GRANULE, r[u], false);
     }
   }
 }
@@ -108,7 +100,7 @@ fn stage_v_units(r: array<GV, V_UNITS>, lid: u32) {
         g = mm_zero_bad(g);
         bad = true;
       }
-      put_granule((idx / V_GRANULES) * V_STRIDE + (idx % V_GRANULES) * GRANULE, g, lid, true);
+      put_granule((idx / V_GRANULES) * V_STRIDE + (idx % V_GRANULES) * GRANULE, g, true);
     }
   }
   if (bad) {
@@ -215,17 +207,24 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       mm_store_s(s_tile(q0, q1, q2, q3, q4, q5, q6, q7, kc * 16u * K_STRIDE), sa + kc * 16u);
     }
     // every subgroup's QK (k_s) and PV of the last tile (v_s) are done: both take their next
+    // (STAGE_LATE: after the softmax, which gives the loads longer)
     workgroupBarrier();
-    stage_k_units(kr, lid);
-    stage_v_units(vr, lid);
+    if (!STAGE_LATE) {
+      stage_k_units(kr, lid);
+      stage_v_units(vr, lid);
+    }
 
     let x = place_logits(at, j0, hi, w);
     var best = MASKED;
-    for (var e = 0u; e < LANE_KEYS; e++) {
+    for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
       best = max(best, x[e]);
     }
     ml = lane_weights(x, ml, pair_max(best, lid), at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr,
                       at.hf);
+    if (STAGE_LATE) {
+      stage_k_units(kr, lid);
+      stage_v_units(vr, lid);
+    }
     let flags = take_flags(lid);
     if ((flags & 1u) != 0u) {          // some row's reference max moved: O rows *= alpha
       o0 = rescaled(o0, sg, lane, sg * 16u);

@@ -64,6 +64,7 @@ fn lazy_max(m: f32, m_tile: f32) -> vec2<f32> {
 
 // attn_common.wgsl's logit of a spec without softcap, bias or ALiBi (PLAIN_LOGITS, a prefix
 // constant the plan sets from the spec): the scaled score itself, NaN where it is not finite.
+// (lane_logits then also tests a key against the row's span instead of key_visible.)
 fn plain_logit(d: f32) -> f32 {
   return select(max(d, MASKED), nan_f32(), (bitcast<u32>(d) & 0x7f800000u) == 0x7f800000u);
 }
@@ -75,11 +76,17 @@ fn lane_logits(rr: u32, part: u32, j0: u32, hi: u32, live: bool, b: u32, h: u32,
                pos: i32, s: Seq) -> array<f32, LANE_KEYS> {
   var x: array<f32, LANE_KEYS>;
   var best = MASKED;
-  for (var e = 0u; e < LANE_KEYS; e++) {
+  // PLAIN_LOGITS: the row's keys as its span (row_span: contiguous), two tests a key
+  let sp = row_span(pos, s);
+  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
     let jl = part * LANE_KEYS + e;
     let j = j0 + jl;
     var xv = MASKED;
-    if (live && j < hi && key_visible(i32(j), pos, s)) {
+    var seen = i32(j) >= sp.x && i32(j) < sp.y;
+    if (PLAIN_LOGITS == 0u) {
+      seen = key_visible(i32(j), pos, s);
+    }
+    if (live && j < hi && seen) {
       let d = s_s[rr * S_STRIDE + jl] * P.scale;
       if (PLAIN_LOGITS == 1u) {
         xv = plain_logit(d);
@@ -109,7 +116,7 @@ fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, r
   // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
   let m_use = select(lm.x, 0.0, lm.x <= MASKED);
   var psum = 0.0;
-  for (var e = 0u; e < LANE_KEYS; e++) {
+  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
     let p = weight_of(x[e], m_use);
     psum += p;
     p_s[at + e] = f16(p);

@@ -172,3 +172,30 @@ UNFUSED_CROSSOVER = Rule(
 
 RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TILES, STEP_IN_TILE,
                           UNFUSED_CROSSOVER)
+
+
+# -- the matrix prefill's direct form under matrix_units=auto ----------------------------------
+# H100 (Dawn, experimental subgroup matrices), f16 causal GQA 32/8 H=128, batch 1, GPU time:
+# the direct form (K and V staged by the workgroup) against the scalar prefill (the plan of
+# matrix_units=off), alternated in one device call: S=512 {s512} us, S=2048 {s2048} us
+# (ci/results/h100_wgsl_mma_prefill_kstaged.txt). Prompts under MATRIX_PREFILL_MIN_SEQ were not
+# measured (a 64-row workgroup tile is mostly padding there).
+MATRIX_PREFILL_MIN_SEQ = 512
+MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
+
+
+def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
+    k = ctx.kernel
+    return (k is not None and k.backend == backend and k.matrix is not None
+            and k.family == "prefill" and k.params.get("form") == "direct"
+            and ctx.flags.get("matrix_units", "auto") == "auto" and "mma" not in ctx.user
+            and ctx.caps.vendor == "nvidia" and k.features <= ctx.caps.features
+            and ctx.spec.seq_len >= MATRIX_PREFILL_MIN_SEQ)
+
+
+def matrix_prefill(backend: str, why: str) -> Rule:
+    """matrix_units=auto takes the direct matrix prefill's hardware build where it measured
+    faster than the scalar prefill (a backend whose device exposes subgroup matrices: dawn)."""
+    return Rule(f"{backend}_matrix_prefill_nvidia", why, "params",
+                lambda c: _matrix_prefill(c, backend), lambda c: {"mma": "hardware"},
+                measured=(MATRIX_PREFILL_MEASURED,))

@@ -262,3 +262,30 @@ def test_profiles_carry_their_subgroup_matrix_shapes(name: str, fits: bool) -> N
         missing = [w for w in why if "subgroup-matrix configs lack subgroup_matrix f16 16x16x16"
                    in w]
         assert (not missing) == fits, (k.id, why)
+
+
+def test_auto_takes_the_direct_prefill_on_nvidia_dawn() -> None:
+    """matrix_units=auto on a Dawn NVIDIA adapter with subgroup matrices (the H100's
+    profile): prompts of 512 rows or more get the direct matrix prefill's hardware build,
+    where it measured faster than the scalar prefill; shorter ones, other vendors and
+    matrix_units=off keep the scalar plan."""
+    from attnreg import registry
+    from attnreg.profiles import profile
+
+    h100 = profile("nvidia-h100")
+    caps = h100.model_copy(update={"features": h100.features | {"subgroup-matrix"},
+                                   "backend": "dawn", "id": "dawn:0"})
+    spec = attnreg.AttentionSpec(batch=1, seq_len=512, num_heads=32, kv_num_heads=8,
+                                 head_size=128, dtype="float16", causal=True)
+    reg = registry.get()
+    reg.kernels()                       # the plugins' flags are declared
+    plan = reg.plan(spec, backend="dawn", caps=caps, flags={"experimental_features": True})
+    assert _kernel(plan) == ("dawn.prefill.f16.mma_direct", "hardware")
+    assert "dawn_matrix_prefill_nvidia" in plan.explain()
+    xp = {"experimental_features": True}
+    short = reg.plan(spec.replace(seq_len=256), backend="dawn", caps=caps, flags=xp)
+    off = reg.plan(spec, backend="dawn", caps=caps, flags={**xp, "matrix_units": "off"})
+    other = reg.plan(spec, backend="dawn", caps=caps.model_copy(update={"vendor": "amd"}),
+                     flags=xp)
+    for p in (short, off, other):
+        assert p.stages[0].kernel == "dawn.prefill.f16.sg", p.explain()
