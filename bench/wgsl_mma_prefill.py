@@ -46,13 +46,6 @@ NO_K: Edit = (PF, "    stage_k_units(kr, lid);\n", "")
 NO_V: Edit = (PF, "    stage_v_units(vr, lid);\n", "")
 # the logits of attn_common.wgsl's logit (its per-score feature tests) instead of plain_logit
 FULL_LOGITS: Edit = ("mma_common", "if (PLAIN_LOGITS == 1u) {", "if (false) {")
-# V's granules loaded in the tile that stages them (not a tile ahead)
-V_NOW: Edit = (PF, "const V_AHEAD = true;", "const V_AHEAD = false;")
-# K / V registers stored right after the tile's first barrier (before the softmax)
-STAGE_EARLY: Edit = (PF, "const STAGE_LATE = true;", "const STAGE_LATE = false;")
-# the softmax's loops over a lane's keys left to the driver (not unrolled at build time)
-ROLLED = [(f, "for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll",
-           "for (var e = 0u; e < LANE_KEYS; e++) {") for f in (PF, "mma_common")]
 # label -> (kernel or None for the scalar plan, params, source edits)
 VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
@@ -61,14 +54,6 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "direct-q32-kv32": (DIRECT, {"mma": "hardware", "q_tile": 32, "kv_tile": 32}, []),
     "direct-q64-kv32-full-logits": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
                                     [FULL_LOGITS]),
-    "direct-q64-kv32-v-now": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
-                              [V_NOW]),
-    "direct-q64-kv32-stage-early": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
-                                    [STAGE_EARLY]),
-    "direct-q64-kv32-v-now-stage-early": (DIRECT, {"mma": "hardware", "q_tile": 64,
-                                                   "kv_tile": 32}, [V_NOW, STAGE_EARLY]),
-    "direct-q64-kv32-rolled": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
-                               ROLLED),
     "direct-q16-kv64": (DIRECT, {"mma": "hardware", "q_tile": 16, "kv_tile": 64}, []),
 }
 PHASES: dict[str, list[Edit]] = {

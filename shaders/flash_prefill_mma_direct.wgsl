@@ -5,26 +5,23 @@
 // spills), its DEPTH_TILES Q operands (q0..q7) and its OUT_TILES output tiles (o0..o7): up to
 // 128 columns each, the bounds constants, so the guarded lines of absent tiles compile away.
 // K and V go through one workgroup tile each (k_s, v_s, rows padded by 8 halves as the GEMM
-// probe's staged blocks), loaded a 16-byte granule at a time by every invocation into
-// registers (K_UNITS / V_UNITS granules a tile) early and stored after the tile's first
-// barrier, so every subgroup shares one copy of K and two barriers a tile suffice. Per tile
-// of KV_TILE keys j0..:
-//   registers <- K of the next tile, V of this one (zeros outside the keys [lo, hi) some row
-//   of the workgroup sees: no load past the range);
+// probe's staged blocks), every invocation loading KV_UNITS 16-byte granules of the
+// next tile into registers a tile ahead and storing them after the tile's first barrier: the
+// subgroups share one copy of K and V, and two barriers a tile suffice. Per tile of KV_TILE
+// keys j0..:
+//   registers <- K and V of the next tile (zeros outside the keys [lo, hi) some row of the
+//   workgroup sees: nothing past the range is read);
 //   S = Q K^T from k_s -> the subgroup's rows of s_s;
-//   barrier; K and V registers -> k_s, v_s (a non-finite v half staged as 0, with flag 2:
-//   the granule is tested whole, stage_v_units);
+//   barrier; the registers of this tile's V and the next tile's K -> v_s, k_s (a non-finite
+//   v half staged as 0, with flag 2: the granule is tested whole, stage_v_units);
 //   softmax (mma_common.wgsl's lane_logits / lane_weights, lazy max): lanes l and l ^ 16
 //   share a row, its max exchanged by pair_max; P to p_s as f16;
 //   take_flags' barrier; O += P V, P's KEY_TILES operands loaded once for all output tiles.
 // O is rescaled through o_x only on tiles where a row's reference max moved (flag 1).
+// (Measured on the H100, ci/results/h100_wgsl_mma_prefill_kstaged.txt: storing the registers
+// after the softmax instead, or V's loaded in its own tile, were slower.)
 // Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
-// padded), K_UNITS and V_UNITS.
-
-// V's granules are loaded a tile ahead, as K's (more loads in flight; more registers).
-const V_AHEAD = true;
-// The K / V registers go to k_s / v_s after the softmax (else right after the first barrier).
-const STAGE_LATE = true;
+// padded) and KV_UNITS.
 
 var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
 var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
@@ -35,28 +32,23 @@ var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
 var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, Q_TILE>;
 
-// This invocation's granules of the K tile of keys j0.. (unit u: granule lid + u * THREADS of
-// the tile, key-major), k's key j at element kb + j * ks; zeros for keys outside [lo, hi).
-fn load_k_units(kb: u32, ks: u32, j0: u32, lo: u32, hi: u32, lid: u32) -> array<GV, K_UNITS> {
-  var r: array<GV, K_UNITS>;
-  for (var u = 0u; u < K_UNITS; u++) {  // @unroll
+// This invocation's granules of the K tile of keys j0.. (v: of the V tile) whose key j starts
+// at element at + j * pitch (unit u: granule lid + u * THREADS of the tile, key-major); zeros
+// for keys outside [lo, hi), which are not read.
+fn load_units(at: u32, pitch: u32, j0: u32, lo: u32, hi: u32, lid: u32, v: bool
+              ) -> array<GV, KV_UNITS> {
+  let per = select(QK_GRANULES, V_GRANULES, v);         // granules a key
+  var r: array<GV, KV_UNITS>;
+  for (var u = 0u; u < KV_UNITS; u++) {  // @unroll
     let idx = lid + u * THREADS;
-    let j = j0 + idx / QK_GRANULES;
-    if (idx < KV_TILE * QK_GRANULES && j >= lo && j < hi) {
-      r[u] = load_k((kb + j * ks) / GRANULE + idx % QK_GRANULES);
-    }
-  }
-  return r;
-}
-
-// The same of V (its key j at element vb + j * vs).
-fn load_v_units(vb: u32, vs: u32, j0: u32, lo: u32, hi: u32, lid: u32) -> array<GV, V_UNITS> {
-  var r: array<GV, V_UNITS>;
-  for (var u = 0u; u < V_UNITS; u++) {  // @unroll
-    let idx = lid + u * THREADS;
-    let j = j0 + idx / V_GRANULES;
-    if (idx < KV_TILE * V_GRANULES && j >= lo && j < hi) {
-      r[u] = load_v((vb + j * vs) / GRANULE + idx % V_GRANULES);
+    let j = j0 + idx / per;
+    if (idx < KV_TILE * per && j >= lo && j < hi) {
+      let g = (at + j * pitch) / GRANULE + idx % per;
+      if (v) {
+        r[u] = load_v(g);
+      } else {
+        r[u] = load_k(g);
+      }
     }
   }
   return r;
@@ -79,8 +71,8 @@ fn put_granule(at: u32, g: GV, v: bool) {
 }
 
 // The K units into k_s (between barriers: no subgroup reads k_s meanwhile).
-fn stage_k_units(r: array<GV, K_UNITS>, lid: u32) {
-  for (var u = 0u; u < K_UNITS; u++) {  // @unroll
+fn stage_k_units(r: array<GV, KV_UNITS>, lid: u32) {
+  for (var u = 0u; u < KV_UNITS; u++) {  // @unroll
     let idx = lid + u * THREADS;
     if (idx < KV_TILE * QK_GRANULES) {
       put_granule((idx / QK_GRANULES) * K_STRIDE + (idx % QK_GRANULES) * GRANULE, r[u], false);
@@ -90,9 +82,9 @@ fn stage_k_units(r: array<GV, K_UNITS>, lid: u32) {
 
 // The V units into v_s, non-finite halves as 0 (mm_finite: the granule tested whole, the
 // slow path only where one is found); raises flag 2 if there was one.
-fn stage_v_units(r: array<GV, V_UNITS>, lid: u32) {
+fn stage_v_units(r: array<GV, KV_UNITS>, lid: u32) {
   var bad = false;
-  for (var u = 0u; u < V_UNITS; u++) {  // @unroll
+  for (var u = 0u; u < KV_UNITS; u++) {  // @unroll
     let idx = lid + u * THREADS;
     if (idx < KV_TILE * V_GRANULES) {
       var g = r[u];
@@ -122,13 +114,34 @@ fn s_tile(q0: MLeft, q1: MLeft, q2: MLeft, q3: MLeft, q4: MLeft, q5: MLeft, q6: 
   return a;
 }
 
-// acc + P V for output column tile at v_s[vo..]: the tile's KEY_TILES products.
-fn pv_col(acc: MAcc, p0: MLeft, p1: MLeft, p2: MLeft, p3: MLeft, vo: u32) -> MAcc {
-  var a = mm_pv_left(acc, p0, vo);
+// acc (rescaled first where `moved`: some row's reference max moved, uniform) + P V for the
+// output column tile at v_s[vo..]: the tile's KEY_TILES products.
+fn pv_col(acc: MAcc, p0: MLeft, p1: MLeft, p2: MLeft, p3: MLeft, vo: u32, moved: bool, sg: u32,
+          lane: u32) -> MAcc {
+  var a = acc;
+  if (moved) {
+    a = rescaled(a, sg, lane, sg * 16u);
+  }
+  a = mm_pv_left(a, p0, vo);
   if (KEY_TILES > 1u) { a = mm_pv_left(a, p1, vo + 16u * V_STRIDE); }
   if (KEY_TILES > 2u) { a = mm_pv_left(a, p2, vo + 32u * V_STRIDE); }
   if (KEY_TILES > 3u) { a = mm_pv_left(a, p3, vo + 48u * V_STRIDE); }
   return a;
+}
+
+// Where k's (kb, ks: first element, key pitch) and v's (vb, vs) rows of the workgroup's KV
+// head lie (uniform).
+struct KvRows {
+  kb: u32,
+  ks: u32,
+  vb: u32,
+  vs: u32,
+}
+
+fn kv_rows(w: PrefillWg) -> KvRows {
+  let kb = kv_elem(w.b, w.kvh, 0u);
+  let vb = v_row_at(w.b, w.kvh, 0u);
+  return KvRows(kb, kv_elem(w.b, w.kvh, 1u) - kb, vb, v_row_at(w.b, w.kvh, 1u) - vb);
 }
 
 // Q operand t of the subgroup's 16 rows of q from element at (rows st apart; the last one
@@ -144,7 +157,7 @@ fn q_operand(at: u32, st: u32, t: u32, edge: bool, rows: u32, pa: u32, lane: u32
   return mm_load_q(o, st);
 }
 
-// P's operand of key tile t (the last one again past KEY_TILES, as left_tile).
+// P's operand of key tile t (the last one again past KEY_TILES, as q_operand).
 fn p_tile(at: u32, t: u32) -> MLeft {
   return mm_load_p(at + min(t, KEY_TILES - 1u) * 16u);
 }
@@ -175,10 +188,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let at = lane_place(w, sg, lane);
   let lo = u32(w.span.x);               // the keys some row of the workgroup sees (kept
   let hi = u32(w.span.y);               // apart from at: uniform)
-  let kb = kv_elem(w.b, w.kvh, 0u);
-  let ks = kv_elem(w.b, w.kvh, 1u) - kb;   // k's row pitch
-  let vb = v_row_at(w.b, w.kvh, 0u);
-  let vs = v_row_at(w.b, w.kvh, 1u) - vb;  // v's
+  let kv = kv_rows(w);
   var o0 = mm_zero(); var o1 = mm_zero(); var o2 = mm_zero(); var o3 = mm_zero();
   var o4 = mm_zero(); var o5 = mm_zero(); var o6 = mm_zero(); var o7 = mm_zero();
   var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's half of its sum
@@ -187,71 +197,49 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 
   let u_first = lo / KV_TILE;
   let n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > lo);
-  stage_k_units(load_k_units(kb, ks, u_first * KV_TILE, lo, hi, lid), lid);
-  var vn = array<GV, V_UNITS>();       // V_AHEAD: the V of the next tile
-  if (V_AHEAD) {
-    vn = load_v_units(vb, vs, u_first * KV_TILE, lo, hi, lid);
-  }
+  stage_k_units(load_units(kv.kb, kv.ks, u_first * KV_TILE, lo, hi, lid, false), lid);
+  var vr = load_units(kv.vb, kv.vs, u_first * KV_TILE, lo, hi, lid, true);
   workgroupBarrier();
   for (var it = 0u; it < n_units; it++) {
     let j0 = (u_first + it) * KV_TILE;
-    // the next tile's K (and V: V_AHEAD; else this tile's) in flight during the QK products
-    let kr = load_k_units(kb, ks, j0 + KV_TILE, lo, hi, lid);
-    var vr = vn;
-    if (V_AHEAD) {
-      vn = load_v_units(vb, vs, j0 + KV_TILE, lo, hi, lid);
-    } else {
-      vr = load_v_units(vb, vs, j0, lo, hi, lid);
-    }
+    // the next tile's K and V in flight during this tile
+    let kr = load_units(kv.kb, kv.ks, j0 + KV_TILE, lo, hi, lid, false);
+    let vn = load_units(kv.vb, kv.vs, j0 + KV_TILE, lo, hi, lid, true);
     for (var kc = 0u; kc < KEY_TILES; kc++) {
       mm_store_s(s_tile(q0, q1, q2, q3, q4, q5, q6, q7, kc * 16u * K_STRIDE), sa + kc * 16u);
     }
     // every subgroup's QK (k_s) and PV of the last tile (v_s) are done: both take their next
-    // (STAGE_LATE: after the softmax, which gives the loads longer)
     workgroupBarrier();
-    if (!STAGE_LATE) {
-      stage_k_units(kr, lid);
-      stage_v_units(vr, lid);
-    }
+    stage_k_units(kr, lid);
+    stage_v_units(vr, lid);
+    vr = vn;
 
     let x = place_logits(at, j0, hi, w);
     var best = MASKED;
-    for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
+    for (var e = 0u; e < LANE_KEYS; e++) {
       best = max(best, x[e]);
     }
     ml = lane_weights(x, ml, pair_max(best, lid), at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr,
                       at.hf);
-    if (STAGE_LATE) {
-      stage_k_units(kr, lid);
-      stage_v_units(vr, lid);
-    }
     let flags = take_flags(lid);
-    if ((flags & 1u) != 0u) {          // some row's reference max moved: O rows *= alpha
-      o0 = rescaled(o0, sg, lane, sg * 16u);
-      if (OUT_TILES > 1u) { o1 = rescaled(o1, sg, lane, sg * 16u); }
-      if (OUT_TILES > 2u) { o2 = rescaled(o2, sg, lane, sg * 16u); }
-      if (OUT_TILES > 3u) { o3 = rescaled(o3, sg, lane, sg * 16u); }
-      if (OUT_TILES > 4u) { o4 = rescaled(o4, sg, lane, sg * 16u); }
-      if (OUT_TILES > 5u) { o5 = rescaled(o5, sg, lane, sg * 16u); }
-      if (OUT_TILES > 6u) { o6 = rescaled(o6, sg, lane, sg * 16u); }
-      if (OUT_TILES > 7u) { o7 = rescaled(o7, sg, lane, sg * 16u); }
-    }
     if ((flags & 2u) != 0u && at.i < P.seq_len) {
       vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
     }
 
+    // O += P V (O rows *= alpha first where some row's reference max moved)
+    let mv = (flags & 1u) != 0u;
     let p0 = p_tile(pa, 0u);
     let p1 = p_tile(pa, 1u);
     let p2 = p_tile(pa, 2u);
     let p3 = p_tile(pa, 3u);
-    o0 = pv_col(o0, p0, p1, p2, p3, 0u);
-    if (OUT_TILES > 1u) { o1 = pv_col(o1, p0, p1, p2, p3, 16u); }
-    if (OUT_TILES > 2u) { o2 = pv_col(o2, p0, p1, p2, p3, 32u); }
-    if (OUT_TILES > 3u) { o3 = pv_col(o3, p0, p1, p2, p3, 48u); }
-    if (OUT_TILES > 4u) { o4 = pv_col(o4, p0, p1, p2, p3, 64u); }
-    if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, 80u); }
-    if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, 96u); }
-    if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, 112u); }
+    o0 = pv_col(o0, p0, p1, p2, p3, 0u, mv, sg, lane);
+    if (OUT_TILES > 1u) { o1 = pv_col(o1, p0, p1, p2, p3, 16u, mv, sg, lane); }
+    if (OUT_TILES > 2u) { o2 = pv_col(o2, p0, p1, p2, p3, 32u, mv, sg, lane); }
+    if (OUT_TILES > 3u) { o3 = pv_col(o3, p0, p1, p2, p3, 48u, mv, sg, lane); }
+    if (OUT_TILES > 4u) { o4 = pv_col(o4, p0, p1, p2, p3, 64u, mv, sg, lane); }
+    if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, 80u, mv, sg, lane); }
+    if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, 96u, mv, sg, lane); }
+    if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, 112u, mv, sg, lane); }
   }
   write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, at.rr, at.hf, sg, lane);
 }

@@ -78,7 +78,7 @@ fn lane_logits(rr: u32, part: u32, j0: u32, hi: u32, live: bool, b: u32, h: u32,
   var best = MASKED;
   // PLAIN_LOGITS: the row's keys as its span (row_span: contiguous), two tests a key
   let sp = row_span(pos, s);
-  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
+  for (var e = 0u; e < LANE_KEYS; e++) {
     let jl = part * LANE_KEYS + e;
     let j = j0 + jl;
     var xv = MASKED;
@@ -116,7 +116,7 @@ fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, r
   // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
   let m_use = select(lm.x, 0.0, lm.x <= MASKED);
   var psum = 0.0;
-  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
+  for (var e = 0u; e < LANE_KEYS; e++) {
     let p = weight_of(x[e], m_use);
     psum += p;
     p_s[at + e] = f16(p);

@@ -54,8 +54,8 @@ HOST = Host(probe.NAME, "wgpudawn", _wgpudawn, lambda adapter, view: probe.caps_
 MATRIX_PREFILL_WHY = (
     "NVIDIA with Dawn's subgroup matrices (flag experimental_features): prompts of 512 rows "
     "or more take the direct matrix prefill (Q in registers, K and V staged by the workgroup), "
-    "faster than the scalar prefill on the H100 (f16 causal GQA 32/8 H=128: S=512 TBD, "
-    "S=2048 TBD)")
+    "faster than the scalar prefill on the H100 (f16 causal GQA 32/8 H=128: S=512 155 "
+    "against 214 us, S=2048 1401 against 2436 us)")
 
 # WebGPU through Dawn and Tint in-process, ranked just below webgpu (wgpu-native, 10), which
 # remains the default WebGPU host where both see the same adapter.

@@ -30,10 +30,11 @@ SUBGROUP_MATRIX = MatrixUnit("subgroup_matrix", 16, 16, 16, "f16", "f32")
 MMA_DEFAULTS: Mapping[str, Any] = {"q_tile": 32, "kv_tile": 32, "mma": "hardware"}
 MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64), "kv_tile": (16, 32, 64)}
 # The prefill's direct form (fixed param form="direct": shaders/flash_prefill_mma_direct.wgsl)
-# loads Q and K straight from their stored f16 rows (no pages, no quantized K/V) and keeps its
-# Q operands and output tiles in up to 8 variables each: heads up to 128.
-# Its default q_tile is 64 (4 subgroups share each staged V tile): on the H100 (Dawn) S=2048
-# took 2566 us at q_tile 64, 5068 at 32, 7450 at 16 (ci/results/h100_wgsl_mma_prefill.txt).
+# loads Q straight from its stored f16 rows and stages K and V in 16-byte granules (plain f16
+# rows: no pages, no quantized K/V), and keeps its Q operands and output tiles in up to 8
+# variables each: heads up to 128. Its default q_tile is 64 (4 subgroups share each staged K
+# and V tile; 128 rows do not fit 48 KiB): on the H100 (Dawn) S=2048 took 1401-1403 us at
+# q_tile 64, 4801-4810 at 32 (K staged; ci/results/h100_wgsl_mma_prefill_kstaged.txt).
 DIRECT_DEFAULTS: Mapping[str, Any] = {**MMA_DEFAULTS, "q_tile": 64}
 DIRECT_HEADS = (32, 128, 16)
 DIRECT_V_HEADS = (16, 128, 16)
@@ -64,11 +65,10 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
          "MASK_WORDS": max(1, -(-(-(-noc // 2) * 16) // 32)), "PLAIN_LOGITS": 0}
     if params.get("form") == "direct":
         # rows padded by 16 bytes (the GEMM probe's staged blocks: no pad or 32 bytes were
-        # ~40% slower, ci/results/h100_gemm_probe.txt); K_UNITS / V_UNITS: the 16-byte
-        # granules of a K / V tile each invocation stages
+        # ~40% slower, ci/results/h100_gemm_probe.txt); KV_UNITS: the 16-byte granules of a
+        # K or V tile each invocation stages (the longer of the two rows)
         c.update(Q_DIRECT=1, K_STRIDE=h + 8, V_STRIDE=hv + 8, P_STRIDE=bc + 8, S_STRIDE=bc + 4,
-                 K_UNITS=-(-bc * (h // 8) // c["THREADS"]),
-                 V_UNITS=-(-bc * max(1, hv // 8) // c["THREADS"]),
+                 KV_UNITS=-(-bc * max(h // 8, hv // 8, 1) // c["THREADS"]),
                  # logits without the per-score softcap / bias / ALiBi tests where the spec
                  # has none (mma_common.wgsl's plain_logit)
                  PLAIN_LOGITS=int(not (spec.softcap or spec.bias or spec.alibi_max_bias)))
@@ -199,12 +199,12 @@ _FAMILIES: Mapping[str, tuple[Mapping[str, Any], Mapping[str, tuple[Any, ...]],
 
 
 _DIRECT_DOC = (
-    "flash prefill on matrix units, Q and K loaded straight from their stored f16 rows (the "
-    "row pitch as the stride), V staged in two alternating workgroup tiles: per subgroup 16 "
-    "query rows, its Q operands and output tiles held in registers across key tiles, S = QK^T "
-    "and O += PV as 16x16x16 subgroup-matrix products (f16 in, f32 accumulators), the online "
-    "softmax (lazy max) on both halves of the subgroup between them, two workgroup barriers "
-    "a key tile")
+    "flash prefill on matrix units, Q loaded straight from its stored f16 rows (the row pitch "
+    "as the stride), K and V staged by the whole workgroup in 16-byte granules loaded a tile "
+    "ahead: per subgroup 16 query rows, its Q operands and output tiles held in registers "
+    "across key tiles, S = QK^T and O += PV as 16x16x16 subgroup-matrix products (f16 in, f32 "
+    "accumulators), the online softmax (lazy max) on both halves of the subgroup between them, "
+    "two workgroup barriers a key tile")
 
 
 def _direct_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
@@ -219,8 +219,9 @@ def _mma_kernel(family: str, dtype: str, direct: bool = False) -> KernelInfo:
         head_sizes=DIRECT_HEADS if direct else HEAD_SIZES,
         v_head_sizes=DIRECT_V_HEADS if direct else HEAD_SIZES, supports=ALL_FEATURES,
         # The direct form first where it applies (flag matrix_units=on / emulate): on the
-        # H100 (Dawn) it took 2565 vs 7592 us at S=2048, 258 vs 617 at S=512
-        # (ci/results/h100_wgsl_mma_prefill.txt).
+        # H100 (Dawn) it took 2565 vs 7592 us at S=2048, 258 vs 617 at S=512 with K read from
+        # storage (ci/results/h100_wgsl_mma_prefill.txt), 1401 / 155 with K staged
+        # (h100_wgsl_mma_prefill_kstaged.txt).
         features=_features(dtype, "subgroup-matrix"), priority=21 if direct else 20,
         kv_layouts=frozenset({"BSNH", "BNSH"}) if direct else KV_LAYOUTS,
         kv_dtypes=frozenset() if direct else KV_DTYPES,

@@ -175,11 +175,12 @@ RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TI
 
 
 # -- the matrix prefill's direct form under matrix_units=auto ----------------------------------
-# H100 (Dawn, experimental subgroup matrices), f16 causal GQA 32/8 H=128, batch 1, GPU time:
-# the direct form (K and V staged by the workgroup) against the scalar prefill (the plan of
-# matrix_units=off), alternated in one device call: S=512 {s512} us, S=2048 {s2048} us
-# (ci/results/h100_wgsl_mma_prefill_kstaged.txt). Prompts under MATRIX_PREFILL_MIN_SEQ were not
-# measured (a 64-row workgroup tile is mostly padding there).
+# H100 (Dawn, experimental subgroup matrices), f16 causal GQA 32/8 H=128, batch 1, GPU time,
+# the direct form with K and V staged by the workgroup against the scalar prefill (the plan of
+# matrix_units=off), alternated in one device call (two rounds): S=512 154.5 / 154.7 us
+# against 214.7 / 214.3 us, S=2048 1403.2 / 1401.0 us against 2435.7 / 2436.5 us
+# (ci/results/h100_wgsl_mma_prefill_kstaged.txt). Prompts under MATRIX_PREFILL_MIN_SEQ were
+# not measured (a 64-row workgroup tile is mostly padding there).
 MATRIX_PREFILL_MIN_SEQ = 512
 MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
 
