@@ -50,13 +50,6 @@ HOST = Host(probe.NAME, "wgpudawn", _wgpudawn, lambda adapter, view: probe.caps_
             lambda caps, flags: device.get(caps, bool(flags.get(EXPERIMENTAL.name, False))),
             lambda caps, obj: device.DawnDevice(caps, None, device=obj), _tick)
 
-# The direct matrix prefill under matrix_units=auto (backends/webgpu/rules.py's figures).
-MATRIX_PREFILL_WHY = (
-    "NVIDIA with Dawn's subgroup matrices (flag experimental_features): prompts of 512 rows "
-    "or more take the direct matrix prefill (Q in registers, K and V staged by the workgroup), "
-    "faster than the scalar prefill on the H100 (f16 causal GQA 32/8 H=128: S=512 155 "
-    "against 214 us, S=2048 1401 against 2436 us)")
-
 # WebGPU through Dawn and Tint in-process, ranked just below webgpu (wgpu-native, 10), which
 # remains the default WebGPU host where both see the same adapter.
 INFO = BackendInfo(probe.NAME, 8, probe.probe, _open)
@@ -86,7 +79,7 @@ attnreg_register_kernels = registers(kernels.declare)
 attnreg_register_rules = registers(lambda: [
     wrules.block_skip(probe.NAME), wrules.decode_staging(probe.NAME),
     wrules.decode_quant_tile(probe.NAME), wrules.fit_tiles(probe.NAME), wrules.step_in_tile(probe.NAME),
-    wrules.matrix_prefill(probe.NAME, MATRIX_PREFILL_WHY)])
+    wrules.matrix_prefill(probe.NAME)])
 attnreg_register_flags = registers(lambda: [EXPERIMENTAL])
 attnreg_register_interop = registers(lambda: [HOST.interop()])
 attnreg_register_commands = registers(lambda: [VK_SHIM])

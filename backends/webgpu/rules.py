@@ -180,7 +180,7 @@ RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TI
 # matrix_units=off), alternated in one device call (two rounds): S=512 154.5 / 154.7 us
 # against 214.7 / 214.3 us, S=2048 1403.2 / 1401.0 us against 2435.7 / 2436.5 us
 # (ci/results/h100_wgsl_mma_prefill_kstaged.txt). Prompts under MATRIX_PREFILL_MIN_SEQ were
-# not measured (a 64-row workgroup tile is mostly padding there).
+# not measured.
 MATRIX_PREFILL_MIN_SEQ = 512
 MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
 
@@ -194,9 +194,12 @@ def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
             and ctx.spec.seq_len >= MATRIX_PREFILL_MIN_SEQ)
 
 
-def matrix_prefill(backend: str, why: str) -> Rule:
+def matrix_prefill(backend: str) -> Rule:
     """matrix_units=auto takes the direct matrix prefill's hardware build where it measured
     faster than the scalar prefill (a backend whose device exposes subgroup matrices: dawn)."""
-    return Rule(f"{backend}_matrix_prefill_nvidia", why, "params",
+    return Rule(f"{backend}_matrix_prefill_nvidia",
+                "NVIDIA with subgroup matrices: prompts of 512 rows or more take the direct "
+                "matrix prefill (Q in registers, K and V staged by the workgroup), faster than "
+                "the scalar prefill at every length measured", "params",
                 lambda c: _matrix_prefill(c, backend), lambda c: {"mma": "hardware"},
                 measured=(MATRIX_PREFILL_MEASURED,))
