@@ -51,7 +51,8 @@ fn pair_max(x: f32, slot: u32) -> f32 {
   return max(x, subgroupShuffleXor(x, 16u));
 }
 
-// g's halves as words, and where they are not finite (all exponent bits set: 0xffff per half).
+// Which halves of g are not finite (all exponent bits set), as a mask over its words: 0xffff
+// in each such half.
 fn mm_bad_bits(g: GV) -> vec4<u32> {
   let u = vec4<u32>(bitcast<vec2<u32>>(g[0]), bitcast<vec2<u32>>(g[1]));
   let e = u & vec4<u32>(0x7c007c00u);
