@@ -47,6 +47,15 @@ NO_V: Edit = (PF, "    stage_v_units(vr, lid);\n", "")
 # the logits of attn_common.wgsl's logit (its per-score feature tests) instead of plain_logit
 FULL_LOGITS: Edit = ("mma_common", "if (PLAIN_LOGITS == 1u) {", "if (false) {")
 # label -> (kernel or None for the scalar plan, params, source edits)
+# The softmax's loops over a lane's scores written out by the builder (// @unroll), as the
+# scalar prefill's are (the final build left them rolled, measured equal on another build).
+UNROLLED: list[Edit] = [
+    ("mma_common", "  for (var e = 0u; e < LANE_KEYS; e++) {\n    let jl",
+     "  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll\n    let jl"),
+    ("mma_common", "  for (var e = 0u; e < LANE_KEYS; e++) {\n    let p = weight_of",
+     "  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll\n    let p = weight_of"),
+    (PF, "    for (var e = 0u; e < LANE_KEYS; e++) {\n      best = max",
+     "    for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll\n      best = max")]
 VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
     "staged-q32-kv32": (STAGED, {"mma": "hardware"}, []),
@@ -54,6 +63,8 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "direct-q32-kv32": (DIRECT, {"mma": "hardware", "q_tile": 32, "kv_tile": 32}, []),
     "direct-q64-kv32-full-logits": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
                                     [FULL_LOGITS]),
+    "direct-q64-kv32-unrolled": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                                 UNROLLED),
     "direct-q16-kv64": (DIRECT, {"mma": "hardware", "q_tile": 16, "kv_tile": 64}, []),
 }
 PHASES: dict[str, list[Edit]] = {

@@ -19,7 +19,10 @@
 //   take_flags' barrier; O += P V, P's KEY_TILES operands loaded once for all output tiles.
 // O is rescaled through o_x only on tiles where a row's reference max moved (flag 1).
 // (Measured on the H100, ci/results/h100_wgsl_mma_prefill_kstaged.txt: storing the registers
-// after the softmax instead, or V's loaded in its own tile, were slower.)
+// after the softmax instead, or V's loaded in its own tile, were slower.) The rare rescale
+// runs on every output tile before the first PV product: this order measured 1401 us at
+// S=2048; a build that moved each tile's rescale (three barriers) into its PV step measured
+// 1734-1766 (with other edits that should not matter; the move alone was not timed).
 // Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
 // padded) and KV_UNITS.
 
@@ -114,15 +117,9 @@ fn s_tile(q0: MLeft, q1: MLeft, q2: MLeft, q3: MLeft, q4: MLeft, q5: MLeft, q6: 
   return a;
 }
 
-// acc (rescaled first where `moved`: some row's reference max moved, uniform) + P V for the
-// output column tile at v_s[vo..]: the tile's KEY_TILES products.
-fn pv_col(acc: MAcc, p0: MLeft, p1: MLeft, p2: MLeft, p3: MLeft, vo: u32, moved: bool, sg: u32,
-          lane: u32) -> MAcc {
-  var a = acc;
-  if (moved) {
-    a = rescaled(a, sg, lane, sg * 16u);
-  }
-  a = mm_pv_left(a, p0, vo);
+// acc + P V for the output column tile at v_s[vo..]: the tile's KEY_TILES products.
+fn pv_col(acc: MAcc, p0: MLeft, p1: MLeft, p2: MLeft, p3: MLeft, vo: u32) -> MAcc {
+  var a = mm_pv_left(acc, p0, vo);
   if (KEY_TILES > 1u) { a = mm_pv_left(a, p1, vo + 16u * V_STRIDE); }
   if (KEY_TILES > 2u) { a = mm_pv_left(a, p2, vo + 32u * V_STRIDE); }
   if (KEY_TILES > 3u) { a = mm_pv_left(a, p3, vo + 48u * V_STRIDE); }
@@ -149,12 +146,44 @@ fn kv_rows(w: PrefillWg) -> KvRows {
 // the workgroup's rows would reach past q's end (the last rows of the last batch and head),
 // so only the subgroup's `rows` existing rows are read, through its rows of p_s
 // (mm_load_q_edge: called by every invocation).
-fn q_operand(at: u32, st: u32, t: u32, edge: bool, rows: u32, pa: u32, lane: u32) -> MLeft {
-  let o = at + min(t, DEPTH_TILES - 1u) * 16u;
-  if (edge) {
-    return mm_load_q_edge(o, st, rows, pa, lane);
+fn q_operand(qr: QRows, t: u32, pa: u32, lane: u32) -> MLeft {
+  let o = qr.at + min(t, DEPTH_TILES - 1u) * 16u;
+  if (qr.edge) {
+    return mm_load_q_edge(o, qr.st, qr.rows, pa, lane);
   }
-  return mm_load_q(o, st);
+  return mm_load_q(o, qr.st);
+}
+
+// Where subgroup sg's 16 rows of q lie: first element (at), row pitch (st), whether the
+// workgroup's rows would reach past q's end (edge, uniform) and how many of the subgroup's
+// rows q holds (rows; those past seq_len that q holds load whatever is there: they see no
+// key).
+struct QRows {
+  at: u32,
+  st: u32,
+  edge: bool,
+  rows: u32,
+}
+
+fn q_tile_rows(w: PrefillWg, sg: u32) -> QRows {
+  let st = P.q_ss;
+  let qw = w.b * P.q_sb + w.h * P.q_sh + w.i0 * st;
+  let edge = qw + (Q_TILE - 1u) * st + QK_DIM > arrayLength(&q);
+  let rows = min(16u, P.seq_len - min(P.seq_len, w.i0 + sg * 16u));
+  return QRows(qw + sg * 16u * st, st, edge, rows);
+}
+
+// The tile's softmax on this lane's half of its row (mma_common.wgsl's lane_logits /
+// lane_weights, the row's max exchanged by pair_max): P to p_s, the row's (max, sum) after.
+fn tile_softmax(at: LanePlace, j0: u32, hi: u32, w: PrefillWg, ml: vec2<f32>, lid: u32
+                ) -> vec2<f32> {
+  let x = place_logits(at, j0, hi, w);
+  var best = MASKED;
+  for (var e = 0u; e < LANE_KEYS; e++) {
+    best = max(best, x[e]);
+  }
+  return lane_weights(x, ml, pair_max(best, lid), at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr,
+                      at.hf);
 }
 
 // P's operand of key tile t (the last one again past KEY_TILES, as q_operand).
@@ -169,22 +198,16 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   if (!w.ok) {
     return;
   }
-  // The subgroup's Q rows (rows past seq_len that q holds load whatever is there: they see
-  // no key; none past q's end is read, q_operand).
-  let st = P.q_ss;
-  let qw = w.b * P.q_sb + w.h * P.q_sh + w.i0 * st;
-  let edge = qw + (Q_TILE - 1u) * st + QK_DIM > arrayLength(&q);
-  let qo = qw + sg * 16u * st;
-  let rows = min(16u, P.seq_len - min(P.seq_len, w.i0 + sg * 16u));
+  let qr = q_tile_rows(w, sg);          // the subgroup's Q rows (none past q's end read)
   let pa = sg * 16u * P_STRIDE;
-  let q0 = q_operand(qo, st, 0u, edge, rows, pa, lane);
-  let q1 = q_operand(qo, st, 1u, edge, rows, pa, lane);
-  let q2 = q_operand(qo, st, 2u, edge, rows, pa, lane);
-  let q3 = q_operand(qo, st, 3u, edge, rows, pa, lane);
-  let q4 = q_operand(qo, st, 4u, edge, rows, pa, lane);
-  let q5 = q_operand(qo, st, 5u, edge, rows, pa, lane);
-  let q6 = q_operand(qo, st, 6u, edge, rows, pa, lane);
-  let q7 = q_operand(qo, st, 7u, edge, rows, pa, lane);
+  let q0 = q_operand(qr, 0u, pa, lane);
+  let q1 = q_operand(qr, 1u, pa, lane);
+  let q2 = q_operand(qr, 2u, pa, lane);
+  let q3 = q_operand(qr, 3u, pa, lane);
+  let q4 = q_operand(qr, 4u, pa, lane);
+  let q5 = q_operand(qr, 5u, pa, lane);
+  let q6 = q_operand(qr, 6u, pa, lane);
+  let q7 = q_operand(qr, 7u, pa, lane);
   let at = lane_place(w, sg, lane);
   let lo = u32(w.span.x);               // the keys some row of the workgroup sees (kept
   let hi = u32(w.span.y);               // apart from at: uniform)
@@ -214,32 +237,35 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     stage_v_units(vr, lid);
     vr = vn;
 
-    let x = place_logits(at, j0, hi, w);
-    var best = MASKED;
-    for (var e = 0u; e < LANE_KEYS; e++) {
-      best = max(best, x[e]);
-    }
-    ml = lane_weights(x, ml, pair_max(best, lid), at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr,
-                      at.hf);
+    ml = tile_softmax(at, j0, hi, w, ml, lid);
     let flags = take_flags(lid);
+    // some row's reference max moved: O rows *= alpha, all before the products (see the top)
+    if ((flags & 1u) != 0u) {
+      o0 = rescaled(o0, sg, lane, sg * 16u);
+      if (OUT_TILES > 1u) { o1 = rescaled(o1, sg, lane, sg * 16u); }
+      if (OUT_TILES > 2u) { o2 = rescaled(o2, sg, lane, sg * 16u); }
+      if (OUT_TILES > 3u) { o3 = rescaled(o3, sg, lane, sg * 16u); }
+      if (OUT_TILES > 4u) { o4 = rescaled(o4, sg, lane, sg * 16u); }
+      if (OUT_TILES > 5u) { o5 = rescaled(o5, sg, lane, sg * 16u); }
+      if (OUT_TILES > 6u) { o6 = rescaled(o6, sg, lane, sg * 16u); }
+      if (OUT_TILES > 7u) { o7 = rescaled(o7, sg, lane, sg * 16u); }
+    }
     if ((flags & 2u) != 0u && at.i < P.seq_len) {
       vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
     }
 
-    // O += P V (O rows *= alpha first where some row's reference max moved)
-    let mv = (flags & 1u) != 0u;
     let p0 = p_tile(pa, 0u);
     let p1 = p_tile(pa, 1u);
     let p2 = p_tile(pa, 2u);
     let p3 = p_tile(pa, 3u);
-    o0 = pv_col(o0, p0, p1, p2, p3, 0u, mv, sg, lane);
-    if (OUT_TILES > 1u) { o1 = pv_col(o1, p0, p1, p2, p3, 16u, mv, sg, lane); }
-    if (OUT_TILES > 2u) { o2 = pv_col(o2, p0, p1, p2, p3, 32u, mv, sg, lane); }
-    if (OUT_TILES > 3u) { o3 = pv_col(o3, p0, p1, p2, p3, 48u, mv, sg, lane); }
-    if (OUT_TILES > 4u) { o4 = pv_col(o4, p0, p1, p2, p3, 64u, mv, sg, lane); }
-    if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, 80u, mv, sg, lane); }
-    if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, 96u, mv, sg, lane); }
-    if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, 112u, mv, sg, lane); }
+    o0 = pv_col(o0, p0, p1, p2, p3, 0u);
+    if (OUT_TILES > 1u) { o1 = pv_col(o1, p0, p1, p2, p3, 16u); }
+    if (OUT_TILES > 2u) { o2 = pv_col(o2, p0, p1, p2, p3, 32u); }
+    if (OUT_TILES > 3u) { o3 = pv_col(o3, p0, p1, p2, p3, 48u); }
+    if (OUT_TILES > 4u) { o4 = pv_col(o4, p0, p1, p2, p3, 64u); }
+    if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, 80u); }
+    if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, 96u); }
+    if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, 112u); }
   }
   write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, at.rr, at.hf, sg, lane);
 }
