@@ -19,17 +19,8 @@
 // Q_STRIDE, K_STRIDE, V_STRIDE, S_STRIDE, P_STRIDE, ROW_LANES (2), LANE_KEYS (KV_TILE/2),
 // MASK_WORDS (words of a lane's column mask).
 
+// Workgroup memory: q_s here, the rest mma_prefill_common.wgsl's.
 var<workgroup> q_s: array<f16, Q_TILE * Q_STRIDE>;
-var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
-var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
-var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
-// Each subgroup's 16 x 16 O scratch (mm_store_x / mm_load_x). Its own array: sharing s_s's
-// dead scores (measured) gave wrong products in every cell on the H100 (Dawn/Tint + NVIDIA's
-// Vulkan driver), though the emulated build was right.
-var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
-var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
-var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
-var<workgroup> alpha_s: array<f32, Q_TILE>;
 
 // The kernel, entered through the primitive file's main (it knows how the device numbers
 // subgroups: sg is the subgroup, lane its invocation; lid the workgroup-linear invocation).

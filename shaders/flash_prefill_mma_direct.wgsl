@@ -26,14 +26,7 @@
 // Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
 // padded) and KV_UNITS.
 
-var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
-var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
-var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
-// Each subgroup's 16 x 16 O scratch (a separate array: see flash_prefill_mma.wgsl).
-var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
-var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
-var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
-var<workgroup> alpha_s: array<f32, Q_TILE>;
+// Workgroup memory: mma_prefill_common.wgsl's (k_s, v_s, s_s, o_x, p_s, red_s, alpha_s).
 
 // This invocation's granules of the K tile of keys j0.. (v: of the V tile) whose key j starts
 // at element at + j * pitch (unit u: granule lid + u * THREADS of the tile, key-major); zeros

@@ -1,9 +1,20 @@
-// What both forms of the matrix prefill share (flash_prefill_mma: Q and K staged;
-// flash_prefill_mma_direct: Q and K read straight from storage): where a lane works, its
-// logits, the non-finite v slow path, the row's closing factor and lse, and the output
-// written tile by tile through the subgroup's O scratch. The softmax lanes: lane (row rr,
-// half hf) of a subgroup, 2 lanes a row (ROW_LANES), each with half of the row's scores and
-// every other 16-column output tile.
+// What both forms of the matrix prefill share (flash_prefill_mma: Q, K and V staged one f16 at
+// a time; flash_prefill_mma_direct: Q read straight from storage, K and V staged in 16-byte
+// granules): their workgroup memory but q_s, where a lane works, its logits, the non-finite v
+// slow path, the row's closing factor and lse, and the output written tile by tile through
+// the subgroup's O scratch. The softmax lanes: lane (row rr, half hf) of a subgroup, 2 lanes
+// a row (ROW_LANES), each with half of the row's scores and every other 16-column output tile.
+
+var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
+var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
+var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
+// Each subgroup's 16 x 16 O scratch (mm_store_x / mm_load_x). Its own array: sharing s_s's
+// dead scores (measured) gave wrong products in every cell on the H100 (Dawn/Tint + NVIDIA's
+// Vulkan driver), though the emulated build was right.
+var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
+var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
+var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
+var<workgroup> alpha_s: array<f32, Q_TILE>;
 
 // vbad with the bits of the output columns of this lane's row (its half's column tiles c =
 // hf, hf+2, ..) set where a key of the tile j0.. that the row sees has a non-finite v: the

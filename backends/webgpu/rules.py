@@ -179,8 +179,9 @@ RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TI
 # the direct form with K and V staged by the workgroup against the scalar prefill (the plan of
 # matrix_units=off), alternated in one device call (two rounds): S=512 154.5 / 154.7 us
 # against 214.7 / 214.3 us, S=2048 1403.2 / 1401.0 us against 2435.7 / 2436.5 us
-# (ci/results/h100_wgsl_mma_prefill_kstaged.txt). Prompts under MATRIX_PREFILL_MIN_SEQ were
-# not measured.
+# (ci/results/h100_wgsl_mma_prefill_kstaged.txt). A build with the rescale inside each PV
+# step (since moved back) measured 185 / 1734-1767 us against 213-215 / 2418-2434: faster too.
+# Prompts under MATRIX_PREFILL_MIN_SEQ were not measured.
 MATRIX_PREFILL_MIN_SEQ = 512
 MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
 
