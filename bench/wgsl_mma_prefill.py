@@ -9,7 +9,10 @@ granules) at several tiles (``--only``; a variant may carry source edits), each 
 largest error against the float64 reference; then the fastest direct tiles with one phase
 compiled out at a time (bench/wgsl_mma_phases.py's source edits: wrong values, their error
 printed to show the phase went). GPU time per launch (timestamp queries, median), f16 causal
-GQA 32/8 H=128. ``--tag`` labels the lines, so that runs of two trees (this script copied
+GQA 32/8 H=128. Variants with source edits also take the kernel apart: its rare branches
+(rescale, non-finite v) taken out or reshaped, the flags read with fewer barriers, V read
+straight from storage (ci/results/h200_wgsl_mma_prefill_branches.txt). ``--tag`` labels the
+lines, so that runs of two trees (this script copied
 into each) can be told apart and alternated.
 
   python3 bench/wgsl_mma_prefill.py [--iters 40] [--rounds 2] [--seq 512,2048] [--only a,b]
@@ -27,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import attnreg
 from attnreg import testing
-from attnreg.backends.webgpu import program
+from attnreg.backends.webgpu import program, wgsl_io
 from bench.wgsl_mma_phases import LOGITS, Edit, _median_us, source_with
 
 GQA = dict(num_heads=32, kv_num_heads=8, head_size=128, dtype="float16", causal=True)
@@ -54,8 +57,8 @@ UNROLLED: list[Edit] = [
      "  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll\n    let jl"),
     ("mma_common", "  for (var e = 0u; e < LANE_KEYS; e++) {\n    let p = weight_of",
      "  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll\n    let p = weight_of"),
-    (PF, "    for (var e = 0u; e < LANE_KEYS; e++) {\n      best = max",
-     "    for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll\n      best = max")]
+    (PF, "  for (var e = 0u; e < LANE_KEYS; e++) {\n    best = max",
+     "  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll\n    best = max")]
 VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
     "staged-q32-kv32": (STAGED, {"mma": "hardware"}, []),
@@ -67,6 +70,137 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
                                  UNROLLED),
     "direct-q16-kv64": (DIRECT, {"mma": "hardware", "q_tile": 16, "kv_tile": 64}, []),
 }
+# V read by the PV products straight from storage (v bound as halves, not staged): what v's
+# staging costs; wrong only where a key a row cannot see has a non-finite v (0 * NaN), which
+# the bench has not. (Built with 128 rows or 64 keys, Dawn still counted v_s: 55840 / 66336
+# bytes of workgroup memory, over the 48 KiB.)
+V_STORAGE: list[Edit] = [
+    (HW, "fn mm_pv_left(acc: MAcc, a: MLeft, vo: u32) -> MAcc {",
+     "fn mm_pv_left(acc: MAcc, a: MLeft, vo: u32, vp: u32) -> MAcc {"),
+    (HW, "(&v_s, vo, V_STRIDE)", "(&v, vo, vp)"),
+    (PF, "p3: MLeft, vo: u32) -> MAcc {", "p3: MLeft, vo: u32, vp: u32) -> MAcc {"),
+    (PF, "mm_pv_left(acc, p0, vo);", "mm_pv_left(acc, p0, vo, vp);"),
+    (PF, "vo + 16u * V_STRIDE);", "vo + 16u * vp, vp);"),
+    (PF, "vo + 32u * V_STRIDE);", "vo + 32u * vp, vp);"),
+    (PF, "vo + 48u * V_STRIDE);", "vo + 48u * vp, vp);"),
+    (PF, "    let j0 = (u_first + it) * KV_TILE;\n",
+     "    let j0 = (u_first + it) * KV_TILE;\n    let v_at = kv.vb + j0 * kv.vs;\n"),
+    *[(PF, f"pv_col(o{c}, p0, p1, p2, p3, {16 * c}u)",
+       f"pv_col(o{c}, p0, p1, p2, p3, v_at + {16 * c}u, kv.vs)") for c in range(8)],
+    NO_V]
+_TAKE = ("fn take_flags(lid: u32) -> u32 {\n  workgroupBarrier();\n  if (lid == 0u) {\n"
+         "    flag_u = atomicExchange(&flag_a, 0u);\n  }\n"
+         "  return workgroupUniformLoad(&flag_u);\n}")
+_PAR: Edit = (PF, "    stage_k_units(kr, lid);\n", "    fpar = it % 2u;\n    stage_k_units(kr, lid);\n")
+_TAKE2: Edit = (PF, "    let flags = take_flags(lid);", "    let flags = take_flags2(lid, it % 2u);")
+# The flags in two words by tile parity, read by one workgroupUniformLoad (its own two
+# barriers: the explicit one and the exchange go); the word of the next tile reset by lid 0
+# before it (its readers passed the last uniform load's barriers).
+FLAGS_ATOMIC: list[Edit] = [
+    ("mma_common", "var<workgroup> flag_a: atomic<u32>;",
+     "var<workgroup> flag_a: array<atomic<u32>, 2>;\nvar<private> fpar: u32;"),
+    ("mma_common", "atomicOr(&flag_a, 1u);", "atomicOr(&flag_a[fpar], 1u);"),
+    (PF, "atomicOr(&flag_a, 2u);", "atomicOr(&flag_a[fpar], 2u);"),
+    ("mma_common", _TAKE, "fn take_flags2(lid: u32, par: u32) -> u32 {\n"
+     "  if (lid == 0u) {\n    atomicStore(&flag_a[1u - par], 0u);\n  }\n"
+     "  return workgroupUniformLoad(&flag_a[par]);\n}"), _PAR, _TAKE2]
+# the same with plain words (flag 1 and flag 2 each a word a parity, set to 1 by any lane),
+# the four read by one workgroupUniformLoad of the array
+FLAGS_WORDS: list[Edit] = [
+    ("mma_common", "var<workgroup> flag_a: atomic<u32>;",
+     "var<workgroup> flag_w: array<u32, 4>;\nvar<private> fpar: u32;"),
+    ("mma_common", "atomicOr(&flag_a, 1u);", "flag_w[fpar * 2u] = 1u;"),
+    (PF, "atomicOr(&flag_a, 2u);", "flag_w[fpar * 2u + 1u] = 1u;"),
+    ("mma_common", _TAKE, "fn take_flags2(lid: u32, par: u32) -> u32 {\n"
+     "  if (lid == 0u) {\n    flag_w[2u - par * 2u] = 0u;\n    flag_w[3u - par * 2u] = 0u;\n  }\n"
+     "  let f = workgroupUniformLoad(&flag_w);\n"
+     "  return f[par * 2u] | (f[par * 2u + 1u] << 1u);\n}"), _PAR, _TAKE2]
+# take_flags as one plain barrier (no atomic, no uniform load): what the flags cost (wrong
+# where a rescale was due)
+NO_FLAGS: Edit = ("mma_common", "  workgroupBarrier();\n  if (lid == 0u) {\n"
+                  "    flag_u = atomicExchange(&flag_a, 0u);\n  }\n"
+                  "  return workgroupUniformLoad(&flag_u);",
+                  "  workgroupBarrier();\n  return 0u;")
+# The key loop split in two: an inner loop of tiles that raise no flag (its body free of the
+# rare paths), left at the first tile that raises one; that tile's rescale / non-finite v
+# path and its PV products in the outer loop, which then resumes the inner one.
+def _split_loop() -> Edit:
+    text = program.load(PF)
+    old = text[text.index("  for (var it = 0u; it < n_units; it++) {"):
+               text.index("  write_out(o0")]
+    body = old[old.index("    let j0 = "):old.index("    // some row's reference max moved")]
+    rare = old[old.index("    // some row's reference max moved"):old.index("    let p0 = p_tile")]
+    pv = old[old.index("    let p0 = p_tile"):old.rindex("  }")]
+    new = ("  var it = 0u;\n  loop {\n    if (it >= n_units) {\n      break;\n    }\n"
+           "    var flags = 0u;\n    loop {\n      if (it >= n_units) {\n        break;\n      }\n"
+           + body.replace("    let flags = take_flags(lid);", "    flags = take_flags(lid);")
+           + "    if (flags != 0u) {\n      break;\n    }\n" + pv + "    it++;\n    }\n"
+           "    if (it >= n_units) {\n      break;\n    }\n"
+           "    let j0 = (u_first + it) * KV_TILE;\n" + rare + pv + "    it++;\n  }\n")
+    return (PF, old, new)
+
+
+# V loaded at the start of its own tile (not a tile ahead): 16 fewer registers held across
+# the tile (a lane's V units of the next tile).
+V_OWN_TILE: list[Edit] = [
+    (PF, "  var vr = load_units(kv.vb, kv.vs, u_first * KV_TILE, lo, hi, lid, true);\n", ""),
+    (PF, "    let vn = load_units(kv.vb, kv.vs, j0 + KV_TILE, lo, hi, lid, true);",
+     "    let vr = load_units(kv.vb, kv.vs, j0, lo, hi, lid, true);"),
+    (PF, "    vr = vn;\n", "")]
+PATHS_OFF: list[Edit] = [(PF, "if ((flags & 1u) != 0u) {", "if (false) {"),
+                         (PF, "if ((flags & 2u) != 0u) {", "if (false) {")]
+
+
+# mark_bad_v's loops with trip counts the compiler cannot see (no unrolling: small code)
+COMPACT_BAD_V: list[Edit] = [
+    ("mma_prefill_common", "for (var jl = 0u; jl < KV_TILE; jl++) {",
+     "for (var jl = 0u; jl < min(KV_TILE, P.seq_len + KV_TILE); jl++) {"),
+    ("mma_prefill_common", "for (var d = 0u; d < 16u; d++) {",
+     "for (var d = 0u; d < min(16u, P.seq_len + 16u); d++) {")]
+
+
+# the non-finite v path's branch on the flag and the lane's row (before 2026-11-28: a branch
+# per lane; the build's is on the flag alone)
+BAD_V_PER_ROW: Edit = (PF, "if ((flags & 2u) != 0u) {",
+                       "if ((flags & 2u) != 0u && at.i < P.seq_len) {")
+
+
+VARIANTS.update({
+    "bad-v-per-row": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, [BAD_V_PER_ROW]),
+    "bad-v-per-row-no-rescale": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                                 [BAD_V_PER_ROW, PATHS_OFF[0]]),
+    "rescale-always": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                       [(PF, "if ((flags & 1u) != 0u) {", "if (true) {")]),
+    "compact-bad-v": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, COMPACT_BAD_V),
+    "compact-bad-v-per-row-no-rescale": (DIRECT, {"mma": "hardware", "q_tile": 64,
+                                                  "kv_tile": 32},
+                                         [*COMPACT_BAD_V, BAD_V_PER_ROW, PATHS_OFF[0]]),
+    "v-own-tile": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, V_OWN_TILE),
+    "v-own-tile-paths-off": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                             V_OWN_TILE + PATHS_OFF),
+    "split-loop": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, [_split_loop()]),
+    "direct-q64-kv32-noflags": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                                [NO_FLAGS]),
+    "no-rescale-path": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                        [(PF, "if ((flags & 1u) != 0u) {", "if (false) {")]),
+    "no-bad-v-path": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, PATHS_OFF[1:]),
+    "both-paths-off": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, PATHS_OFF),
+    "atomic-paths-off": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                         FLAGS_ATOMIC + PATHS_OFF),
+    "rescale-no-barriers": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+                            [("mma_common", "  mm_store_x(acc, sg * 256u);\n  workgroupBarrier();\n"
+                              "  for (var e = lane; e < 256u; e += 32u) {\n"
+                              "    o_x[sg * 256u + e] *= alpha_s[a0 + e / 16u];\n  }\n"
+                              "  workgroupBarrier();\n  let got = mm_load_x(sg * 256u);\n"
+                              "  workgroupBarrier();",
+                              "  mm_store_x(acc, sg * 256u);\n"
+                              "  for (var e = lane; e < 256u; e += 32u) {\n"
+                              "    o_x[sg * 256u + e] *= alpha_s[a0 + e / 16u];\n  }\n"
+                              "  let got = mm_load_x(sg * 256u);")]),
+    "flags-atomic": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, FLAGS_ATOMIC),
+    "flags-words": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, FLAGS_WORDS),
+    "vstore-q64-kv32": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, V_STORAGE),
+})
 PHASES: dict[str, list[Edit]] = {
     "full kernel": [], "no QK product (K from k_s)": [NO_QK],
     "no PV product (nor P loads)": [NO_PV], "no matrix product at all": [NO_QK, NO_PV],
@@ -95,12 +229,29 @@ def _run_edited(dev: str, spec: attnreg.AttentionSpec, t: Mapping[str, Any], wan
                 label: str, edits: list[Edit], iters: int) -> tuple[float, float, str]:
     """_run of variant ``label`` built from its sources with ``edits`` (and its own)."""
     kernel, params, own = VARIANTS[label]
-    original = program.load
+    original = program.load, program.declarations, wgsl_io.helpers
     program.load = source_with(own + edits)     # program.build caches by ``load``
+    if label.startswith("vstore"):
+        _v_as_halves()
     try:
         return _run(dev, spec, t, want, kernel, params, iters)
     finally:
-        program.load = original
+        program.load, program.declarations, wgsl_io.helpers = original
+
+
+def _v_as_halves() -> None:
+    """The vstore variants' build: v bound as an array of halves beside q."""
+    decl, helpers = program.declarations, wgsl_io.helpers
+
+    def declarations(family: str, aux: frozenset[str], spec: attnreg.AttentionSpec,
+                     wide: bool = False, halves: frozenset[str] = frozenset()) -> str:
+        return decl(family, aux, spec, wide, halves | {"v"} if "q" in halves else halves)
+
+    def with_v(spec: attnreg.AttentionSpec, bound: frozenset[str], wide: bool = False,
+               halves: frozenset[str] = frozenset()) -> str:
+        return helpers(spec, bound, wide, halves | {"v"} if "q" in halves else halves)
+
+    program.declarations, wgsl_io.helpers = declarations, with_v
 
 
 def _tflops(spec: attnreg.AttentionSpec, us: float) -> float:

@@ -21,8 +21,11 @@
 // (Measured on the H100, ci/results/h100_wgsl_mma_prefill_kstaged.txt: storing the registers
 // after the softmax instead, or V's loaded in its own tile, were slower.) The rare rescale
 // runs on every output tile before the first PV product: this order measured 1401 us at
-// S=2048; a build that moved each tile's rescale (three barriers) into its PV step measured
-// 1734-1766 (with other edits that should not matter; the move alone was not timed).
+// S=2048 on the H100 (1409-1432 on the H200); a build that moved each tile's rescale (three
+// barriers) into its PV step measured 1734-1766 (with other edits). The rescale's branch,
+// though rarely taken, costs about 200 us of it at S=2048: without it and the non-finite v
+// branch 1197-1221 us; fewer flag barriers, the branch moved to an outer loop or its
+// barriers dropped did not recover it (ci/results/h200_wgsl_mma_prefill_branches.txt).
 // Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
 // padded) and KV_UNITS.
 
@@ -135,35 +138,41 @@ fn kv_rows(w: PrefillWg) -> KvRows {
 }
 
 // Q operand t of the subgroup's 16 rows of q from element at (rows st apart; the last one
-// again past DEPTH_TILES: the guarded lines that would use it compile away). edge (uniform):
-// the workgroup's rows would reach past q's end (the last rows of the last batch and head),
-// so only the subgroup's `rows` existing rows are read, through its rows of p_s
-// (mm_load_q_edge: called by every invocation).
-fn q_operand(qr: QRows, t: u32, pa: u32, lane: u32) -> MLeft {
+// again past DEPTH_TILES: the guarded lines that would use it compile away). edge (q_edge,
+// uniform; its own argument, since WGSL's analysis takes a struct holding a lane's values
+// as non-uniform): the workgroup's rows would reach past q's end (the last rows of the last
+// batch and head), so only the subgroup's `rows` existing rows are read, through its rows
+// of p_s (mm_load_q_edge: called by every invocation, barriers).
+fn q_operand(qr: QRows, edge: bool, t: u32, pa: u32, lane: u32) -> MLeft {
   let o = qr.at + min(t, DEPTH_TILES - 1u) * 16u;
-  if (qr.edge) {
+  if (edge) {
     return mm_load_q_edge(o, qr.st, qr.rows, pa, lane);
   }
   return mm_load_q(o, qr.st);
 }
 
-// Where subgroup sg's 16 rows of q lie: first element (at), row pitch (st), whether the
-// workgroup's rows would reach past q's end (edge, uniform) and how many of the subgroup's
-// rows q holds (rows; those past seq_len that q holds load whatever is there: they see no
-// key).
+// Where subgroup sg's 16 rows of q lie: first element (at), row pitch (st) and how many of
+// the subgroup's rows q holds (rows; those past seq_len that q holds load whatever is
+// there: they see no key).
 struct QRows {
   at: u32,
   st: u32,
-  edge: bool,
   rows: u32,
 }
 
+// The workgroup's first element of q.
+fn q_first(w: PrefillWg) -> u32 {
+  return w.b * P.q_sb + w.h * P.q_sh + w.i0 * P.q_ss;
+}
+
 fn q_tile_rows(w: PrefillWg, sg: u32) -> QRows {
-  let st = P.q_ss;
-  let qw = w.b * P.q_sb + w.h * P.q_sh + w.i0 * st;
-  let edge = qw + (Q_TILE - 1u) * st + QK_DIM > arrayLength(&q);
   let rows = min(16u, P.seq_len - min(P.seq_len, w.i0 + sg * 16u));
-  return QRows(qw + sg * 16u * st, st, edge, rows);
+  return QRows(q_first(w) + sg * 16u * P.q_ss, P.q_ss, rows);
+}
+
+// Whether the workgroup's Q_TILE rows would reach past q's end (uniform).
+fn q_edge(w: PrefillWg) -> bool {
+  return q_first(w) + (Q_TILE - 1u) * P.q_ss + QK_DIM > arrayLength(&q);
 }
 
 // The tile's softmax on this lane's half of its row (mma_common.wgsl's lane_logits /
@@ -192,15 +201,16 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     return;
   }
   let qr = q_tile_rows(w, sg);          // the subgroup's Q rows (none past q's end read)
+  let edge = q_edge(w);
   let pa = sg * 16u * P_STRIDE;
-  let q0 = q_operand(qr, 0u, pa, lane);
-  let q1 = q_operand(qr, 1u, pa, lane);
-  let q2 = q_operand(qr, 2u, pa, lane);
-  let q3 = q_operand(qr, 3u, pa, lane);
-  let q4 = q_operand(qr, 4u, pa, lane);
-  let q5 = q_operand(qr, 5u, pa, lane);
-  let q6 = q_operand(qr, 6u, pa, lane);
-  let q7 = q_operand(qr, 7u, pa, lane);
+  let q0 = q_operand(qr, edge, 0u, pa, lane);
+  let q1 = q_operand(qr, edge, 1u, pa, lane);
+  let q2 = q_operand(qr, edge, 2u, pa, lane);
+  let q3 = q_operand(qr, edge, 3u, pa, lane);
+  let q4 = q_operand(qr, edge, 4u, pa, lane);
+  let q5 = q_operand(qr, edge, 5u, pa, lane);
+  let q6 = q_operand(qr, edge, 6u, pa, lane);
+  let q7 = q_operand(qr, edge, 7u, pa, lane);
   let at = lane_place(w, sg, lane);
   let lo = u32(w.span.x);               // the keys some row of the workgroup sees (kept
   let hi = u32(w.span.y);               // apart from at: uniform)
@@ -243,7 +253,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       if (OUT_TILES > 6u) { o6 = rescaled(o6, sg, lane, sg * 16u); }
       if (OUT_TILES > 7u) { o7 = rescaled(o7, sg, lane, sg * 16u); }
     }
-    if ((flags & 2u) != 0u && at.i < P.seq_len) {
+    // on the flag alone, a branch the whole workgroup takes (the bits of rows past seq_len
+    // are never written): testing the row too measured 1444-1470 against 1220-1233 us at
+    // S=2048 with the rescale's branch taken out (h200_wgsl_mma_prefill_branches.txt)
+    if ((flags & 2u) != 0u) {
       vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
     }
 

@@ -13,8 +13,12 @@ fn mm_load_q(qo: u32, qs: u32) -> MLeft {
 
 // mma_hw_direct.wgsl's load where rows past q's end would be read: the emulated product
 // reads q element by element, each row's own (those past the end belong to rows that exist
-// nowhere, whose results are dropped).
+// nowhere, whose results are dropped). Its two barriers are the hardware load's: they make
+// CI's compile of this build (no CI device has subgroup matrices) apply WGSL's uniformity
+// analysis to its callers as the hardware build's compile does.
 fn mm_load_q_edge(qo: u32, qs: u32, rows: u32, pa: u32, lane: u32) -> MLeft {
+  workgroupBarrier();
+  workgroupBarrier();
   return MLeft(qo, qs);
 }
 

@@ -181,9 +181,12 @@ RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TI
 # against 214.7 / 214.3 us, S=2048 1403.2 / 1401.0 us against 2435.7 / 2436.5 us
 # (ci/results/h100_wgsl_mma_prefill_kstaged.txt). A build with the rescale inside each PV
 # step (since moved back) measured 185 / 1734-1767 us against 213-215 / 2418-2434: faster too.
-# Prompts under MATRIX_PREFILL_MIN_SEQ were not measured.
+# H200 (same call design, 2026-11-28, the build since its edge Q load's uniformity fix):
+# 157.9-159.7 / 1407-1432 us against 213.1-213.9 / 2422-2431 (ci/results/
+# h200_wgsl_mma_prefill_branches.txt). Prompts under MATRIX_PREFILL_MIN_SEQ were not measured.
 MATRIX_PREFILL_MIN_SEQ = 512
 MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
+MATRIX_PREFILL_H200 = "ci/results/h200_wgsl_mma_prefill_branches.txt"
 
 
 def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
@@ -203,4 +206,4 @@ def matrix_prefill(backend: str) -> Rule:
                 "matrix prefill (Q in registers, K and V staged by the workgroup), faster than "
                 "the scalar prefill at every length measured", "params",
                 lambda c: _matrix_prefill(c, backend), lambda c: {"mma": "hardware"},
-                measured=(MATRIX_PREFILL_MEASURED,))
+                measured=(MATRIX_PREFILL_MEASURED, MATRIX_PREFILL_H200))

@@ -6,6 +6,8 @@ no matrix units (ci/required_matrix.json says so)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,29 @@ def test_hardware_module_requests_subgroup_matrices() -> None:
     assert hw_src.startswith("enable subgroups;\nenable chromium_experimental_subgroup_matrix;")
     assert "@builtin(subgroup_id)" in hw_src and "subgroupMatrixMultiplyAccumulate" in hw_src
     assert "subgroupMatrix" not in emu_src and "subgroup_id" not in emu_src
+
+
+def _functions(text: str) -> dict[str, str]:
+    """A WGSL file's functions by name, each its text up to the next function."""
+    parts = re.split(r"^fn ", text, flags=re.M)[1:]
+    return {part.split("(", 1)[0]: part for part in parts}
+
+
+@pytest.mark.parametrize("form", ["", "_direct", "_staged"])
+def test_emulated_twins_keep_the_hardware_barriers(form: str) -> None:
+    """CI compiles only the emulated builds (no CI device has subgroup matrices), so WGSL's
+    uniformity analysis sees a hardware function's barriers only where its emulated twin
+    has them too: a twin with fewer let a call from non-uniform control flow compile in CI
+    and fail on the GPU (as the direct prefill's edge Q load did, 0 of 35 cells on the
+    H200)."""
+    hw = _functions(program.load("mma_hw" + form))
+    emu = _functions(program.load("mma_emu" + form))
+    missing = {name: (body.count("workgroupBarrier("), emu[name].count("workgroupBarrier("))
+               for name, body in hw.items()
+               if name in emu and emu[name].count("workgroupBarrier(")
+               < body.count("workgroupBarrier(")}
+    assert not missing, f"mma_emu{form}: fewer barriers than the hardware twin {missing}"
+    assert any("workgroupBarrier(" in body for body in hw.values()) or form != "_direct"
 
 
 def _growing_logits(spec: attnreg.AttentionSpec, seed: int) -> dict[str, np.ndarray]:
