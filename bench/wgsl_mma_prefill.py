@@ -93,28 +93,35 @@ _TAKE = ("fn take_flags(lid: u32) -> u32 {\n  workgroupBarrier();\n  if (lid == 
          "  return workgroupUniformLoad(&flag_u);\n}")
 _PAR: Edit = (PF, "    stage_k_units(kr, lid);\n", "    fpar = it % 2u;\n    stage_k_units(kr, lid);\n")
 _TAKE2: Edit = (PF, "    let flags = take_flags(lid);", "    let flags = take_flags2(lid, it % 2u);")
-# The flags in two words by tile parity, read by one workgroupUniformLoad (its own two
-# barriers: the explicit one and the exchange go); the word of the next tile reset by lid 0
-# before it (its readers passed the last uniform load's barriers).
-FLAGS_ATOMIC: list[Edit] = [
-    ("mma_common", "var<workgroup> flag_a: atomic<u32>;",
-     "var<workgroup> flag_a: array<atomic<u32>, 2>;\nvar<private> fpar: u32;"),
-    ("mma_common", "atomicOr(&flag_a, 1u);", "atomicOr(&flag_a[fpar], 1u);"),
-    (PF, "atomicOr(&flag_a, 2u);", "atomicOr(&flag_a[fpar], 2u);"),
-    ("mma_common", _TAKE, "fn take_flags2(lid: u32, par: u32) -> u32 {\n"
-     "  if (lid == 0u) {\n    atomicStore(&flag_a[1u - par], 0u);\n  }\n"
-     "  return workgroupUniformLoad(&flag_a[par]);\n}"), _PAR, _TAKE2]
-# the same with plain words (flag 1 and flag 2 each a word a parity, set to 1 by any lane),
-# the four read by one workgroupUniformLoad of the array
-FLAGS_WORDS: list[Edit] = [
-    ("mma_common", "var<workgroup> flag_a: atomic<u32>;",
-     "var<workgroup> flag_w: array<u32, 4>;\nvar<private> fpar: u32;"),
-    ("mma_common", "atomicOr(&flag_a, 1u);", "flag_w[fpar * 2u] = 1u;"),
-    (PF, "atomicOr(&flag_a, 2u);", "flag_w[fpar * 2u + 1u] = 1u;"),
-    ("mma_common", _TAKE, "fn take_flags2(lid: u32, par: u32) -> u32 {\n"
-     "  if (lid == 0u) {\n    flag_w[2u - par * 2u] = 0u;\n    flag_w[3u - par * 2u] = 0u;\n  }\n"
-     "  let f = workgroupUniformLoad(&flag_w);\n"
-     "  return f[par * 2u] | (f[par * 2u + 1u] << 1u);\n}"), _PAR, _TAKE2]
+
+
+def _parity_flags(decl: str, raise1: str, raise2: str, take: str) -> list[Edit]:
+    """The flags in words by tile parity (``decl``, raised by ``raise1`` / ``raise2``),
+    read by ``take`` (take_flags2): one workgroupUniformLoad, its own two barriers (the
+    explicit one and the exchange go); lid 0 resets the next tile's words before it (their
+    readers passed the last uniform load's barriers)."""
+    return [("mma_common", "var<workgroup> flag_a: atomic<u32>;",
+             decl + "\nvar<private> fpar: u32;"),
+            ("mma_common", "atomicOr(&flag_a, 1u);", raise1),
+            (PF, "atomicOr(&flag_a, 2u);", raise2),
+            ("mma_common", _TAKE, "fn take_flags2(lid: u32, par: u32) -> u32 {\n" + take + "}"),
+            _PAR, _TAKE2]
+
+
+# one atomic word a parity
+FLAGS_ATOMIC = _parity_flags(
+    "var<workgroup> flag_a: array<atomic<u32>, 2>;", "atomicOr(&flag_a[fpar], 1u);",
+    "atomicOr(&flag_a[fpar], 2u);",
+    "  if (lid == 0u) {\n    atomicStore(&flag_a[1u - par], 0u);\n  }\n"
+    "  return workgroupUniformLoad(&flag_a[par]);\n")
+# plain words (flag 1 and flag 2 each a word a parity, set to 1 by any lane), the four read
+# by one workgroupUniformLoad of the array
+FLAGS_WORDS = _parity_flags(
+    "var<workgroup> flag_w: array<u32, 4>;", "flag_w[fpar * 2u] = 1u;",
+    "flag_w[fpar * 2u + 1u] = 1u;",
+    "  if (lid == 0u) {\n    flag_w[2u - par * 2u] = 0u;\n    flag_w[3u - par * 2u] = 0u;\n  }\n"
+    "  let f = workgroupUniformLoad(&flag_w);\n"
+    "  return f[par * 2u] | (f[par * 2u + 1u] << 1u);\n")
 # take_flags as one plain barrier (no atomic, no uniform load): what the flags cost (wrong
 # where a rescale was due)
 NO_FLAGS: Edit = ("mma_common", "  workgroupBarrier();\n  if (lid == 0u) {\n"
