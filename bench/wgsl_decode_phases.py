@@ -10,6 +10,9 @@ changed by editing its WGSL source:
   loop skeleton       no K/V loads and no tile compute: queries staged, the empty tile loop,
                       the streams merged and the partials written, plus the reduce
   launches only       decode_partial returns at once: the pass's two launches and the reduce
+  max one load        tile_weights' walk over the tile's logits for each vector's max cut to
+                      one load (+ no exp barrier: its second barrier dropped too): what a lazy
+                      reference max could save (ci/results/h200_wgsl_decode.txt)
 
 Edited builds compute wrong values (their error is printed: the part really went). GPU time
 per launch and back to back ("one pass": the runtime's b2b, N launches recorded into one
@@ -124,8 +127,21 @@ def _direct_fn() -> str:
 
 PARTIAL_EMPTY = (DP, "let tiles = tile_range(d);", "return;\n  let tiles = tile_range(d);")
 REDUCE_EMPTY = ("reduce", "  let i = row % P.seq_len;", "  return;\n  let i = row % P.seq_len;")
+# tile_weights' serial max (one lane per vector over the tile's keys) cut to one load, and
+# its last barrier dropped (both wrong): what a lazy reference max could save
+MAX_ONE: Edit = (DP, """    for (var jj = 0u; jj < KV_TILE; jj++) {
+      mx = max(mx, p_s[jj * VECTORS + lid]);
+    }""", "    mx = p_s[lid];")
+EXP_BARRIER: Edit = (DP, """      p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
+    }
+  }
+  workgroupBarrier();""", """      p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
+    }
+  }""")
 VARIANTS: dict[str, list[Edit]] = {
     "as planned": [],
+    "max one load": [MAX_ONE],
+    "max one + no exp barrier": [MAX_ONE, EXP_BARRIER],
     "K/V from L1": L1,
     "loads only": [(DP, COMPUTE, FOLD)],
     "loop skeleton": [(DP, COMPUTE, FOLD), *NO_LOADS],
