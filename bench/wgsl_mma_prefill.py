@@ -173,6 +173,7 @@ BAD_V_PER_ROW: Edit = (PF, "if ((flags & 2u) != 0u) {",
 
 
 VARIANTS.update({
+    "direct-q128-kv32": (DIRECT, {"mma": "hardware", "q_tile": 128, "kv_tile": 32}, []),
     "bad-v-per-row": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, [BAD_V_PER_ROW]),
     "bad-v-per-row-no-rescale": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
                                  [BAD_V_PER_ROW, PATHS_OFF[0]]),
@@ -195,15 +196,15 @@ VARIANTS.update({
     "atomic-paths-off": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
                          FLAGS_ATOMIC + PATHS_OFF),
     "rescale-no-barriers": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
-                            [("mma_common", "  mm_store_x(acc, sg * 256u);\n  workgroupBarrier();\n"
+                            [("mma_common", "  mm_store_x(acc, xo);\n  workgroupBarrier();\n"
                               "  for (var e = lane; e < 256u; e += 32u) {\n"
-                              "    o_x[sg * 256u + e] *= alpha_s[a0 + e / 16u];\n  }\n"
-                              "  workgroupBarrier();\n  let got = mm_load_x(sg * 256u);\n"
+                              "    s_s[xo + e] *= alpha_s[a0 + e / 16u];\n  }\n"
+                              "  workgroupBarrier();\n  let got = mm_load_x(xo);\n"
                               "  workgroupBarrier();",
-                              "  mm_store_x(acc, sg * 256u);\n"
+                              "  mm_store_x(acc, xo);\n"
                               "  for (var e = lane; e < 256u; e += 32u) {\n"
-                              "    o_x[sg * 256u + e] *= alpha_s[a0 + e / 16u];\n  }\n"
-                              "  let got = mm_load_x(sg * 256u);")]),
+                              "    s_s[xo + e] *= alpha_s[a0 + e / 16u];\n  }\n"
+                              "  let got = mm_load_x(xo);")]),
     "flags-atomic": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, FLAGS_ATOMIC),
     "flags-words": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, FLAGS_WORDS),
     "vstore-q64-kv32": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, V_STORAGE),

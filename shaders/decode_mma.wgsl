@@ -26,10 +26,9 @@ const VECTORS: u32 = GROUP_TILE * M_TILE;
 var<workgroup> q_s: array<f16, 16u * Q_STRIDE>;
 var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
 var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
-var<workgroup> s_s: array<f32, 16u * S_STRIDE>;
-// Each subgroup's 16 x 16 O scratch: its own array, as in flash_prefill_mma (sharing s_s gave
-// wrong products on the H100).
-var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
+// The scores, then each subgroup's 16 x 16 O scratch (x_at: past the scores, so it shares
+// nothing live; mma_hw's and mma_emu's scratch functions take s_s).
+var<workgroup> s_s: array<f32, 16u * S_STRIDE + SUBGROUPS * 256u>;
 var<workgroup> p_s: array<f16, 16u * P_STRIDE>;
 var<workgroup> red_s: array<f32, 16u * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, 16u>;
@@ -103,18 +102,24 @@ fn finish_lane_row(ml: vec2<f32>, rr: u32, part: u32, row: u32, live: bool) {
   }
 }
 
-// Output tile t (column tile sg + t * SUBGROUPS) of o_t through the subgroup's o_x: lane
+// Where subgroup sg's O scratch lies in s_s.
+fn x_at(sg: u32) -> u32 {
+  return 16u * S_STRIDE + sg * 256u;
+}
+
+// Output tile t (column tile sg + t * SUBGROUPS) of o_t through the subgroup's scratch: lane
 // (row rr, hf) writes 8 of its columns, times the row's factor (alpha_s), NaN where vbad says
 // a non-finite v was seen. Called by every lane.
 fn write_tile(acc: MAcc, t: u32, vbad: array<u32, MASK_WORDS>, row: u32, rr: u32, hf: u32,
               sg: u32, live: bool) {
-  mm_store_x(acc, sg * 256u);
+  let xo = x_at(sg);
+  mm_store_x(acc, xo);
   workgroupBarrier();
   if (live) {
     for (var u = 0u; u < 2u; u++) {
       var o4 = vec4<f32>(0.0);
       for (var e = 0u; e < 4u; e++) {
-        o4[e] = o_x[sg * 256u + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
+        o4[e] = s_s[xo + rr * 16u + hf * 8u + u * 4u + e] * alpha_s[rr];
         let bit = t * 8u + u * 4u + e;
         if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
           o4[e] = nan_f32();
@@ -177,7 +182,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let flags = take_flags(lid);
 
     if ((flags & 1u) != 0u) {
-      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
+      // Some row's reference max moved: O rows *= alpha, tile by tile through the O scratch (x_at).
       for (var t = 0u; t < SG_TILES; t++) {
         o[t] = rescaled(o[t], sg, lane, 0u);
       }
@@ -200,7 +205,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 
   let row = ((d.b * P.num_heads + h) * P.seq_len + i) * P.n_splits + d.t;
   finish_lane_row(ml, rr, part, row, live);
-  // o_t, tile by tile through o_x.
+  // o_t, tile by tile through the O scratch (x_at).
   for (var t = 0u; t < SG_TILES; t++) {
     write_tile(o[t], t, vbad, row, rr, hf, sg, live);
   }

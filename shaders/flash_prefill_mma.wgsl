@@ -70,7 +70,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let flags = take_flags(lid);
 
     if ((flags & 1u) != 0u) {
-      // Some row's reference max moved: O rows *= alpha, tile by tile through o_x.
+      // Some row's reference max moved: O rows *= alpha, tile by tile through the O scratch (x_at).
       for (var c = 0u; c < OUT_TILES; c++) {
         o[c] = rescaled(o[c], sg, lane, sg * 16u);
       }
@@ -92,7 +92,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   }
 
   finish_lane_row(ml, w, at.rr, at.hf, at.i);
-  // Out, tile by tile through o_x.
+  // Out, tile by tile through the O scratch (x_at).
   let base = out_vec4(w.b, w.h, at.i);
   for (var c = 0u; c < OUT_TILES; c++) {
     write_tile(o[c], c, vbad, base, at.rr, at.hf, sg, lane, at.i < P.seq_len);

@@ -17,19 +17,22 @@
 //   softmax (mma_common.wgsl's lane_logits / lane_weights, lazy max): lanes l and l ^ 16
 //   share a row, its max exchanged by pair_max; P to p_s as f16;
 //   take_flags' barrier; O += P V, P's KEY_TILES operands loaded once for all output tiles.
-// O is rescaled through o_x only on tiles where a row's reference max moved (flag 1).
+// O is rescaled through the O scratch (x_at) only on tiles where a row's reference max moved
+// (flag 1).
 // (Measured on the H100, ci/results/h100_wgsl_mma_prefill_kstaged.txt: storing the registers
 // after the softmax instead, or V's loaded in its own tile, were slower.) The rare rescale
 // runs on every output tile before the first PV product: this order measured 1401 us at
 // S=2048 on the H100 (1409-1432 on the H200); a build that moved each tile's rescale (three
-// barriers) into its PV step measured 1734-1766 (with other edits). The rescale's branch,
-// though rarely taken, costs about 200 us of it at S=2048: without it and the non-finite v
-// branch 1197-1221 us; fewer flag barriers, the branch moved to an outer loop or its
-// barriers dropped did not recover it (ci/results/h200_wgsl_mma_prefill_branches.txt).
+// barriers) into its PV step measured 1734-1766 (with other edits). At q_tile 64 the
+// rescale's branch, though rarely taken, costs about 200 us of it at S=2048: without it and
+// the non-finite v branch 1197-1221 us; fewer flag barriers, the branch moved to an outer
+// loop or its barriers dropped did not recover it (h200_wgsl_mma_prefill_branches.txt).
+// q_tile 128 (NVIDIA's rule) took 826-832 us there.
 // Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
 // padded) and KV_UNITS.
 
-// Workgroup memory: mma_prefill_common.wgsl's (k_s, v_s, s_s, o_x, p_s, red_s, alpha_s).
+// Workgroup memory: mma_prefill_common.wgsl's (k_s, v_s, s_s holding the O scratch, p_s,
+// red_s, alpha_s).
 
 // This invocation's granules of the K tile of keys j0.. (v: of the V tile) whose key j starts
 // at element at + j * pitch (unit u: granule lid + u * THREADS of the tile, key-major); zeros
@@ -276,7 +279,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, at.rr, at.hf, sg, lane);
 }
 
-// The row's factor and lse, then out tile by tile through o_x.
+// The row's factor and lse, then out tile by tile through the O scratch (x_at).
 fn write_out(o0: MAcc, o1: MAcc, o2: MAcc, o3: MAcc, o4: MAcc, o5: MAcc, o6: MAcc, o7: MAcc,
              ml: vec2<f32>, vbad: array<u32, MASK_WORDS>, w: PrefillWg, rr: u32, hf: u32,
              sg: u32, lane: u32) {

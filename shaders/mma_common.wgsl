@@ -5,8 +5,8 @@
 // rows S_STRIDE apart) each take LANE_KEYS of a tile's keys, with a lazy running max (a row
 // keeps its reference max until a tile exceeds it by more than TAU) whose moves the lanes flag
 // to the workgroup. Each kernel declares v_s, s_s, p_s (P, rows P_STRIDE apart), red_s (a
-// value per row and lane), alpha_s (a factor per row) and o_x (the subgroups' O scratch); the
-// staged ones q_s and k_s too.
+// value per row and lane) and alpha_s (a factor per row), and places each subgroup's 16 x 16
+// O scratch in s_s (x_at); the staged ones declare q_s and k_s too.
 
 // ln(2^11.5): P = exp(x - m) <= ~3000, far below f16's 65504.
 const TAU: f32 = 8.0;
@@ -140,13 +140,14 @@ fn take_flags(lid: u32) -> u32 {
 // Tile acc with its 16 rows times alpha_s[a0 + row], through the subgroup's O scratch (the
 // tiles are opaque). Called by every lane, in uniform control flow.
 fn rescaled(acc: MAcc, sg: u32, lane: u32, a0: u32) -> MAcc {
-  mm_store_x(acc, sg * 256u);
+  let xo = x_at(sg);
+  mm_store_x(acc, xo);
   workgroupBarrier();
   for (var e = lane; e < 256u; e += 32u) {
-    o_x[sg * 256u + e] *= alpha_s[a0 + e / 16u];
+    s_s[xo + e] *= alpha_s[a0 + e / 16u];
   }
   workgroupBarrier();
-  let got = mm_load_x(sg * 256u);
+  let got = mm_load_x(xo);
   workgroupBarrier();
   return got;
 }

@@ -54,17 +54,18 @@ fn mm_store_s(acc: MAcc, so: u32) {
   }
 }
 
-// The tile into / from the subgroup's 16 x 16 O scratch o_x[xo..xo+256), rows 16 apart.
+// The tile into / from the subgroup's 16 x 16 O scratch s_s[xo..xo+256), rows 16 apart (the
+// kernel's x_at).
 fn mm_store_x(acc: MAcc, xo: u32) {
   for (var t = 0u; t < 8u; t++) {
-    o_x[xo + (mm_lane / 16u + 2u * t) * 16u + mm_lane % 16u] = acc[t];
+    s_s[xo + (mm_lane / 16u + 2u * t) * 16u + mm_lane % 16u] = acc[t];
   }
 }
 
 fn mm_load_x(xo: u32) -> MAcc {
   var c = MAcc();
   for (var t = 0u; t < 8u; t++) {
-    c[t] = o_x[xo + (mm_lane / 16u + 2u * t) * 16u + mm_lane % 16u];
+    c[t] = s_s[xo + (mm_lane / 16u + 2u * t) * 16u + mm_lane % 16u];
   }
   return c;
 }

@@ -25,11 +25,12 @@ fn mm_store_s(acc: MAcc, so: u32) {
   subgroupMatrixStore<row_major>(&s_s, so, acc, S_STRIDE);
 }
 
-// The tile into / from the subgroup's 16 x 16 O scratch o_x[xo..xo+256), rows 16 apart.
+// The tile into / from the subgroup's 16 x 16 O scratch s_s[xo..xo+256), rows 16 apart (the
+// kernel's x_at: where in s_s it lies).
 fn mm_store_x(acc: MAcc, xo: u32) {
-  subgroupMatrixStore<row_major>(&o_x, xo, acc, 16u);
+  subgroupMatrixStore<row_major>(&s_s, xo, acc, 16u);
 }
 
 fn mm_load_x(xo: u32) -> MAcc {
-  return subgroupMatrixLoad<MAcc, row_major>(&o_x, xo, 16u);
+  return subgroupMatrixLoad<MAcc, row_major>(&s_s, xo, 16u);
 }

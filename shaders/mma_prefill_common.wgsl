@@ -8,13 +8,20 @@
 var<workgroup> k_s: array<f16, KV_TILE * K_STRIDE>;
 var<workgroup> v_s: array<f16, KV_TILE * V_STRIDE>;
 var<workgroup> s_s: array<f32, Q_TILE * S_STRIDE>;
-// Each subgroup's 16 x 16 O scratch (mm_store_x / mm_load_x). Its own array: sharing s_s's
-// dead scores (measured) gave wrong products in every cell on the H100 (Dawn/Tint + NVIDIA's
-// Vulkan driver), though the emulated build was right.
-var<workgroup> o_x: array<f32, SUBGROUPS * 256u>;
 var<workgroup> p_s: array<f16, Q_TILE * P_STRIDE>;
 var<workgroup> red_s: array<f32, Q_TILE * ROW_LANES>;
 var<workgroup> alpha_s: array<f32, Q_TILE>;
+
+// Where subgroup sg's 16 x 16 O scratch lies in s_s (mm_store_x / mm_load_x): its own 16 rows
+// of scores (S_STRIDE >= 16), dead from its softmax's last read to its next QK store (the
+// scratch is used between take_flags' barrier and the next tile, and after the loop). The
+// 8 KB a separate array took at q_tile 128 are what let 128 rows fit 48 KiB: 835.8-847.9 us
+// against 1413.3-1422.5 at q_tile 64 (S=2048, H200, h200_wgsl_mma_prefill_branches.txt).
+// (An earlier build sharing s_s at sg * 256, other subgroups' rows, gave wrong products on
+// the H100; this placement was right on the H200.)
+fn x_at(sg: u32) -> u32 {
+  return sg * 16u * S_STRIDE;
+}
 
 // vbad with the bits of the output columns of this lane's row (its half's column tiles c =
 // hf, hf+2, ..) set where a key of the tile j0.. that the row sees has a non-finite v: the
@@ -54,18 +61,19 @@ fn finish_lane_row(ml: vec2<f32>, w: PrefillWg, rr: u32, hf: u32, i: u32) {
   }
 }
 
-// Output column tile c through the subgroup's o_x: written by the lanes of half c % 2 (row
+// Output column tile c through the subgroup's O scratch: written by the lanes of half c % 2 (row
 // rr), times the row's factor (alpha_s), NaN where vbad says a non-finite v was seen; base:
 // the row's first out vec4. Called by every lane.
 fn write_tile(acc: MAcc, c: u32, vbad: array<u32, MASK_WORDS>, base: u32, rr: u32, hf: u32,
               sg: u32, lane: u32, live: bool) {
-  mm_store_x(acc, sg * 256u);
+  let xo = x_at(sg);
+  mm_store_x(acc, xo);
   workgroupBarrier();
   if (c % 2u == hf && live) {
     for (var u = 0u; u < 4u; u++) {
       var o4 = vec4<f32>(0.0);
       for (var e = 0u; e < 4u; e++) {
-        o4[e] = o_x[sg * 256u + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
+        o4[e] = s_s[xo + (lane % 16u) * 16u + u * 4u + e] * alpha_s[rr];
         let bit = (c / 2u) * 16u + u * 4u + e;
         if ((vbad[bit / 32u] & (1u << (bit % 32u))) != 0u) {
           o4[e] = nan_f32();

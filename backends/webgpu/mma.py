@@ -33,9 +33,12 @@ MMA_CHOICES: Mapping[str, tuple[Any, ...]] = {"q_tile": (16, 32, 64), "kv_tile":
 # loads Q straight from its stored f16 rows and stages K and V in 16-byte granules (plain f16
 # rows: no pages, no quantized K/V), and keeps its Q operands and output tiles in up to 8
 # variables each: heads up to 128. Its default q_tile is 64 (4 subgroups share each staged K
-# and V tile; 128 rows do not fit 48 KiB): on the H100 (Dawn) S=2048 took 1401-1403 us at
-# q_tile 64, 4801-4810 at 32 (K staged; ci/results/h100_wgsl_mma_prefill_kstaged.txt).
+# and V tile; it fits 48 KiB with any head the form takes); q_tile 128 (8 subgroups, 47.6 KB
+# at H=128 with the O scratch in s_s) is the NVIDIA rule's (rules.py matrix_prefill_rows).
+# On the H100 (Dawn) S=2048 took 1401-1403 us at q_tile 64, 4801-4810 at 32
+# (ci/results/h100_wgsl_mma_prefill_kstaged.txt).
 DIRECT_DEFAULTS: Mapping[str, Any] = {**MMA_DEFAULTS, "q_tile": 64}
+DIRECT_CHOICES: Mapping[str, tuple[Any, ...]] = {**MMA_CHOICES, "q_tile": (16, 32, 64, 128)}
 DIRECT_HEADS = (32, 128, 16)
 DIRECT_V_HEADS = (16, 128, 16)
 # q_tile first: the hardware build needs kv_tile >= 32 (see _mma_checks).
@@ -78,8 +81,8 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
 def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = mma_prefill_consts(spec, params)
     br, bc = c["Q_TILE"], c["KV_TILE"]
-    rest = (br * c["S_STRIDE"] * 4 + br * c["P_STRIDE"] * 2 + c["SUBGROUPS"] * 256 * 4
-            + br * 12 + 8)
+    # s_s (each subgroup's O scratch in its own rows), p_s, red_s and alpha_s, the flags
+    rest = br * c["S_STRIDE"] * 4 + br * c["P_STRIDE"] * 2 + br * 12 + 8
     if c.get("Q_DIRECT"):       # k_s, v_s; the emulation's pair_s; no q_s
         return bc * (c["K_STRIDE"] + c["V_STRIDE"]) * 2 + c["THREADS"] * 4 + rest
     return br * c["Q_STRIDE"] * 2 + bc * (c["K_STRIDE"] + c["V_STRIDE"]) * 2 + rest
@@ -138,9 +141,10 @@ def _decode_tiles(spec: AttentionSpec, params: Mapping[str, Any]) -> list[str]:
 
 
 def _prefill_tiles(spec: AttentionSpec, params: Mapping[str, Any]) -> list[str]:
-    d = MMA_DEFAULTS
-    return [f"{n}={_p(params, d, n)} must be 16, 32 or 64" for n in ("q_tile", "kv_tile")
-            if _p(params, d, n) not in (16, 32, 64)]
+    direct = params.get("form") == "direct"
+    d, choices = (DIRECT_DEFAULTS, DIRECT_CHOICES) if direct else (MMA_DEFAULTS, MMA_CHOICES)
+    return [f"{n}={_p(params, d, n)} must be one of {choices[n]}" for n in ("q_tile", "kv_tile")
+            if _p(params, d, n) not in choices[n]]
 
 
 def _mma_checks(family: str
@@ -226,7 +230,8 @@ def _mma_kernel(family: str, dtype: str, direct: bool = False) -> KernelInfo:
         kv_layouts=frozenset({"BSNH", "BNSH"}) if direct else KV_LAYOUTS,
         kv_dtypes=frozenset() if direct else KV_DTYPES,
         params={"form": "direct"} if direct else {},
-        defaults=DIRECT_DEFAULTS if direct else defaults, choices=choices,
+        defaults=DIRECT_DEFAULTS if direct else defaults,
+        choices=DIRECT_CHOICES if direct else choices,
         emulation={"mma": "emulate"}, emulates=frozenset({"subgroup-matrix"}),
         matrix=SUBGROUP_MATRIX,
         workgroup_storage=_direct_storage if direct else storage,

@@ -182,8 +182,9 @@ RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TI
 # (ci/results/h100_wgsl_mma_prefill_kstaged.txt). A build with the rescale inside each PV
 # step (since moved back) measured 185 / 1734-1767 us against 213-215 / 2418-2434: faster too.
 # H200 (same call design, 2026-11-28, the build since its edge Q load's uniformity fix):
-# 157.9-159.7 / 1407-1432 us against 213.1-213.9 / 2422-2431 (ci/results/
-# h200_wgsl_mma_prefill_branches.txt). Prompts under MATRIX_PREFILL_MIN_SEQ were not measured.
+# 157.9-159.7 / 1407-1432 us against 213.1-213.9 / 2422-2431, and at q_tile 128 (the rule
+# below) 92.2-92.5 / 826.0-831.8 (ci/results/h200_wgsl_mma_prefill_branches.txt). Prompts
+# under MATRIX_PREFILL_MIN_SEQ were not measured.
 MATRIX_PREFILL_MIN_SEQ = 512
 MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
 MATRIX_PREFILL_H200 = "ci/results/h200_wgsl_mma_prefill_branches.txt"
@@ -196,6 +197,34 @@ def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
             and ctx.flags.get("matrix_units", "auto") == "auto" and "mma" not in ctx.user
             and ctx.caps.vendor == "nvidia" and k.features <= ctx.caps.features
             and ctx.spec.seq_len >= MATRIX_PREFILL_MIN_SEQ)
+
+
+# H200 (Dawn), f16 causal GQA 32/8 H=128, the direct form at q_tile 128 against 64, alternated
+# in one device call (two rounds): S=512 92.2-92.9 us against 158.2-159.8, S=2048 826.0-847.9
+# against 1413.3-1436.2 (ci/results/h200_wgsl_mma_prefill_branches.txt). Not measured on other
+# vendors; the H100 was not lent that session.
+MATRIX_PREFILL_ROWS = 128
+
+
+def _matrix_rows(ctx: Ctx, backend: str) -> bool:
+    k = ctx.kernel
+    if (k is None or k.backend != backend or k.matrix is None or k.family != "prefill"
+            or k.params.get("form") != "direct" or ctx.caps.vendor != "nvidia"
+            or "q_tile" in ctx.user):
+        return False
+    limit = ctx.caps.limit("workgroup_storage")
+    need = mma.mma_prefill_storage(ctx.spec, {**_params(ctx), "form": "direct",
+                                              "q_tile": MATRIX_PREFILL_ROWS})
+    return limit is not None and need <= limit
+
+
+def matrix_prefill_rows(backend: str) -> Rule:
+    """The direct matrix prefill's query rows per workgroup on NVIDIA, where they fit."""
+    return Rule(f"{backend}_matrix_prefill_rows_nvidia",
+                "NVIDIA: the direct matrix prefill takes 128 query rows a workgroup where the "
+                "workgroup storage holds them, eight subgroups sharing each staged K and V tile",
+                "params", lambda c: _matrix_rows(c, backend),
+                lambda c: {"q_tile": MATRIX_PREFILL_ROWS}, measured=(MATRIX_PREFILL_H200,))
 
 
 def matrix_prefill(backend: str) -> Rule:

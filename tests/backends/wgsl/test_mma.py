@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import attnreg
-from attnreg import testing
+from attnreg import registry, testing
 from attnreg.backends.webgpu import mma as wmma
 from attnreg.backends.webgpu import program
+from attnreg.caps import DeviceCaps
 from tests.support import require_devices
 
 SPEC = attnreg.AttentionSpec(batch=1, seq_len=40, past_len=30, num_heads=4, kv_num_heads=2,
@@ -282,19 +283,19 @@ def test_profiles_carry_their_subgroup_matrix_shapes(name: str, fits: bool) -> N
     dawn_like = caps.model_copy(update={"features": caps.features | {"subgroup-matrix"},
                                         "backend": "webgpu"})
     for k in wmma.declare_matrix():
+        # prefill tiles that fit every profile's storage (the default q_tile 128 needs 40 KB
+        # here), so the shape check is what speaks
+        tiles = {"q_tile": 32} if k.family == "prefill" else {}
         why = k.not_supported_reasons(DECODE.replace(head_size=64), dawn_like,
-                                      {"mma": "hardware"})
+                                      {"mma": "hardware", **tiles})
         missing = [w for w in why if "subgroup-matrix configs lack subgroup_matrix f16 16x16x16"
                    in w]
         assert (not missing) == fits, (k.id, why)
 
 
-def test_auto_takes_the_direct_prefill_on_nvidia_dawn() -> None:
-    """matrix_units=auto on a Dawn NVIDIA adapter with subgroup matrices (the H100's
-    profile): prompts of 512 rows or more get the direct matrix prefill's hardware build,
-    where it measured faster than the scalar prefill; shorter ones, other vendors and
-    matrix_units=off keep the scalar plan."""
-    from attnreg import registry
+def _nvidia_dawn() -> tuple[registry.Registry, DeviceCaps, attnreg.AttentionSpec]:
+    """The registry (its plugins' flags declared), the H100's profile as a Dawn adapter with
+    subgroup matrices, and the bench's S=512 prefill."""
     from attnreg.profiles import profile
 
     h100 = profile("nvidia-h100")
@@ -303,7 +304,16 @@ def test_auto_takes_the_direct_prefill_on_nvidia_dawn() -> None:
     spec = attnreg.AttentionSpec(batch=1, seq_len=512, num_heads=32, kv_num_heads=8,
                                  head_size=128, dtype="float16", causal=True)
     reg = registry.get()
-    reg.kernels()                       # the plugins' flags are declared
+    reg.kernels()
+    return reg, caps, spec
+
+
+def test_auto_takes_the_direct_prefill_on_nvidia_dawn() -> None:
+    """matrix_units=auto on a Dawn NVIDIA adapter with subgroup matrices (the H100's
+    profile): prompts of 512 rows or more get the direct matrix prefill's hardware build,
+    where it measured faster than the scalar prefill; shorter ones, other vendors and
+    matrix_units=off keep the scalar plan."""
+    reg, caps, spec = _nvidia_dawn()
     plan = reg.plan(spec, backend="dawn", caps=caps, flags={"experimental_features": True})
     assert _kernel(plan) == ("dawn.prefill.f16.mma_direct", "hardware")
     assert "dawn_matrix_prefill_nvidia" in plan.explain()
@@ -314,3 +324,30 @@ def test_auto_takes_the_direct_prefill_on_nvidia_dawn() -> None:
                      flags=xp)
     for p in (short, off, other):
         assert p.stages[0].kernel == "dawn.prefill.f16.sg", p.explain()
+
+
+def test_direct_prefill_takes_128_rows_on_nvidia_where_they_fit() -> None:
+    """Rule dawn_matrix_prefill_rows_nvidia: 128 query rows a workgroup on an NVIDIA Dawn
+    adapter whose workgroup storage holds them (48 KiB at H=128); the default 64 on a
+    device granting 32 KiB and on other vendors; a q_tile the caller sets stays."""
+    from attnreg.backends.webgpu import rules as wrules
+
+    reg, caps, spec = _nvidia_dawn()
+    xp = {"experimental_features": True}
+    kid = "dawn.prefill.f16.mma_direct"
+
+    def q_tile(c: object, **kw: object) -> int:
+        plan = reg.plan(spec, backend="dawn", caps=c, flags=xp, kernel=kid, **kw)
+        return int(plan.stages[0].params["q_tile"])
+
+    assert q_tile(caps) == wrules.MATRIX_PREFILL_ROWS
+    assert "dawn_matrix_prefill_rows_nvidia" in reg.plan(spec, backend="dawn", caps=caps,
+                                                         flags=xp).explain()
+    small = caps.model_copy(update={"limits": {**caps.limits, "workgroup_storage": 32768}})
+    assert q_tile(small) < wrules.MATRIX_PREFILL_ROWS
+    assert q_tile(caps.model_copy(update={"vendor": "amd"})) == 64
+    assert q_tile(caps, params={"q_tile": 32}) == 32
+    # 128 rows at H=128 fit 48 KiB only with the O scratch in s_s: a separate 16 x 16 f32
+    # scratch for each of the 8 subgroups would not
+    need = wmma.mma_prefill_storage(spec, {"form": "direct", "q_tile": 128, "kv_tile": 32})
+    assert need <= 49152 < need + 8 * 256 * 4
