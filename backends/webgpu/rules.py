@@ -201,8 +201,8 @@ def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
 
 # H200 (Dawn), f16 causal GQA 32/8 H=128, the direct form at q_tile 128 against 64, alternated
 # in one device call (two rounds): S=512 92.2-92.9 us against 158.2-159.8, S=2048 826.0-847.9
-# against 1413.3-1436.2 (ci/results/h200_wgsl_mma_prefill_branches.txt). Not measured on other
-# vendors; the H100 was not lent that session.
+# against 1413.3-1436.2 (ci/results/h200_wgsl_mma_prefill_branches.txt). Measured on the H200
+# only: not on other NVIDIA GPUs (nor the H100, not lent that session) or other vendors.
 MATRIX_PREFILL_ROWS = 128
 
 
