@@ -124,10 +124,8 @@ FLAGS_WORDS = _parity_flags(
     "  return f[par * 2u] | (f[par * 2u + 1u] << 1u);\n")
 # take_flags as one plain barrier (no atomic, no uniform load): what the flags cost (wrong
 # where a rescale was due)
-NO_FLAGS: Edit = ("mma_common", "  workgroupBarrier();\n  if (lid == 0u) {\n"
-                  "    flag_u = atomicExchange(&flag_a, 0u);\n  }\n"
-                  "  return workgroupUniformLoad(&flag_u);",
-                  "  workgroupBarrier();\n  return 0u;")
+NO_FLAGS: Edit = ("mma_common", _TAKE,
+                  "fn take_flags(lid: u32) -> u32 {\n  workgroupBarrier();\n  return 0u;\n}")
 # The key loop split in two: an inner loop of tiles that raise no flag (its body free of the
 # rare paths), left at the first tile that raises one; that tile's rescale / non-finite v
 # path and its PV products in the outer loop, which then resumes the inner one.
@@ -166,6 +164,8 @@ COMPACT_BAD_V: list[Edit] = [
      "for (var d = 0u; d < min(16u, P.seq_len + 16u); d++) {")]
 
 
+# the direct form's tiles most variants are built with
+Q64: dict[str, Any] = {"mma": "hardware", "q_tile": 64, "kv_tile": 32}
 # the non-finite v path's branch on the flag and the lane's row (before 2026-11-28: a branch
 # per lane; the build's is on the flag alone)
 BAD_V_PER_ROW: Edit = (PF, "if ((flags & 2u) != 0u) {",
@@ -174,28 +174,27 @@ BAD_V_PER_ROW: Edit = (PF, "if ((flags & 2u) != 0u) {",
 
 VARIANTS.update({
     "direct-q128-kv32": (DIRECT, {"mma": "hardware", "q_tile": 128, "kv_tile": 32}, []),
-    "bad-v-per-row": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, [BAD_V_PER_ROW]),
-    "bad-v-per-row-no-rescale": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+    "bad-v-per-row": (DIRECT, Q64, [BAD_V_PER_ROW]),
+    "bad-v-per-row-no-rescale": (DIRECT, Q64,
                                  [BAD_V_PER_ROW, PATHS_OFF[0]]),
-    "rescale-always": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+    "rescale-always": (DIRECT, Q64,
                        [(PF, "if ((flags & 1u) != 0u) {", "if (true) {")]),
-    "compact-bad-v": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, COMPACT_BAD_V),
+    "compact-bad-v": (DIRECT, Q64, COMPACT_BAD_V),
     "compact-bad-v-per-row-no-rescale": (DIRECT, {"mma": "hardware", "q_tile": 64,
                                                   "kv_tile": 32},
                                          [*COMPACT_BAD_V, BAD_V_PER_ROW, PATHS_OFF[0]]),
-    "v-own-tile": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, V_OWN_TILE),
-    "v-own-tile-paths-off": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+    "v-own-tile": (DIRECT, Q64, V_OWN_TILE),
+    "v-own-tile-paths-off": (DIRECT, Q64,
                              V_OWN_TILE + PATHS_OFF),
-    "split-loop": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, [_split_loop()]),
-    "direct-q64-kv32-noflags": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+    "split-loop": (DIRECT, Q64, [_split_loop()]),
+    "direct-q64-kv32-noflags": (DIRECT, Q64,
                                 [NO_FLAGS]),
-    "no-rescale-path": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
-                        [(PF, "if ((flags & 1u) != 0u) {", "if (false) {")]),
-    "no-bad-v-path": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, PATHS_OFF[1:]),
-    "both-paths-off": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, PATHS_OFF),
-    "atomic-paths-off": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+    "no-rescale-path": (DIRECT, Q64, PATHS_OFF[:1]),
+    "no-bad-v-path": (DIRECT, Q64, PATHS_OFF[1:]),
+    "both-paths-off": (DIRECT, Q64, PATHS_OFF),
+    "atomic-paths-off": (DIRECT, Q64,
                          FLAGS_ATOMIC + PATHS_OFF),
-    "rescale-no-barriers": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32},
+    "rescale-no-barriers": (DIRECT, Q64,
                             [("mma_common", "  mm_store_x(acc, xo);\n  workgroupBarrier();\n"
                               "  for (var e = lane; e < 256u; e += 32u) {\n"
                               "    s_s[xo + e] *= alpha_s[a0 + e / 16u];\n  }\n"
@@ -205,9 +204,9 @@ VARIANTS.update({
                               "  for (var e = lane; e < 256u; e += 32u) {\n"
                               "    s_s[xo + e] *= alpha_s[a0 + e / 16u];\n  }\n"
                               "  let got = mm_load_x(xo);")]),
-    "flags-atomic": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, FLAGS_ATOMIC),
-    "flags-words": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, FLAGS_WORDS),
-    "vstore-q64-kv32": (DIRECT, {"mma": "hardware", "q_tile": 64, "kv_tile": 32}, V_STORAGE),
+    "flags-atomic": (DIRECT, Q64, FLAGS_ATOMIC),
+    "flags-words": (DIRECT, Q64, FLAGS_WORDS),
+    "vstore-q64-kv32": (DIRECT, Q64, V_STORAGE),
 })
 PHASES: dict[str, list[Edit]] = {
     "full kernel": [], "no QK product (K from k_s)": [NO_QK],

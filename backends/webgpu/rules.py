@@ -190,12 +190,18 @@ MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
 MATRIX_PREFILL_H200 = "ci/results/h200_wgsl_mma_prefill_branches.txt"
 
 
-def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
+def _direct_on_nvidia(ctx: Ctx, backend: str) -> bool:
+    """The candidate is this backend's direct matrix prefill, on an NVIDIA adapter."""
     k = ctx.kernel
     return (k is not None and k.backend == backend and k.matrix is not None
             and k.family == "prefill" and k.params.get("form") == "direct"
+            and ctx.caps.vendor == "nvidia")
+
+
+def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
+    return (_direct_on_nvidia(ctx, backend) and ctx.kernel is not None
             and ctx.flags.get("matrix_units", "auto") == "auto" and "mma" not in ctx.user
-            and ctx.caps.vendor == "nvidia" and k.features <= ctx.caps.features
+            and ctx.kernel.features <= ctx.caps.features
             and ctx.spec.seq_len >= MATRIX_PREFILL_MIN_SEQ)
 
 
@@ -207,14 +213,10 @@ MATRIX_PREFILL_ROWS = 128
 
 
 def _matrix_rows(ctx: Ctx, backend: str) -> bool:
-    k = ctx.kernel
-    if (k is None or k.backend != backend or k.matrix is None or k.family != "prefill"
-            or k.params.get("form") != "direct" or ctx.caps.vendor != "nvidia"
-            or "q_tile" in ctx.user):
+    if not _direct_on_nvidia(ctx, backend) or ctx.kernel is None or "q_tile" in ctx.user:
         return False
     limit = ctx.caps.limit("workgroup_storage")
-    need = mma.mma_prefill_storage(ctx.spec, {**_params(ctx), "form": "direct",
-                                              "q_tile": MATRIX_PREFILL_ROWS})
+    need = ctx.kernel.storage_need(ctx.spec, {**_params(ctx), "q_tile": MATRIX_PREFILL_ROWS})
     return limit is not None and need <= limit
 
 

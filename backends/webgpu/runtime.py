@@ -10,7 +10,6 @@ reused; freeing or growing a buffer forgets what was prepared with it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import device, program, quantize
+from . import device, program, quantize, timing
 from .memory import DeviceMemory, resource, span
 
 
@@ -305,97 +304,13 @@ class WebGpuRuntime:
 
     def timings(self, plan: Plan, inputs: Mapping[str, Any], *, iters: int = 20,
                 warmup: int = 3, warmup_s: float = 0.6) -> dict[str, list[float]]:
-        """Per-launch times of a plan with inputs bound once and nothing read back.
-
-        ``gpu_s`` (where the adapter has timestamp-query): timestamps around the run's one
-        compute pass, with the iterations submitted back to back, so the GPU stays busy
-        and clocked up as in a decode loop. ``wall_s``: host time of submit + wait, one
-        launch at a time. ``warmup_s`` keeps launching for that long first: an idle H100
-        sits at 345 MHz and short bursts of launches were timed 2-8x slow without it (0.1 s
-        left the H100's L=32768 decode at 190-238 us against 71-76 us after 0.6 s).
-        ``b2b_s``: back to back (see _back_to_back)."""
+        """Per-launch times of a plan with inputs bound once and nothing read back
+        (backends/webgpu/timing.py says how each figure is taken)."""
         dispatches = self._prepare(plan, inputs).dispatches
-        t_end = time.perf_counter() + warmup_s
-        n = 0
-        while n < warmup or time.perf_counter() < t_end:
-            self.dev.submit([self._encode(dispatches).finish()])
-            n += 1
-            if n % 64 == 0:
-                self.dev.wait()
-        self.dev.wait()
-        res: dict[str, list[float]] = {}
-        if self.dev.has_timestamps:
-            res["gpu_s"] = self._gpu_times(dispatches, iters)
-        wall = []
-        for _ in range(iters):
-            cmd = self._encode(dispatches).finish()
-            t0 = time.perf_counter()
-            self.dev.submit([cmd])
-            self.dev.wait()
-            wall.append(time.perf_counter() - t0)
-        res["wall_s"] = wall
-        res["b2b_s"] = [self._back_to_back(dispatches, iters) for _ in range(3)]
-        return res
-
-    def _back_to_back(self, dispatches: list[_Dispatch], iters: int) -> float:
-        """Seconds per launch with ``iters`` launches enqueued without waiting, recorded into
-        one compute pass of one command buffer (as an engine records a decode step's
-        launches, and as OpenCL's in-order queue and torch's replayed CUDA graph run theirs):
-        the pass's start to its end (timestamp queries) over ``iters``; where the adapter has
-        no timestamps, host time from the submit to the end of the wait. WebGPU orders each
-        launch's storage accesses after the previous one's, so the launches still run one
-        after the other; what this leaves out is the pass and submission around each launch
-        (on the H100 through Dawn, 6 us of the 9.5 us a pass of two empty dispatches takes:
-        ci/results/h100_wgsl_decode_phases.txt)."""
-        n = max(1, iters)
-        qs = None
-        if self.dev.has_timestamps:
-            qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2)
-        enc = self.dev.device.create_command_encoder()
-        cp = enc.begin_compute_pass(timestamp_writes={
-            "query_set": qs, "beginning_of_pass_write_index": 0,
-            "end_of_pass_write_index": 1}) if qs else enc.begin_compute_pass()
-        for _ in range(n):
-            _dispatch(cp, dispatches)
-        cp.end()
-        cmd = enc.finish()
-        t0 = time.perf_counter()
-        self.dev.submit([cmd])
-        if qs is None:
-            self.dev.wait()
-            return (time.perf_counter() - t0) / n
-        ticks = self._read_timestamps(qs, 2)
-        return float(ticks[1] - ticks[0]) * 1e-9 / n
-
-    def _gpu_times(self, dispatches: list[_Dispatch], iters: int) -> list[float]:
-        qs = self.dev.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2 * iters)
-        cmds = [self._encode(dispatches, {"query_set": qs, "beginning_of_pass_write_index": 2 * i,
-                                          "end_of_pass_write_index": 2 * i + 1}).finish()
-                for i in range(iters)]
-        for cmd in cmds:
-            self.dev.submit([cmd])
-        ticks = self._read_timestamps(qs, 2 * iters)
-        return [float(ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(iters)]
-
-    def _read_timestamps(self, qs: Any, count: int) -> np.ndarray:
-        """The query set's ``count`` timestamps (nanoseconds in WebGPU), after the work
-        submitted before; the query set is destroyed."""
-        U = self.wgpu.BufferUsage
-        n = 8 * count
-        resolve = self.memory.buffer("ts_resolve", n, U.QUERY_RESOLVE | U.COPY_SRC)
-        rb = self.memory.buffer("rb_ts", n, U.MAP_READ | U.COPY_DST)
-        enc = self.dev.device.create_command_encoder()
-        enc.resolve_query_set(qs, 0, count, resolve, 0)
-        enc.copy_buffer_to_buffer(resolve, 0, rb, 0, n)
-        self.dev.submit([enc.finish()])
-        try:
-            ticks = np.frombuffer(self.dev.map_read(rb, n), dtype=np.uint64).copy()
-        except BaseException:
-            self.memory.discard(rb)           # cancels the map (webgpu/memory.py map_read)
-            raise
-        finally:
-            qs.destroy()
-        return ticks
+        return timing.timings(self.dev, self.memory,
+                              lambda ts=None: self._encode(dispatches, ts),
+                              lambda cp: _dispatch(cp, dispatches),
+                              iters=iters, warmup=warmup, warmup_s=warmup_s)
 
     def close(self) -> None:
         self._prepared.clear()
