@@ -32,13 +32,16 @@ QK_DEC = (DEC, "acc = mm_qk(acc, dc * 16u, kc * 16u * K_STRIDE + dc * 16u);", ""
 PV_DEC = (DEC, "acc = mm_pv(acc, kc * 16u, kc * 16u * V_STRIDE + (sg + t * SUBGROUPS) * 16u);",
           "")
 LOGITS = (COMMON, "let d = s_s[rr * S_STRIDE + jl] * P.scale;", "let d = 0.0;")
+# the same in lane_logits' fast path (parts whose keys the row all sees)
+LOGITS_FAST = (COMMON, "let xv = plain_logit(s_s[rr * S_STRIDE + part * LANE_KEYS + (e + rot) % LANE_KEYS]\n"
+               "                           * P.scale);", "let xv = 0.0;")
 
 
 def _phases(qk: Edit, pv: Edit, bound: Edit, staging: Edit) -> dict[str, list[Edit]]:
     """A kernel's phases -> the edits that take each out."""
     return {"full kernel": [], "PV loop bound constant": [bound], "no QK product": [qk],
             "no PV product": [pv], "no matrix product at all": [qk, pv],
-            "no K/V staging": [staging], "no logits (scores used raw)": [LOGITS]}
+            "no K/V staging": [staging], "no logits (scores used raw)": [LOGITS, LOGITS_FAST]}
 
 
 EDITS: dict[str, dict[str, list[Edit]]] = {

@@ -170,8 +170,10 @@ struct DecodeWg {
 
 // One workgroup of a flash prefill (flash_prefill, flash_prefill_mma): row tile rt of br
 // query rows (of n_rt), query head h, its kv head kvh, batch b; keys [span.x, span.y) are
-// the ones its rows can see. ok is false past the end of the grid. Row tiles run last-first:
-// under causal masking the late tiles have the most keys.
+// the ones its rows can see. ok is false past the end of the grid. Row tiles run last-first
+// across the whole grid (every head and batch of the last tile, then of the one before, ..):
+// under causal masking the late tiles have the most keys, and the longest work then starts
+// first instead of leaving the last head's heavy tiles to run alone at the end.
 struct PrefillWg {
   ok: bool,
   rt: u32,
@@ -193,9 +195,9 @@ fn prefill_wg(wid: vec3<u32>, nwg: vec3<u32>, br: u32) -> PrefillWg {
     return w;
   }
   w.ok = true;
-  w.rt = w.n_rt - 1u - lin % w.n_rt;
-  w.h = (lin / w.n_rt) % P.num_heads;
-  w.b = lin / (w.n_rt * P.num_heads);
+  w.h = lin % P.num_heads;
+  w.b = (lin / P.num_heads) % P.batch;
+  w.rt = w.n_rt - 1u - lin / (P.num_heads * P.batch);
   w.kvh = w.h / P.group_size;
   w.seq = seq_of(w.b);
   w.i0 = w.rt * br;

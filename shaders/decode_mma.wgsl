@@ -176,10 +176,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     workgroupBarrier();
 
     // The softmax of this lane's part of the row.
-    let x = lane_logits(rr, part, j0, hi, live, d.b, h, i, pos, d.seq);
+    let x = lane_logits(rr, part, j0, hi, live, d.b, h, i, pos, d.seq, 0u);
     workgroupBarrier();
-    ml = lane_weights(x, ml, row_max(rr), rr * P_STRIDE + part * LANE_KEYS, rr, part);
-    let flags = take_flags(lid);
+    ml = lane_weights(x, ml, row_max(rr), rr * P_STRIDE + part * LANE_KEYS, rr, part, 0u);
+    let flags = take_flags(lid, 0u);
 
     if ((flags & 1u) != 0u) {
       // Some row's reference max moved: O rows *= alpha, tile by tile through the O scratch (x_at).

@@ -66,8 +66,8 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let x = place_logits(at, j0, hi, w);
     workgroupBarrier();
     ml = lane_weights(x, ml, max(red_s[at.rr * ROW_LANES], red_s[at.rr * ROW_LANES + 1u]),
-                          at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr, at.hf);
-    let flags = take_flags(lid);
+                          at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr, at.hf, at.rot);
+    let flags = take_flags(lid, 0u);
 
     if ((flags & 1u) != 0u) {
       // Some row's reference max moved: O rows *= alpha, tile by tile through the O scratch (x_at).

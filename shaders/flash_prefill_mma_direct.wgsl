@@ -83,7 +83,7 @@ fn stage_k_units(r: array<GV, KV_UNITS>, lid: u32) {
 }
 
 // The V units into v_s, non-finite halves as 0 (mm_finite: the granule tested whole, the
-// slow path only where one is found); raises flag 2 if there was one.
+// slow path only where one is found); raises flag 2 if there was one (kept to the end).
 fn stage_v_units(r: array<GV, KV_UNITS>, lid: u32) {
   var bad = false;
   for (var u = 0u; u < KV_UNITS; u++) {  // @unroll
@@ -100,6 +100,35 @@ fn stage_v_units(r: array<GV, KV_UNITS>, lid: u32) {
   if (bad) {
     atomicOr(&flag_a, 2u);
   }
+}
+
+// Flag 2 (a V tile held a non-finite half) stays raised to the end: the key loop does not
+// look (take_flags keeps it), and after the loop the lanes mark which of their output columns
+// see one. A test in the loop, though its slow path never ran, cost 1 in 10 at q_tile 128
+// (S=2048, H200: both rare branches out 587 us, only the rescale's out 636). Dawn does not
+// zero workgroup memory (toggle disable_workgroup_init): kernel_body clears flag_a first.
+// (A workgroup variable of its own for the flag gave wrong products on the H200, as the O
+// scratch placed elsewhere once did: the matrix arrays' placement is kept as it is.)
+
+// Whether a V tile held a non-finite half, the same for every lane (called by all after the
+// key loop: its barrier puts every stage_v_units behind it).
+fn seen_bad_v(lid: u32) -> bool {
+  workgroupBarrier();
+  if (lid == 0u) {
+    flag_u = atomicLoad(&flag_a);
+  }
+  return (workgroupUniformLoad(&flag_u) & 2u) != 0u;
+}
+
+// vbad for every tile of keys from u_first (of n_units) that this lane's row sees (the slow
+// path after a loop that raised flag 2).
+fn mark_all_bad_v(w: PrefillWg, u_first: u32, n_units: u32, lo: u32, hi: u32, pos: i32,
+                  hf: u32) -> array<u32, MASK_WORDS> {
+  var vbad: array<u32, MASK_WORDS>;
+  for (var it = 0u; it < n_units; it++) {
+    vbad = mark_bad_v(vbad, w, (u_first + it) * KV_TILE, lo, hi, pos, hf);
+  }
+  return vbad;
 }
 
 // Scores of the subgroup's 16 rows against the 16 keys whose k starts at k_s[ko..].
@@ -188,7 +217,7 @@ fn tile_softmax(at: LanePlace, j0: u32, hi: u32, w: PrefillWg, ml: vec2<f32>, li
     best = max(best, x[e]);
   }
   return lane_weights(x, ml, pair_max(best, lid), at.rr * P_STRIDE + at.hf * LANE_KEYS, at.rr,
-                      at.hf);
+                      at.hf, at.rot);
 }
 
 // P's operand of key tile t (the last one again past KEY_TILES, as q_operand).
@@ -221,9 +250,11 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   var o0 = mm_zero(); var o1 = mm_zero(); var o2 = mm_zero(); var o3 = mm_zero();
   var o4 = mm_zero(); var o5 = mm_zero(); var o6 = mm_zero(); var o7 = mm_zero();
   var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's half of its sum
-  var vbad: array<u32, MASK_WORDS>;    // output columns of this lane poisoned by a v (zeros)
   let sa = sg * 16u * S_STRIDE;
 
+  if (lid == 0u) {
+    atomicStore(&flag_a, 0u);          // before the barrier ahead of the loop
+  }
   let u_first = lo / KV_TILE;
   let n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > lo);
   stage_k_units(load_units(kv.kb, kv.ks, u_first * KV_TILE, lo, hi, lid, false), lid);
@@ -244,7 +275,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     vr = vn;
 
     ml = tile_softmax(at, j0, hi, w, ml, lid);
-    let flags = take_flags(lid);
+    let flags = take_flags(lid, 2u);
     // some row's reference max moved: O rows *= alpha, all before the products (see the top)
     if ((flags & 1u) != 0u) {
       o0 = rescaled(o0, sg, lane, sg * 16u);
@@ -255,12 +286,6 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
       if (OUT_TILES > 5u) { o5 = rescaled(o5, sg, lane, sg * 16u); }
       if (OUT_TILES > 6u) { o6 = rescaled(o6, sg, lane, sg * 16u); }
       if (OUT_TILES > 7u) { o7 = rescaled(o7, sg, lane, sg * 16u); }
-    }
-    // on the flag alone, a branch the whole workgroup takes (the bits of rows past seq_len
-    // are never written): testing the row too measured 1444-1470 against 1220-1233 us at
-    // S=2048 with the rescale's branch taken out (h200_wgsl_mma_prefill_branches.txt)
-    if ((flags & 2u) != 0u) {
-      vbad = mark_bad_v(vbad, w, j0, lo, hi, at.pos, at.hf);
     }
 
     let p0 = p_tile(pa, 0u);
@@ -275,6 +300,10 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     if (OUT_TILES > 5u) { o5 = pv_col(o5, p0, p1, p2, p3, 80u); }
     if (OUT_TILES > 6u) { o6 = pv_col(o6, p0, p1, p2, p3, 96u); }
     if (OUT_TILES > 7u) { o7 = pv_col(o7, p0, p1, p2, p3, 112u); }
+  }
+  var vbad: array<u32, MASK_WORDS>;    // output columns of this lane poisoned by a v (zeros)
+  if (seen_bad_v(lid)) {
+    vbad = mark_all_bad_v(w, u_first, n_units, lo, hi, at.pos, at.hf);
   }
   write_out(o0, o1, o2, o3, o4, o5, o6, o7, ml, vbad, w, at.rr, at.hf, sg, lane);
 }

@@ -71,15 +71,31 @@ fn plain_logit(d: f32) -> f32 {
 
 // The logits of lane part `part` of score row rr (query row i at position pos, of head h;
 // live: the row exists): its LANE_KEYS keys from j0 + part * LANE_KEYS, MASKED where the row
-// does not see the key. Their max goes to red_s for the row's other lanes.
+// does not see the key, x[e] that of key (e + rot) % LANE_KEYS of the part (rot: the lane's
+// rotation, which puts a subgroup's reads of one step in distinct banks; lane_weights takes
+// the same). Their max goes to red_s for the row's other lanes.
 fn lane_logits(rr: u32, part: u32, j0: u32, hi: u32, live: bool, b: u32, h: u32, i: u32,
-               pos: i32, s: Seq) -> array<f32, LANE_KEYS> {
+               pos: i32, s: Seq, rot: u32) -> array<f32, LANE_KEYS> {
   var x: array<f32, LANE_KEYS>;
   var best = MASKED;
   // PLAIN_LOGITS: the row's keys as its span (row_span: contiguous), two tests a key
   let sp = row_span(pos, s);
+  let k0 = j0 + part * LANE_KEYS;       // the part's first key
+  // every key of the part seen with plain logits (a causal prefill's tiles off the diagonal):
+  // no test a key. (A branch per lane: only a diagonal tile's lanes part ways.)
+  let all_seen = i32(k0) >= sp.x && i32(k0 + LANE_KEYS) <= sp.y && k0 + LANE_KEYS <= hi;
+  if (PLAIN_LOGITS == 1u && live && all_seen) {
+    for (var e = 0u; e < LANE_KEYS; e++) {
+      let xv = plain_logit(s_s[rr * S_STRIDE + part * LANE_KEYS + (e + rot) % LANE_KEYS]
+                           * P.scale);
+      x[e] = xv;
+      best = max(best, xv);
+    }
+    red_s[rr * ROW_LANES + part] = best;
+    return x;
+  }
   for (var e = 0u; e < LANE_KEYS; e++) {
-    let jl = part * LANE_KEYS + e;
+    let jl = part * LANE_KEYS + (e + rot) % LANE_KEYS;
     let j = j0 + jl;
     var xv = MASKED;
     var seen = i32(j) >= sp.x && i32(j) < sp.y;
@@ -104,9 +120,10 @@ fn lane_logits(rr: u32, part: u32, j0: u32, hi: u32, live: bool, b: u32, h: u32,
 // After a tile whose row max is m_tile, a row's softmax state ml (its reference max m, the
 // lane's part of its sum l) from ml before it: the lazy max (a moved reference raises flag
 // 1), P = exp(x - m) of the lane's logits x into p_s from `at` as f16, and the row's factor
-// for O in alpha_s[rr]. A row's state starts as (MASKED, 0).
+// for O in alpha_s[rr] (x in lane_logits' order: rot as there). A row's state starts as
+// (MASKED, 0).
 fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, rr: u32,
-                part: u32) -> vec2<f32> {
+                part: u32, rot: u32) -> vec2<f32> {
   let m = ml.x;
   let lm = lazy_max(m, m_tile);
   let alpha = lm.y;
@@ -119,7 +136,7 @@ fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, r
   for (var e = 0u; e < LANE_KEYS; e++) {
     let p = weight_of(x[e], m_use);
     psum += p;
-    p_s[at + e] = f16(p);
+    p_s[at + (e + rot) % LANE_KEYS] = f16(p);
   }
   if (part == 0u) {
     alpha_s[rr] = alpha;
@@ -128,11 +145,11 @@ fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, r
 }
 
 // The flags the lanes raised since the last call, the same for every lane (called by all:
-// it starts with a barrier).
-fn take_flags(lid: u32) -> u32 {
+// it starts with a barrier); those in `keep` stay raised for the next call.
+fn take_flags(lid: u32, keep: u32) -> u32 {
   workgroupBarrier();
   if (lid == 0u) {
-    flag_u = atomicExchange(&flag_a, 0u);
+    flag_u = atomicAnd(&flag_a, keep);
   }
   return workgroupUniformLoad(&flag_u);
 }

@@ -86,7 +86,8 @@ fn write_tile(acc: MAcc, c: u32, vbad: array<u32, MASK_WORDS>, base: u32, rr: u3
 }
 
 // Where a lane works: its row in the workgroup (rr: softmax, output), which half of the row's
-// scores and output column tiles (hf), the query row i and its position. (The workgroup's
+// scores and output column tiles (hf), the query row i and its position, and the rotation of
+// its walk over its scores (rot: lane_logits). (The workgroup's
 // key span stays out of it: a struct holding a lane's values is not uniform to WGSL's
 // analysis, and the key loop's bounds must be.)
 struct LanePlace {
@@ -94,15 +95,23 @@ struct LanePlace {
   hf: u32,
   i: u32,
   pos: i32,
+  rot: u32,
 }
 
+// rot = (lane's row in its subgroup / ROT_DIV + hf * ROT_HF) % LANE_KEYS, the prefix's
+// constants chosen by backends/webgpu/mma.py for these strides so that the 32 lanes' reads of
+// s_s (and writes of p_s) at one step fall in distinct banks where they can: without it
+// the lanes of rows r and r + 8 (and of the other half) share banks, 4-way (S_STRIDE = KV_TILE
+// + 4) to 16-way (unpadded) conflicts on every score.
 fn lane_place(w: PrefillWg, sg: u32, lane: u32) -> LanePlace {
   let rr = sg * 16u + lane % 16u;
   let i = w.i0 + rr;
-  return LanePlace(rr, lane / 16u, i, row_pos(w.seq, i));
+  let rot = ((lane % 16u) / ROT_DIV + (lane / 16u) * ROT_HF) % LANE_KEYS;
+  return LanePlace(rr, lane / 16u, i, row_pos(w.seq, i), rot);
 }
 
 // The logits of this lane's half of its row for the tile of keys j0.. (mma_common.wgsl).
 fn place_logits(at: LanePlace, j0: u32, hi: u32, w: PrefillWg) -> array<f32, LANE_KEYS> {
-  return lane_logits(at.rr, at.hf, j0, hi, at.i < P.seq_len, w.b, w.h, at.i, at.pos, w.seq);
+  return lane_logits(at.rr, at.hf, j0, hi, at.i < P.seq_len, w.b, w.h, at.i, at.pos, w.seq,
+                     at.rot);
 }

@@ -5,6 +5,7 @@ on subgroup matrices, their tiles, storage and checks."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import Any
 
 from attnreg.backends import common
@@ -75,7 +76,36 @@ def mma_prefill_consts(spec: AttentionSpec, params: Mapping[str, Any]) -> dict[s
                  # logits without the per-score softcap / bias / ALiBi tests where the spec
                  # has none (mma_common.wgsl's plain_logit)
                  PLAIN_LOGITS=int(not (spec.softcap or spec.bias or spec.alibi_max_bias)))
+    c["ROT_DIV"], c["ROT_HF"] = lane_rotation(c["S_STRIDE"], c["P_STRIDE"], c["LANE_KEYS"])
     return c
+
+
+def _bank_ways(stride: int, lane_keys: int, div: int, hf_step: int, elem: int) -> int:
+    """The most distinct 4-byte words one of 32 banks serves when the 32 lanes of a softmax
+    subgroup (lane: row lane % 16 of rows `stride` elements of `elem` bytes apart, half lane
+    // 16 of the row's 2 * lane_keys scores) touch their e-th score, rotated as
+    mma_prefill_common.wgsl's lane_place does, worst over e."""
+    worst = 1
+    for e in range(lane_keys):
+        banks: dict[int, set[int]] = {}
+        for lane in range(32):
+            rr, hf = lane % 16, lane // 16
+            rot = (rr // div + hf * hf_step) % lane_keys
+            word = (rr * stride + hf * lane_keys + (e + rot) % lane_keys) * elem // 4
+            banks.setdefault(word % 32, set()).add(word)
+        worst = max(worst, max(len(v) for v in banks.values()))
+    return worst
+
+
+@cache
+def lane_rotation(s_stride: int, p_stride: int, lane_keys: int) -> tuple[int, int]:
+    """(ROT_DIV, ROT_HF): the softmax lanes' rotation with the fewest bank conflicts on the
+    reads of s_s (f32) and then the writes of p_s (f16), the unrotated walk (16, 0) on a tie.
+    The direct form's kv_tile 32 (S_STRIDE 36, P_STRIDE 40): 4-way conflicts on both without,
+    none on s_s and 2-way on p_s with (1, 0)."""
+    options = [(16, 0)] + [(d, h) for d in (1, 2, 4, 8) for h in range(lane_keys)]
+    return min(options, key=lambda o: (_bank_ways(s_stride, lane_keys, o[0], o[1], 4),
+                                       _bank_ways(p_stride, lane_keys, o[0], o[1], 2)))
 
 
 def mma_prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:

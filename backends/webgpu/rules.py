@@ -183,11 +183,16 @@ RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TI
 # step (since moved back) measured 185 / 1734-1767 us against 213-215 / 2418-2434: faster too.
 # H200 (same call design, 2026-11-28, the build since its edge Q load's uniformity fix):
 # 157.9-159.7 / 1407-1432 us against 213.1-213.9 / 2422-2431, and at q_tile 128 (the rule
-# below) 92.2-92.5 / 826.0-831.8 (ci/results/h200_wgsl_mma_prefill_branches.txt). Prompts
-# under MATRIX_PREFILL_MIN_SEQ were not measured.
-MATRIX_PREFILL_MIN_SEQ = 512
+# below) 92.2-92.5 / 826.0-831.8 (ci/results/h200_wgsl_mma_prefill_branches.txt). The next
+# stop's build (the grid heavy-first, the softmax lanes rotated, the logits' fast path; the
+# scalar prefill gained the first and the last): S=512 78.9-79.2 us against 174.7-174.8,
+# S=1024 161.9-162.7 against 606.2-607.0, S=2048 522.4-528.5 against 2292.5-2293.6
+# (ci/results/h200_wgsl_prefill_order.txt, call 7); S=256 52.5-53.1 against 56.6-56.7, but
+# S=128 38.8 against 30.7 (call 8: two row tiles a head are too few to fill the GPU).
+MATRIX_PREFILL_MIN_SEQ = 256
 MATRIX_PREFILL_MEASURED = "ci/results/h100_wgsl_mma_prefill_kstaged.txt"
 MATRIX_PREFILL_H200 = "ci/results/h200_wgsl_mma_prefill_branches.txt"
+MATRIX_PREFILL_ORDER = "ci/results/h200_wgsl_prefill_order.txt"
 
 
 def _direct_on_nvidia(ctx: Ctx, backend: str) -> bool:
@@ -207,8 +212,10 @@ def _matrix_prefill(ctx: Ctx, backend: str) -> bool:
 
 # H200 (Dawn), f16 causal GQA 32/8 H=128, the direct form at q_tile 128 against 64, alternated
 # in one device call (two rounds): S=512 92.2-92.9 us against 158.2-159.8, S=2048 826.0-847.9
-# against 1413.3-1436.2 (ci/results/h200_wgsl_mma_prefill_branches.txt). Measured on the H200
-# only: not on other NVIDIA GPUs (nor the H100, not lent that session) or other vendors.
+# against 1413.3-1436.2 (ci/results/h200_wgsl_mma_prefill_branches.txt); with the next
+# stop's build S=512 78.9-79.2 against 108.4-108.6, S=1024 161.9-162.7 against 325.3-325.7,
+# S=2048 522.4-528.5 against 1130.1-1130.5 (h200_wgsl_prefill_order.txt, call 7). Measured on
+# the H200 only: not on other NVIDIA GPUs (nor the H100, not lent) or other vendors.
 MATRIX_PREFILL_ROWS = 128
 
 
@@ -226,15 +233,17 @@ def matrix_prefill_rows(backend: str) -> Rule:
                 "NVIDIA: the direct matrix prefill takes 128 query rows a workgroup where the "
                 "workgroup storage holds them, eight subgroups sharing each staged K and V tile",
                 "params", lambda c: _matrix_rows(c, backend),
-                lambda c: {"q_tile": MATRIX_PREFILL_ROWS}, measured=(MATRIX_PREFILL_H200,))
+                lambda c: {"q_tile": MATRIX_PREFILL_ROWS},
+                measured=(MATRIX_PREFILL_H200, MATRIX_PREFILL_ORDER))
 
 
 def matrix_prefill(backend: str) -> Rule:
     """matrix_units=auto takes the direct matrix prefill's hardware build where it measured
     faster than the scalar prefill (a backend whose device exposes subgroup matrices: dawn)."""
     return Rule(f"{backend}_matrix_prefill_nvidia",
-                "NVIDIA with subgroup matrices: prompts of 512 rows or more take the direct "
-                "matrix prefill (Q in registers, K and V staged by the workgroup), faster than "
-                "the scalar prefill at every length measured", "params",
+                f"NVIDIA with subgroup matrices: prompts of {MATRIX_PREFILL_MIN_SEQ} rows or more "
+                "take the direct matrix prefill (Q in registers, K and V staged by the "
+                "workgroup), faster than the scalar prefill there at every length measured",
+                "params",
                 lambda c: _matrix_prefill(c, backend), lambda c: {"mma": "hardware"},
-                measured=(MATRIX_PREFILL_MEASURED, MATRIX_PREFILL_H200))
+                measured=(MATRIX_PREFILL_MEASURED, MATRIX_PREFILL_H200, MATRIX_PREFILL_ORDER))

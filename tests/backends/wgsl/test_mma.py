@@ -310,7 +310,7 @@ def _nvidia_dawn() -> tuple[registry.Registry, DeviceCaps, attnreg.AttentionSpec
 
 def test_auto_takes_the_direct_prefill_on_nvidia_dawn() -> None:
     """matrix_units=auto on a Dawn NVIDIA adapter with subgroup matrices (the H100's
-    profile): prompts of 512 rows or more get the direct matrix prefill's hardware build,
+    profile): prompts of 256 rows or more get the direct matrix prefill's hardware build,
     where it measured faster than the scalar prefill; shorter ones, other vendors and
     matrix_units=off keep the scalar plan."""
     reg, caps, spec = _nvidia_dawn()
@@ -318,7 +318,9 @@ def test_auto_takes_the_direct_prefill_on_nvidia_dawn() -> None:
     assert _kernel(plan) == ("dawn.prefill.f16.mma_direct", "hardware")
     assert "dawn_matrix_prefill_nvidia" in plan.explain()
     xp = {"experimental_features": True}
-    short = reg.plan(spec.replace(seq_len=256), backend="dawn", caps=caps, flags=xp)
+    short = reg.plan(spec.replace(seq_len=128), backend="dawn", caps=caps, flags=xp)
+    assert _kernel(reg.plan(spec.replace(seq_len=256), backend="dawn", caps=caps,
+                            flags=xp)) == ("dawn.prefill.f16.mma_direct", "hardware")
     off = reg.plan(spec, backend="dawn", caps=caps, flags={**xp, "matrix_units": "off"})
     other = reg.plan(spec, backend="dawn", caps=caps.model_copy(update={"vendor": "amd"}),
                      flags=xp)
@@ -351,3 +353,23 @@ def test_direct_prefill_takes_128_rows_on_nvidia_where_they_fit() -> None:
     # scratch for each of the 8 subgroups would not
     need = wmma.mma_prefill_storage(spec, {"form": "direct", "q_tile": 128, "kv_tile": 32})
     assert need <= 49152 < need + 8 * 256 * 4
+
+
+@pytest.mark.parametrize("form", ["staged", "direct"])
+@pytest.mark.parametrize("kv_tile", wmma.MMA_CHOICES["kv_tile"])
+def test_softmax_lanes_rotation_spreads_banks(form: str, kv_tile: int) -> None:
+    """The softmax lanes walk their scores rotated (mma_prefill_common.wgsl's lane_place):
+    the rotation the builder picks puts the 32 lanes' reads of s_s at one step in no more
+    banks' rows than the plain walk, and none at all for the direct form's 32-key tiles
+    (S_STRIDE 36: 4-way without; H200 S=2048 612 against 627 us)."""
+    spec = SPEC.replace(head_size=64)
+    params = {"form": form, "kv_tile": kv_tile} if form == "direct" else {"kv_tile": kv_tile}
+    c = wmma.mma_prefill_consts(spec, params)
+    s_stride, p_stride, keys = c["S_STRIDE"], c["P_STRIDE"], c["LANE_KEYS"]
+    plain = wmma._bank_ways(s_stride, keys, 16, 0, 4), wmma._bank_ways(p_stride, keys, 16, 0, 2)
+    rot = (c["ROT_DIV"], c["ROT_HF"])
+    got = (wmma._bank_ways(s_stride, keys, rot[0], rot[1], 4),
+           wmma._bank_ways(p_stride, keys, rot[0], rot[1], 2))
+    assert got <= plain, (rot, got, plain)
+    if form == "direct" and kv_tile == 32:
+        assert plain == (4, 4) and got[0] == 1, (rot, got)
