@@ -24,11 +24,12 @@ from .api import (
     unregister_plugin,
 )
 from .caps import DeviceCaps
-from .device_tensor import DeviceTensor, KVCache
+from .device_tensor import DeviceTensor
 from .errors import CacheWarning, ClosedError, KernelUnavailable, NoKernelError, SpecError
 from .flags import Flag
 from .hookspecs import Backend, Command, Runtime, hookimpl
 from .kernel import KernelInfo, MatrixUnit
+from .kv_cache import KVCache
 from .plan import Plan, Stage
 from .profiles import profile, profiles
 from .quant import dequantize_kv, quantize_kv

@@ -13,11 +13,12 @@ from . import flags as flagmod
 from . import params as paramsmod
 from . import registry as regmod
 from .caps import DeviceCaps
-from .device_tensor import DTYPES, DeviceTensor, KVCache
+from .device_tensor import DTYPES, DeviceTensor
 from .errors import KernelUnavailable, SpecError
 from .guard import Guard
 from .headpad import HeadPadder
 from .hookspecs import Runtime
+from .kv_cache import KVCache
 from .plan import Plan
 from .prepared import PreparedRun
 from .spec import AttentionSpec

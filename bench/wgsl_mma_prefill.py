@@ -107,6 +107,27 @@ RESCALE_PAIRS: list[Edit] = [
            f"sg * 16u);{'' if c == 0 else ' }'}\n"
            f"      if (OUT_TILES > {c + 1}u) {{ o{c + 1} = rescaled(o{c + 1}, sg, lane, sg * 16u); }}\n",
        f"      rescale_pair(&o{c}, &o{c + 1}, sg, lane, sg * 16u);\n") for c in (0, 2, 4, 6)]]
+# The QK products of the tile's key tiles interleaved depth step by depth step (KEY_TILES
+# independent chains of products in flight instead of one chain of DEPTH_TILES at a time).
+QK_STEP = ("fn qk_step(s0: ptr<function, MAcc>, s1: ptr<function, MAcc>, s2: ptr<function, MAcc>,\n"
+           "           s3: ptr<function, MAcc>, q: MLeft, t: u32) {\n"
+           "  *s0 = mm_qk_direct(*s0, q, t * 16u);\n"
+           + "".join(f"  if (KEY_TILES > {c}u) {{ *s{c} = mm_qk_direct(*s{c}, q, {16 * c}u * K_STRIDE"
+                     f" + t * 16u); }}\n" for c in (1, 2, 3))
+           + "}\n\n")
+QK_INTERLEAVED: list[Edit] = [
+    (PF, "// Scores of the subgroup's 16 rows against",
+     QK_STEP + "// Scores of the subgroup's 16 rows against"),
+    (PF, "    for (var kc = 0u; kc < KEY_TILES; kc++) {\n"
+         "      mm_store_s(s_tile(q0, q1, q2, q3, q4, q5, q6, q7, kc * 16u * K_STRIDE), sa + kc * 16u);\n"
+         "    }\n",
+     "    var s0 = mm_zero(); var s1 = mm_zero(); var s2 = mm_zero(); var s3 = mm_zero();\n"
+     "    qk_step(&s0, &s1, &s2, &s3, q0, 0u);\n    qk_step(&s0, &s1, &s2, &s3, q1, 1u);\n"
+     + "".join(f"    if (DEPTH_TILES > {t}u) {{ qk_step(&s0, &s1, &s2, &s3, q{t}, {t}u); }}\n"
+               for t in range(2, 8))
+     + "    mm_store_s(s0, sa);\n"
+     + "".join(f"    if (KEY_TILES > {c}u) {{ mm_store_s(s{c}, sa + {16 * c}u); }}\n"
+               for c in (1, 2, 3)))]
 # the direct form's tiles most variants are built with: NVIDIA's (rule
 # dawn_matrix_prefill_rows_nvidia)
 Q128: dict[str, Any] = {"mma": "hardware", "q_tile": 128, "kv_tile": 32}
@@ -129,6 +150,7 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "q128-no-rescale-path": (DIRECT, Q128, [NO_RESCALE]),
     "q128-rescale-pairs": (DIRECT, Q128, RESCALE_PAIRS),
     "q128-q-each-tile": (DIRECT, Q128, Q_EACH_TILE),
+    "q128-qk-interleaved": (DIRECT, Q128, QK_INTERLEAVED),
 }
 PHASES: dict[str, list[Edit]] = {
     "full kernel": [], "no QK product (K from k_s)": [NO_QK],

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..device_tensor import KVCache
 from ..errors import ClosedError, SpecError
+from ..kv_cache import KVCache
 from ..session import Session
 from ..spec import AttentionSpec
 from .exchange import HEADER, Channel, Group, digest, exchange, group_place

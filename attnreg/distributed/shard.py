@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..device_tensor import DeviceTensor, KVCache
+from ..device_tensor import DeviceTensor
+from ..kv_cache import KVCache
 from ..prepared import PreparedRun
 from ..reference import alibi_slopes
 from ..session import Session
