@@ -18,7 +18,8 @@
 //   share a row, its max exchanged by pair_max; P to p_s as f16;
 //   take_flags' barrier; O += P V, P's KEY_TILES operands loaded once for all output tiles.
 // O is rescaled through the O scratch (x_at) only on tiles where a row's reference max moved
-// (flag 1).
+// (flag 1); a lane's output columns that see a non-finite v are marked after the loop, if
+// flag 2 was ever raised (seen_bad_v).
 // (Measured on the H100, ci/results/h100_wgsl_mma_prefill_kstaged.txt: storing the registers
 // after the softmax instead, or V's loaded in its own tile, were slower.) The rare rescale
 // runs on every output tile before the first PV product: this order measured 1401 us at
@@ -27,7 +28,9 @@
 // rescale's branch, though rarely taken, costs about 200 us of it at S=2048: without it and
 // the non-finite v branch 1197-1221 us; fewer flag barriers, the branch moved to an outer
 // loop or its barriers dropped did not recover it (h200_wgsl_mma_prefill_branches.txt).
-// q_tile 128 (NVIDIA's rule) took 826-832 us there.
+// q_tile 128 (NVIDIA's rule) took 826-832 us there; with the grid heavy-first, the lanes'
+// rotation and the logits' fast path 522-528 us, and the build without the rescale's branch
+// is no faster any more (534.5-534.8 us; h200_wgsl_prefill_order.txt).
 // Prefix constants: those of flash_prefill_mma (K_STRIDE, V_STRIDE, P_STRIDE and S_STRIDE
 // padded) and KV_UNITS.
 
