@@ -103,10 +103,10 @@ RESCALE_PAIRS: list[Edit] = [
      "    s_s[xo + e] *= alpha_s[a0 + (e % 256u) / 16u];\n"
      "  }\n  workgroupBarrier();\n  *a = mm_load_x(xo);\n  *b = mm_load_x(xo + 256u);\n"
      "  workgroupBarrier();\n}\n\n// Tile acc with its 16 rows times alpha_s"),
-    *[(PF, f"      {'' if c == 0 else f'if (OUT_TILES > {c}u) {{ '}o{c} = rescaled(o{c}, sg, lane, "
-           f"sg * 16u);{'' if c == 0 else ' }'}\n"
-           f"      if (OUT_TILES > {c + 1}u) {{ o{c + 1} = rescaled(o{c + 1}, sg, lane, sg * 16u); }}\n",
-       f"      rescale_pair(&o{c}, &o{c + 1}, sg, lane, sg * 16u);\n") for c in (0, 2, 4, 6)]]
+    (PF, "      o0 = rescaled(o0, sg, lane, sg * 16u);\n"
+         + "".join(f"      if (OUT_TILES > {c}u) {{ o{c} = rescaled(o{c}, sg, lane, sg * 16u); }}\n"
+                   for c in range(1, 8)),
+     "".join(f"      rescale_pair(&o{c}, &o{c + 1}, sg, lane, sg * 16u);\n" for c in (0, 2, 4, 6)))]
 # The QK products of the tile's key tiles interleaved depth step by depth step (KEY_TILES
 # independent chains of products in flight instead of one chain of DEPTH_TILES at a time).
 QK_STEP = ("fn qk_step(s0: ptr<function, MAcc>, s1: ptr<function, MAcc>, s2: ptr<function, MAcc>,\n"
