@@ -283,8 +283,8 @@ def test_profiles_carry_their_subgroup_matrix_shapes(name: str, fits: bool) -> N
     dawn_like = caps.model_copy(update={"features": caps.features | {"subgroup-matrix"},
                                         "backend": "webgpu"})
     for k in wmma.declare_matrix():
-        # prefill tiles that fit every profile's storage (the default q_tile 128 needs 40 KB
-        # here), so the shape check is what speaks
+        # prefill tiles small enough for every profile's workgroup storage, so the shape
+        # check is what speaks
         tiles = {"q_tile": 32} if k.family == "prefill" else {}
         why = k.not_supported_reasons(DECODE.replace(head_size=64), dawn_like,
                                       {"mma": "hardware", **tiles})
