@@ -9,12 +9,14 @@ alias MAcc = array<f32, 8>;
 
 var<private> mm_lane: u32;
 var<private> mm_steps: u32;     // 8, read at run time (mm_mac)
+var<private> mm_depth: u32;     // 16, read at run time (mm_mac)
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   mm_lane = lid % 32u;
   mm_steps = min(8u, nwg.x + 8u);
+  mm_depth = min(16u, nwg.x + 16u);
   kernel_body(wid, nwg, lid, lid / 32u, lid % 32u);
 }
 
@@ -29,14 +31,20 @@ fn mm_zero() -> MAcc {
 // call, so each inlined call keeps one branch.
 // The element loop's bound is read at run time (it is 8): with constant bounds lavapipe
 // unrolled every inlined product (the direct form inlines up to 64) and one build took 100 s.
-// (A run-time bound on the depth loop instead gave wrong values in a staged cell there.)
+// The depth loop's bound is read at run time too (mm_depth, 16) for QK^T, and for PV where
+// the form says so (MM_PV_ROLLED): written out, it made CI's compiles of the emulated builds
+// 1.8x longer (the direct form's webgpu cells: 69.1 -> 38.8 s cold). The staged form keeps
+// its PV depth loop constant: with both loops rolled, lavapipe's build of it gave wrong
+// values (NaN on webgpu) in one staged cell (gqa7 h64 s4 L1500 alibi), with either one
+// rolled, right ones.
 fn mm_mac(acc: MAcc, a: vec2<u32>, b: vec2<u32>, pv: bool) -> MAcc {
   var c = acc;
   let col = mm_lane % 16u;
   for (var t = 0u; t < mm_steps; t++) {
     let row = mm_lane / 16u + 2u * t;
-    var s = 0.0;
-    for (var d = 0u; d < 16u; d++) {
+    var s: f32;
+    s = 0.0;
+    for (var d = 0u; d < select(mm_depth, select(16u, mm_depth, MM_PV_ROLLED), pv); d++) {
       if (pv) {
         s += f32(p_s[a.x + row * a.y + d]) * f32(v_s[b.x + d * b.y + col]);
       } else {

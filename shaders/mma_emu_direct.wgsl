@@ -3,6 +3,9 @@
 // row pitch) of q for Q, of p_s for P; the product reads them at the call. A row's two
 // softmax lanes (l and l ^ 16 of the 32 consecutive invocations) exchange through pair_s.
 
+// mm_mac's PV depth loop reads its bound at run time (mma_emu.wgsl says why).
+const MM_PV_ROLLED: bool = true;
+
 alias MLeft = vec2<u32>;
 
 var<workgroup> pair_s: array<f32, THREADS>;

@@ -1,6 +1,9 @@
 // The staged products in software (with mma_emu.wgsl's mm_mac): the contract of
 // mma_hw_staged.wgsl, both operands read from the kernel's workgroup tiles at the call.
 
+// mm_mac's PV depth loop keeps its constant bound (mma_emu.wgsl says why).
+const MM_PV_ROLLED: bool = false;
+
 fn emu_q(e: u32) -> f32 {
   return f32(q_s[e]);
 }
