@@ -138,10 +138,58 @@ EXP_BARRIER: Edit = (DP, """      p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
   workgroupBarrier();""", """      p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
     }
   }""")
+# The direct decode's SLICES partial dots of a key met by subgroup shuffles (the slices of a
+# key are consecutive lanes there) instead of through part_s and a barrier; lane h writes
+# the logits of the vectors r with r % SLICES == h into p_s's half ps_at (only with
+# P_DOUBLE: the previous tile's PV may still read p_s). Needs SLICES a power of two within
+# a subgroup (the bench's decode cases: 4).
+SHUFFLE_SLICES: Edit = ("decode_qk_common", """    for (var r = 0u; r < VECTORS; r++) {
+      if (SLICES == 1u) {
+        p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
+      } else {
+        part_s[(jj * VECTORS + r) * SLICES + h] = sc[r];
+      }
+    }
+  }
+  workgroupBarrier();
+  if (SLICES > 1u) {""", """    for (var r = 0u; r < VECTORS; r++) {
+      var x = sc[r];
+      if (SLICES > 1u) { x += subgroupShuffleXor(x, 1u); }
+      if (SLICES > 2u) { x += subgroupShuffleXor(x, 2u); }
+      if (SLICES > 4u) { x += subgroupShuffleXor(x, 4u); }
+      if (SLICES > 8u) { x += subgroupShuffleXor(x, 8u); }
+      if (r % SLICES == h) {
+        p_s[ps_at + jj * VECTORS + r] = vec_logit(w, r, j0 + jj, x, with_bias);
+      }
+    }
+  }
+  workgroupBarrier();
+  if (SLICES > 1u && DIRECT == 0u) {""")
+# p_s double-buffered (the halves alternate by tile, ps_at), so the direct decode's logits
+# can go to p_s before any barrier of their tile (the previous tile's PV reads the other
+# half): with SHUFFLE_SLICES, one barrier a tile fewer and no part_s round trip.
+P_DOUBLE: list[Edit] = [
+    ("decode_common", "var<workgroup> p_s: array<f32, KV_TILE * VECTORS>;",
+     "var<workgroup> p_s: array<f32, 2u * KV_TILE * VECTORS>;\nvar<private> ps_at: u32;"),
+    ("decode_qk_common", """  if (DIRECT == 1u && SLICES == 1u) {
+    workgroupBarrier();
+  }""", ""),
+    (DP, "mx = max(mx, p_s[jj * VECTORS + lid]);", "mx = max(mx, p_s[ps_at + jj * VECTORS + lid]);"),
+    (DP, "p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);",
+     "p_s[ps_at + e] = weight_of(p_s[ps_at + e], mu_s[e % VECTORS]);"),
+    ("decode_pv_common", "let p = p_s[jj * VECTORS + r];", "let p = p_s[ps_at + jj * VECTORS + r];"),
+    (DP, """      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, vc);
+    }
+""", """      acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, vc);
+    }
+    ps_at = KV_TILE * VECTORS - ps_at;
+"""),
+]
 VARIANTS: dict[str, list[Edit]] = {
     "as planned": [],
     "max one load": [MAX_ONE],
     "max one + no exp barrier": [MAX_ONE, EXP_BARRIER],
+    "shuffles + double p_s": [SHUFFLE_SLICES, *P_DOUBLE],
     "K/V from L1": L1,
     "loads only": [(DP, COMPUTE, FOLD)],
     "loop skeleton": [(DP, COMPUTE, FOLD), *NO_LOADS],

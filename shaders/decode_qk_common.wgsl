@@ -148,6 +148,13 @@ fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REG
     h = lid % SLICES;
     jl = lid / SLICES;
   }
+  // DIRECT with one lane a key writes p_s below, before any barrier of this tile, while other
+  // lanes may still read the previous tile's weights there (pv_tile): wait for them. (With
+  // SLICES > 1 the partial dots go to part_s, which nothing reads past the tile; staged, the
+  // staging's barrier already separates them.)
+  if (DIRECT == 1u && SLICES == 1u) {
+    workgroupBarrier();
+  }
   for (var kk = 0u; kk < PASSES; kk++) {
     let jj = jl + PASS_KEYS * kk;
     let sc = slice_dots(jj, h, kk, kt);

@@ -204,12 +204,15 @@ def _memory(rnd: random.Random, s: attnreg.Session) -> None:
 
 
 def one_call(rnd: random.Random, s: attnreg.Session,
-             families: Sequence[str] = hostile.FAMILIES, seen: list[str] | None = None) -> str:
-    """One random call on session s, plain or in one of the hostile ``families``
-    (attnreg.tools.fuzz_hostile; its name appended to ``seen``); returns its label; raises
-    SpecError (fine), FuzzAlarm (the signals family's own interrupt: fine), Finding (wrong
-    result) or anything else (a bug)."""
-    family = rnd.choices(("plain", *families), (2 * len(families) or 1, *[1] * len(families)))[0]
+             families: Sequence[str] = hostile.FAMILIES, seen: list[str] | None = None,
+             family: str | None = None) -> str:
+    """One random call on session s, plain or in one of the hostile ``families`` (or in
+    ``family`` when given: "plain" or one of them; attnreg.tools.fuzz_hostile; its name
+    appended to ``seen``); returns its label; raises SpecError (fine), FuzzAlarm (the signals
+    family's own interrupt: fine), Finding (wrong result) or anything else (a bug)."""
+    if family is None:
+        family = rnd.choices(("plain", *families),
+                             (2 * len(families) or 1, *[1] * len(families)))[0]
     if seen is not None:
         seen.append(family)
     if family == "signals":

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import attnreg
@@ -108,3 +109,22 @@ def test_kv_quant_quality_orders_the_storages() -> None:
         assert rel[(data, "float16")] < rel[(data, "int8")] < rel[(data, "int4")], rel
     assert rel[("random", "int8")] < 2e-2 and rel[("random", "int4")] < 0.25, rel
     assert rel[("outliers", "int4")] > rel[("random", "int4")], rel
+
+
+def test_f16_math_error_fails_the_tolerance_only_on_peaked_attention() -> None:
+    """bench/f16_math_error.py: float16 sums of products stay inside the float16 tolerance on
+    N(0, 1) data and leave it on a peaked softmax (q, k ~ N(0, 4^2)), packed FMAs more than
+    4-element dots; its exact mode is the float64 reference's."""
+    from bench import f16_math_error as f16
+
+    q, k, v = f16.inputs(128, 64, 1.0)
+    assert all(f16.outside(q, k, v, mode)[1] == 0.0 for mode in f16.MODES)
+    q, k, v = f16.inputs(128, 64, 4.0)
+    packed, dot4 = (f16.outside(q, k, v, mode)[1] for mode in ("packed", "dot4"))
+    assert packed > 0.01 and packed > dot4 > 0.001, (packed, dot4)
+    spec = attnreg.AttentionSpec(seq_len=128, past_len=0, num_heads=1, kv_num_heads=1,
+                                 head_size=64, dtype="float16", causal=True)
+    t = {"q": q[None, :, None], "k": k[None, None], "v": v[None, None]}
+    want = attnreg.run(spec, t, backend="reference")[0, :, 0].astype(np.float64)
+    exact = f16._attention(q, k, v, "exact")
+    assert np.abs(exact - want).max() < 1e-3

@@ -262,6 +262,25 @@ def test_tile_geometries(session, kernel, params, head_size):
     check_close(spec, got, t)
 
 
+@pytest.mark.parametrize("kv_tile", [16, 32])
+def test_direct_decode_with_one_lane_a_key(session, kv_tile):
+    """kv_staging direct with as many lanes as keys (threads == kv_tile): each lane's logits go
+    straight to p_s, which other lanes may still be reading the previous tile's weights from
+    (PV); without a barrier first the output was wrong (max error 1.3-3.5 on lavapipe). Head
+    size 64: larger heads' register tiles are refused at one lane a key."""
+    spec = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=200, num_heads=4, kv_num_heads=1,
+                                 head_size=64, dtype="float16", seqlens_k=True, head_sink=True,
+                                 return_lse=True)
+    t = make_tensors(spec, 5, lengths=[201, 150])
+    params = {"kv_tile": kv_tile, "threads": kv_tile, "kv_staging": "direct"}
+    plan = session.plan(spec, kernel="webgpu.decode_partial.f16.m1", params=params,
+                        flags={"split_size": 4 * kv_tile})
+    assert {k: plan.stages[0].params[k] for k in params} == params
+    got = session.run(spec, t, kernel="webgpu.decode_partial.f16.m1", params=params,
+                      flags={"split_size": 4 * kv_tile})
+    check_close(spec, got, t)
+
+
 @pytest.mark.parametrize("head_size", [12, 512])
 def test_merge_states_through_the_reduce(session, head_size):
     """attnreg.merge_states(backend='webgpu') runs webgpu.reduce (any multiple of 4 to 1024)."""
