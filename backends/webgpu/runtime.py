@@ -26,7 +26,7 @@ from attnreg.errors import SpecError
 from attnreg.plan import Plan, Stage
 from attnreg.spec import AttentionSpec
 
-from . import device, program, quantize, timing
+from . import copy_probe, device, program, quantize, timing
 from .memory import DeviceMemory, resource, span
 
 
@@ -98,7 +98,9 @@ class WebGpuRuntime:
         self.memory.free(handle)
 
     def copy_bandwidth(self, nbytes: int = 256 << 20, repeats: int = 5) -> float:
-        return self.memory.copy_bandwidth(nbytes, repeats)
+        """Device-to-device copy bandwidth in GB/s, bytes read plus bytes written (the
+        bench's accounting): the better of a copy command and the shader cores' copy."""
+        return max(copy_probe.copy_bandwidths(self.memory, nbytes, repeats).values())
 
     def matrix_peak(self) -> tuple[float | None, str]:
         return self.dev.matrix_peak()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import attnreg
+from attnreg.backends.webgpu import copy_probe
 from attnreg.testing import compare, expected
 from tests.support import check_close, make_tensors, require_devices
 
@@ -179,7 +180,7 @@ def test_lse_comes_back_when_out_stays(session):
 
 def test_copy_bandwidth(session):
     rt = _runtime(session)
-    both = rt.memory.copy_bandwidths(nbytes=8 << 20, repeats=2)
+    both = copy_probe.copy_bandwidths(rt.memory, nbytes=8 << 20, repeats=2)
     assert set(both) == ({"command", "shader"} if rt.dev.has_timestamps else {"command"})
     assert all(0.05 < bw < 1e5 for bw in both.values())
     assert 0.05 < rt.copy_bandwidth(nbytes=4 << 20, repeats=1) < 1e5
