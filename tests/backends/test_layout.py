@@ -29,6 +29,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
                "interop.py"),                               # devices the caller opened
     "runtime": ("quantize.py",                              # KV cache appends on the device
                 "timing.py",                                # the runtime's launch timings
+                "copy_probe.py",                            # the copy roof the bench uses
                 "chromium.py", "server.py", "host.py", "wire.py",   # the browser's host side
                 "page.html", "page.js", "wire.js"),                 # and its page
     "plugin": ("export.py", "export_runtime.js", "check.html", "check.js"),   # export-wgsl
