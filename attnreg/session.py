@@ -17,7 +17,7 @@ from .headpad import HeadPadder
 from .hookspecs import Runtime
 from .plan import Plan
 from .prepared import PreparedRun
-from .session_memory import DeviceMemory, serialized
+from .session_memory import SessionMemory, serialized
 from .spec import AttentionSpec
 from .states import check_partials, merge_as_reduce, restore_lse, states_layout
 from .tensors import check_tensors, read_on_host
@@ -27,7 +27,7 @@ def _freeze(m: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((m or {}).items()))
 
 
-class Session(DeviceMemory):
+class Session(SessionMemory):
     """Holds plans, compiled kernels and buffers across calls; use as a context manager.
 
     Threads: a Session may be shared; its operations (and those of its tensors and KV

@@ -36,7 +36,7 @@ def serialized(method: F) -> F:
     return run  # type: ignore[return-value]
 
 
-class DeviceMemory:
+class SessionMemory:
     """The device memory half of a Session: what its DeviceTensors and KV caches ask of it.
     Session.__init__ sets the attributes below."""
 

@@ -65,7 +65,7 @@ def _logits(q: np.ndarray, k: np.ndarray, mode: str) -> np.ndarray:
     return lanes[0].astype(np.float64) + lanes[1].astype(np.float64)
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mode: str) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mode: str) -> np.ndarray:
     """Causal attention with the logits of _logits(mode); "packed" also accumulates PV in
     f16 over each STEP keys (the other modes: in float64)."""
     s_len = q.shape[0]
@@ -89,9 +89,9 @@ def outside(q: np.ndarray, k: np.ndarray, v: np.ndarray, mode: str) -> tuple[flo
     """(max |error|, fraction of output values outside the float16 tolerance) of attention
     computed in ``mode`` against the exact one."""
     atol, rtol = TOLERANCE["float16"]
-    want = _attention(q, k, v, "exact")
+    want = attention(q, k, v, "exact")
     with np.errstate(over="ignore", invalid="ignore"):
-        got = _attention(q, k, v, mode)
+        got = attention(q, k, v, mode)
     err = np.abs(got - want)
     return float(np.nanmax(err)), float(np.mean(~(err <= atol + rtol * np.abs(want))))
 

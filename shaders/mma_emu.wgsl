@@ -42,6 +42,8 @@ fn mm_mac(acc: MAcc, a: vec2<u32>, b: vec2<u32>, pv: bool) -> MAcc {
   let col = mm_lane % 16u;
   for (var t = 0u; t < mm_steps; t++) {
     let row = mm_lane / 16u + 2u * t;
+    // assigned, not initialised where declared: some WGSL -> SPIR-V paths hoist a loop-local
+    // initialiser out of its loop
     var s: f32;
     s = 0.0;
     for (var d = 0u; d < select(mm_depth, select(16u, mm_depth, MM_PV_ROLLED), pv); d++) {

@@ -8,34 +8,24 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .. import headpad
-from ..kernel import KernelInfo
 from ..spec import AttentionSpec
 from . import cells
-from .cells import Case, everything_fields
+from .cells import everything_fields
+from .nonfinite_cells import CellMaker
 
 
-class FeatureMaker(Protocol):
+class FeatureMaker(CellMaker, Protocol):
     """What these families need of the generator of one kernel's cells on one device (the
-    cases module's generator is one)."""
+    cases module's generator is one): nonfinite_cells' CellMaker and the feature cells'
+    own."""
 
-    k: KernelInfo
     quick: bool
     split: bool                      # the kernel writes split-KV partial states
     slots: dict[str, int]            # dtype -> its (variant, dtype) index in the family
-    out: list[Case]
-    emu: dict[str, Any]              # the parameters an emulated build adds
 
     def base(self) -> dict[str, Any]: ...
 
     def add(self, label: str, changes: dict[str, Any], **kw: Any) -> None: ...
-
-    def partials_ok(self) -> bool: ...
-
-    def runs(self, spec: AttentionSpec, params: dict[str, Any]) -> bool: ...
-
-    def plannable(self, spec: AttentionSpec, check: str, params: dict[str, Any]) -> bool: ...
-
-    def emit(self, label: str, spec: AttentionSpec, params: dict[str, Any], **kw: Any) -> None: ...
 
 
 def quantized_cells(g: FeatureMaker, d: dict[str, Any], split: tuple[tuple[str, Any], ...]) -> None:

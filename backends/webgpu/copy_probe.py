@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import program
-from .memory import _BIND_ALIGN, cdiv
+from .memory import BIND_ALIGN, cdiv
 
 if TYPE_CHECKING:
     from .memory import DeviceMemory
@@ -65,7 +65,7 @@ def shader_copies(mem: DeviceMemory, src: Any, dst: Any, nbytes: int, repeats: i
     U = mem.wgpu.BufferUsage
     d = mem.dev.device
     limit = mem.caps.limit("storage_binding") or (128 << 20)
-    window = max(16, min(nbytes, limit // _BIND_ALIGN * _BIND_ALIGN))
+    window = max(16, min(nbytes, limit // BIND_ALIGN * BIND_ALIGN))
     prog = program.utility("copy_bw", dialect=mem.dev.dialect)
     pipe = mem.dev.compile("webgpu.copy_bw", prog.wgsl, prog.layout)
     groups, params = [], []

@@ -24,7 +24,7 @@ from . import device, program
 # queue.writeBuffer and copies need 4-byte offsets and sizes; storage bindings at an offset
 # need the device's minStorageBufferOffsetAlignment (256 on every adapter we know).
 _WORD = 4
-_BIND_ALIGN = 256
+BIND_ALIGN = 256
 
 
 def cdiv(a: int, b: int) -> int:
@@ -151,7 +151,7 @@ class DeviceMemory:
             raise SpecError("buffer.usage", self.usages(buffer), "STORAGE among its usages: the "
                             "kernels bind it as a storage buffer (COPY_SRC too to read it back, "
                             "COPY_DST to write it)")
-        align = int(self.dev.device.limits.get("min-storage-buffer-offset-alignment", _BIND_ALIGN))
+        align = int(self.dev.device.limits.get("min-storage-buffer-offset-alignment", BIND_ALIGN))
         if offset_bytes % align:
             raise SpecError("offset", offset_bytes, f"a multiple of {align} bytes (this device's "
                             "minStorageBufferOffsetAlignment: where a storage binding may start)")
@@ -235,7 +235,7 @@ class DeviceMemory:
         padded = raw if raw.size % _WORD == 0 else np.concatenate([raw, np.zeros(2, np.uint8)])
         src = self.buffer("patch_src", padded.size, U.STORAGE | U.COPY_DST)
         q.write_buffer(src, 0, padded)
-        base = off // _BIND_ALIGN * _BIND_ALIGN          # bind a window: buffers may exceed
+        base = off // BIND_ALIGN * BIND_ALIGN          # bind a window: buffers may exceed
         end = cdiv(off + raw.size, _WORD) * _WORD         # the storage-binding limit
         first = (off - base) // _WORD
         nwords = (end - base) // _WORD - first

@@ -126,5 +126,5 @@ def test_f16_math_error_fails_the_tolerance_only_on_peaked_attention() -> None:
                                  head_size=64, dtype="float16", causal=True)
     t = {"q": q[None, :, None], "k": k[None, None], "v": v[None, None]}
     want = attnreg.run(spec, t, backend="reference")[0, :, 0].astype(np.float64)
-    exact = f16._attention(q, k, v, "exact")
+    exact = f16.attention(q, k, v, "exact")
     assert np.abs(exact - want).max() < 1e-3

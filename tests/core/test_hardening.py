@@ -1,7 +1,8 @@
 """Misuse that used to crash the process or corrupt results (issue [hardening]): use after
 free/close, Ctrl-C inside device operations, threads, interrupted KV-cache appends, exceptions
 from signal handlers. On every available device. (Bad call arguments and out-of-range
-scalars: test_bad_calls.py; plugin loading: test_plugin_loading.py.)"""
+scalars: test_bad_calls.py; plugin loading: test_plugin_loading.py; threads:
+test_threads.py.)"""
 
 from __future__ import annotations
 
@@ -262,43 +263,6 @@ def test_sigint_storm_keeps_session_and_cache_consistent(dev: attnreg.DeviceCaps
     finally:
         signal.signal(signal.SIGINT, previous)
     assert interrupts >= 3 and steps >= 3, (interrupts, steps)
-
-
-# -- 3. threads ------------------------------------------------------------------------------
-def _hammer(s: attnreg.Session, seed: int, n: int, errors: list[str]) -> None:
-    try:
-        for i in range(n):
-            spec = SPEC.replace(past_len=10 + (seed * 7 + i) % 20, causal=bool(i % 2))
-            t = make_tensors(spec, seed * 1000 + i)
-            got = s.run(spec, t)
-            _, problem = compare(spec, got, expected(spec, t))
-            if problem:
-                errors.append(f"thread {seed} run {i}: {problem}")
-            x = s.tensor(t["q"])
-            if not np.array_equal(x.numpy(), t["q"]):
-                errors.append(f"thread {seed} run {i}: tensor read-back differs")
-            x.free()
-    except Exception as exc:                    # reported, not swallowed
-        errors.append(f"thread {seed}: {type(exc).__name__}: {exc}")
-
-
-@pytest.mark.parametrize("shared", [True, False], ids=["one-session", "two-sessions"])
-@pytest.mark.parametrize("dev", DEVICES, ids=IDS)
-def test_two_threads(dev: attnreg.DeviceCaps, shared: bool) -> None:
-    """Two threads hammering one Session (its lock serializes them) or one Session each."""
-    n = 6 if dev.backend == "browser" else 12
-    sessions = [_session(dev)] if shared else [_session(dev), _session(dev)]
-    errors: list[str] = []
-    threads = [threading.Thread(target=_hammer, args=(sessions[i % len(sessions)], i, n, errors))
-               for i in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=300)
-    for s in sessions:
-        s.close()
-    assert not any(th.is_alive() for th in threads), "a thread hung"
-    assert not errors, "\n".join(errors)
 
 
 # -- 4. an interrupted KV-cache append rolls back --------------------------------------------
