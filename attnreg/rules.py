@@ -142,12 +142,13 @@ def default_max_k_step(spec: AttentionSpec, budget: int = PRIVATE_BYTES // 2) ->
 
 
 def split_size(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any],
-               flags: Mapping[str, Any]) -> dict[str, int]:
+               flags: Mapping[str, Any], min_tiles: int = 4) -> dict[str, int]:
     """split_size: enough splits to give every compute unit work, at most max_splits (the
     planner derives the split count from it).
 
     Splits are laid over the capacity C (the plan never sees seqlens_k values), rounded to
-    the kernel's kv tile so a split is whole tiles.
+    the kernel's kv tile so a split is whole tiles, and hold at least ``min_tiles`` tiles
+    (a backend's rule may measure fewer worth their reduce).
     """
     tile = int(params.get("kv_tile", 64))
     c = spec.capacity
@@ -163,7 +164,7 @@ def split_size(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any],
         want = max(1, min(int(flags.get("max_splits") or 64), _cdiv(target, groups)))
         size = max(tile, _cdiv(_cdiv(c, want), tile) * tile)
         # Each split should hold at least a few tiles, or the reduce costs more than it saves.
-        size = max(size, min(_cdiv(c, tile) * tile, 4 * tile))
+        size = max(size, min(_cdiv(c, tile) * tile, min_tiles * tile))
     return {"split_size": size}
 
 
@@ -289,6 +290,14 @@ def _tuned(ctx: Ctx) -> dict[str, Any]:
                       f"{cache_path()}: {exc}", CacheWarning, stacklevel=2)
         return {}
     return {k: v for k, v in params.items() if k not in ctx.kernel.params}
+
+
+def tuned_params(ctx: Ctx) -> dict[str, Any]:
+    """What the tuning cache sets for this candidate (nothing without flag use_tuning_cache):
+    a plugin's rules, which run after the built-in ones, leave those parameters alone."""
+    if ctx.kernel is None or not ctx.flags.get("use_tuning_cache"):
+        return {}
+    return _tuned(ctx)
 
 
 def _fused_available(ctx: Ctx) -> bool:

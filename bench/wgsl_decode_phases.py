@@ -19,6 +19,12 @@ per launch and back to back ("one pass": the runtime's b2b, N launches recorded 
 compute pass), medians, one process; run it once more with ATTNREG_WGSL_CHECKS=none to see what
 the bounds checks (Tint's robustness, naga's checks) cost.
 
+  prefill empty       the prefill route's kernel returns at once (with --flag route=prefill):
+                      the pass of one dispatch, the floor of any one-launch plan
+
+--flag NAME=VALUE sets a session flag, --param NAME=INT a kernel parameter (split_size=47):
+ci/results/h200_wgsl_decode_fixed_costs.txt used them.
+
   python3 -m bench.wgsl_decode_phases [--iters 40] [--backends dawn,webgpu]   (device tool)
 """
 from __future__ import annotations
@@ -126,6 +132,8 @@ def _direct_fn() -> str:
 
 
 PARTIAL_EMPTY = (DP, "let tiles = tile_range(d);", "return;\n  let tiles = tile_range(d);")
+PREFILL_EMPTY = ("flash_prefill", "  let w = prefill_wg(wid, nwg, Q_TILE);",
+                 "  return;\n  let w = prefill_wg(wid, nwg, Q_TILE);")
 REDUCE_EMPTY = ("reduce", "  let i = row % P.seq_len;", "  return;\n  let i = row % P.seq_len;")
 # tile_weights' serial max (one lane per vector over the tile's keys) cut to one load, and
 # its last barrier dropped (both wrong): what a lazy reference max could save
@@ -214,7 +222,7 @@ fn vu_v(e: u32, gi: u32) -> VU {
 fn vu_scale_v(e: u32, gi: u32) -> f32 {
   let blk = e / 32u + gi / 2u;""")
 VARIANTS: dict[str, list[Edit]] = {
-    "as planned": [],
+    "as_planned": [],
     "max one load": [MAX_ONE],
     "max one + no exp barrier": [MAX_ONE, EXP_BARRIER],
     "shuffles + double p_s": [SHUFFLE_SLICES, *P_DOUBLE],
@@ -226,6 +234,7 @@ VARIANTS: dict[str, list[Edit]] = {
     "launches only": [PARTIAL_EMPTY],
     "reduce empty": [REDUCE_EMPTY],
     "both empty": [PARTIAL_EMPTY, REDUCE_EMPTY],
+    "prefill empty": [PREFILL_EMPTY],
 }
 # Launches for this long before each timing: an idle H100 drops its clocks while the next
 # variant compiles, and 0.1 s of launches left the L=32768 cases timed 2-3x slow.
@@ -245,11 +254,11 @@ def _median_us(sess: attnreg.Session, plan: attnreg.Plan, inputs: Mapping[str, A
 
 
 def _one(backend: str, dev: Any, spec: attnreg.AttentionSpec, t: Mapping[str, Any],
-         want: Any, iters: int) -> str:
+         want: Any, iters: int, flags: Mapping[str, str], params: Mapping[str, int]) -> str:
     """One variant (program.load already edited) timed: its line's figures."""
-    with attnreg.Session(backend=backend, device=dev.id) as s:
-        plan = s.plan(spec)
-        err, _ = testing.compare(spec, s.run(spec, t), want)
+    with attnreg.Session(backend=backend, device=dev.id, flags=dict(flags)) as s:
+        plan = s.plan(spec, params=params)
+        err, _ = testing.compare(spec, s.run(spec, t, params=params), want)
         us, b2b = _median_us(s, plan, t, iters)
         prm = {k: v for k, v in plan.stages[0].params.items()
                if k in ("kv_tile", "threads", "n_splits", "kv_staging", "m_tile")}
@@ -260,12 +269,19 @@ def _one(backend: str, dev: Any, spec: attnreg.AttentionSpec, t: Mapping[str, An
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--iters", type=int, default=40)
-    ap.add_argument("--backends", default="dawn,webgpu")
+    ap.add_argument("--backends", default="dawn,webgpu", help="WebGPU backends (the edits "
+                    "are WGSL's, and the timing warms up by the WebGPU runtime's warmup_s)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=",".join(CASES), help="bench suite case names")
     ap.add_argument("--cpu", action="store_true", help="take a CPU adapter too (a local check)")
+    ap.add_argument("--flag", action="append", default=[], metavar="NAME=VALUE",
+                    help="session flag, repeatable (e.g. route=prefill)")
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=INT",
+                    help="kernel parameter, repeatable (e.g. split_size=1500)")
     args = ap.parse_args()
-    specs = {c.name: c.spec for cases in SUITES.values() for c in cases if c.name in CASES}
+    flags = dict(f.split("=", 1) for f in args.flag)
+    params = {k: int(v) for k, v in (p.split("=", 1) for p in args.param)}
+    specs = {c.name: c.spec for cases in SUITES.values() for c in cases}
     original = program.load
     for backend in args.backends.split(","):
         devs = [d for d in attnreg.devices(backend) if args.cpu or d.device_type != "cpu"]
@@ -281,8 +297,8 @@ def main() -> int:
             for variant in args.variants.split(","):
                 program.load = source_with(VARIANTS[variant])
                 try:
-                    print(f"  {name:24s} {variant:14s} {_one(backend, dev, spec, t, want, args.iters)}",
-                          flush=True)
+                    line = _one(backend, dev, spec, t, want, args.iters, flags, params)
+                    print(f"  {name:24s} {variant:14s} {line}", flush=True)
                 finally:
                     program.load = original
     return 0

@@ -190,18 +190,18 @@ def _run_edited(dev: str, spec: attnreg.AttentionSpec, t: Mapping[str, Any], wan
 
 def _tflops(spec: attnreg.AttentionSpec, us: float) -> float:
     s, h = spec.seq_len, spec.head_size
-    return 4 * spec.num_heads * h * s * (s + 1) / 2 / (us * 1e-6) / 1e12
+    return 4 * spec.batch * spec.num_heads * h * s * (s + 1) / 2 / (us * 1e-6) / 1e12
 
 
 def _side_by_side(dev: str, seqs: list[int], labels: list[str], iters: int, rounds: int,
-                  tag: str) -> dict[int, str]:
+                  tag: str, batch: int = 1) -> dict[int, str]:
     """Every variant at every length, alternating; the fastest direct label per length."""
     best: dict[int, str] = {}
     for n in seqs:
-        spec = attnreg.AttentionSpec(batch=1, seq_len=n, **GQA)
+        spec = attnreg.AttentionSpec(batch=batch, seq_len=n, **GQA)
         t = testing.make_tensors(spec, 0)
         want = testing.expected(spec, t)
-        print(f"\nS={n} ({_tflops(spec, 1e6) * 1e3:.2f} GFLOP causal)", flush=True)
+        print(f"\nB={batch} S={n} ({_tflops(spec, 1e6) * 1e3:.2f} GFLOP causal)", flush=True)
         got: dict[str, list[float]] = {}
         for r in range(rounds):
             for label in labels:
@@ -239,6 +239,8 @@ def main() -> int:
     ap.add_argument("--seq", default="512,2048")
     ap.add_argument("--only", default="scalar,direct-q128-kv32,direct-q64-kv32",
                     help=f"comma-separated variants, of {list(VARIANTS)}")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a launch (B): B=2 at "
+                    "S=512 shows whether one wave of 128 workgroups left the SMs idle")
     ap.add_argument("--tag", default="", help="printed before each line (which tree)")
     ap.add_argument("--phases", type=int, default=2048, help="length of the phase account "
                     "(0: none)")
@@ -259,7 +261,7 @@ def main() -> int:
     if unknown:
         ap.error(f"--only: unknown variants {unknown}; known: {list(VARIANTS)}")
     best = _side_by_side(devs[0].id, [int(x) for x in args.seq.split(",")], labels,
-                         args.iters, args.rounds, args.tag + " " if args.tag else "")
+                         args.iters, args.rounds, args.tag + " " if args.tag else "", args.batch)
     if args.phases and args.phases in best:
         _phases(devs[0].id, args.phases, best[args.phases], args.iters)
     return 0

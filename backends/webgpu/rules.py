@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnreg.rules import RULE_NUMBERS, Ctx, Rule
+from attnreg.rules import RULE_NUMBERS, Ctx, Rule, split_size, tuned_params
 
 from . import kernels, mma, probe, tiles
 
@@ -140,7 +140,37 @@ def decode_quant_tile(backend: str) -> Rule:
         measured=("ci/results/h100_wgsl_decode.txt",))
 
 
+# Splits of one kv tile (the core rule keeps four) for the scalar decode_partial on NVIDIA,
+# where few (batch, kv head, row tile) groups leave the 4-tile minimum short of the workgroups
+# the device wants. H200, GPU us per launch Dawn / wgpu-native, median of 40, the two plans
+# alternated over two rounds in one call (ci/results/h200_wgsl_decode_fixed_costs.txt, call
+# 6): whisper S=4 T=1500 (8 heads, m_tile 4) 47 splits 18.0-18.2 / 15.2-15.3 us against the
+# core rule's 24 19.8-19.9 / 17.3; GQA 32/8 H=128 L=2048 64 splits 20.3 / 17.0-17.1 against
+# 32 21.1-21.2 / 17.9-18.0. Longer caches reach max_splits first, so L=8192 and L=32768 keep
+# their plans. Measured on the H200 only (the H100 sweep agreed at L=2048 on wgpu-native:
+# h100_split_sweep.txt), not on other NVIDIA GPUs.
+SPLIT_TILES_MEASURED = "ci/results/h200_wgsl_decode_fixed_costs.txt"
+
+
+def _short_splits(ctx: Ctx, backend: str) -> bool:
+    k = ctx.kernel
+    return (k is not None and k.backend == backend and k.family == "decode_partial"
+            and k.matrix is None and ctx.caps.vendor == "nvidia" and "split_size" not in ctx.user
+            and "split_size" not in tuned_params(ctx))
+
+
+def decode_short_splits(backend: str) -> Rule:
+    return Rule(
+        f"{backend}_decode_short_splits_nvidia",
+        "NVIDIA: a split of the scalar decode_partial may hold a single kv tile, the reduce of "
+        "the extra splits costing less than compute units left without work", "params",
+        lambda c: _short_splits(c, backend),
+        lambda c: split_size(c.spec, c.caps, _params(c), c.flags, min_tiles=1),
+        measured=(SPLIT_TILES_MEASURED,))
+
+
 DECODE_STAGING = decode_staging(probe.NAME)
+DECODE_SHORT_SPLITS = decode_short_splits(probe.NAME)
 DECODE_QUANT_TILE = decode_quant_tile(probe.NAME)
 
 
@@ -170,8 +200,8 @@ UNFUSED_CROSSOVER = Rule(
     and c.flags.get("route", "auto") == "auto" and _unfused_wins(c),
     lambda c: {"route": "split_kv_unfused"}, measured=(RULE_NUMBERS,))
 
-RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, FIT_TILES, STEP_IN_TILE,
-                          UNFUSED_CROSSOVER)
+RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, DECODE_SHORT_SPLITS,
+                          FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)
 
 
 # -- the matrix prefill's direct form under matrix_units=auto ----------------------------------
