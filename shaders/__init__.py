@@ -1,15 +1,17 @@
-"""WGSL sources, loaded as package data (never by checkout path): one kernel family a file,
-the code families share (attn_common, decode_*_common, mma_common, utility_common), and the
-pieces the program builder (backends/webgpu/program.py) picks between for a module's
-generated prefix."""
+"""WGSL sources, loaded as package data (never by checkout path): one kernel family a file
+(flash_prefill with its helpers in flash_prefill_steps), the code families share
+(attn_common, attn_keys, decode_*_common, mma_common, utility_common), and the pieces the
+program builder (backends/webgpu/program.py) picks between for a module's generated
+prefix."""
 
 from __future__ import annotations
 
 from functools import cache
 from importlib import resources
 
-FAMILIES = ("attn_common", "flash_prefill", "decode_common", "decode_qk_common",
-            "decode_pv_common", "decode_partial", "decode_qk", "decode_pv", "reduce",
+FAMILIES = ("attn_common", "attn_keys", "flash_prefill_steps", "flash_prefill", "decode_common",
+            "decode_qk_common", "decode_pv_common", "decode_partial", "decode_qk", "decode_pv",
+            "reduce",
             "mma_common", "mma_hw", "mma_emu", "flash_prefill_mma", "decode_mma",
             "mma_prefill_common", "mma_staging", "mma_hw_staged", "mma_emu_staged", "mma_hw_direct",
             "mma_emu_direct", "flash_prefill_mma_direct",

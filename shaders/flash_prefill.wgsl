@@ -2,6 +2,7 @@
 // online softmax (FlashAttention-2 order: S = QK^T, row max, P = exp, O += PV). Threads form
 // Q_TILE / ROWS_PER_LANE row groups of ROW_LANES lanes: a lane owns ROWS_PER_LANE rows and the
 // score columns tx, tx+ROW_LANES, ... of each step, and a share of the output columns.
+// Its constants, workgroup memory and helpers are flash_prefill_steps.wgsl; main is here.
 //
 // Keys arrive in units of KV_TILE keys and are consumed in inner steps of K_STEP keys
 // (max_k_step: the ROWS_PER_LANE x LANE_KEYS scores a lane keeps in private memory). Variants,
@@ -45,113 +46,6 @@
 // 2441; ci/results/h100_wgsl_prefill_tiles.txt).
 // Why NVIDIA's build of the splits is slower is not known. The twins in main (the staging
 // for both PREFETCH orders, the PV loop for full and edge steps) stay for the same reason.
-
-const LANE_KEYS: u32 = K_STEP / ROW_LANES;      // scores per lane and row in a step
-const THREADS: u32 = (Q_TILE / ROWS_PER_LANE) * ROW_LANES;
-const K_STRIDE: u32 = QK_VEC4S + 1u;            // padded K row stride: lanes read distinct banks
-const LANE_GROUPS: u32 = ROW_LANES / SHUFFLE_LANES;     // lane groups left after the shuffles
-// K and V granules each lane loads per tile
-const K_LOADS: u32 = (KV_TILE * QK_GRANULES + THREADS - 1u) / THREADS;
-const V_LOADS: u32 = (KV_TILE * V_GRANULES + THREADS - 1u) / THREADS;
-const AHEAD: u32 = PREFETCH * STAGED;           // tiles in flight ahead of the compute
-const O_REGS: u32 = max(REG_SLOTS, 1u);         // register accumulator vec4s per row
-
-var<workgroup> q_s: array<vec4<f32>, Q_TILE * QK_VEC4S>;
-var<workgroup> k_s: array<TS, STAGED_KEYS * K_STRIDE>;
-var<workgroup> v_s: array<TS, STAGED_KEYS * V_VEC4S>;
-var<workgroup> p_s: array<f32, Q_TILE * K_STEP>;
-var<workgroup> red_s: array<f32, Q_TILE * LANE_GROUPS>;
-var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
-
-// Combine one value per row over the ROW_LANES lanes of a row group (max or sum). Called in
-// uniform control flow by every invocation (it holds a barrier when LANE_GROUPS > 1).
-fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool
-               ) -> array<f32, ROWS_PER_LANE> {
-  var r = x;
-  for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
-    if (is_max) {
-      r[a] = lane_max(r[a]);
-    } else {
-      r[a] = lane_sum(r[a]);
-    }
-  }
-  if (LANE_GROUPS > 1u) {
-    if (tx % SHUFFLE_LANES == 0u) {
-      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
-        red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + tx / SHUFFLE_LANES] = r[a];
-      }
-    }
-    workgroupBarrier();
-    for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
-      var acc = red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS];
-      for (var g = 1u; g < LANE_GROUPS; g++) {
-        let y = red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + g];
-        acc = select(acc + y, max(acc, y), is_max);
-      }
-      r[a] = acc;
-    }
-    workgroupBarrier();
-  }
-  return r;
-}
-
-// Index of a lane's workgroup-memory output slot c (c < WG_SLOTS) for one row.
-fn osi(row: u32, tx: u32, c: u32) -> u32 {
-  return (row * ROW_LANES + tx) * WG_SLOTS + c;
-}
-
-// One granule of the register tile into workgroup memory: by value, never the register
-// tile, for the reason given at decode_partial's stage_k.
-fn stage_k(idx: u32, kg: GV) {
-  if (idx < KV_TILE * QK_GRANULES) {
-    let ks = tile_at(idx, K_STRIDE, QK_GRANULES);
-    for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
-      k_s[ks + s] = ts_part(kg, s);
-    }
-  }
-}
-
-fn stage_v(idx: u32, vg: GV) {
-  if (idx < KV_TILE * V_GRANULES) {
-    let vs = tile_at(idx, V_VEC4S, V_GRANULES);
-    for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
-      v_s[vs + s] = ts_part(vg, s);
-    }
-  }
-}
-
-// The lane's output units (tx, tx+ROW_LANES, ...) of the value of key j, step key jj of step st:
-// from v_s (STAGED 1) or v (STAGED 0, zeros outside [lo, hi), the keys some row sees).
-fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi: u32
-               ) -> array<vec4<f32>, LANE_SLOTS> {
-  var vv: array<vec4<f32>, LANE_SLOTS>;
-  for (var c = 0u; c < LANE_UNITS; c++) {  // @unroll
-    let un = tx + ROW_LANES * c;
-    for (var s = 0u; s < OUT_UNIT; s++) {  // @unroll
-      vv[c * OUT_UNIT + s] = vec4<f32>(0.0);
-    }
-    if (un < OUT_UNITS) {
-      if (STAGED == 1u) {
-        vv[c] = ts_f32(v_s[(st * K_STEP + jj) * V_VEC4S + un]);
-      } else if (j >= lo && j < hi) {
-        let gv = load_v(v_granule(b, kvh, j) + un);
-        for (var s = 0u; s < OUT_UNIT; s++) {  // @unroll
-          vv[c * OUT_UNIT + s] = vec4<f32>(g_part(gv, s));
-        }
-      }
-    }
-  }
-  return vv;
-}
-
-// (first key, bias needed) of unit it: contiguous units from u_first, or listed blocks.
-fn unit_of(it: u32, u_first: u32, l_first: u32) -> vec2<u32> {
-  if (BLOCKS == 1u) {
-    let e = blk_entry(l_first + it);
-    return vec2<u32>((e & 0x7fffffffu) * KV_TILE, 1u - (e >> 31u));
-  }
-  return vec2<u32>((u_first + it) * KV_TILE, 1u);
-}
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -39,13 +39,16 @@ FILES = {
 }
 # (family, variant) -> source files of a variant with a program of its own; the family's
 # kernel signature and entry point stay. The tensor-core kernels: -D MMA picks the primitive;
-# decode_mma.cl is both decode kernels (-D MMA_OUT, below).
+# decode_mma.cl is both decode kernels (-D MMA_OUT, below); a kernel file's helpers (*_tiles.cl,
+# *_chunks.cl) come just before it.
 _MMA = ("common.cl", "flash_core.cl", "subgroups.cl", "mma_sync.cl", "mma_tile.cl")
 VARIANT_FILES = {
-    ("prefill", "mma"): (*_MMA, "mma_async.cl", "flash_prefill_mma.cl"),
-    ("decode_partial", "mma"): (*_MMA, "mma_kvq.cl", "mma_prefetch.cl", "decode_mma.cl"),
+    ("prefill", "mma"): (*_MMA, "mma_async.cl", "flash_prefill_mma_tiles.cl",
+                         "flash_prefill_mma.cl"),
+    ("decode_partial", "mma"): (*_MMA, "mma_kvq.cl", "mma_prefetch.cl", "decode_mma_chunks.cl",
+                                "decode_mma.cl"),
     ("decode_fused", "mma"): (*_MMA, "mma_kvq.cl", "mma_prefetch.cl", "decode_merge.cl",
-                              "decode_mma.cl"),
+                              "decode_mma_chunks.cl", "decode_mma.cl"),
 }
 MMA_OUT = {"decode_partial": 1, "decode_fused": 2}
 ENTRY = {"prefill": "flash_prefill", "reduce": "reduce",

@@ -41,12 +41,12 @@ NAGA, TINT = "naga", "tint"           # wgpu-native's compiler; Dawn's (Chromium
 
 # Which files make up each family's module, in order.
 FILES = {
-    "prefill": ("attn_common", "flash_prefill"),
-    "decode_partial": ("attn_common", "decode_common", "decode_qk_common", "decode_pv_common",
+    "prefill": ("attn_common", "attn_keys", "flash_prefill_steps", "flash_prefill"),
+    "decode_partial": ("attn_common", "attn_keys", "decode_common", "decode_qk_common", "decode_pv_common",
                        "decode_partial"),
     "reduce": ("reduce",),
-    "decode_qk": ("attn_common", "decode_common", "decode_qk_common", "decode_qk"),
-    "decode_pv": ("attn_common", "decode_common", "decode_pv_common", "decode_pv"),
+    "decode_qk": ("attn_common", "attn_keys", "decode_common", "decode_qk_common", "decode_qk"),
+    "decode_pv": ("attn_common", "attn_keys", "decode_common", "decode_pv_common", "decode_pv"),
 }
 
 _ACCESS = {"read": "read", "rw": "read_write"}
@@ -188,14 +188,14 @@ def files(stage: Stage) -> tuple[str, ...]:
         return FILES[stage.family]
     prim = MMA_PRIMITIVE[str(mma)]
     if stage.family != "prefill":
-        return ("attn_common", "mma_common", "mma_staging", prim, prim + "_staged",
+        return ("attn_common", "attn_keys", "mma_common", "mma_staging", prim, prim + "_staged",
                 MMA_KERNEL[stage.family])
     # the prefill's forms: operands staged in workgroup memory, or Q and K straight from
     # storage (form "direct", mma.py)
     if stage.params.get("form") == "direct":
-        return ("attn_common", "mma_common", prim, prim + "_direct", "mma_prefill_common",
+        return ("attn_common", "attn_keys", "mma_common", prim, prim + "_direct", "mma_prefill_common",
                 MMA_KERNEL["prefill"] + "_direct")
-    return ("attn_common", "mma_common", "mma_staging", prim, prim + "_staged",
+    return ("attn_common", "attn_keys", "mma_common", "mma_staging", prim, prim + "_staged",
             "mma_prefill_common", MMA_KERNEL["prefill"])
 
 
