@@ -53,6 +53,7 @@ class Ctx:
     kernel: KernelInfo | None = None
     params: dict[str, Any] = field(default_factory=dict)
     user: frozenset[str] = frozenset()        # params the caller fixed; rules leave them
+    fixed: frozenset[str] = frozenset()       # params a rule fixed (Rule.fixes); so do later ones
     candidates: tuple[KernelInfo, ...] = ()   # every kernel of the device's backend
     forced: KernelInfo | None = None          # the kernel the caller forced, if any
 
@@ -84,6 +85,10 @@ class Rule:
     when: Callable[[Ctx], bool]
     sets: Callable[[Ctx], dict[str, Any]]
     measured: tuple[str, ...] = ()
+    # What it sets stands as a caller's params do: later rules leave it (the tuning cache's
+    # measured parameters, which a plugin's rules, run after the built-in ones, would
+    # otherwise override).
+    fixes: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.measured, str):            # one file, given as a plain string
@@ -292,14 +297,6 @@ def _tuned(ctx: Ctx) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k not in ctx.kernel.params}
 
 
-def tuned_params(ctx: Ctx) -> dict[str, Any]:
-    """What the tuning cache sets for this candidate (nothing without flag use_tuning_cache):
-    a plugin's rules, which run after the built-in ones, leave those parameters alone."""
-    if ctx.kernel is None or not ctx.flags.get("use_tuning_cache"):
-        return {}
-    return _tuned(ctx)
-
-
 def _fused_available(ctx: Ctx) -> bool:
     return any(k.family == "decode_fused" and k.backend == ctx.caps.backend
                and not k.not_supported_reasons(ctx.spec, ctx.caps) for k in ctx.candidates)
@@ -316,7 +313,8 @@ ROUTE_REFINE_RULES: tuple[Rule, ...] = (
 TUNING_RULES: tuple[Rule, ...] = (
     Rule("tuning_cache", "flag use_tuning_cache: parameters measured fastest on this device by "
          "`attnreg tune` replace the rule defaults", "params",
-         lambda c: c.kernel is not None and bool(c.flags.get("use_tuning_cache")), _tuned),
+         lambda c: c.kernel is not None and bool(c.flags.get("use_tuning_cache")), _tuned,
+         fixes=True),
 )
 
 BUILTIN_RULES: tuple[Rule, ...] = (_CORE_RULES + ROUTE_REFINE_RULES + FALLBACK_RULES
@@ -341,10 +339,13 @@ def fire(rules: list[Rule], ctx: Ctx, stage: str, *, first_only: bool = False
     for rule in rules:
         if rule.stage != stage or not rule.when(ctx):
             continue
-        changes = {k: v for k, v in rule.sets(ctx).items() if k not in ctx.user}
+        changes = {k: v for k, v in rule.sets(ctx).items()
+                   if k not in ctx.user and k not in ctx.fixed}
         if rule.stage != "route" and not changes:
             continue
         ctx.params.update(changes)
+        if rule.fixes:
+            ctx.fixed = ctx.fixed | frozenset(changes)
         fired.append((rule, changes))
         if first_only:
             break

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnreg.rules import RULE_NUMBERS, Ctx, Rule, split_size, tuned_params
+from attnreg.rules import RULE_NUMBERS, Ctx, Rule, split_size
 
 from . import kernels, mma, probe, tiles
 
@@ -155,8 +155,7 @@ SPLIT_TILES_MEASURED = "ci/results/h200_wgsl_decode_fixed_costs.txt"
 def _short_splits(ctx: Ctx, backend: str) -> bool:
     k = ctx.kernel
     return (k is not None and k.backend == backend and k.family == "decode_partial"
-            and k.matrix is None and ctx.caps.vendor == "nvidia" and "split_size" not in ctx.user
-            and "split_size" not in tuned_params(ctx))
+            and k.matrix is None and ctx.caps.vendor == "nvidia" and "split_size" not in ctx.user)
 
 
 def decode_short_splits(backend: str) -> Rule:

@@ -50,3 +50,27 @@ def test_split_kv_kernels_tune_the_split_size():
         assert {c["wg"] for c in cands} == {64, 128}
     assert all("split_size" not in c
                for c in tune.candidates({}, {"wg": (64,)}, spec, "prefill"))
+
+
+def test_tuned_parameters_stand_against_later_rules(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuning cache's rule runs before the plugins' rules; what it set stays (here the
+    WebGPU rule that takes 32-key tiles for int8 K/V on GPUs would replace a tuned 16)."""
+    from attnreg.profiles import profiles
+
+    monkeypatch.setenv("ATTNREG_CACHE_DIR", str(tmp_path))
+    caps = profiles()["nvidia-h100"]
+    spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=32767, num_heads=32,
+                                 kv_num_heads=8, head_size=128, dtype="float16", kv_dtype="int8")
+    reg = attnreg.registry.get()
+    plain = reg.plan(spec, caps=caps)
+    assert plain.params["kv_tile"] == 32
+    assert any(r.startswith("webgpu_decode_quant_kv_tile") for r in plain.rules)
+    tuning.store(caps, "decode_partial", spec, {
+        "kernel": plain.kernel, "params": {"kv_tile": 16, "threads": 128}, "us": 1.0,
+        "rule_default_us": 2.0})
+    tuned = reg.plan(spec, caps=caps, flags={"use_tuning_cache": True})
+    assert tuned.kernel == plain.kernel
+    assert (tuned.params["kv_tile"], tuned.params["threads"]) == (16, 128), tuned.explain()
+    assert not any(r.startswith("webgpu_decode_quant_kv_tile") for r in tuned.rules)
+    assert tuned.params["split_size"] % 16 == 0
