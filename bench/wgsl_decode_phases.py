@@ -13,14 +13,13 @@ changed by editing its WGSL source:
   max one load        tile_weights' walk over the tile's logits for each vector's max cut to
                       one load (+ no exp barrier: its second barrier dropped too): what a lazy
                       reference max could save (ci/results/h200_wgsl_decode.txt)
+  prefill empty       the prefill route's kernel returns at once (with --flag route=prefill):
+                      the pass of one dispatch, the floor of any one-launch plan
 
 Edited builds compute wrong values (their error is printed: the part really went). GPU time
 per launch and back to back ("one pass": the runtime's b2b, N launches recorded into one
 compute pass), medians, one process; run it once more with ATTNREG_WGSL_CHECKS=none to see what
 the bounds checks (Tint's robustness, naga's checks) cost.
-
-  prefill empty       the prefill route's kernel returns at once (with --flag route=prefill):
-                      the pass of one dispatch, the floor of any one-launch plan
 
 --flag NAME=VALUE sets a session flag, --param NAME=INT a kernel parameter (split_size=47):
 ci/results/h200_wgsl_decode_fixed_costs.txt used them.

@@ -61,7 +61,7 @@ def test_the_callers_split_size_stands():
     plan = _plan(WHISPER, params={"split_size": 64})
     assert plan.params["split_size"] == 64 and not _fired(plan)
     flagged = _plan(WHISPER, flags={"split_size": 128})
-    assert flagged.params["split_size"] == 128
+    assert flagged.params["split_size"] == 128 and not _fired(flagged)
 
 
 @pytest.mark.parametrize("profile", ["lavapipe", "apple-m4-max", "intel-meteor-lake"])
