@@ -153,10 +153,8 @@ SPLIT_TILES_MEASURED = "ci/results/h200_wgsl_decode_fixed_costs.txt"
 
 
 def _short_splits(ctx: Ctx, backend: str) -> bool:
-    k = ctx.kernel
-    return (k is not None and k.backend == backend and k.family == "decode_partial"
-            and k.matrix is None and ctx.caps.vendor == "nvidia" and "split_size" not in ctx.user
-            and not ctx.flags.get("split_size"))
+    return (_decode_partial(ctx, backend) and ctx.caps.vendor == "nvidia"
+            and "split_size" not in ctx.user and not ctx.flags.get("split_size"))
 
 
 def decode_short_splits(backend: str) -> Rule:

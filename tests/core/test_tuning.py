@@ -8,6 +8,7 @@ import pytest
 
 import attnreg
 from attnreg import tuned as tuning
+from attnreg.profiles import profiles
 from attnreg.tools import tune
 
 
@@ -56,8 +57,6 @@ def test_tuned_parameters_stand_against_later_rules(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuning cache's rule runs before the plugins' rules; what it set stays (here the
     WebGPU rule that takes 32-key tiles for int8 K/V on GPUs would replace a tuned 16)."""
-    from attnreg.profiles import profiles
-
     monkeypatch.setenv("ATTNREG_CACHE_DIR", str(tmp_path))
     caps = profiles()["nvidia-h100"]
     spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=32767, num_heads=32,
