@@ -156,6 +156,9 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   var ml = vec2<f32>(MASKED, 0.0);     // the row's max, this lane's part of its sum
   var vbad: array<u32, MASK_WORDS>;    // output columns of this lane poisoned by a v (zeros)
 
+  if (lid == 0u) {
+    atomicStore(&flag_a[0], 0u);        // as in flash_prefill_mma: before stage_tiles' barrier
+  }
   let n_tiles = select(0u, cdiv(hi - lo, KV_TILE), hi > lo);
   for (var it = 0u; it < n_tiles; it++) {
     let j0 = lo + it * KV_TILE;

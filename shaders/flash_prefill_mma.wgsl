@@ -32,6 +32,9 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let at = lane_place(w, sg, lane);
   let lo = u32(w.span.x);               // the keys some row of the workgroup sees
   let hi = u32(w.span.y);               // (kept apart from at: uniform)
+  if (lid == 0u) {
+    atomicStore(&flag_a[0], 0u);        // Dawn leaves workgroup memory as it was; stage_tiles'
+  }                                     // first barrier puts this before any flag
 
   // Q tile, rows past seq_len (and padding rows) zero.
   for (var idx = lid; idx < Q_TILE * QK_GRANULES; idx += THREADS) {

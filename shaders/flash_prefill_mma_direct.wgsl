@@ -101,7 +101,7 @@ fn stage_v_units(r: array<GV, KV_UNITS>, lid: u32) {
     }
   }
   if (bad) {
-    atomicOr(&flag_a, 2u);
+    atomicOr(&flag_a[0], 2u);
   }
 }
 
@@ -110,17 +110,18 @@ fn stage_v_units(r: array<GV, KV_UNITS>, lid: u32) {
 // see one. A test in the loop, though its slow path never ran, cost 1 in 10 at q_tile 128
 // (S=2048, H200: both rare branches out 587 us, only the rescale's out 636). Dawn does not
 // zero workgroup memory (toggle disable_workgroup_init): kernel_body clears flag_a first.
-// (A workgroup variable of its own for the flag gave wrong products on the H200, as the O
-// scratch placed elsewhere once did: the matrix arrays' placement is kept as it is.)
+// (A 4-byte workgroup variable of its own for the flag gave wrong products on the H200: the
+// driver places workgroup variables without the 16-byte alignment the matrix arrays need, so
+// every one is a multiple of 16 bytes; mma_common.wgsl's flags.)
 
 // Whether a V tile held a non-finite half, the same for every lane (called by all after the
 // key loop: its barrier puts every stage_v_units behind it).
 fn seen_bad_v(lid: u32) -> bool {
   workgroupBarrier();
   if (lid == 0u) {
-    flag_u = atomicLoad(&flag_a);
+    flag_u = vec4<u32>(atomicLoad(&flag_a[0]), 0u, 0u, 0u);
   }
-  return (workgroupUniformLoad(&flag_u) & 2u) != 0u;
+  return (workgroupUniformLoad(&flag_u).x & 2u) != 0u;
 }
 
 // vbad for every tile of keys from u_first (of n_units) that this lane's row sees (the slow
@@ -256,7 +257,7 @@ fn kernel_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
   let sa = sg * 16u * S_STRIDE;
 
   if (lid == 0u) {
-    atomicStore(&flag_a, 0u);          // before the barrier ahead of the loop
+    atomicStore(&flag_a[0], 0u);       // before the barrier ahead of the loop
   }
   let u_first = lo / KV_TILE;
   let n_units = select(0u, cdiv(hi, KV_TILE) - u_first, hi > lo);

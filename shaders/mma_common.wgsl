@@ -12,9 +12,13 @@
 const TAU: f32 = 8.0;
 
 // Flags the lanes raise during a tile (take_flags): 1, a row's reference max moved (its O
-// needs rescaling); 2, the tile holds a non-finite v (the slow path marks who sees it).
-var<workgroup> flag_a: atomic<u32>;
-var<workgroup> flag_u: u32;
+// needs rescaling); 2, the tile holds a non-finite v (the slow path marks who sees it). Word
+// 0 of each is used: every workgroup variable of a matrix kernel is a whole multiple of 16
+// bytes, since the driver places them without the 16-byte alignment a subgroup matrix's
+// pointer needs, and a 4-byte one beside the matrix arrays gave wrong products on the H200
+// (ci/results/h200_wgsl_matrix_decode.txt; tests/backends/wgsl/test_mma_layout.py).
+var<workgroup> flag_a: array<atomic<u32>, 4>;
+var<workgroup> flag_u: vec4<u32>;
 
 // Which lanes of a vec4 of halves are not finite (bit tests: see attn_common.wgsl's NaN note).
 fn bad4(x: vec4<f16>) -> vec4<bool> {
@@ -130,7 +134,7 @@ fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, r
   let lm = lazy_max(m, m_tile);
   let alpha = lm.y;
   if (lm.x != m && m > MASKED) {
-    atomicOr(&flag_a, 1u);
+    atomicOr(&flag_a[0], 1u);
   }
   // Nothing visible yet: subtract 0 so that exp(MASKED - 0) == 0 keeps p at 0.
   let m_use = select(lm.x, 0.0, lm.x <= MASKED);
@@ -151,9 +155,9 @@ fn lane_weights(x: array<f32, LANE_KEYS>, ml: vec2<f32>, m_tile: f32, at: u32, r
 fn take_flags(lid: u32, keep: u32) -> u32 {
   workgroupBarrier();
   if (lid == 0u) {
-    flag_u = atomicAnd(&flag_a, keep);
+    flag_u = vec4<u32>(atomicAnd(&flag_a[0], keep), 0u, 0u, 0u);
   }
-  return workgroupUniformLoad(&flag_u);
+  return workgroupUniformLoad(&flag_u).x;
 }
 
 // Tile acc with its 16 rows times alpha_s[a0 + row], through the subgroup's O scratch (the

@@ -39,14 +39,14 @@ fn stage_tiles(b: u32, kvh: u32, j0: u32, lo: u32, hi: u32, lid: u32) {
     stage_k_granule(b, kvh, j0 + jj, jj, idx % QK_GRANULES, ld);
     if (V_GRANULES == QK_GRANULES
         && stage_v_granule(b, kvh, j0 + jj, jj, idx % QK_GRANULES, ld)) {
-      atomicOr(&flag_a, 2u);
+      atomicOr(&flag_a[0], 2u);
     }
   }
   if (V_GRANULES != QK_GRANULES) {      // v's rows differ from k's: their own granules
     for (var idx = lid; idx < KV_TILE * V_GRANULES; idx += THREADS) {
       let jj = idx / V_GRANULES;
       if (stage_v_granule(b, kvh, j0 + jj, jj, idx % V_GRANULES, j0 + jj >= lo && j0 + jj < hi)) {
-        atomicOr(&flag_a, 2u);
+        atomicOr(&flag_a[0], 2u);
       }
     }
   }
