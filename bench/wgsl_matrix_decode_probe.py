@@ -208,9 +208,9 @@ def kernel(length: int, split: int, group: int, nt: int, scale: float, margin: f
         "}"])
 
 
-def _passes(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repeats: int,
+def _median_s(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repeats: int,
             samples: int) -> float:
-    return statistics.median(gemm_probe._passes(dev, pipe, group, grid, repeats, samples))
+    return statistics.median(gemm_probe.pass_times(dev, pipe, group, grid, repeats, samples))
 
 
 def run(dev: Any, length: int, split: int, nt: int, kvh: int = 8, group: int = 4,
@@ -239,7 +239,7 @@ def run(dev: Any, length: int, split: int, nt: int, kvh: int = 8, group: int = 4
     bg = d.create_bind_group(layout=bgl, entries=[{"binding": i, "resource": {"buffer": b}}
                                                   for i, b in enumerate(bufs)])
     grid = (ns, kvh, 1)
-    _passes(dev, pipe, bg, grid, 1, 1)
+    _median_s(dev, pipe, bg, grid, 1, 1)
     got = []
     for b, n in zip(bufs[3:], sizes):
         rb = d.create_buffer(size=n, usage=U.MAP_READ | U.COPY_DST)
@@ -269,9 +269,9 @@ def run(dev: Any, length: int, split: int, nt: int, kvh: int = 8, group: int = 4
     parts = f"lse err {np.nanmax(np.abs(ls - lse_want)):.1e} o err {np.nanmax(np.abs(o - o_want)):.1e}"
     end = time.perf_counter() + 0.3
     while time.perf_counter() < end:
-        _passes(dev, pipe, bg, grid, 20, 1)
-    one = _passes(dev, pipe, bg, grid, 1, iters) * 1e6
-    b2b = _passes(dev, pipe, bg, grid, 20, max(5, iters // 4)) * 1e6 / 20
+        _median_s(dev, pipe, bg, grid, 20, 1)
+    one = _median_s(dev, pipe, bg, grid, 1, iters) * 1e6
+    b2b = _median_s(dev, pipe, bg, grid, 20, max(5, iters // 4)) * 1e6 / 20
     for b in bufs:
         b.destroy()
     mb = 2 * kvh * length * D * 2 / 1e6

@@ -119,7 +119,7 @@ class _Buffers:
             b.destroy()
 
 
-def _passes(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repeats: int,
+def pass_times(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repeats: int,
             samples: int) -> list[float]:
     """Seconds per pass of ``repeats`` dispatches, ``samples`` times (timestamps where the
     device has them, else submit to wait)."""
@@ -202,15 +202,15 @@ def _timed(dev: Any, c: Config, bufs: _Buffers, t: int, subgroup: int, repeats: 
     group = dev.device.create_bind_group(layout=dev.layout(("read", "read", "rw"))[0], entries=[
         {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(bufs.bufs)])
     grid = (n // (c.sgn * c.tn * t), m // (c.sgm * c.tm * t), 1)
-    _passes(dev, pipe, group, grid, 1, 1)
+    pass_times(dev, pipe, group, grid, 1, 1)
     got = bufs.result(dev).astype(np.float64)
     err = float(np.abs(got - bufs.want).max() / max(float(np.abs(bufs.want).max()), 1e-30))
     if not err <= REL_TOL:
         return Result(c, None, err, note=f"WRONG: relative error {err:.2e} > {REL_TOL:g}")
     end = time.perf_counter() + warmup_s
     while time.perf_counter() < end:
-        _passes(dev, pipe, group, grid, repeats, 1)
-    secs = statistics.median(_passes(dev, pipe, group, grid, repeats, samples))
+        pass_times(dev, pipe, group, grid, repeats, 1)
+    secs = statistics.median(pass_times(dev, pipe, group, grid, repeats, samples))
     return Result(c, 2.0 * m * n * k * repeats / secs / 1e12, err)
 
 
