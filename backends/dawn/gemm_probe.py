@@ -120,7 +120,7 @@ class _Buffers:
 
 
 def pass_times(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repeats: int,
-            samples: int) -> list[float]:
+               samples: int) -> list[float]:
     """Seconds per pass of ``repeats`` dispatches, ``samples`` times (timestamps where the
     device has them, else submit to wait)."""
     ts = dev.has_timestamps
