@@ -15,6 +15,8 @@ changed by editing its WGSL source:
                       reference max could save (ci/results/h200_wgsl_decode.txt)
   prefill empty       the prefill route's kernel returns at once (with --flag route=prefill):
                       the pass of one dispatch, the floor of any one-launch plan
+  reduce max by       the reduce's max over its lanes by subgroupMax and one barrier instead
+  subgroups           of a chain of eight (32-lane subgroups assumed: NVIDIA's)
 
 Edited builds compute wrong values (their error is printed: the part really went). GPU time
 per launch and back to back ("one pass": the runtime's b2b, N launches recorded into one
@@ -134,6 +136,23 @@ PARTIAL_EMPTY = (DP, "let tiles = tile_range(d);", "return;\n  let tiles = tile_
 PREFILL_EMPTY = ("flash_prefill", "  let w = prefill_wg(wid, nwg, Q_TILE);",
                  "  return;\n  let w = prefill_wg(wid, nwg, Q_TILE);")
 REDUCE_EMPTY = ("reduce", "  let i = row % P.seq_len;", "  return;\n  let i = row % P.seq_len;")
+# The reduce's max over its 256 lanes by subgroup max and one barrier instead of a chain of
+# eight barriers (32-lane subgroups assumed: NVIDIA's; a measurement, right only there)
+REDUCE_SG: Edit = ("reduce", """  red_s[lid] = x;
+  workgroupBarrier();
+  for (var step = THREADS / 2u; step > 0u; step = step / 2u) {
+    if (lid < step) {
+      let y = red_s[lid + step];
+      red_s[lid] = select(red_s[lid] + y, max(red_s[lid], y), is_max);
+    }
+    workgroupBarrier();
+  }
+  let r = red_s[0];""", """  red_s[lid] = select(subgroupAdd(x), subgroupMax(x), is_max);
+  workgroupBarrier();
+  var r = red_s[0];
+  for (var g = 32u; g < THREADS; g += 32u) {
+    r = select(r + red_s[g], max(r, red_s[g]), is_max);
+  }""")
 # tile_weights' serial max (one lane per vector over the tile's keys) cut to one load, and
 # its last barrier dropped (both wrong): what a lazy reference max could save
 MAX_ONE: Edit = (DP, """    for (var jj = 0u; jj < KV_TILE; jj++) {
@@ -232,6 +251,7 @@ VARIANTS: dict[str, list[Edit]] = {
     "2 tiles in flight": [(DP, _direct_fn(), RING)],
     "launches only": [PARTIAL_EMPTY],
     "reduce empty": [REDUCE_EMPTY],
+    "reduce max by subgroups": [REDUCE_SG],
     "both empty": [PARTIAL_EMPTY, REDUCE_EMPTY],
     "prefill empty": [PREFILL_EMPTY],
 }
