@@ -78,7 +78,8 @@ DECODE = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=700, num_heads=8, kv
                                head_size=128, dtype="float16", return_lse=True)
 CASES: list[tuple[str, attnreg.AttentionSpec, dict[str, Any]]] = [
     ("webgpu.prefill.f16.mma_direct", PREFILL, {}),
-    ("webgpu.prefill.f16.mma_direct", PREFILL, {"q_tile": 128}),
+    ("webgpu.prefill.f16.mma_direct", PREFILL, {"q_tile": 64}),     # the form's default
+    ("webgpu.prefill.f16.mma_direct", PREFILL, {"q_tile": 128}),    # NVIDIA's rule
     ("webgpu.prefill.f16.mma_direct", PREFILL.replace(head_size=64), {}),
     ("webgpu.prefill.f16.mma", PREFILL.replace(head_size=256), {}),
     ("webgpu.prefill.f16.mma", PREFILL.replace(head_size=48, kv_dtype="int8"), {}),
