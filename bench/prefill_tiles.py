@@ -54,7 +54,8 @@ PHASES: dict[str, list[Edit]] = {
     "no QK": _NO_QK,
     "neither product (the skeleton)": _NO_QK + _NO_PV,
     "skeleton without logits": _NO_QK + _NO_PV + [
-        (PF, "x = logit_b(sc[a][e], b, h, i, j, pos, wb);", "x = sc[a][e];")],
+        (PF, "x = logit_b(sc[a][e], b, h, i, j, pos, wb);", "x = sc[a][e];"),
+        (PF, "x = plain_logit(sc[a][e]);", "x = sc[a][e];")],
     "skeleton without K/V staging stores": _NO_QK + _NO_PV + [
         (PF, "stage_k(lid + u * THREADS, kr[u]);", ""),
         (PF, "stage_v(lid + u * THREADS, vr[u]);", "")],

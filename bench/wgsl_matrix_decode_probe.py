@@ -32,6 +32,8 @@ import attnreg
 from attnreg.backends.dawn import device as ddevice
 from attnreg.backends.dawn import gemm_probe
 
+from . import wgsl_probe_io
+
 D = 128
 MASKED = -3.0e38
 
@@ -225,31 +227,11 @@ def run(dev: Any, length: int, split: int, nt: int, kvh: int = 8, group: int = 4
     src = kernel(length, split, group, nt, float(scale), margin, mode, extra)
     pipe = dev.compile(f"mdecode_probe[{length},{split},{nt},{margin},{mode},{extra}]", src,
                        ("read",) * 3 + ("rw",) * 2)
-    U = dev.wgpu.BufferUsage
-    d = dev.device
-    bufs = []
-    for arr in (q, k, v):
-        b = d.create_buffer(size=arr.nbytes, usage=U.STORAGE | U.COPY_DST)
-        d.queue.write_buffer(b, 0, arr.view(np.uint8).reshape(-1))
-        bufs.append(b)
     sizes = (hq * ns * D * 4, hq * ns * 4)
-    for n in sizes:
-        bufs.append(d.create_buffer(size=n, usage=U.STORAGE | U.COPY_SRC))
-    bgl = dev.layout(("read",) * 3 + ("rw",) * 2)[0]
-    bg = d.create_bind_group(layout=bgl, entries=[{"binding": i, "resource": {"buffer": b}}
-                                                  for i, b in enumerate(bufs)])
+    bufs, bg = wgsl_probe_io.bind(dev, (q, k, v), sizes)
     grid = (ns, kvh, 1)
     gemm_probe.pass_times(dev, pipe, bg, grid, 1, 1)
-    got = []
-    for b, n in zip(bufs[3:], sizes):
-        rb = d.create_buffer(size=n, usage=U.MAP_READ | U.COPY_DST)
-        enc = d.create_command_encoder()
-        enc.copy_buffer_to_buffer(b, 0, rb, 0, n)
-        dev.submit([enc.finish()])
-        try:
-            got.append(np.frombuffer(dev.map_read(rb, n), dtype=np.float32))
-        finally:
-            rb.destroy()
+    got = [wgsl_probe_io.read_f32(dev, b, n) for b, n in zip(bufs[3:], sizes)]
     o = got[0].reshape(hq, ns, D).astype(np.float64)
     ls = got[1].reshape(hq, ns).astype(np.float64)
     w = np.exp(ls - ls.max(axis=1, keepdims=True))

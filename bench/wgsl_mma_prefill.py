@@ -64,7 +64,18 @@ NO_ROTATION: Edit = ("mma_prefill_common",
 NO_FAST_LOGITS: Edit = ("mma_common", "if (PLAIN_LOGITS == 1u && live && all_seen) {",
                         "if (false) {")
 # The scalar prefill's logits with every key tested (its `full` steps too)
-SCALAR_NO_FAST_LOGITS: Edit = ("flash_prefill", "if (full || (i < P.seq_len", "if ((i < P.seq_len")
+SCALAR_NO_FAST_LOGITS: list[Edit] = [
+    ("flash_prefill", "if (PLAIN_LOGITS == 1u && full) {", "if (false) {"),
+    ("flash_prefill", "if (full || (i < P.seq_len", "if ((i < P.seq_len")]
+# The scalar prefill's changes of 2026-11-28 (ninth session, h200_wgsl_scalar_prefill.txt),
+# each undone: the p_s barrier on a staged tile's first step too; the full
+# steps' V values through step_values' per-unit tests; the row reductions' shuffles held to
+# SHUFFLE_LANES (workgroup memory for the rest) whatever the dispatch's subgroup size.
+SCALAR_P_BARRIER: Edit = ("flash_prefill", "if (STAGED == 0u || st > 0u) {", "if (true) {")
+SCALAR_STEP_VALUES: Edit = ("flash_prefill_steps",
+                            "if (STAGED == 0u || OUT_UNITS % ROW_LANES != 0u) {", "if (true) {")
+SCALAR_NARROW: Edit = ("flash_prefill", "let wide = subgroup_lanes(li) >= ROW_LANES;",
+                       "let wide = false;")
 # the logits of attn_common.wgsl's logit (its per-score feature tests) instead of plain_logit
 FULL_LOGITS: list[Edit] = [NO_FAST_LOGITS,
                            ("mma_common", "if (PLAIN_LOGITS == 1u) {", "if (false) {")]
@@ -135,7 +146,13 @@ Q128: dict[str, Any] = {"mma": "hardware", "q_tile": 128, "kv_tile": 32}
 VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
     "scalar-head-order": (None, {}, [HEAD_ORDER]),
-    "scalar-no-fast-logits": (None, {}, [SCALAR_NO_FAST_LOGITS]),
+    "scalar-no-fast-logits": (None, {}, SCALAR_NO_FAST_LOGITS),
+    "scalar-no-plain-logits": (None, {}, SCALAR_NO_FAST_LOGITS[:1]),
+    "scalar-p-barrier": (None, {}, [SCALAR_P_BARRIER]),
+    "scalar-step-values": (None, {}, [SCALAR_STEP_VALUES]),
+    "scalar-narrow-shuffles": (None, {}, [SCALAR_NARROW]),
+    "scalar-before-ninth": (None, {}, [*SCALAR_NO_FAST_LOGITS[:1], SCALAR_P_BARRIER,
+                                       SCALAR_STEP_VALUES, SCALAR_NARROW]),
     "staged-q32-kv32": (STAGED, {"mma": "hardware"}, []),
     "staged-no-rotation": (STAGED, {"mma": "hardware"}, [NO_ROTATION]),
     "direct-q128-kv32": (DIRECT, Q128, []),

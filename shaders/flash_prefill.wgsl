@@ -21,7 +21,8 @@
 // granule (STAGED 0, read from v); OUT_UNITS of them make v's row, and so the output's, of V_DIM
 // elements (v_head_size); q's and k's are QK_DIM. Row maxima and sums are combined over the
 // ROW_LANES lanes of a row group: lane_max()/lane_sum() (subgroup shuffles over SHUFFLE_LANES
-// lanes in the subgroup variant), then workgroup memory for the LANE_GROUPS groups left.
+// lanes in the subgroup variant), then workgroup memory for the LANE_GROUPS groups left, or
+// more shuffles where this dispatch's subgroups hold a whole row group (rows_reduce's wide).
 // Prefix constants: Q_TILE, KV_TILE, K_STEP, STEPS (steps per unit), ROWS_PER_LANE, ROW_LANES,
 // SHUFFLE_LANES, PREFETCH, STAGED, STAGED_KEYS (k_s / v_s rows: KV_TILE, or 1 when direct),
 // O_SPLIT, OUT_UNIT, OUT_UNITS, LANE_UNITS, LANE_SLOTS, REG_SLOTS, WG_SLOTS, O_S_SIZE (o_s's
@@ -49,7 +50,7 @@
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        @builtin(local_invocation_index) lid: u32, li: LaneInfo) {
   let w = prefill_wg(wid, nwg, Q_TILE);
   if (!w.ok) {
     return;
@@ -71,6 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
   let lo = u32(span.x);
   let hi = u32(span.y);
+  let wide = subgroup_lanes(li) >= ROW_LANES;     // rows_reduce's shuffles span a row group
 
   for (var u = 0u; u < (Q_TILE * QK_GRANULES + THREADS - 1u) / THREADS; u++) {
     let idx = lid + u * THREADS;
@@ -248,7 +250,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
           let j = js + tx + ROW_LANES * e;
           var x = MASKED;
-          if (full || (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq))) {
+          if (PLAIN_LOGITS == 1u && full) {
+            x = plain_logit(sc[a][e]);
+          } else if (full || (i < P.seq_len && j < hi && key_visible(i32(j), pos, sq))) {
             x = logit_b(sc[a][e], b, h, i, j, pos, wb);
           }
           sc[a][e] = x;
@@ -256,8 +260,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         mx[a] = best;
       }
-      mx = rows_reduce(mx, ty, tx, true);
-      workgroupBarrier();     // the previous step's readers are done with p_s
+      mx = rows_reduce(mx, ty, tx, true, wide);
+      if (STAGED == 0u || st > 0u) {
+        workgroupBarrier();   // the previous step's readers are done with p_s (a staged
+      }                       // tile's first step: its staging barriers saw to that; 9 us
+                              // of 2110 at S=2048 on the H200)
 
       for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         let m_new = max(m[a], mx[a]);
@@ -285,7 +292,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       // on the causal diagonal or the window's edge adds only the keys each row sees.
       if (all_see(js, js + K_STEP, span, seen_all)) {
         for (var jj = 0u; jj < K_STEP; jj++) {
-          let vv = step_values(st, jj, js + jj, tx, b, kvh, lo, hi);
+          let vv = full_values(st, jj, js + jj, tx, b, kvh, lo, hi);
           for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
             let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
             for (var c = 0u; c < REG_SLOTS; c++) {  // @unroll
@@ -321,7 +328,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
 
   // Each lane summed only its own columns: the row sum is the sum over the row group.
-  l = rows_reduce(l, ty, tx, false);
+  l = rows_reduce(l, ty, tx, false, wide);
   for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
     let i = i0 + ty * ROWS_PER_LANE + a;
     if (i < P.seq_len) {

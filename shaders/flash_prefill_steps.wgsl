@@ -20,8 +20,12 @@ var<workgroup> red_s: array<f32, Q_TILE * LANE_GROUPS>;
 var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
 
 // Combine one value per row over the ROW_LANES lanes of a row group (max or sum). Called in
-// uniform control flow by every invocation (it holds a barrier when LANE_GROUPS > 1).
-fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool
+// uniform control flow by every invocation (it holds a barrier when LANE_GROUPS > 1 and not
+// wide). wide: this dispatch's subgroups hold whole row groups (subgroup_lanes() >=
+// ROW_LANES, uniform), so shuffles finish the job past SHUFFLE_LANES and workgroup memory is
+// not needed (NVIDIA: 16 lanes a row group in 32-lane subgroups; Dawn on the H200, S=2048:
+// 2108-2111 us against 2146-2150 held to SHUFFLE_LANES, h200_wgsl_scalar_prefill.txt).
+fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool, wide: bool
                ) -> array<f32, ROWS_PER_LANE> {
   var r = x;
   for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
@@ -31,7 +35,14 @@ fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool
       r[a] = lane_sum(r[a]);
     }
   }
-  if (LANE_GROUPS > 1u) {
+  if (wide) {
+    for (var s = SHUFFLE_LANES; s < ROW_LANES; s = s << 1u) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+        let y = lane_xor(r[a], s);
+        r[a] = select(r[a] + y, max(r[a], y), is_max);
+      }
+    }
+  } else if (LANE_GROUPS > 1u) {
     if (tx % SHUFFLE_LANES == 0u) {
       for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + tx / SHUFFLE_LANES] = r[a];
@@ -96,6 +107,21 @@ fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
         }
       }
     }
+  }
+  return vv;
+}
+
+// step_values where every row sees every key of the step: a staged V row whose units the
+// row group covers exactly is read with no per-unit tests (Dawn on the H200, S=2048: 2108-2111
+// us against 2125-2126 through step_values; ci/results/h200_wgsl_scalar_prefill.txt).
+fn full_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi: u32
+               ) -> array<vec4<f32>, LANE_SLOTS> {
+  if (STAGED == 0u || OUT_UNITS % ROW_LANES != 0u) {
+    return step_values(st, jj, j, tx, b, kvh, lo, hi);
+  }
+  var vv: array<vec4<f32>, LANE_SLOTS>;
+  for (var c = 0u; c < LANE_UNITS; c++) {  // @unroll
+    vv[c] = ts_f32(v_s[(st * K_STEP + jj) * V_VEC4S + tx + ROW_LANES * c]);
   }
   return vv;
 }

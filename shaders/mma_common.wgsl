@@ -66,13 +66,6 @@ fn lazy_max(m: f32, m_tile: f32) -> vec2<f32> {
   return vec2<f32>(m, 1.0);
 }
 
-// attn_common.wgsl's logit of a spec without softcap, bias or ALiBi (PLAIN_LOGITS, a prefix
-// constant the plan sets from the spec): the scaled score itself, NaN where it is not finite.
-// (lane_logits then also tests a key against the row's span instead of key_visible.)
-fn plain_logit(d: f32) -> f32 {
-  return select(max(d, MASKED), nan_f32(), (bitcast<u32>(d) & 0x7f800000u) == 0x7f800000u);
-}
-
 // The logits of lane part `part` of score row rr (query row i at position pos, of head h;
 // live: the row exists): its LANE_KEYS keys from j0 + part * LANE_KEYS, MASKED where the row
 // does not see the key, x[e] that of key (e + rot) % LANE_KEYS of the part (rot: the lane's

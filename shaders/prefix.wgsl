@@ -62,6 +62,18 @@ fn q_rows(b: u32) -> u32 {
 }
 
 // piece: lanes_subgroup
+// LaneInfo, an entry point's parameter, holds this dispatch's subgroup size: adapters report
+// only a range (NVIDIA's: 4-128, for subgroups that are 32 lanes), so SHUFFLE_LANES, sized by
+// the range's smallest, is a floor that a kernel may exceed where subgroup_lanes() allows.
+struct LaneInfo {
+  @builtin(subgroup_size) size: u32,
+}
+fn subgroup_lanes(li: LaneInfo) -> u32 {
+  return li.size;
+}
+fn lane_xor(x: f32, s: u32) -> f32 {
+  return subgroupShuffleXor(x, s);
+}
 fn lane_max(x: f32) -> f32 {
   var v = x;
   for (var s = 1u; s < SHUFFLE_LANES; s = s << 1u) {
@@ -78,6 +90,17 @@ fn lane_sum(x: f32) -> f32 {
 }
 
 // piece: lanes_plain
+// No subgroups: one lane a subgroup (LaneInfo carries a builtin only because a struct
+// parameter needs a member).
+struct LaneInfo {
+  @builtin(local_invocation_id) unused: vec3<u32>,
+}
+fn subgroup_lanes(li: LaneInfo) -> u32 {
+  return 1u;
+}
+fn lane_xor(x: f32, s: u32) -> f32 {
+  return x;
+}
 fn lane_max(x: f32) -> f32 {
   return x;
 }

@@ -111,7 +111,11 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
             "PREFETCH": int(bool(_p(params, d, "prefetch"))), "STAGED": int(stage),
             "STAGED_KEYS": bc if stage else 1, "O_SPLIT": int(half), "OUT_UNIT": ow,
             "OUT_UNITS": nu, "LANE_UNITS": ocu, "LANE_SLOTS": osl, "REG_SLOTS": osl - osw,
-            "WG_SLOTS": osw, "O_S_SIZE": max(1, br * ncg * osw)}
+            "WG_SLOTS": osw, "O_S_SIZE": max(1, br * ncg * osw),
+            # logits without logit_b's per-score softcap / bias / ALiBi tests where the spec
+            # has none (attn_keys.wgsl's plain_logit; Dawn on the H200, S=2048: 2108-2111 us
+            # against 2205-2208, ci/results/h200_wgsl_scalar_prefill.txt)
+            "PLAIN_LOGITS": int(not (spec.softcap or spec.bias or spec.alibi_max_bias))}
 
 
 def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:

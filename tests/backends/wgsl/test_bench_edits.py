@@ -13,7 +13,8 @@ import pytest
 
 from attnreg import shaders
 
-SCRIPTS = ("bench.wgsl_mma_prefill", "bench.wgsl_mma_phases", "bench.wgsl_decode_phases")
+SCRIPTS = ("bench.wgsl_mma_prefill", "bench.wgsl_mma_phases", "bench.wgsl_decode_phases",
+           "bench.prefill_tiles")
 
 
 def _edits(value: Any) -> Iterator[tuple[str, str, str]]:

@@ -1,0 +1,342 @@
+"""A feasibility probe for a scalar WGSL flash prefill laid out as a register-tiled GEMM (no
+subgroup matrices), before any of it is built into the library (#35's `matrix_units=off`
+target: causal f16 S=2048 <= 1200 us).
+
+Only the plain case: float16 BNSH q/k/v, causal, GQA, H=128, S a multiple of the tiles, one
+batch. A workgroup owns BR query rows of one head; its (BR/TR) x NL lanes form row groups of
+NL lanes, each lane TR rows. Per tile of BC keys:
+  - K and V staged to workgroup memory (as f16, or f32 converted once), the next tile's
+    16-byte words loaded into registers while this one is computed;
+  - S = Q K^T: each lane TR rows x TC = BC/NL keys (keys tx, tx+NL, ...), Q pre-scaled by
+    scale * log2(e) in workgroup memory (f32), a register tile of TR x TC dot products;
+  - the online softmax in registers: row maxima over the row group by subgroup shuffles,
+    p = exp2(s - m), the lane's share of the row sum kept per lane (summed once at the end);
+  - P to workgroup memory key-major (a lane reads its TR rows of one key as one vector);
+  - O += P V: each lane TR rows x H/NL columns (vec4 columns tx, tx+NL, ...) in registers.
+Three barriers a tile (staging done, P written, readers done). Grid heavy-first (the row tiles
+with the most keys start first). Output f32, checked against float64 attention on the host.
+
+What it answers: what this layout reaches against the library's scalar prefill, and (its
+flags) which phase costs what. On the H200 (ci/results/h200_wgsl_scalar_prefill.txt): at best
+1682 us at S=2048 on Dawn (32x32x4x16:fh), against the library's 2243 then (2110 after the
+changes that probe's phase account led to), and far from the 1200 us target: 48 KiB of
+workgroup storage holds Q as f32 and one f32 K tile of 32 keys, and no larger tile fits.
+
+  python3 -m bench.wgsl_scalar_prefill_probe [--seq 512,2048] [--configs 32x32x4x16:kh,...]
+      [--backends dawn,webgpu]
+A config is BRxBCxTRxNL:KV where KV names K's and V's staged types (h: f16, f: f32).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import attnreg
+from attnreg.backends.dawn import device as ddevice
+from attnreg.backends.dawn import gemm_probe
+from attnreg.backends.webgpu import device as wdevice
+
+from . import wgsl_probe_io
+
+H = 128
+STORAGE = 48 * 1024          # NVIDIA's workgroup storage
+
+
+# Variant flags: phases compiled out (wrong values; their error shows the phase went) and
+# the library's flash_prefill habits put back one at a time, to say which of them cost.
+FLAGS = {
+    "noqk": "no S = Q K^T (scores 0)",
+    "nopv": "no O += P V",
+    "nostage": "no K/V staging stores (the compiler drops the loads too)",
+    "b4": "a fourth barrier a tile, before P is written (the library's, per step)",
+    "sp": "P row-major, read one scalar a row and key (the library's p_s)",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    br: int            # query rows a workgroup
+    bc: int            # keys a tile
+    tr: int            # rows a lane (2 or 4)
+    nl: int            # lanes a row group
+    kt: str = "h"      # K staged as f16 (h) or f32 (f)
+    vt: str = "h"
+    x: frozenset[str] = frozenset()   # variant flags (FLAGS)
+
+    @property
+    def tc(self) -> int:
+        return self.bc // self.nl
+
+    @property
+    def threads(self) -> int:
+        return self.br // self.tr * self.nl
+
+    @property
+    def cv(self) -> int:
+        return H // 4 // self.nl        # vec4 output columns a lane
+
+    def storage(self) -> int:
+        ks = 16 if self.kt == "f" else 8
+        vs = 16 if self.vt == "f" else 8
+        # q_s, k_s, v_s, p_s (flag sp's row-major P is no larger)
+        return (self.br * (H // 4 + 1) * 16 + self.bc * (H // 4 + 1) * ks
+                + self.bc * (H // 4) * vs + self.bc * (self.br // self.tr + 1) * 4 * self.tr)
+
+    def text(self) -> str:
+        x = ":" + "+".join(sorted(self.x)) if self.x else ""
+        return f"{self.br}x{self.bc}x{self.tr}x{self.nl}:{self.kt}{self.vt}{x}"
+
+    @staticmethod
+    def parse(s: str) -> Config:
+        dims, _, rest = s.partition(":")
+        kv, _, flags = rest.partition(":")
+        br, bc, tr, nl = (int(x) for x in dims.split("x"))
+        kv = kv or "hh"
+        x = frozenset(f for f in flags.split("+") if f)
+        if x - FLAGS.keys():
+            raise SystemExit(f"unknown flags {sorted(x - FLAGS.keys())}: {sorted(FLAGS)}")
+        return Config(br, bc, tr, nl, kv[0], kv[1], x)
+
+
+def kernel(c: Config, seq: int, heads: int, kv_heads: int, tint: bool = True) -> str:
+    tr, tc, nl, cv = c.tr, c.tc, c.nl, c.cv
+    qs, ks, vs, ps = H // 4 + 1, H // 4 + 1, H // 4, c.br // tr + 1
+    kty = "vec4<f32>" if c.kt == "f" else "vec4<f16>"
+    vty = "vec4<f32>" if c.vt == "f" else "vec4<f16>"
+    pty = f"vec{tr}<f32>"
+    words = c.bc * H // 8                        # 16-byte words of a K (or V) tile
+    lw = -(-words // c.threads)                  # of them a lane
+    scale = 1.0 / math.sqrt(H) * math.log2(math.e)
+    L = [
+        "enable f16;",
+        *(["enable subgroups;"] if tint else []),     # naga takes subgroups without it
+        f"const S: u32 = {seq}u;",
+        f"const G: u32 = {heads // kv_heads}u;",
+        f"const NRT: u32 = {seq // c.br}u;",
+        f"const BR: u32 = {c.br}u;",
+        f"const BC: u32 = {c.bc}u;",
+        f"const NL: u32 = {nl}u;",
+        f"const TH: u32 = {c.threads}u;",
+        "const MASKED: f32 = -3.0e38;",
+        "@group(0) @binding(0) var<storage, read> q: array<mat2x4<f16>>;",
+        "@group(0) @binding(1) var<storage, read> k: array<mat2x4<f16>>;",
+        "@group(0) @binding(2) var<storage, read> v: array<mat2x4<f16>>;",
+        "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;",
+        f"var<workgroup> q_s: array<vec4<f32>, {c.br * qs}u>;",
+        f"var<workgroup> k_s: array<{kty}, {c.bc * ks}u>;",
+        f"var<workgroup> v_s: array<{vty}, {c.bc * vs}u>;",
+        (f"var<workgroup> p_r: array<f32, {c.br * c.bc}u>;" if "sp" in c.x else
+         f"var<workgroup> p_s: array<{pty}, {c.bc * ps}u>;"),
+        "",
+        "@compute @workgroup_size(TH)",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {",
+        "  let rt = NRT - 1u - wid.x;               // heavy first",
+        "  let h = wid.y;",
+        "  let kvh = h / G;",
+        "  let i0 = rt * BR;",
+        "  let rg = lid / NL;",
+        "  let tx = lid % NL;",
+        f"  for (var w = lid; w < {c.br * 16}u; w += TH) {{",
+        "    let r = w / 16u;",
+        "    let hv = q[(h * S + i0 + r) * 16u + w % 16u];",
+        f"    q_s[r * {qs}u + (w % 16u) * 2u] = vec4<f32>(hv[0]) * {scale!r};",
+        f"    q_s[r * {qs}u + (w % 16u) * 2u + 1u] = vec4<f32>(hv[1]) * {scale!r};",
+        "  }",
+        "  let kbase = kvh * S * 16u;",
+        "  let n_t = (i0 + BR + BC - 1u) / BC;      // causal: the tiles up to the last row",
+    ]
+    for a in range(tr):
+        L.append(f"  var m{a} = MASKED;")
+        L.append(f"  var l{a} = 0.0;")
+        for u in range(cv):
+            L.append(f"  var o{a}_{u} = vec4<f32>(0.0);")
+    for w in range(lw):
+        L.append(f"  var kr{w}: mat2x4<f16>;")     # a 16-byte word: 8 halves
+        L.append(f"  var vr{w}: mat2x4<f16>;")
+    load = []
+    for w in range(lw):
+        idx = f"lid + {w * c.threads}u"
+        guard = f"({idx}) < {words}u" if lw * c.threads > words else "true"
+        load += [f"    if ({guard}) {{",
+                 f"      kr{w} = k[kbase + jn * 16u + {idx}];",
+                 f"      vr{w} = v[kbase + jn * 16u + {idx}];",
+                 "    }"]
+    L += ["  {", "    let jn = 0u;", *load, "  }"]
+    L.append("  for (var t = 0u; t < n_t; t++) {")
+    L.append("    workgroupBarrier();")
+    for w in range(lw if "nostage" not in c.x else 0):
+        idx = f"lid + {w * c.threads}u"
+        guard = f"({idx}) < {words}u" if lw * c.threads > words else "true"
+        kk, kc = f"({idx}) / 16u", f"(({idx}) % 16u) * 2u"
+        L.append(f"    if ({guard}) {{")
+        L.append(f"      let kh = kr{w};")
+        L.append(f"      let vh = vr{w};")
+        for s in range(2):
+            kx = f"vec4<f32>(kh[{s}])" if c.kt == "f" else f"kh[{s}]"
+            vx = f"vec4<f32>(vh[{s}])" if c.vt == "f" else f"vh[{s}]"
+            L.append(f"      k_s[{kk} * {ks}u + {kc} + {s}u] = {kx};")
+            L.append(f"      v_s[{kk} * {vs}u + {kc} + {s}u] = {vx};")
+        L.append("    }")
+    L.append("    workgroupBarrier();")
+    L.append("    if (t + 1u < n_t) {")
+    L.append("      let jn = (t + 1u) * BC;")
+    L += ["  " + x for x in load]
+    L.append("    }")
+    # S = Q K^T
+    for a in range(tr):
+        for e in range(tc):
+            L.append(f"    var s{a}_{e} = 0.0;")
+    L.append(f"    for (var cc = 0u; cc < {0 if 'noqk' in c.x else H // 4}u; cc++) {{")
+    for e in range(tc):
+        kx = f"k_s[(tx + {nl * e}u) * {ks}u + cc]"
+        L.append(f"      let k{e} = {kx if c.kt == 'f' else f'vec4<f32>({kx})'};")
+    for a in range(tr):
+        L.append(f"      let q{a} = q_s[(rg * {tr}u + {a}u) * {qs}u + cc];")
+        for e in range(tc):
+            L.append(f"      s{a}_{e} += dot(q{a}, k{e});")
+    L.append("    }")
+    # softmax
+    L.append("    let j0 = t * BC;")
+    L.append("    let diag = j0 + BC - 1u > i0;")
+    for a in range(tr):
+        L.append(f"    {{ let i = i0 + rg * {tr}u + {a}u;")
+        L.append("      var mx = MASKED;")
+        for e in range(tc):
+            L.append(f"      if (diag && j0 + tx + {nl * e}u > i) {{ s{a}_{e} = MASKED; }}")
+            L.append(f"      mx = max(mx, s{a}_{e});")
+        d = 1
+        while d < nl:
+            L.append(f"      mx = max(mx, subgroupShuffleXor(mx, {d}u));")
+            d *= 2
+        L.append(f"      let mn = max(m{a}, mx);")
+        L.append(f"      let al = exp2(m{a} - mn);")
+        L.append(f"      m{a} = mn;")
+        L.append(f"      l{a} *= al;")
+        for e in range(tc):
+            L.append(f"      s{a}_{e} = exp2(s{a}_{e} - mn);")
+            L.append(f"      l{a} += s{a}_{e};")
+        for u in range(cv):
+            L.append(f"      o{a}_{u} *= al;")
+        L.append("    }")
+    if "b4" in c.x:
+        L.append("    workgroupBarrier();")
+    sp = "sp" in c.x
+    for e in range(tc):
+        if sp:
+            for a in range(tr):
+                L.append(f"    p_r[(rg * {tr}u + {a}u) * BC + tx + {nl * e}u] = s{a}_{e};")
+        else:
+            vals = ", ".join(f"s{a}_{e}" for a in range(tr))
+            L.append(f"    p_s[(tx + {nl * e}u) * {ps}u + rg] = {pty}({vals});")
+    L.append("    workgroupBarrier();")
+    L.append(f"    for (var jj = 0u; jj < {0 if 'nopv' in c.x else c.bc}u; jj++) {{")
+    if sp:
+        vals = ", ".join(f"p_r[(rg * {tr}u + {a}u) * BC + jj]" for a in range(tr))
+        L.append(f"      let pv = {pty}({vals});")
+    else:
+        L.append(f"      let pv = p_s[jj * {ps}u + rg];")
+    for u in range(cv):
+        vx = f"v_s[jj * {vs}u + tx + {nl * u}u]"
+        L.append(f"      let v{u} = {vx if c.vt == 'f' else f'vec4<f32>({vx})'};")
+    comp = "xyzw"
+    for a in range(tr):
+        for u in range(cv):
+            L.append(f"      o{a}_{u} += pv.{comp[a]} * v{u};")
+    L.append("    }")
+    L.append("  }")
+    for a in range(tr):
+        d = 1
+        while d < nl:
+            L.append(f"  l{a} += subgroupShuffleXor(l{a}, {d}u);")
+            d *= 2
+        L.append(f"  {{ let row = h * S + i0 + rg * {tr}u + {a}u;")
+        for u in range(cv):
+            L.append(f"    out[row * {H // 4}u + tx + {nl * u}u] = o{a}_{u} / l{a};")
+        L.append("  }")
+    L.append("}")
+    return "\n".join(L) + "\n"
+
+
+def _median(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repeats: int,
+            samples: int) -> float:
+    return statistics.median(gemm_probe.pass_times(dev, pipe, group, grid, repeats, samples))
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: list[int]) -> np.ndarray:
+    """float64 causal attention of the listed heads."""
+    g = q.shape[0] // k.shape[0]
+    s_len = q.shape[1]
+    mask = np.triu(np.ones((s_len, s_len), dtype=bool), 1)
+    outs = []
+    for h in heads:
+        qf, kf, vf = (x.astype(np.float64) for x in (q[h], k[h // g], v[h // g]))
+        s = qf @ kf.T / math.sqrt(H)
+        s[mask] = -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        outs.append((p / p.sum(1, keepdims=True)) @ vf)
+    return np.stack(outs)
+
+
+def run(dev: Any, c: Config, seq: int, heads: int = 32, kv_heads: int = 8,
+        iters: int = 20) -> str:
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((heads, seq, H)).astype(np.float16)
+    k = rng.standard_normal((kv_heads, seq, H)).astype(np.float16)
+    v = rng.standard_normal((kv_heads, seq, H)).astype(np.float16)
+    src = kernel(c, seq, heads, kv_heads, isinstance(dev, ddevice.DawnDevice))
+    pipe = dev.compile(f"sprefill_probe[{c.text()},{seq}]", src, ("read",) * 3 + ("rw",))
+    n_out = heads * seq * H * 4
+    bufs, bg = wgsl_probe_io.bind(dev, (q, k, v), (n_out,))
+    grid = (seq // c.br, heads, 1)
+    gemm_probe.pass_times(dev, pipe, bg, grid, 1, 1)
+    got = wgsl_probe_io.read_f32(dev, bufs[3], n_out).reshape(heads, seq, H)
+    check = sorted({0, heads // 2 + 1, heads - 1})
+    err = float(np.abs(got[check] - reference(q, k, v, check)).max())
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:
+        _median(dev, pipe, bg, grid, 5, 1)
+    one = _median(dev, pipe, bg, grid, 1, iters) * 1e6
+    for b in bufs:
+        b.destroy()
+    flops = 4 * heads * H * seq * (seq + 1) / 2
+    return (f"{c.text():16s} S={seq:5d} thr {c.threads:3d} smem {c.storage() / 1024:5.1f} KiB: "
+            f"{one:8.1f} us  {flops / one / 1e6:5.1f} TFLOP/s  err {err:.1e}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seq", default="512,2048")
+    ap.add_argument("--configs", default="32x32x4x16:hh,32x32x4x16:fh,32x32x2x16:hh")
+    ap.add_argument("--backends", default="dawn,webgpu")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--heads", default="32,8", help="query heads, kv heads")
+    a = ap.parse_args()
+    hq, hkv = (int(x) for x in a.heads.split(","))
+    for backend in a.backends.split(","):
+        for caps in attnreg.devices(backend):
+            if not caps.available:
+                continue
+            dev = ddevice.get(caps) if backend == "dawn" else wdevice.get(caps)
+            print(f"{caps.id} {caps.name}: causal f16 GQA {hq}/{hkv} H={H}, GPU us a launch, "
+                  f"median of {a.iters}", flush=True)
+            for seq in (int(x) for x in a.seq.split(",")):
+                for c in (Config.parse(x) for x in a.configs.split(",")):
+                    if c.storage() > STORAGE or seq % c.br or seq % c.bc:
+                        print(f"  {c.text()}: does not fit ({c.storage()} bytes)")
+                        continue
+                    try:
+                        print("  " + run(dev, c, seq, hq, hkv, a.iters), flush=True)
+                    except Exception as exc:
+                        print(f"  {c.text()} S={seq}: {type(exc).__name__}: {str(exc)[:600]}",
+                              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
