@@ -17,6 +17,8 @@ changed by editing its WGSL source:
                       the pass of one dispatch, the floor of any one-launch plan
   reduce max by       the reduce's max over its lanes by subgroupMax and one barrier instead
   subgroups           of a chain of eight (32-lane subgroups assumed: NVIDIA's)
+  logits tested a     every logit through vec_logit's per-key tests, the plain tiles too
+  key                 (decode_qk_common.wgsl's tile_plain off; computes right values)
 
 Edited builds compute wrong values (their error is printed: the part really went). GPU time
 per launch and back to back ("one pass": the runtime's b2b, N launches recorded into one
@@ -43,7 +45,7 @@ from attnreg.tools.bench_suites import SUITES
 from bench.wgsl_mma_phases import Edit, source_with
 
 DP, QK, PV = "decode_partial", "decode_qk_common", "decode_pv_common"
-COMPUTE = """    tile_logits(w, j0, cur.y == 1u, lid, kc);
+COMPUTE = """    tile_logits(w, j0, cur.y == 1u, tile_plain(d, j0, tiles.x, tiles.y), lid, kc);
     tile_weights(lid);
     if (st < STREAMS) {
       acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, vc);
@@ -89,7 +91,7 @@ fn ring_load_v(d: DecodeWg, tiles: vec4<u32>, st: u32, cl: u32, t: u32) -> array
 fn ring_tile(acc: Lanes, d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32,
              t: u32, kc: array<KUnit, K_REGS>, vc: array<VUnit, V_REGS>) -> Lanes {
   let cur = tile_of(t, tiles.x, tiles.w);
-  tile_logits(w, cur.x, cur.y == 1u, lid, kc);
+  tile_logits(w, cur.x, cur.y == 1u, tile_plain(d, cur.x, tiles.x, tiles.y), lid, kc);
   tile_weights(lid);
   if (st < STREAMS) {
     return pv_tile(acc, st, cl, cur.x, tile_full(d, cur.x, tiles.x, tiles.y), d, vc);
@@ -171,7 +173,11 @@ EXP_BARRIER: Edit = (DP, """      p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
 # a subgroup (the bench's decode cases: 4).
 SHUFFLE_SLICES: Edit = ("decode_qk_common", """    for (var r = 0u; r < VECTORS; r++) {
       if (SLICES == 1u) {
-        p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
+        if (plain) {
+          p_s[jj * VECTORS + r] = vec_logit_plain(w, r, sc[r]);
+        } else {
+          p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
+        }
       } else {
         part_s[(jj * VECTORS + r) * SLICES + h] = sc[r];
       }
@@ -185,7 +191,11 @@ SHUFFLE_SLICES: Edit = ("decode_qk_common", """    for (var r = 0u; r < VECTORS;
       if (SLICES > 4u) { x += subgroupShuffleXor(x, 4u); }
       if (SLICES > 8u) { x += subgroupShuffleXor(x, 8u); }
       if (r % SLICES == h) {
-        p_s[ps_at + jj * VECTORS + r] = vec_logit(w, r, j0 + jj, x, with_bias);
+        if (plain) {
+          p_s[ps_at + jj * VECTORS + r] = vec_logit_plain(w, r, x);
+        } else {
+          p_s[ps_at + jj * VECTORS + r] = vec_logit(w, r, j0 + jj, x, with_bias);
+        }
       }
     }
   }
@@ -241,6 +251,7 @@ fn vu_scale_v(e: u32, gi: u32) -> f32 {
   let blk = e / 32u + gi / 2u;""")
 VARIANTS: dict[str, list[Edit]] = {
     "as_planned": [],
+    "logits tested a key": [(QK, "return PLAIN_LOGITS == 1u && j0 >= klo", "return false && j0 >= klo")],
     "max one load": [MAX_ONE],
     "max one + no exp barrier": [MAX_ONE, EXP_BARRIER],
     "shuffles + double p_s": [SHUFFLE_SLICES, *P_DOUBLE],

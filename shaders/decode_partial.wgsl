@@ -188,7 +188,7 @@ fn direct_tiles(d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32
     }
     let cur = tile_of(it - PREFETCH, tiles.x, tiles.w);
     let j0 = cur.x;
-    tile_logits(w, j0, cur.y == 1u, lid, kc);
+    tile_logits(w, j0, cur.y == 1u, tile_plain(d, j0, tiles.x, tiles.y), lid, kc);
     tile_weights(lid);
     if (st < STREAMS) {
       acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, vc);
@@ -255,7 +255,8 @@ fn staged_tiles(d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32
     }
     let cur = tile_of(it - PREFETCH, tiles.x, tiles.w);
     let j0 = cur.x;
-    tile_logits(w, j0, cur.y == 1u, lid, array<KUnit, K_REGS>());
+    tile_logits(w, j0, cur.y == 1u, tile_plain(d, j0, tiles.x, tiles.y), lid,
+                array<KUnit, K_REGS>());
     tile_weights(lid);
     if (st < STREAMS) {
       acc = pv_tile(acc, st, cl, j0, tile_full(d, j0, tiles.x, tiles.y), d, array<VUnit, V_REGS>());

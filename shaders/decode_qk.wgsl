@@ -96,7 +96,7 @@ fn decode_body(d: DecodeWg, lid: u32) {
     }
     let j0 = d.klo + (it - PREFETCH) * KV_TILE;
     // this kernel loads the bias of every tile; its K is staged (DIRECT 0: no registers)
-    tile_logits(w, j0, true, lid, array<KUnit, K_REGS>());
+    tile_logits(w, j0, true, tile_plain(d, j0, d.klo, d.khi), lid, array<KUnit, K_REGS>());
     ml = tile_scores(w, j0, ml, lid);
   }
 

@@ -48,6 +48,22 @@ fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
   return MASKED;
 }
 
+// Whether the tile of keys j0.. needs none of vec_logit's tests: a spec without softcap, bias
+// or ALiBi (PLAIN_LOGITS), every key of the tile inside the split's [klo, khi), and each of
+// them seen by every row of the row tile (decode_pv_common's tile_full, stricter).
+fn tile_plain(d: DecodeWg, j0: u32, klo: u32, khi: u32) -> bool {
+  return PLAIN_LOGITS == 1u && j0 >= klo && j0 + KV_TILE <= khi
+      && all_see(j0, j0 + KV_TILE, vec2<i32>(i32(klo), i32(khi)), d.seen_all);
+}
+
+// vec_logit on a tile_plain tile: the score itself (plain_logit), MASKED for the vectors past
+// the GQA group or the rows past the queries.
+fn vec_logit_plain(w: Wg, r: u32, dot_qk: f32) -> f32 {
+  let gh = w.hc * GROUP_TILE + r / M_TILE;
+  let i = w.i0 + r % M_TILE;
+  return select(MASKED, plain_logit(dot_qk), gh < P.group_size && i < P.seq_len);
+}
+
 // The scaled query vectors into q_s; absent vectors and padding rows (whose q is never read)
 // load zeros.
 fn stage_queries(d: DecodeWg, lid: u32) {
@@ -139,7 +155,8 @@ fn slice_dots(jj: u32, h: u32, kk: u32, kt: array<KUnit, K_REGS>) -> array<f32, 
 // p_s = the logits of the K tile (keys j0..: staged, or DIRECT in the lanes' registers kt)
 // for every query vector; with_bias false: the tile's bias is known to be 0. Ends with p_s
 // complete (a barrier).
-fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REGS>) {
+fn tile_logits(w: Wg, j0: u32, with_bias: bool, plain: bool, lid: u32,
+               kt: array<KUnit, K_REGS>) {
   // Lane (slice h, key jj): staged, consecutive lanes take consecutive keys (distinct banks);
   // DIRECT, consecutive lanes take a key's consecutive slices (its row's bytes together).
   var h = lid / min(KV_TILE, PASS_KEYS);
@@ -160,7 +177,11 @@ fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REG
     let sc = slice_dots(jj, h, kk, kt);
     for (var r = 0u; r < VECTORS; r++) {
       if (SLICES == 1u) {
-        p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
+        if (plain) {
+          p_s[jj * VECTORS + r] = vec_logit_plain(w, r, sc[r]);
+        } else {
+          p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
+        }
       } else {
         part_s[(jj * VECTORS + r) * SLICES + h] = sc[r];
       }
@@ -175,7 +196,11 @@ fn tile_logits(w: Wg, j0: u32, with_bias: bool, lid: u32, kt: array<KUnit, K_REG
         for (var hh = 0u; hh < SLICES; hh++) {
           s += part_s[e * SLICES + hh];
         }
-        p_s[e] = vec_logit(w, e % VECTORS, j0 + e / VECTORS, s, with_bias);
+        if (plain) {
+          p_s[e] = vec_logit_plain(w, e % VECTORS, s);
+        } else {
+          p_s[e] = vec_logit(w, e % VECTORS, j0 + e / VECTORS, s, with_bias);
+        }
       }
     }
     workgroupBarrier();

@@ -151,7 +151,9 @@ def decode_consts(spec: AttentionSpec, params: Mapping[str, Any],
     return {"M_TILE": int(params.get("m_tile", 1)), "GROUP_TILE": gt,
             "KV_TILE": _p(params, d, "kv_tile"), "THREADS": _p(params, d, "threads"),
             "PREFETCH": int(bool(_p(params, d, "prefetch"))),
-            "BALANCE": int(blocks and op == "attention")}
+            "BALANCE": int(blocks and op == "attention"),
+            # decode_qk_common.wgsl's tile_plain: logits without vec_logit's tests
+            "PLAIN_LOGITS": int(not (spec.softcap or spec.bias or spec.alibi_max_bias))}
 
 
 def decode_direct(params: Mapping[str, Any]) -> int:
