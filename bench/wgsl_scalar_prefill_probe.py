@@ -101,6 +101,11 @@ class Config:
         x = frozenset(f for f in flags.split("+") if f)
         if x - FLAGS.keys():
             raise SystemExit(f"unknown flags {sorted(x - FLAGS.keys())}: {sorted(FLAGS)}")
+        # P is read as a vec<TR>; a row group's lanes shuffle within one 32-lane subgroup
+        if (tr not in (2, 4) or nl not in (2, 4, 8, 16, 32) or bc % nl or br % tr
+                or len(kv) != 2 or set(kv) - {"h", "f"}):
+            raise SystemExit(f"config {s!r}: rows a lane 2 or 4, lanes a power of two <= 32 "
+                             "dividing the keys, K/V types h or f")
         return Config(br, bc, tr, nl, kv[0], kv[1], x)
 
 

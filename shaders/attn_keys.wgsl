@@ -102,15 +102,16 @@ fn logit(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32) -> f32 {
   return logit_b(dot_qk, b, h, i, j, pos, true);
 }
 
-// with_bias false: the bias is known to be 0 here (a block flagged all-zero); not loaded.
 // logit_b of a spec without softcap, bias or ALiBi (PLAIN_LOGITS, a prefix constant the plan
-// sets from the spec): the scaled score itself, NaN where it is not finite. The prefills'
-// steps where every row sees every key use it instead of logit_b's per-score feature tests
-// (the matrix prefill's lane_logits also tests a key against the row's span then).
+// sets from the spec): the scaled score itself, NaN where it is not finite. Where every row
+// sees every key (the prefills' full steps, the decode's tile_plain tiles) it replaces
+// logit_b's per-score feature tests (the matrix prefill's lane_logits also tests a key
+// against the row's span then).
 fn plain_logit(d: f32) -> f32 {
   return select(max(d, MASKED), nan_f32(), (bitcast<u32>(d) & 0x7f800000u) == 0x7f800000u);
 }
 
+// with_bias false: the bias is known to be 0 here (a block flagged all-zero); not loaded.
 fn logit_b(dot_qk: f32, b: u32, h: u32, i: u32, j: u32, pos: i32, with_bias: bool) -> f32 {
   let dot_bad = (bitcast<u32>(dot_qk) & 0x7f800000u) == 0x7f800000u;
   var s = dot_qk;
