@@ -173,11 +173,7 @@ EXP_BARRIER: Edit = (DP, """      p_s[e] = weight_of(p_s[e], mu_s[e % VECTORS]);
 # a subgroup (the bench's decode cases: 4).
 SHUFFLE_SLICES: Edit = ("decode_qk_common", """    for (var r = 0u; r < VECTORS; r++) {
       if (SLICES == 1u) {
-        if (plain) {
-          p_s[jj * VECTORS + r] = vec_logit_plain(w, r, sc[r]);
-        } else {
-          p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
-        }
+        p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias, plain);
       } else {
         part_s[(jj * VECTORS + r) * SLICES + h] = sc[r];
       }
@@ -191,11 +187,7 @@ SHUFFLE_SLICES: Edit = ("decode_qk_common", """    for (var r = 0u; r < VECTORS;
       if (SLICES > 4u) { x += subgroupShuffleXor(x, 4u); }
       if (SLICES > 8u) { x += subgroupShuffleXor(x, 8u); }
       if (r % SLICES == h) {
-        if (plain) {
-          p_s[ps_at + jj * VECTORS + r] = vec_logit_plain(w, r, x);
-        } else {
-          p_s[ps_at + jj * VECTORS + r] = vec_logit(w, r, j0 + jj, x, with_bias);
-        }
+        p_s[ps_at + jj * VECTORS + r] = vec_logit(w, r, j0 + jj, x, with_bias, plain);
       }
     }
   }

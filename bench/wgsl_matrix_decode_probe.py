@@ -231,7 +231,7 @@ def run(dev: Any, length: int, split: int, nt: int, kvh: int = 8, group: int = 4
     bufs, bg = wgsl_probe_io.bind(dev, (q, k, v), sizes)
     grid = (ns, kvh, 1)
     gemm_probe.pass_times(dev, pipe, bg, grid, 1, 1)
-    got = [wgsl_probe_io.read_f32(dev, b, n) for b, n in zip(bufs[3:], sizes)]
+    got = [np.frombuffer(dev.read_buffer(b, n), np.float32) for b, n in zip(bufs[3:], sizes)]
     o = got[0].reshape(hq, ns, D).astype(np.float64)
     ls = got[1].reshape(hq, ns).astype(np.float64)
     w = np.exp(ls - ls.max(axis=1, keepdims=True))

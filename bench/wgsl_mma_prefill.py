@@ -63,10 +63,11 @@ NO_ROTATION: Edit = ("mma_prefill_common",
 # lane_logits without its fast path for parts whose keys the row all sees (every key tested)
 NO_FAST_LOGITS: Edit = ("mma_common", "if (PLAIN_LOGITS == 1u && live && all_seen) {",
                         "if (false) {")
+# The scalar prefill's full steps through logit_b's feature tests (no plain_logit path)
+SCALAR_NO_PLAIN: Edit = ("flash_prefill", "if (PLAIN_LOGITS == 1u && full) {", "if (false) {")
 # The scalar prefill's logits with every key tested (its `full` steps too)
 SCALAR_NO_FAST_LOGITS: list[Edit] = [
-    ("flash_prefill", "if (PLAIN_LOGITS == 1u && full) {", "if (false) {"),
-    ("flash_prefill", "if (full || (i < P.seq_len", "if ((i < P.seq_len")]
+    SCALAR_NO_PLAIN, ("flash_prefill", "if (full || (i < P.seq_len", "if ((i < P.seq_len")]
 # The scalar prefill's changes of 2026-11-28 (ninth session, h200_wgsl_scalar_prefill.txt),
 # each undone: the p_s barrier on a staged tile's first step too; the full
 # steps' V values through step_values' per-unit tests; the row reductions' shuffles held to
@@ -147,12 +148,12 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
     "scalar-head-order": (None, {}, [HEAD_ORDER]),
     "scalar-no-fast-logits": (None, {}, SCALAR_NO_FAST_LOGITS),
-    "scalar-no-plain-logits": (None, {}, SCALAR_NO_FAST_LOGITS[:1]),
+    "scalar-no-plain-logits": (None, {}, [SCALAR_NO_PLAIN]),
     "scalar-p-barrier": (None, {}, [SCALAR_P_BARRIER]),
     "scalar-step-values": (None, {}, [SCALAR_STEP_VALUES]),
     "scalar-narrow-shuffles": (None, {}, [SCALAR_NARROW]),
-    "scalar-before-ninth": (None, {}, [*SCALAR_NO_FAST_LOGITS[:1], SCALAR_P_BARRIER,
-                                       SCALAR_STEP_VALUES, SCALAR_NARROW]),
+    "scalar-before-ninth": (None, {}, [SCALAR_NO_PLAIN, SCALAR_P_BARRIER, SCALAR_STEP_VALUES,
+                                       SCALAR_NARROW]),
     "staged-q32-kv32": (STAGED, {"mma": "hardware"}, []),
     "staged-no-rotation": (STAGED, {"mma": "hardware"}, [NO_ROTATION]),
     "direct-q128-kv32": (DIRECT, Q128, []),

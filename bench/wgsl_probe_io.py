@@ -1,6 +1,6 @@
 """Buffers of the standalone WGSL probes (bench/wgsl_*_probe.py): their inputs uploaded, their
-outputs made, one bind group over both in binding order, and an output read back through
-the device's bounded map_read."""
+outputs made, one bind group over both in binding order (outputs come back through the
+device's read_buffer)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,15 +27,3 @@ def bind(dev: Any, inputs: Sequence[np.ndarray], out_sizes: Sequence[int]
                                                      for i, b in enumerate(bufs)])
     return bufs, group
 
-
-def read_f32(dev: Any, buf: Any, n: int) -> np.ndarray:
-    """The first ``n`` bytes of ``buf`` as float32."""
-    U = dev.wgpu.BufferUsage
-    rb = dev.device.create_buffer(size=n, usage=U.MAP_READ | U.COPY_DST)
-    enc = dev.device.create_command_encoder()
-    enc.copy_buffer_to_buffer(buf, 0, rb, 0, n)
-    dev.submit([enc.finish()])
-    try:
-        return np.frombuffer(dev.map_read(rb, n), dtype=np.float32)
-    finally:
-        rb.destroy()

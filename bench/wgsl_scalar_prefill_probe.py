@@ -300,7 +300,7 @@ def run(dev: Any, c: Config, seq: int, heads: int = 32, kv_heads: int = 8,
     bufs, bg = wgsl_probe_io.bind(dev, (q, k, v), (n_out,))
     grid = (seq // c.br, heads, 1)
     gemm_probe.pass_times(dev, pipe, bg, grid, 1, 1)
-    got = wgsl_probe_io.read_f32(dev, bufs[3], n_out).reshape(heads, seq, H)
+    got = np.frombuffer(dev.read_buffer(bufs[3], n_out), np.float32).reshape(heads, seq, H)
     check = sorted({0, heads // 2 + 1, heads - 1})
     err = float(np.abs(got[check] - reference(q, k, v, check)).max())
     end = time.perf_counter() + 0.3

@@ -36,10 +36,15 @@ struct Wg {
 }
 
 // Logit of query vector r against key j, or MASKED if j is invisible to it or outside the
-// split's keys. with_bias false: the tile's bias is known to be all 0.
-fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
+// split's keys (or r is past the GQA group, or its row past the queries). with_bias false:
+// the tile's bias is known to be all 0; plain: a tile_plain tile, whose keys need no tests
+// and whose logits are the scores themselves (plain_logit).
+fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool, plain: bool) -> f32 {
   let gh = w.hc * GROUP_TILE + r / M_TILE;
   let i = w.i0 + r % M_TILE;
+  if (plain) {
+    return select(MASKED, plain_logit(dot_qk), gh < P.group_size && i < P.seq_len);
+  }
   let pos = row_pos(w.seq, i);
   if (gh < P.group_size && i < P.seq_len && (LOW_KEYS == 0u || j >= w.klo) && j < w.khi
       && key_visible(i32(j), pos, w.seq)) {
@@ -54,14 +59,6 @@ fn vec_logit(w: Wg, r: u32, j: u32, dot_qk: f32, with_bias: bool) -> f32 {
 fn tile_plain(d: DecodeWg, j0: u32, klo: u32, khi: u32) -> bool {
   return PLAIN_LOGITS == 1u && j0 >= klo && j0 + KV_TILE <= khi
       && all_see(j0, j0 + KV_TILE, vec2<i32>(i32(klo), i32(khi)), d.seen_all);
-}
-
-// vec_logit on a tile_plain tile: the score itself (plain_logit), MASKED for the vectors past
-// the GQA group or the rows past the queries.
-fn vec_logit_plain(w: Wg, r: u32, dot_qk: f32) -> f32 {
-  let gh = w.hc * GROUP_TILE + r / M_TILE;
-  let i = w.i0 + r % M_TILE;
-  return select(MASKED, plain_logit(dot_qk), gh < P.group_size && i < P.seq_len);
 }
 
 // The scaled query vectors into q_s; absent vectors and padding rows (whose q is never read)
@@ -177,11 +174,7 @@ fn tile_logits(w: Wg, j0: u32, with_bias: bool, plain: bool, lid: u32,
     let sc = slice_dots(jj, h, kk, kt);
     for (var r = 0u; r < VECTORS; r++) {
       if (SLICES == 1u) {
-        if (plain) {
-          p_s[jj * VECTORS + r] = vec_logit_plain(w, r, sc[r]);
-        } else {
-          p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias);
-        }
+        p_s[jj * VECTORS + r] = vec_logit(w, r, j0 + jj, sc[r], with_bias, plain);
       } else {
         part_s[(jj * VECTORS + r) * SLICES + h] = sc[r];
       }
@@ -196,11 +189,7 @@ fn tile_logits(w: Wg, j0: u32, with_bias: bool, plain: bool, lid: u32,
         for (var hh = 0u; hh < SLICES; hh++) {
           s += part_s[e * SLICES + hh];
         }
-        if (plain) {
-          p_s[e] = vec_logit_plain(w, e % VECTORS, s);
-        } else {
-          p_s[e] = vec_logit(w, e % VECTORS, j0 + e / VECTORS, s, with_bias);
-        }
+        p_s[e] = vec_logit(w, e % VECTORS, j0 + e / VECTORS, s, with_bias, plain);
       }
     }
     workgroupBarrier();

@@ -101,17 +101,7 @@ class _Buffers:
         self.shape = shape
 
     def result(self, dev: Any) -> np.ndarray:
-        U = dev.wgpu.BufferUsage
-        rb = dev.device.create_buffer(size=self.c_bytes, usage=U.MAP_READ | U.COPY_DST)
-        enc = dev.device.create_command_encoder()
-        enc.copy_buffer_to_buffer(self.bufs[2], 0, rb, 0, self.c_bytes)
-        dev.submit([enc.finish()])
-        rb.map_sync(dev.wgpu.MapMode.READ, 0, self.c_bytes)
-        try:
-            out = np.frombuffer(bytes(rb.read_mapped(0, self.c_bytes)), dtype=np.float32)
-        finally:
-            rb.unmap()
-            rb.destroy()
+        out = np.frombuffer(dev.read_buffer(self.bufs[2], self.c_bytes), dtype=np.float32)
         return out.reshape(self.shape[0], self.shape[1])
 
     def close(self) -> None:
@@ -147,18 +137,14 @@ def pass_times(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repe
     U = dev.wgpu.BufferUsage
     nb = 16 * samples
     resolve = d.create_buffer(size=nb, usage=U.QUERY_RESOLVE | U.COPY_SRC)
-    rb = d.create_buffer(size=nb, usage=U.MAP_READ | U.COPY_DST)
     enc = d.create_command_encoder()
     enc.resolve_query_set(qs, 0, 2 * samples, resolve, 0)
-    enc.copy_buffer_to_buffer(resolve, 0, rb, 0, nb)
     dev.submit([enc.finish()])
-    rb.map_sync(dev.wgpu.MapMode.READ, 0, nb)
     try:
-        ticks = np.frombuffer(bytes(rb.read_mapped(0, nb)), dtype=np.uint64)
+        ticks = np.frombuffer(dev.read_buffer(resolve, nb), dtype=np.uint64)
     finally:
-        rb.unmap()
-    for x in (rb, resolve, qs):
-        x.destroy()
+        resolve.destroy()
+        qs.destroy()
     return [float(ticks[2 * s + 1] - ticks[2 * s]) * 1e-9 for s in range(samples)]
 
 

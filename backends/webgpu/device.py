@@ -120,6 +120,20 @@ class GpuDevice:
         finally:
             buf.unmap()
 
+    def read_buffer(self, buf: Any, size: int) -> bytes:
+        """The first ``size`` bytes of a COPY_SRC buffer: copied into a MAP_READ buffer of its
+        own, read through map_read (bounded), which is destroyed after (for the probes, whose
+        buffers live outside a runtime's Memory)."""
+        U = self.wgpu.BufferUsage
+        rb = self.device.create_buffer(size=size, usage=U.MAP_READ | U.COPY_DST)
+        try:
+            enc = self.device.create_command_encoder()
+            enc.copy_buffer_to_buffer(buf, 0, rb, 0, size)
+            self.submit([enc.finish()])
+            return self.map_read(rb, size)
+        finally:
+            rb.destroy()
+
     def wait_slice(self, promise: Any, seconds: float) -> None:
         """Wait up to ``seconds`` for ``promise`` (wgpu-native's poll thread settles it)."""
         promise._thread_event.wait(seconds)
