@@ -88,6 +88,7 @@ def test_unsupported_features_are_named():
     assert "multiple of 8" in peers.ort_webgpu_supports(_spec(head_size=12))
     assert "num_heads == kv_num_heads" in peers.ort_webgpu_supports(_spec(causal=False))
     assert "batch == 1" in peers.ort_webgpu_supports(_spec(batch=2, seq_len=4, past_len=8))
+    assert "float32 and float16 only" in peers.ort_webgpu_supports(_spec(dtype="bfloat16"))
     assert peers.torch_supports(_spec(local_window=8, seqlens_k=True)) is None
     assert "softcap" in peers.torch_supports(_spec(softcap=30.0))
     assert "head_sink" in peers.torch_supports(_spec(head_sink=True))
@@ -174,6 +175,8 @@ def test_ort_multi_token(case):
     dict(dtype="float32", seq_len=4, past_len=60, local_window=16),
     dict(dtype="float32", batch=2, seq_len=2, past_len=40, seqlens_k=True, kv_capacity=64),
     dict(dtype="float32", seq_len=8, past_len=0, causal=False, bias=True),
+    dict(dtype="bfloat16"),                              # through torch.bfloat16, bit for bit
+    dict(dtype="bfloat16", seq_len=8, past_len=0, causal=False, bias=True),
 ])
 @pytest.mark.parametrize("gqa", ["auto", "enable", "repeat"])
 def test_torch_matches_reference(case, gqa):

@@ -16,6 +16,8 @@ from .vulkan import ensure_vulkan_env
 
 ORT_PACKAGE = "onnxruntime-webgpu"
 ORT_PROVIDER = "WebGpuExecutionProvider"
+# The q/k/v dtypes the peer's models declare; ort_webgpu_supports refuses every other one.
+ORT_DTYPES = ("float16", "float32")
 
 
 # --------------------------------------------------------------------------------------
@@ -23,6 +25,9 @@ ORT_PROVIDER = "WebGpuExecutionProvider"
 # --------------------------------------------------------------------------------------
 def ort_webgpu_supports(spec: AttentionSpec) -> str | None:
     """None if the ORT peer can express ``spec`` exactly, else why not (no ORT needed)."""
+    if spec.dtype not in ORT_DTYPES:
+        return (f"dtype={spec.dtype}: ORT WebGPU's kernels take float32 and float16 only "
+                "(WebGpuSupportedFloatTypes)")
     if spec.bias:
         return "bias: not mapped to ORT's attention_bias by this peer"
     if spec.alibi_max_bias > 0:
@@ -55,6 +60,8 @@ def ort_webgpu_supports(spec: AttentionSpec) -> str | None:
 def _onnx_dtype(dtype: str) -> int:
     from onnx import TensorProto
 
+    if dtype not in ORT_DTYPES:      # never a silent float32 stand-in for another dtype
+        raise ValueError(f"dtype={dtype}: the ORT peer's models take {ORT_DTYPES}")
     return int(TensorProto.FLOAT16 if dtype == "float16" else TensorProto.FLOAT)
 
 

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ...reference import within_reach
@@ -18,6 +19,7 @@ from .status import torch_status
 # attnreg's short names for the members of torch.nn.attention.SDPBackend, in the order tried.
 BACKENDS: Mapping[str, str] = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION",
                                "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+BF16 = np.dtype(ml_dtypes.bfloat16)
 # GQA strategies: torch's own enable_gqa=True, or K/V heads expanded once, outside the timed call.
 GQA_STRATEGIES = ("enable", "repeat")
 
@@ -186,7 +188,10 @@ class TorchSDPA:
         dev = self.device
 
         def put(x: np.ndarray) -> Any:
-            return torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+            x = np.ascontiguousarray(x)
+            if x.dtype == BF16:         # torch has no numpy bfloat16: move the bits as int16
+                return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).to(dev)
+            return torch.from_numpy(x).to(dev)
 
         tq, tk, tv = put(q), put(k), put(v)
         S = spec.seq_len
@@ -271,7 +276,12 @@ class TorchSDPA:
         """One call on ``backend``, as numpy in the spec's dtype and q layout."""
         with self.torch.no_grad(), self._kernel(backend):
             out = self._call()                                       # [B, Nq, S, H]
-        o = out.detach().to("cpu").numpy()
+        o = out.detach().to("cpu")
+        # bfloat16 back through its bits (torch's .numpy() refuses it); exact either way
+        if o.dtype == self.torch.bfloat16:
+            o = o.view(self.torch.int16).numpy().view(BF16)
+        else:
+            o = o.numpy()
         spec = self.spec
         o = o if spec.q_layout == "BNSH" else o.transpose(0, 2, 1, 3)
         return np.ascontiguousarray(o.astype(spec.dtype, copy=False))
