@@ -2,6 +2,8 @@
 `auto` makes): the bench's decode cases timed as planned, then with one part of the kernel
 changed by editing its WGSL source:
 
+  q from workgroup    every tile's q read from workgroup memory (decode_qk_common's q_s), as
+  memory              before Q_IN_REGS held a lane's q in registers (also with K/V from L1)
   K/V from L1         every K/V load reads the first 1024 elements of its buffer (the same
                       instructions, cache-resident data): the compute and the load latency
                       the cache leaves, without DRAM traffic
@@ -241,6 +243,8 @@ fn vu_v(e: u32, gi: u32) -> VU {
 }
 fn vu_scale_v(e: u32, gi: u32) -> f32 {
   let blk = e / 32u + gi / 2u;""")
+# Every tile's q read from q_s again, as before decode_qk_common's Q_IN_REGS.
+Q_SHARED = (QK, "if (Q_IN_REGS == 1u) {", "if (false) {")
 VARIANTS: dict[str, list[Edit]] = {
     "as_planned": [],
     "logits tested a key": [(QK, "return PLAIN_LOGITS == 1u && j0 >= klo", "return false && j0 >= klo")],
@@ -248,7 +252,9 @@ VARIANTS: dict[str, list[Edit]] = {
     "max one + no exp barrier": [MAX_ONE, EXP_BARRIER],
     "shuffles + double p_s": [SHUFFLE_SLICES, *P_DOUBLE],
     "int4 V in word pairs": [V4_WIDE],
+    "q from workgroup memory": [Q_SHARED],
     "K/V from L1": L1,
+    "K/V from L1 + q from workgroup memory": [*L1, Q_SHARED],
     "loads only": [(DP, COMPUTE, FOLD)],
     "loop skeleton": [(DP, COMPUTE, FOLD), *NO_LOADS],
     "2 tiles in flight": [(DP, _direct_fn(), RING)],

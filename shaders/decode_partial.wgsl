@@ -147,6 +147,7 @@ fn decode_body(d: DecodeWg, lid: u32) {
   var acc: Lanes;
   if (DIRECT == 1u) {
     workgroupBarrier();   // q_s and m_s written (staged: the first staging barrier)
+    load_q_regs(lid);
     acc = direct_tiles(d, w, tiles, lid, st, cl);
   } else {
     acc = staged_tiles(d, w, tiles, lid, st, cl);

@@ -19,10 +19,16 @@ const K_LOADS: u32 = (KV_TILE * QK_GRANULES + THREADS - 1u) / THREADS;  // K gra
 const QK_UNITS: u32 = QK_VEC4S / UNIT_VEC4S;                    // DIRECT: load units a row
 const SLICE_UNITS: u32 = (QK_UNITS + SLICES - 1u) / SLICES;     // DIRECT: units per slice
 const K_REGS: u32 = 1u + DIRECT * (PASSES * SLICE_UNITS - 1u);  // DIRECT: K units a lane
+// DIRECT: the Q_LANE_VEC4S vec4s of q a QK lane reads are the same every tile (its slice's
+// units, every vector). With Q_IN_REGS (a prefix constant, decode_partial's:
+// tiles.decode_q_regs, where they fit its register budget) the lane holds them in q_r;
+// otherwise it reads them from q_s each tile, a 16-byte load for 4 FMAs.
+const Q_LANE_VEC4S: u32 = SLICE_UNITS * UNIT_VEC4S * VECTORS;
 
 var<workgroup> q_s: array<vec4<f32>, VECTORS * Q_STRIDE>;
 var<workgroup> k_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * K_STRIDE - 1u)>;
 var<workgroup> part_s: array<f32, KV_TILE * VECTORS * SLICES>;
+var<private> q_r: array<vec4<f32>, 1u + Q_IN_REGS * (Q_LANE_VEC4S - 1u)>;   // the lane's q
 
 // The workgroup's vectors and the keys [klo, khi) of its split that they may see.
 struct Wg {
@@ -83,6 +89,24 @@ fn stage_queries(d: DecodeWg, lid: u32) {
   }
 }
 
+// Q_IN_REGS (DIRECT only): lane lid's q vec4s (slice_dots' order) from q_s, once after
+// stage_queries' barrier; units past the head are zeros.
+fn load_q_regs(lid: u32) {
+  if (Q_IN_REGS == 1u) {
+    let h = lid % SLICES;
+    for (var g = 0u; g < SLICE_UNITS; g++) {
+      let gi = min(h + SLICES * g, QK_UNITS - 1u);
+      let live = h + SLICES * g < QK_UNITS;
+      for (var s = 0u; s < UNIT_VEC4S; s++) {
+        for (var r = 0u; r < VECTORS; r++) {
+          q_r[(g * UNIT_VEC4S + s) * VECTORS + r] =
+              select(vec4<f32>(0.0), q_s[r * Q_STRIDE + gi * UNIT_VEC4S + s], live);
+        }
+      }
+    }
+  }
+}
+
 // One granule of the register tile into workgroup memory, called from the unrolled loops of
 // both pipeline orders. It takes the granule's values, never the register tile: a helper
 // taking the tile by pointer made a driver keep it in local memory.
@@ -128,7 +152,11 @@ fn slice_dots(jj: u32, h: u32, kk: u32, kt: array<KUnit, K_REGS>) -> array<f32, 
         for (var s = 0u; s < UNIT_VEC4S; s++) {
           let kc = ku_part(ku.x, s);
           for (var r = 0u; r < VECTORS; r++) {
-            t[r] += dot(q_s[r * Q_STRIDE + gi * UNIT_VEC4S + s], kc);
+            if (Q_IN_REGS == 1u) {
+              t[r] += dot(q_r[(g * UNIT_VEC4S + s) * VECTORS + r], kc);
+            } else {
+              t[r] += dot(q_s[r * Q_STRIDE + gi * UNIT_VEC4S + s], kc);
+            }
           }
         }
         for (var r = 0u; r < VECTORS; r++) {

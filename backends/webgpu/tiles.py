@@ -49,6 +49,18 @@ DECODE_STAGING = "direct"
 # 24 units (int8 K/V, kv_tile 64) took 2.2-2.6 ms where 12 took 78 us, and Dawn's build of it
 # computed values 2.4e-3 off (ci/results/h100_wgsl_decode.txt). The staged tiles hold any head.
 DIRECT_MAX_REGS = 16
+# A QK lane of the direct decode_partial holds its q in registers (decode_q_regs) where its q
+# takes at most Q_REG_VEC4S vec4s and its q and both register tiles (this tile's load units
+# and the next's: 2 x decode_regs x 4 words) at most LANE_REGS registers; otherwise it reads q
+# from workgroup memory every tile. Held in registers q took the H200's f16 GQA 32/8 H=128
+# decode at L=32768 from 71.1 to 66.4-67.1 us per launch on Dawn (b2b 58.3 -> 54.4-54.7),
+# wgpu-native 67.2-67.6 -> 63.6-64.1: read from workgroup memory, a 16-byte load fed 4 FMAs,
+# and shared memory's 128 bytes a clock an SM, not the arithmetic nor DRAM, had set the pace.
+# Past the budgets it spilled: 64 vec4s (int8 32-key tiles) 116.9 us against 76.8; f32 L=8192
+# (32 vec4s of q, 16 units a tile: 256 registers) 57.2 against 41.6
+# (ci/results/h200_wgsl_decode_q_regs.txt). f16's 32 vec4s and 8 units make 192.
+Q_REG_VEC4S = 32
+LANE_REGS = 192
 DECODE_PARTIAL_CHOICES: Mapping[str, tuple[Any, ...]] = {**DECODE_CHOICES,
                                                           "kv_staging": KV_STAGING}
 MAX_VECTORS = 16
@@ -177,6 +189,21 @@ def decode_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     return k + -(-bc // (th // pv_lanes)) * -(-vu // pv_lanes)
 
 
+def decode_q_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
+    """1 where a QK lane of the direct decode_partial holds its q in registers: its slice's
+    load units (SLICE_UNITS in decode_qk_common.wgsl) of every query vector, within
+    Q_REG_VEC4S and, with the lane's two register tiles, LANE_REGS. The staged tiles read q_s
+    (whisper's took the same time either way: ci/results/h200_wgsl_decode_q_regs.txt)."""
+    if not decode_direct(params):
+        return 0
+    c = decode_consts(spec, params)
+    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)   # elements a K unit
+    slices = max(1, c["THREADS"] // c["KV_TILE"])
+    q_vec4s = -(-(spec.head_size // ue) // slices) * (ue // 4) * c["M_TILE"] * c["GROUP_TILE"]
+    # this tile's load units and the next's, 4 words each
+    return int(q_vec4s <= Q_REG_VEC4S and 4 * q_vec4s + 8 * decode_regs(spec, params) <= LANE_REGS)
+
+
 def decode_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     c = decode_consts(spec, params)
     hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
@@ -209,7 +236,8 @@ def stage_consts(family: str, spec: AttentionSpec, params: Mapping[str, Any], *,
         direct = decode_direct(params) if family == "decode_partial" else 0
         # the direct loads take quantized K/V in 16-byte units where rows are whole units
         wide = int(bool(direct and wgsl_io.kv_unit(spec)))
-        return {**decode_consts(spec, params, bias_shape, op), "DIRECT": direct, "KV_WIDE": wide}
+        return {**decode_consts(spec, params, bias_shape, op), "DIRECT": direct, "KV_WIDE": wide,
+                "Q_IN_REGS": decode_q_regs(spec, params) if family == "decode_partial" else 0}
     if family == "decode_pv":
         return {**pv_consts(spec, params), "DIRECT": 0}
     return reduce_consts(spec, params)

@@ -56,11 +56,11 @@ def test_split_kv_kernels_tune_the_split_size():
 def test_tuned_parameters_stand_against_later_rules(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuning cache's rule runs before the plugins' rules; what it set stays (here the
-    WebGPU rule that takes 32-key tiles for int8 K/V on GPUs would replace a tuned 16)."""
+    WebGPU rule that takes 32-key tiles for int4 K/V on GPUs would replace a tuned 16)."""
     monkeypatch.setenv("ATTNREG_CACHE_DIR", str(tmp_path))
     caps = profiles()["nvidia-h100"]
     spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=32767, num_heads=32,
-                                 kv_num_heads=8, head_size=128, dtype="float16", kv_dtype="int8")
+                                 kv_num_heads=8, head_size=128, dtype="float16", kv_dtype="int4")
     reg = attnreg.registry.get()
     plain = reg.plan(spec, caps=caps)
     assert plain.params["kv_tile"] == 32

@@ -264,12 +264,12 @@ def test_decode_reads_kv_directly_where_the_rules_say():
     """decode_partial reads K/V straight into registers (raw 16-byte words: k, and v unless
     quantized, bound as vec4<u32>) for one query row and small heads; the rules stage K/V
     for several rows per workgroup and for heads whose register tile would spill, and give
-    quantized K/V 32-key tiles on GPUs; a forced direct tile past DIRECT_MAX_REGS is
-    rejected with its reason."""
+    int4 K/V 32-key tiles on GPUs (int8 keeps 16, where a lane's q fits its registers); a
+    forced direct tile past DIRECT_MAX_REGS is rejected with its reason."""
     caps = attnreg.profile("nvidia-h100")
     gqa = dict(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8, head_size=128)
     cases = [(attnreg.AttentionSpec(**gqa), "direct", 16),
-             (attnreg.AttentionSpec(**gqa, kv_dtype="int8"), "direct", 32),
+             (attnreg.AttentionSpec(**gqa, kv_dtype="int8"), "direct", 16),
              (attnreg.AttentionSpec(**gqa, kv_dtype="int4"), "direct", 32),
              (attnreg.AttentionSpec(seq_len=4, past_len=1496, num_heads=8, kv_num_heads=8,
                                     head_size=64), "workgroup", 16)]
@@ -289,3 +289,28 @@ def test_decode_reads_kv_directly_where_the_rules_say():
                          aux=frozenset({"k_scale", "v_scale"}))
     assert "var<storage, read> k: array<vec4<u32>>;" in src
     assert "var<storage, read> v: array<u32>;" in src
+
+
+def test_q_in_registers_where_the_lane_share_fits():
+    """A direct decode_partial lane holds its q in registers (Q_IN_REGS) where its share --
+    slice units x unit vec4s x query vectors -- is at most Q_REG_VEC4S vec4s and, with its two
+    register tiles, LANE_REGS registers; staged tiles, decode_qk, and larger shares read q_s."""
+    gqa = dict(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8, head_size=128)
+    direct = {"kv_staging": "direct", "kv_tile": 16, "threads": 64}
+
+    def q_regs(family: str, params: dict, **kw: object) -> int:
+        return wtiles.stage_consts(family, attnreg.AttentionSpec(**{**gqa, **kw}),
+                                   params)["Q_IN_REGS"]
+
+    # f16 H=128, 4 vectors: 4 slices of 16 units -> 4 units x 2 vec4s x 4 = 32
+    assert q_regs("decode_partial", direct, dtype="float16") == 1
+    assert q_regs("decode_partial", direct, dtype="float16", kv_dtype="int8") == 1   # 2 x 4 x 4
+    assert q_regs("decode_partial", {**direct, "kv_tile": 32}, dtype="float16",
+                  kv_dtype="int8") == 0                                               # 4 x 4 x 4
+    assert q_regs("decode_partial", direct, dtype="float16", head_size=256) == 0      # 8 x 2 x 4
+    assert q_regs("decode_partial", direct, dtype="float16", num_heads=64) == 0       # 8 vectors
+    assert q_regs("decode_partial", {**direct, "kv_staging": "workgroup"}, dtype="float16") == 0
+    assert q_regs("decode_qk", direct, dtype="float16") == 0
+    # f32: 32 vec4s of q (8 one-vec4 units x 4), but 16 load units a tile: 128 + 128 registers
+    assert q_regs("decode_partial", direct, dtype="float32") == 0
+    assert (wtiles.Q_REG_VEC4S, wtiles.LANE_REGS) == (32, 192)
