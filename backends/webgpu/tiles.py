@@ -53,8 +53,8 @@ DIRECT_MAX_REGS = 16
 # takes at most Q_REG_VEC4S vec4s and its q and both register tiles (this tile's load units
 # and the next's: 2 x decode_regs x 4 words) at most LANE_REGS registers; otherwise it reads q
 # from workgroup memory every tile. Held in registers q took the H200's f16 GQA 32/8 H=128
-# decode at L=32768 from 71.1 to 66.4-67.1 us per launch on Dawn (b2b 58.3 -> 54.4-54.7),
-# wgpu-native 67.2-67.6 -> 63.6-64.1: read from workgroup memory, a 16-byte load fed 4 FMAs,
+# decode at L=32768 from 70.6-71.1 to 66.4-67.5 us per launch on Dawn (b2b 58.0-58.3 ->
+# 54.4-55.2), wgpu-native 67.1-67.9 -> 63.6-64.5: read from workgroup memory, a 16-byte load fed 4 FMAs,
 # and shared memory's 128 bytes a clock an SM, not the arithmetic nor DRAM, had set the pace.
 # Past the budgets it spilled: 64 vec4s (int8 32-key tiles) 116.9 us against 76.8; f32 L=8192
 # (32 vec4s of q, 16 units a tile: 256 registers) 57.2 against 41.6

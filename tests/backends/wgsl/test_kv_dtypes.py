@@ -314,3 +314,24 @@ def test_q_in_registers_where_the_lane_share_fits():
     # f32: 32 vec4s of q (8 one-vec4 units x 4), but 16 load units a tile: 128 + 128 registers
     assert q_regs("decode_partial", direct, dtype="float32") == 0
     assert (wtiles.Q_REG_VEC4S, wtiles.LANE_REGS) == (32, 192)
+
+
+@pytest.mark.parametrize("backend", ["webgpu", "dawn"])
+def test_q_in_registers_and_in_workgroup_memory_match_the_reference(backend):
+    """The same decode with q held in registers (f16 and int8 K/V, 16-key tiles) and read from
+    q_s (int8's 32-key tiles, past the budget), several tiles a split and a ragged last one."""
+    require_devices(backend)
+    spec16 = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=150, num_heads=8,
+                                   kv_num_heads=2, head_size=128, dtype="float16")
+    spec8 = spec16.replace(kv_dtype="int8")
+    cases = [(spec16, 16, 1), (spec8, 16, 1), (spec8, 32, 0)]
+    with attnreg.Session(backend=backend, flags={"split_size": 64}) as s:
+        for spec, tile, in_regs in cases:
+            params = {"kv_staging": "direct", "kv_tile": tile, "threads": 64}
+            assert wtiles.stage_consts("decode_partial", spec, params)["Q_IN_REGS"] == in_regs
+            t = make_tensors(spec, 3, lengths=[spec.capacity, spec.capacity - 37])
+            got, plan = s.run_with_plan(spec, t, kernel=f"{backend}.decode_partial.f16.m1",
+                                        params=params)
+            assert plan.params["kv_tile"] == tile
+            _, problem = compare(spec, got, expected(spec, t))
+            assert not problem, f"{spec.kv_dtype} kv_tile {tile}: {problem}"
