@@ -173,17 +173,24 @@ def decode_direct(params: Mapping[str, Any]) -> int:
     return int(str(params.get("kv_staging", DECODE_STAGING)) == "direct")
 
 
+def _slice_units(spec: AttentionSpec, c: Mapping[str, int]) -> tuple[int, int, int]:
+    """The direct QK layout of decode_qk_common.wgsl: (elements a K load unit, SLICES lanes
+    a key, SLICE_UNITS units a lane's slice)."""
+    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)
+    slices = max(1, c["THREADS"] // c["KV_TILE"])
+    return ue, slices, -(-(spec.head_size // ue) // slices)
+
+
 def decode_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     """16-byte load units a lane of the direct decode_partial holds per K/V tile: its QK
     share of K (passes x slice) and its PV share of V (keys of its stream x columns), as
     shaders/decode_qk_common.wgsl and decode_pv_common.wgsl lay them out (a unit: a granule,
     or 16 bytes of quantized codes, wgsl_io.kv_unit)."""
     c = decode_consts(spec, params)
-    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)   # elements a K unit
+    ue, slices, slice_units = _slice_units(spec, c)
     ve = 8 if spec.kv_dtype and wgsl_io.kv_unit(spec) else ue  # a V unit (storage.wgsl)
     bc, th = c["KV_TILE"], c["THREADS"]
-    slices = max(1, th // bc)
-    k = bc // min(bc, th // slices) * -(-(spec.head_size // ue) // slices)
+    k = bc // min(bc, th // slices) * slice_units
     vu = max(1, spec.head_size_v // ve)
     pv_lanes = min(th, vu)
     return k + -(-bc // (th // pv_lanes)) * -(-vu // pv_lanes)
@@ -197,9 +204,8 @@ def decode_q_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     if not decode_direct(params):
         return 0
     c = decode_consts(spec, params)
-    ue = 4 * wgsl_io.kv_unit(spec) or wgsl_io.granule(spec)   # elements a K unit
-    slices = max(1, c["THREADS"] // c["KV_TILE"])
-    q_vec4s = -(-(spec.head_size // ue) // slices) * (ue // 4) * c["M_TILE"] * c["GROUP_TILE"]
+    ue, _, slice_units = _slice_units(spec, c)
+    q_vec4s = slice_units * (ue // 4) * c["M_TILE"] * c["GROUP_TILE"]
     # this tile's load units and the next's, 4 words each
     return int(q_vec4s <= Q_REG_VEC4S and 4 * q_vec4s + 8 * decode_regs(spec, params) <= LANE_REGS)
 
