@@ -22,14 +22,23 @@ flags) which phase costs what. On the H200 (ci/results/h200_wgsl_scalar_prefill.
 changes that probe's phase account led to), and far from the 1200 us target: 48 KiB of
 workgroup storage holds Q as f32 and one f32 K tile of 32 keys, and no larger tile fits.
 
+The sliced layout (kernel_sliced, a config starting "s"): a row group's NL lanes split the
+head dimension instead of the keys, q in registers, the partial dots reduce-scattered by
+shuffles; flag "pair" interleaves the row groups of a subgroup so that lanes n and n^1 read the
+same K/V address. At best 1364 us at S=2048 on Dawn (s64x16x2x8:ff:pair), which led the
+library's qk_layout "sliced" (ci/results/h200_wgsl_sliced_prefill.txt).
+
   python3 -m bench.wgsl_scalar_prefill_probe [--seq 512,2048] [--configs 32x32x4x16:kh,...]
       [--backends dawn,webgpu]
-A config is BRxBCxTRxNL:KV where KV names K's and V's staged types (h: f16, f: f32).
+A config is [s]BRxBCxTRxNL:KV[:FLAGS] where KV names K's and V's staged types (h: f16, f: f32)
+and FLAGS joins FLAGS' names with "+". PROBE_SUBGROUP sets the subgroup width that "pair"
+assumes (32, NVIDIA's; 8 checks the script on lavapipe).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -56,6 +65,9 @@ FLAGS = {
     "nostage": "no K/V staging stores (the compiler drops the loads too)",
     "b4": "a fourth barrier a tile, before P is written (the library's, per step)",
     "sp": "P row-major, read one scalar a row and key (the library's p_s)",
+    "pair": "sliced: the row groups of a subgroup interleaved (lane = slice x groups + group), "
+            "so lanes n and n^1 read the same K/V address (NVIDIA returns such 16-byte loads "
+            "in 2 cycles instead of 4)",
 }
 
 
@@ -68,6 +80,8 @@ class Config:
     kt: str = "h"      # K staged as f16 (h) or f32 (f)
     vt: str = "h"
     x: frozenset[str] = frozenset()   # variant flags (FLAGS)
+    sliced: bool = False  # the sliced layout (kernel_sliced): nl lanes split the head dim
+
 
     @property
     def tc(self) -> int:
@@ -83,6 +97,9 @@ class Config:
 
     def storage(self) -> int:
         ks = 16 if self.kt == "f" else 8
+        if self.sliced:          # no q_s (q in registers), no P (shuffled)
+            vs = 16 if self.vt == "f" else 8
+            return self.bc * (H // 4) * (ks + vs)
         vs = 16 if self.vt == "f" else 8
         # q_s, k_s, v_s, p_s (flag sp's row-major P is no larger)
         return (self.br * (H // 4 + 1) * 16 + self.bc * (H // 4 + 1) * ks
@@ -90,11 +107,14 @@ class Config:
 
     def text(self) -> str:
         x = ":" + "+".join(sorted(self.x)) if self.x else ""
-        return f"{self.br}x{self.bc}x{self.tr}x{self.nl}:{self.kt}{self.vt}{x}"
+        lay = "s" if self.sliced else ""
+        return f"{lay}{self.br}x{self.bc}x{self.tr}x{self.nl}:{self.kt}{self.vt}{x}"
 
     @staticmethod
     def parse(s: str) -> Config:
         dims, _, rest = s.partition(":")
+        sliced = dims.startswith("s")
+        dims = dims.removeprefix("s")
         kv, _, flags = rest.partition(":")
         br, bc, tr, nl = (int(x) for x in dims.split("x"))
         kv = kv or "hh"
@@ -102,11 +122,106 @@ class Config:
         if x - FLAGS.keys():
             raise SystemExit(f"unknown flags {sorted(x - FLAGS.keys())}: {sorted(FLAGS)}")
         # P is read as a vec<TR>; a row group's lanes shuffle within one 32-lane subgroup
-        if (tr not in (2, 4) or nl not in (2, 4, 8, 16, 32) or bc % nl or br % tr
+        rows_ok = tr in (2, 4) or (sliced and 1 <= tr <= 8)
+        if (not rows_ok or nl not in (2, 4, 8, 16, 32) or bc % nl or br % tr
                 or len(kv) != 2 or set(kv) - {"h", "f"}):
             raise SystemExit(f"config {s!r}: rows a lane 2 or 4, lanes a power of two <= 32 "
                              "dividing the keys, K/V types h or f")
-        return Config(br, bc, tr, nl, kv[0], kv[1], x)
+        if sliced and (H // 4 % nl or bc % nl or nl > 32):
+            raise SystemExit(f"config {s!r}: sliced lanes must divide {H // 4} vec4s and the keys")
+        return Config(br, bc, tr, nl, kv[0], kv[1], x, sliced)
+
+
+def kv_pipeline(c: Config, ks: int, vs: int) -> list[str]:
+    """Both layouts' K/V tiles: the register words, the first tile's loads, then the tile
+    loop's head (its opening line included): the staging stores between two barriers (rows
+    ks / vs vec4s apart in k_s / v_s) and the next tile's loads."""
+    words = c.bc * H // 8                        # 16-byte words of a K (or V) tile
+    lw = -(-words // c.threads)                  # of them a lane
+    L = []
+    for w in range(lw):
+        L.append(f"  var kr{w}: mat2x4<f16>;")
+        L.append(f"  var vr{w}: mat2x4<f16>;")
+    load = []
+    for w in range(lw):
+        idx = f"lid + {w * c.threads}u"
+        guard = f"({idx}) < {words}u" if lw * c.threads > words else "true"
+        load += [f"    if ({guard}) {{",
+                 f"      kr{w} = k[kbase + jn * 16u + {idx}];",
+                 f"      vr{w} = v[kbase + jn * 16u + {idx}];",
+                 "    }"]
+    L += ["  {", "    let jn = 0u;", *load, "  }"]
+    L.append("  for (var t = 0u; t < n_t; t++) {")
+    L.append("    workgroupBarrier();")
+    for w in range(lw if "nostage" not in c.x else 0):
+        idx = f"lid + {w * c.threads}u"
+        guard = f"({idx}) < {words}u" if lw * c.threads > words else "true"
+        kk, kc = f"({idx}) / 16u", f"(({idx}) % 16u) * 2u"
+        L.append(f"    if ({guard}) {{")
+        L.append(f"      let kh = kr{w};")
+        L.append(f"      let vh = vr{w};")
+        for x in range(2):
+            kx = f"vec4<f32>(kh[{x}])" if c.kt == "f" else f"kh[{x}]"
+            vx = f"vec4<f32>(vh[{x}])" if c.vt == "f" else f"vh[{x}]"
+            L.append(f"      k_s[{kk} * {ks}u + {kc} + {x}u] = {kx};")
+            L.append(f"      v_s[{kk} * {vs}u + {kc} + {x}u] = {vx};")
+        L.append("    }")
+    L.append("    workgroupBarrier();")
+    L.append("    if (t + 1u < n_t) {")
+    L.append("      let jn = (t + 1u) * BC;")
+    L += ["  " + x for x in load]
+    L.append("    }")
+    return L
+
+
+def header(c: Config, seq: int, heads: int, kv_heads: int, tint: bool,
+           consts: dict[str, int]) -> list[str]:
+    """Both layouts' first lines: extensions, the shape's constants and ``consts``, the
+    bindings (q, k, v as 16-byte words of f16; the output f32)."""
+    return [
+        "enable f16;",
+        *(["enable subgroups;"] if tint else []),     # naga takes subgroups without it
+        f"const S: u32 = {seq}u;",
+        f"const G: u32 = {heads // kv_heads}u;",
+        f"const NRT: u32 = {seq // c.br}u;",
+        f"const BR: u32 = {c.br}u;",
+        f"const BC: u32 = {c.bc}u;",
+        *(f"const {k}: u32 = {v}u;" for k, v in consts.items()),
+        f"const TH: u32 = {c.threads}u;",
+        "const MASKED: f32 = -3.0e38;",
+        "@group(0) @binding(0) var<storage, read> q: array<mat2x4<f16>>;",
+        "@group(0) @binding(1) var<storage, read> k: array<mat2x4<f16>>;",
+        "@group(0) @binding(2) var<storage, read> v: array<mat2x4<f16>>;",
+        "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;",
+    ]
+
+
+def softmax(tr: int, n: int, name: str, lane: str, lanes: int, xs: int, cols: int) -> list[str]:
+    """Both layouts' online softmax over a lane's n scores {name}{a}_{e} of each of its tr
+    rows (key j0 + lane + lanes * e; the causal mask on the diagonal tile): row maxima over
+    the row group's lanes (xs apart), p = exp2, sums and the cols output vec4s rescaled."""
+    L = []
+    for a in range(tr):
+        L.append(f"    {{ let i = i0 + rg * {tr}u + {a}u;")
+        L.append("      var mx = MASKED;")
+        for e in range(n):
+            L.append(f"      if (diag && j0 + {lane} + {lanes * e}u > i) {{ {name}{a}_{e} = MASKED; }}")
+            L.append(f"      mx = max(mx, {name}{a}_{e});")
+        d = 1
+        while d < lanes:
+            L.append(f"      mx = max(mx, subgroupShuffleXor(mx, {d * xs}u));")
+            d *= 2
+        L.append(f"      let mn = max(m{a}, mx);")
+        L.append(f"      let al = exp2(m{a} - mn);")
+        L.append(f"      m{a} = mn;")
+        L.append(f"      l{a} *= al;")
+        for e in range(n):
+            L.append(f"      {name}{a}_{e} = exp2({name}{a}_{e} - mn);")
+            L.append(f"      l{a} += {name}{a}_{e};")
+        for u in range(cols):
+            L.append(f"      o{a}_{u} *= al;")
+        L.append("    }")
+    return L
 
 
 def kernel(c: Config, seq: int, heads: int, kv_heads: int, tint: bool = True) -> str:
@@ -115,24 +230,9 @@ def kernel(c: Config, seq: int, heads: int, kv_heads: int, tint: bool = True) ->
     kty = "vec4<f32>" if c.kt == "f" else "vec4<f16>"
     vty = "vec4<f32>" if c.vt == "f" else "vec4<f16>"
     pty = f"vec{tr}<f32>"
-    words = c.bc * H // 8                        # 16-byte words of a K (or V) tile
-    lw = -(-words // c.threads)                  # of them a lane
     scale = 1.0 / math.sqrt(H) * math.log2(math.e)
     L = [
-        "enable f16;",
-        *(["enable subgroups;"] if tint else []),     # naga takes subgroups without it
-        f"const S: u32 = {seq}u;",
-        f"const G: u32 = {heads // kv_heads}u;",
-        f"const NRT: u32 = {seq // c.br}u;",
-        f"const BR: u32 = {c.br}u;",
-        f"const BC: u32 = {c.bc}u;",
-        f"const NL: u32 = {nl}u;",
-        f"const TH: u32 = {c.threads}u;",
-        "const MASKED: f32 = -3.0e38;",
-        "@group(0) @binding(0) var<storage, read> q: array<mat2x4<f16>>;",
-        "@group(0) @binding(1) var<storage, read> k: array<mat2x4<f16>>;",
-        "@group(0) @binding(2) var<storage, read> v: array<mat2x4<f16>>;",
-        "@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;",
+        *header(c, seq, heads, kv_heads, tint, {"NL": nl}),
         f"var<workgroup> q_s: array<vec4<f32>, {c.br * qs}u>;",
         f"var<workgroup> k_s: array<{kty}, {c.bc * ks}u>;",
         f"var<workgroup> v_s: array<{vty}, {c.bc * vs}u>;",
@@ -161,38 +261,7 @@ def kernel(c: Config, seq: int, heads: int, kv_heads: int, tint: bool = True) ->
         L.append(f"  var l{a} = 0.0;")
         for u in range(cv):
             L.append(f"  var o{a}_{u} = vec4<f32>(0.0);")
-    for w in range(lw):
-        L.append(f"  var kr{w}: mat2x4<f16>;")     # a 16-byte word: 8 halves
-        L.append(f"  var vr{w}: mat2x4<f16>;")
-    load = []
-    for w in range(lw):
-        idx = f"lid + {w * c.threads}u"
-        guard = f"({idx}) < {words}u" if lw * c.threads > words else "true"
-        load += [f"    if ({guard}) {{",
-                 f"      kr{w} = k[kbase + jn * 16u + {idx}];",
-                 f"      vr{w} = v[kbase + jn * 16u + {idx}];",
-                 "    }"]
-    L += ["  {", "    let jn = 0u;", *load, "  }"]
-    L.append("  for (var t = 0u; t < n_t; t++) {")
-    L.append("    workgroupBarrier();")
-    for w in range(lw if "nostage" not in c.x else 0):
-        idx = f"lid + {w * c.threads}u"
-        guard = f"({idx}) < {words}u" if lw * c.threads > words else "true"
-        kk, kc = f"({idx}) / 16u", f"(({idx}) % 16u) * 2u"
-        L.append(f"    if ({guard}) {{")
-        L.append(f"      let kh = kr{w};")
-        L.append(f"      let vh = vr{w};")
-        for s in range(2):
-            kx = f"vec4<f32>(kh[{s}])" if c.kt == "f" else f"kh[{s}]"
-            vx = f"vec4<f32>(vh[{s}])" if c.vt == "f" else f"vh[{s}]"
-            L.append(f"      k_s[{kk} * {ks}u + {kc} + {s}u] = {kx};")
-            L.append(f"      v_s[{kk} * {vs}u + {kc} + {s}u] = {vx};")
-        L.append("    }")
-    L.append("    workgroupBarrier();")
-    L.append("    if (t + 1u < n_t) {")
-    L.append("      let jn = (t + 1u) * BC;")
-    L += ["  " + x for x in load]
-    L.append("    }")
+    L += kv_pipeline(c, ks, vs)
     # S = Q K^T
     for a in range(tr):
         for e in range(tc):
@@ -209,26 +278,7 @@ def kernel(c: Config, seq: int, heads: int, kv_heads: int, tint: bool = True) ->
     # softmax
     L.append("    let j0 = t * BC;")
     L.append("    let diag = j0 + BC - 1u > i0;")
-    for a in range(tr):
-        L.append(f"    {{ let i = i0 + rg * {tr}u + {a}u;")
-        L.append("      var mx = MASKED;")
-        for e in range(tc):
-            L.append(f"      if (diag && j0 + tx + {nl * e}u > i) {{ s{a}_{e} = MASKED; }}")
-            L.append(f"      mx = max(mx, s{a}_{e});")
-        d = 1
-        while d < nl:
-            L.append(f"      mx = max(mx, subgroupShuffleXor(mx, {d}u));")
-            d *= 2
-        L.append(f"      let mn = max(m{a}, mx);")
-        L.append(f"      let al = exp2(m{a} - mn);")
-        L.append(f"      m{a} = mn;")
-        L.append(f"      l{a} *= al;")
-        for e in range(tc):
-            L.append(f"      s{a}_{e} = exp2(s{a}_{e} - mn);")
-            L.append(f"      l{a} += s{a}_{e};")
-        for u in range(cv):
-            L.append(f"      o{a}_{u} *= al;")
-        L.append("    }")
+    L += softmax(tr, tc, "s", "tx", nl, 1, cv)
     if "b4" in c.x:
         L.append("    workgroupBarrier();")
     sp = "sp" in c.x
@@ -268,6 +318,114 @@ def kernel(c: Config, seq: int, heads: int, kv_heads: int, tint: bool = True) ->
     return "\n".join(L) + "\n"
 
 
+def kernel_sliced(c: Config, seq: int, heads: int, kv_heads: int, tint: bool = True) -> str:
+    """The sliced layout: a row group's NS = c.nl lanes split the head dimension. Lane s of a
+    row group holds vec4s s, s+NS, ... of its TR rows of q in registers (loaded once) and the
+    same output columns; for each key it dots its slices (k_s read as NS consecutive vec4s,
+    one bank wavefront, the other row groups of the subgroup reading the same: broadcast),
+    then NS keys' partial dots are reduce-scattered over the row group by shuffles (lane s
+    ends with key s's whole score). P reaches the PV lanes by shuffles: no P in workgroup
+    memory and two barriers a tile (staging done, readers done). The point: a vec4 loaded
+    from workgroup memory feeds 4 x TR FMAs with nothing else loaded, where the layout of
+    kernel() loads a q and a k vec4 for each 4 x TR x TC."""
+    ns, tr = c.nl, c.tr
+    pair = "pair" in c.x
+    sgw = int(os.environ.get("PROBE_SUBGROUP", "32"))   # the device's subgroup width
+    xs = sgw // ns if pair else 1                 # lane distance between slices s and s+1
+    du = H // 4 // ns                             # vec4 slices a lane (q and output)
+    ng = c.bc // ns                               # groups of NS keys a tile
+    ks = vs = H // 4
+    kty = "vec4<f32>" if c.kt == "f" else "vec4<f16>"
+    vty = "vec4<f32>" if c.vt == "f" else "vec4<f16>"
+    scale = 1.0 / math.sqrt(H) * math.log2(math.e)
+    L = [
+        *header(c, seq, heads, kv_heads, tint,
+                {"NS": ns, "RGW": max(1, sgw // ns), "SGW": sgw}),
+        f"var<workgroup> k_s: array<{kty}, {c.bc * ks}u>;",
+        f"var<workgroup> v_s: array<{vty}, {c.bc * vs}u>;",
+        "",
+        "@compute @workgroup_size(TH)",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,",
+        "        @builtin(subgroup_invocation_id) sgi: u32) {",
+        "  let rt = NRT - 1u - wid.x;               // heavy first",
+        "  let h = wid.y;",
+        "  let kvh = h / G;",
+        "  let i0 = rt * BR;",
+        *(["  let rg = (lid / SGW) * RGW + lid % RGW;   // interleaved (flag pair)",
+           "  let s = (lid % SGW) / RGW;",
+           "  let base = sgi % RGW;                      // the row group's first lane"]
+          if pair else
+          ["  let rg = lid / NS;",
+           "  let s = lid % NS;",
+           "  let base = sgi - s;                       // the row group's first lane"]),
+        "  let kbase = kvh * S * 16u;",
+        "  let n_t = (i0 + BR + BC - 1u) / BC;",
+    ]
+    for a in range(tr):
+        L.append(f"  let row{a} = h * S + i0 + rg * {tr}u + {a}u;")
+        for u in range(du):
+            L.append(f"  let qc{a}_{u} = s + {ns * u}u;")
+            L.append(f"  let qg{a}_{u} = q[row{a} * 16u + qc{a}_{u} / 2u];")
+            L.append(f"  let q{a}_{u} = vec4<f32>(qg{a}_{u}[qc{a}_{u} % 2u]) * {scale!r};")
+            L.append(f"  var o{a}_{u} = vec4<f32>(0.0);")
+        L.append(f"  var m{a} = MASKED;")
+        L.append(f"  var l{a} = 0.0;")
+    L += kv_pipeline(c, ks, vs)
+    L.append("    let j0 = t * BC;")
+    L.append("    let diag = j0 + BC - 1u > i0;")
+    noqk = "noqk" in c.x
+    for a in range(tr):
+        for g in range(ng):
+            L.append(f"    var sc{a}_{g}: f32;")
+    for g in range(ng):
+        # partial dots of the group's NS keys, then reduce-scatter: lane s keeps key s
+        L.append("    {")
+        for a in range(tr):
+            for e in range(ns):
+                L.append(f"    var x{a}_{e} = 0.0;")
+        for e in range(ns if not noqk else 0):
+            key = g * ns + e
+            for u in range(du):
+                kx = f"k_s[{key * ks}u + s + {ns * u}u]"
+                L.append(f"    let k{e}_{u} = {kx if c.kt == 'f' else f'vec4<f32>({kx})'};")
+            for a in range(tr):
+                L.append(f"    x{a}_{e} += " + " + ".join(f"dot(q{a}_{u}, k{e}_{u})"
+                                                         for u in range(du)) + ";")
+        half = ns // 2
+        while half >= 1:
+            L.append(f"    {{ let hi = (s & {half}u) != 0u;")
+            for a in range(tr):
+                for i in range(half):
+                    lo_, hi_ = f"x{a}_{i}", f"x{a}_{i + half}"
+                    L.append(f"      {{ let snd = select({hi_}, {lo_}, hi); "
+                             f"{lo_} = select({lo_}, {hi_}, hi) + subgroupShuffleXor(snd, {half * xs}u); }}")
+            L.append("    }")
+            half //= 2
+        for a in range(tr):
+            L.append(f"    sc{a}_{g} = x{a}_0;")
+        L.append("    }")
+    L += softmax(tr, ng, "sc", "s", ns, xs, du)
+    for j in range(c.bc if "nopv" not in c.x else 0):
+        g, e = divmod(j, ns)
+        for a in range(tr):
+            L.append(f"    let p{a}_{j} = subgroupShuffle(sc{a}_{g}, base + {e * xs}u);")
+        for u in range(du):
+            vx = f"v_s[{j * vs}u + s + {ns * u}u]"
+            L.append(f"    let v{j}_{u} = {vx if c.vt == 'f' else f'vec4<f32>({vx})'};")
+            for a in range(tr):
+                L.append(f"    o{a}_{u} += p{a}_{j} * v{j}_{u};")
+    L.append("  }")
+    for a in range(tr):
+        d = 1
+        while d < ns:
+            L.append(f"  l{a} += subgroupShuffleXor(l{a}, {d * xs}u);")
+            d *= 2
+        for u in range(du):
+            L.append(f"  out[row{a} * {H // 4}u + s + {ns * u}u] = o{a}_{u} / l{a};")
+    L.append("}")
+    return "\n".join(L) + "\n"
+
+
 def _median(dev: Any, pipe: Any, group: Any, grid: tuple[int, int, int], repeats: int,
             samples: int) -> float:
     return statistics.median(gemm_probe.pass_times(dev, pipe, group, grid, repeats, samples))
@@ -294,7 +452,8 @@ def run(dev: Any, c: Config, seq: int, heads: int = 32, kv_heads: int = 8,
     q = rng.standard_normal((heads, seq, H)).astype(np.float16)
     k = rng.standard_normal((kv_heads, seq, H)).astype(np.float16)
     v = rng.standard_normal((kv_heads, seq, H)).astype(np.float16)
-    src = kernel(c, seq, heads, kv_heads, isinstance(dev, ddevice.DawnDevice))
+    src = (kernel_sliced if c.sliced else kernel)(c, seq, heads, kv_heads,
+                                                   isinstance(dev, ddevice.DawnDevice))
     pipe = dev.compile(f"sprefill_probe[{c.text()},{seq}]", src, ("read",) * 3 + ("rw",))
     n_out = heads * seq * H * 4
     bufs, bg = wgsl_probe_io.bind(dev, (q, k, v), (n_out,))
