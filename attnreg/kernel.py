@@ -109,6 +109,9 @@ class KernelInfo:
     params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     defaults: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     choices: Mapping[str, tuple[Any, ...]] = field(default_factory=lambda: _EMPTY)  # tunable values
+    # Values a rule or a user may set that `attnreg tune` does not sweep (forms that pay on
+    # some devices only, chosen there by rules with their measurements)
+    options: Mapping[str, tuple[Any, ...]] = field(default_factory=lambda: _EMPTY)
     workgroup_storage: Callable[[AttentionSpec, Mapping[str, Any]], int] | None = None
     max_seq_len: int | None = None
     device_types: frozenset[str] | None = None                   # None = any
@@ -154,7 +157,7 @@ class KernelInfo:
     def takes(self, name: str) -> bool:
         """Whether ``name`` is a parameter of this kernel (one the caller may set)."""
         if name in self.params or name in self.defaults or name in self.choices \
-                or name in self.emulation:
+                or name in self.options or name in self.emulation:
             return True
         if self.family == "reduce":
             return name == "n_splits"

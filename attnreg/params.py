@@ -27,8 +27,9 @@ def declared(kernels: Iterable[KernelInfo]) -> dict[str, set[Any]]:
         for src in (k.params, k.defaults, k.emulation):
             for name, value in src.items():
                 out.setdefault(name, set()).add(value)
-        for name, values in k.choices.items():
-            out.setdefault(name, set()).update(values)
+        for src2 in (k.choices, k.options):
+            for name, values in src2.items():
+                out.setdefault(name, set()).update(values)
     return out
 
 

@@ -72,11 +72,11 @@ SCALAR_NO_FAST_LOGITS: list[Edit] = [
 # each undone: the p_s barrier on a staged tile's first step too; the full
 # steps' V values through step_values' per-unit tests; the row reductions' shuffles held to
 # SHUFFLE_LANES (workgroup memory for the rest) whatever the dispatch's subgroup size.
-SCALAR_P_BARRIER: Edit = ("flash_prefill", "if (STAGED == 0u || st > 0u) {", "if (true) {")
+SCALAR_P_BARRIER: Edit = ("flash_prefill", "if ((STAGED == 0u || st > 0u) && !p_shuffled) {",
+                          "if (!p_shuffled) {")
 SCALAR_STEP_VALUES: Edit = ("flash_prefill_steps",
                             "if (STAGED == 0u || OUT_UNITS % ROW_LANES != 0u) {", "if (true) {")
-SCALAR_NARROW: Edit = ("flash_prefill", "let wide = subgroup_lanes(li) >= ROW_LANES;",
-                       "let wide = false;")
+SCALAR_NARROW: Edit = ("flash_prefill", "let wide = sg >= ROW_LANES;", "let wide = false;")
 # the logits of attn_common.wgsl's logit (its per-score feature tests) instead of plain_logit
 FULL_LOGITS: list[Edit] = [NO_FAST_LOGITS,
                            ("mma_common", "if (PLAIN_LOGITS == 1u) {", "if (false) {")]
@@ -143,6 +143,16 @@ QK_INTERLEAVED: list[Edit] = [
 # the direct form's tiles most variants are built with: NVIDIA's (rule
 # dawn_matrix_prefill_rows_nvidia)
 Q128: dict[str, Any] = {"mma": "hardware", "q_tile": 128, "kv_tile": 32}
+# The sliced prefill's weights through p_s and its barriers, as the keys layout takes them,
+# instead of shuffled from the lanes that own their keys
+P_MEMORY: Edit = ("flash_prefill", "let p_shuffled = sliced && LANE_KEYS <= 2u;",
+                  "let p_shuffled = false;")
+SHOWN = ("q_tile", "kv_tile", "form", "qk_layout", "kv_stage", "row_lanes")
+SCALAR = "dawn.prefill.f16.sg"
+KEYS: dict[str, Any] = {"kv_staging": "workgroup", "qk_layout": "keys", "kv_stage": "native",
+                        "row_lanes": 16, "q_tile": 32, "rows_per_thread": 2}
+SLICED: dict[str, Any] = {"kv_staging": "workgroup", "qk_layout": "sliced", "kv_stage": "f32",
+                          "row_lanes": 8, "q_tile": 64, "rows_per_thread": 2}
 # label -> (kernel or None for the scalar plan, params, source edits)
 VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
@@ -154,6 +164,19 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar-narrow-shuffles": (None, {}, [SCALAR_NARROW]),
     "scalar-before-ninth": (None, {}, [SCALAR_NO_PLAIN, SCALAR_P_BARRIER, SCALAR_STEP_VALUES,
                                        SCALAR_NARROW]),
+    # the scalar prefill's layouts (rule dawn_sliced_prefill_nvidia picks "sliced" params)
+    "scalar-keys": (SCALAR, KEYS, []),
+    "scalar-keys-f32": (SCALAR, {**KEYS, "kv_stage": "f32"}, []),
+    "scalar-sliced": (SCALAR, SLICED, []),
+    "scalar-sliced-native": (SCALAR, {**SLICED, "kv_stage": "native"}, []),
+    "scalar-sliced-q32": (SCALAR, {**SLICED, "q_tile": 32}, []),
+    "scalar-sliced-q128": (SCALAR, {**SLICED, "q_tile": 128}, []),
+    "scalar-sliced-kv16": (SCALAR, {**SLICED, "kv_tile": 16}, []),
+    "scalar-sliced-step16": (SCALAR, {**SLICED, "max_k_step": 16}, []),
+    "scalar-sliced-q128-kv32-step16": (SCALAR, {**SLICED, "q_tile": 128, "kv_tile": 32,
+                                                "max_k_step": 16}, []),
+    "scalar-sliced-p-memory": (SCALAR, SLICED, [P_MEMORY]),
+    "scalar-sliced-q128-p-memory": (SCALAR, {**SLICED, "q_tile": 128}, [P_MEMORY]),
     "staged-q32-kv32": (STAGED, {"mma": "hardware"}, []),
     "staged-no-rotation": (STAGED, {"mma": "hardware"}, [NO_ROTATION]),
     "direct-q128-kv32": (DIRECT, Q128, []),
@@ -179,6 +202,25 @@ PHASES: dict[str, list[Edit]] = {
 }
 
 
+# The scalar prefill's phases (the sliced plan: rule dawn_sliced_prefill_nvidia), each edit
+# wrong values: the sliced QK's dots and their K loads out (the reduce-scatter kept); the PV
+# loops run no key; the K/V tiles never stored (their loads dead).
+SCALAR_NO_QK: Edit = ("flash_prefill", "if (SLICE_VEC4S * ROW_LANES == QK_VEC4S || c < QK_VEC4S) {",
+                      "if (false) {")
+SCALAR_NO_PV: list[Edit] = [
+    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let vv = full_values",
+     "for (var jj = 0u; jj < 0u; jj++) {\n          let vv = full_values"),
+    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let j = js + jj;",
+     "for (var jj = 0u; jj < 0u; jj++) {\n          let j = js + jj;")]
+SCALAR_NO_STAGING: list[Edit] = [
+    ("flash_prefill", "stage_k(lid + u * THREADS, kr[u]);", ""),
+    ("flash_prefill", "stage_v(lid + u * THREADS, vr[u]);", "")]
+SCALAR_PHASES: dict[str, list[Edit]] = {
+    "full kernel": [], "no QK dots (K loads out)": [SCALAR_NO_QK], "no PV": SCALAR_NO_PV,
+    "neither": [SCALAR_NO_QK, *SCALAR_NO_PV],
+    "neither, no K/V staging": [SCALAR_NO_QK, *SCALAR_NO_PV, *SCALAR_NO_STAGING]}
+
+
 def _run(dev: str, spec: attnreg.AttentionSpec, t: Mapping[str, Any], want: Any,
          kernel: str | None, params: dict[str, Any], iters: int) -> tuple[float, float, str]:
     """(median us, max error, the stage's kernel and params)."""
@@ -190,7 +232,7 @@ def _run(dev: str, spec: attnreg.AttentionSpec, t: Mapping[str, Any], want: Any,
         plan = s.plan(spec, **kw)
         err, _ = testing.compare(spec, s.run(spec, t, **kw), want)
         st = plan.stages[0]
-        shown = {k: v for k, v in st.params.items() if k in ("q_tile", "kv_tile", "form")}
+        shown = {k: v for k, v in st.params.items() if k in SHOWN}
         return _median_us(s, plan, t, iters), err, f"{' -> '.join(plan.kernels)} {shown}"
 
 
@@ -237,12 +279,13 @@ def _side_by_side(dev: str, seqs: list[int], labels: list[str], iters: int, roun
     return best
 
 
-def _phases(dev: str, n: int, label: str, iters: int) -> None:
+def _phases(dev: str, n: int, label: str, iters: int,
+            table: Mapping[str, list[Edit]] = PHASES) -> None:
     spec = attnreg.AttentionSpec(batch=1, seq_len=n, **GQA)
     t = testing.make_tensors(spec, 0)
     want = testing.expected(spec, t)
     print(f"\nphases of {label}, S={n}:", flush=True)
-    for phase, edits in PHASES.items():
+    for phase, edits in table.items():
         try:
             us, err, _ = _run_edited(dev, spec, t, want, label, edits, iters)
             print(f"  {phase:34s} {us:9.1f} us  max err {err:.2g}", flush=True)
@@ -262,6 +305,8 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="printed before each line (which tree)")
     ap.add_argument("--phases", type=int, default=2048, help="length of the phase account "
                     "(0: none)")
+    ap.add_argument("--scalar-phases", type=int, default=0, help="length of the scalar "
+                    "prefill's phase account (the plan of matrix_units=off; 0: none)")
     ap.add_argument("--any-device", action="store_true", help="run on a CPU adapter too "
                     "(lavapipe: checks the script, with the emulated builds)")
     ap.add_argument("--emulate", action="store_true", help="the matrix kernels' emulated "
@@ -282,6 +327,8 @@ def main() -> int:
                          args.iters, args.rounds, args.tag + " " if args.tag else "", args.batch)
     if args.phases and args.phases in best:
         _phases(devs[0].id, args.phases, best[args.phases], args.iters)
+    if args.scalar_phases:
+        _phases(devs[0].id, args.scalar_phases, "scalar", args.iters, SCALAR_PHASES)
     return 0
 
 

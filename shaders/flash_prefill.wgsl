@@ -16,7 +16,9 @@
 //     memory (o_s, each lane its own entries), the other REG_SLOTS in registers; O_SPLIT 0:
 //     all LANE_SLOTS in registers;
 //   BLOCKS 1: units are the listed blocks of the masked-block list (block_skip), each with
-//     its all-zero flag (the bias is not loaded for those), instead of every unit in span.
+//     its all-zero flag (the bias is not loaded for those), instead of every unit in span;
+//   SLICED 1 (qk_layout "sliced", STAGED 1): the row group's lanes split the head dimension
+//     for QK^T (flash_prefill_steps.wgsl says how), KV_F32 1: K/V staged as f32.
 // An output unit is OUT_UNIT vec4 columns: one vec4 (STAGED 1, read from v_s) or one load
 // granule (STAGED 0, read from v); OUT_UNITS of them make v's row, and so the output's, of V_DIM
 // elements (v_head_size); q's and k's are QK_DIM. Row maxima and sums are combined over the
@@ -26,7 +28,7 @@
 // Prefix constants: Q_TILE, KV_TILE, K_STEP, STEPS (steps per unit), ROWS_PER_LANE, ROW_LANES,
 // SHUFFLE_LANES, PREFETCH, STAGED, STAGED_KEYS (k_s / v_s rows: KV_TILE, or 1 when direct),
 // O_SPLIT, OUT_UNIT, OUT_UNITS, LANE_UNITS, LANE_SLOTS, REG_SLOTS, WG_SLOTS, O_S_SIZE (o_s's
-// length).
+// length), SLICED, SLICE_LEVELS (log2 ROW_LANES where SLICED, else 0), KV_F32.
 //
 // main is one body of about 290 lines, past the 80 lines a function that the house rules set:
 // a measured exception (#34). Splits of it were slower on the H100 (Dawn: Tint's SPIR-V on
@@ -61,8 +63,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let b = w.b;
   let kvh = w.kvh;
   let sq = w.seq;
-  let ty = lid / ROW_LANES;
-  let tx = lid % ROW_LANES;
+  let sg = subgroup_lanes(li);
+  let wide = sg >= ROW_LANES;     // rows_reduce's shuffles span a row group
+  // SLICED's QK where the subgroups hold whole row groups (and the workgroup whole subgroups)
+  let sliced = SLICED == 1u && wide && THREADS % sg == 0u;
+  let xs = select(1u, sg / ROW_LANES, sliced);    // lane distance from tx to tx+1 (uniform)
+  let place = lane_place(lid, sg, sliced);
+  let ty = place.x;
+  let tx = place.y;
+  // SLICED with at most two keys a lane a step: the weights reach the PV lanes by shuffles
+  // from the lanes that own their keys, not through p_s and its two barriers a step (a
+  // select per key a lane holds picks the value to send). H200, Dawn, 128 rows and 16-key
+  // steps (2 keys a lane): S=2048 1591-1595 us against 1644-1646 through p_s, S=1024
+  // 453-454 either way; 64 rows and 32-key steps (4 keys a lane): S=512 165.5-166.3 against
+  // 153.0-153.2, so those keep p_s (ci/results/h200_wgsl_sliced_prefill.txt, call 6). The
+  // rule's 16-key steps (2 keys a lane) then took 138.0-138.2 (call 7).
+  // lane0: the row group's first lane in the subgroup.
+  let p_shuffled = sliced && LANE_KEYS <= 2u;
+  let lane0 = (lid % sg) % xs;
   let i0 = w.i0;
   let span = w.span;
   let seen_all = common_span(sq, i0, min(i0 + Q_TILE, P.seq_len) - 1u);
@@ -72,12 +90,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
   let lo = u32(span.x);
   let hi = u32(span.y);
-  let wide = subgroup_lanes(li) >= ROW_LANES;     // rows_reduce's shuffles span a row group
 
   for (var u = 0u; u < (Q_TILE * QK_GRANULES + THREADS - 1u) / THREADS; u++) {
     let idx = lid + u * THREADS;
-    if (idx >= Q_TILE * QK_GRANULES) {
-      break;
+    if (SLICED == 1u || idx >= Q_TILE * QK_GRANULES) {
+      break;                              // SLICED: q is read into registers below
     }
     let r = idx / QK_GRANULES;
     let g = idx % QK_GRANULES;
@@ -90,6 +107,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
   }
   workgroupBarrier();     // q_s is read by every lane (STAGED 0 has no staging barrier first)
+  // SLICED: the lane's vec4s tx, tx+ROW_LANES, ... of its rows' q, scaled
+  var qr: array<array<vec4<f32>, SLICE_VEC4S>, ROWS_PER_LANE>;
+  for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+    for (var u = 0u; u < SLICE_VEC4S; u++) {  // @unroll
+      qr[a][u] = vec4<f32>(0.0);
+      let r = i0 + ty * ROWS_PER_LANE + a;
+      let c = tx + ROW_LANES * u;
+      if (sliced && r < sq.rows && c < QK_VEC4S) {
+        qr[a][u] = q_vec(b, h, r, c);
+      }
+    }
+  }
 
   var m: array<f32, ROWS_PER_LANE>;
   var l: array<f32, ROWS_PER_LANE>;
@@ -195,14 +224,67 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           sc[a][e] = 0.0;
         }
       }
-      if (STAGED == 1u) {
+      if (STAGED == 1u && sliced) {
+        // group g of ROW_LANES keys: every lane's partial dots of all of them over its slice,
+        // then reduce-scattered (level lv halves the keys a lane keeps: the upper half where
+        // tx's bit says so), ending with key g * ROW_LANES + tx whole in x[a][0]
+        // (KEY_GROUPS is LANE_KEYS here: its copies may pass the unroller's size cap, and sc
+        // is then written by a compare per group below, never at a run-time index)
+        for (var g = 0u; g < KEY_GROUPS; g++) {  // @unroll
+          var x: array<array<f32, SLICE_LANES>, ROWS_PER_LANE>;
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+            for (var e = 0u; e < SLICE_LANES; e++) {  // @unroll
+              x[a][e] = 0.0;
+            }
+          }
+          for (var e = 0u; e < SLICE_LANES; e++) {  // @unroll
+            let kr = (st * K_STEP + g * ROW_LANES + e) * K_STRIDE;
+            for (var u = 0u; u < SLICE_VEC4S; u++) {  // @unroll
+              let c = tx + ROW_LANES * u;
+              if (SLICE_VEC4S * ROW_LANES == QK_VEC4S || c < QK_VEC4S) {
+                let kv = k_at(kr + c);
+                for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+                  x[a][e] += dot(qr[a][u], kv);
+                }
+              }
+            }
+          }
+          for (var lv = 0u; lv < SLICE_LEVELS; lv++) {  // @unroll
+            let half = ROW_LANES >> (lv + 1u);
+            let upper = (tx & half) != 0u;
+            for (var i = 0u; i < SLICE_LANES / 2u; i++) {  // @unroll
+              if (i < half) {
+                for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+                  let keep = select(x[a][i], x[a][i + half], upper);
+                  let give = select(x[a][i + half], x[a][i], upper);
+                  x[a][i] = keep + lane_xor(give, half * xs);
+                }
+              }
+            }
+          }
+          for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+            for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
+              sc[a][e] = select(sc[a][e], x[a][0], e == g);
+            }
+          }
+        }
+      } else if (STAGED == 1u) {
         for (var c = 0u; c < QK_VEC4S; c++) {
           var kc: array<vec4<f32>, LANE_KEYS>;
           for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
-            kc[e] = ts_f32(k_s[(st * K_STEP + tx + ROW_LANES * e) * K_STRIDE + c]);
+            kc[e] = k_at((st * K_STEP + tx + ROW_LANES * e) * K_STRIDE + c);
           }
           for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
-            let qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + c];
+            var qa: vec4<f32>;
+            if (SLICED == 1u) {   // subgroups narrower than a row group: q from memory
+              qa = vec4<f32>(0.0);
+              let r = i0 + ty * ROWS_PER_LANE + a;
+              if (r < sq.rows) {
+                qa = q_vec(b, h, r, c);
+              }
+            } else {
+              qa = q_s[(ty * ROWS_PER_LANE + a) * QK_VEC4S + c];
+            }
             for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
               sc[a][e] += dot(qa, kc[e]);
             }
@@ -260,8 +342,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         mx[a] = best;
       }
-      mx = rows_reduce(mx, ty, tx, true, wide);
-      if (STAGED == 0u || st > 0u) {
+      mx = rows_reduce(mx, ty, tx, true, wide, xs);
+      if ((STAGED == 0u || st > 0u) && !p_shuffled) {
         workgroupBarrier();   // the previous step's readers are done with p_s (a staged
       }                       // tile's first step: its staging barriers saw to that; 9 us
                               // of 2110 at S=2048 on the H200)
@@ -276,7 +358,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
           let p = weight_of(sc[a][e], m_use);
           psum += p;
-          p_s[(ty * ROWS_PER_LANE + a) * K_STEP + tx + ROW_LANES * e] = p;
+          sc[a][e] = p;
+          if (!p_shuffled) {
+            p_s[(ty * ROWS_PER_LANE + a) * K_STEP + tx + ROW_LANES * e] = p;
+          }
         }
         l[a] = l[a] * alpha + psum;
         for (var c = 0u; c < O_REGS; c++) {  // @unroll
@@ -286,7 +371,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           o_s[osi(ty * ROWS_PER_LANE + a, tx, c)] *= alpha;
         }
       }
-      workgroupBarrier();
+      if (!p_shuffled) {
+        workgroupBarrier();   // p_s written
+      }
 
       // O += P V over the step's keys; the lane's output units are tx, tx+ROW_LANES, ... A step
       // on the causal diagonal or the window's edge adds only the keys each row sees.
@@ -294,7 +381,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var jj = 0u; jj < K_STEP; jj++) {
           let vv = full_values(st, jj, js + jj, tx, b, kvh, lo, hi);
           for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
-            let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
+            let p = step_weight(sc[a], ty * ROWS_PER_LANE + a, jj, p_shuffled, lane0, xs);
             for (var c = 0u; c < REG_SLOTS; c++) {  // @unroll
               o[a][c] += p * vv[c];
             }
@@ -309,10 +396,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           let j = js + jj;
           let vv = step_values(st, jj, j, tx, b, kvh, lo, hi);
           for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+            // (shuffled in uniform control flow, before the branch)
+            let p = step_weight(sc[a], ty * ROWS_PER_LANE + a, jj, p_shuffled, lane0, xs);
             // a branch per (key, row), not a select per element: the edge steps then
             // cost what the full ones do
             if (i32(j) >= rk[a].x && i32(j) < rk[a].y) {
-              let p = p_s[(ty * ROWS_PER_LANE + a) * K_STEP + jj];
               for (var c = 0u; c < REG_SLOTS; c++) {  // @unroll
                 o[a][c] += p * vv[c];
               }
@@ -328,7 +416,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
 
   // Each lane summed only its own columns: the row sum is the sum over the row group.
-  l = rows_reduce(l, ty, tx, false, wide);
+  l = rows_reduce(l, ty, tx, false, wide, xs);
   for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
     let i = i0 + ty * ROWS_PER_LANE + a;
     if (i < P.seq_len) {

@@ -12,9 +12,34 @@ const V_LOADS: u32 = (KV_TILE * V_GRANULES + THREADS - 1u) / THREADS;
 const AHEAD: u32 = PREFETCH * STAGED;           // tiles in flight ahead of the compute
 const O_REGS: u32 = max(REG_SLOTS, 1u);         // register accumulator vec4s per row
 
-var<workgroup> q_s: array<vec4<f32>, Q_TILE * QK_VEC4S>;
-var<workgroup> k_s: array<TS, STAGED_KEYS * K_STRIDE>;
-var<workgroup> v_s: array<TS, STAGED_KEYS * V_VEC4S>;
+// SLICED (tiles.py's qk_layout "sliced", STAGED 1 only): where this dispatch's subgroups hold
+// whole row groups, a row group's ROW_LANES lanes split the head dimension instead of the keys:
+// lane tx holds vec4s tx, tx+ROW_LANES, ... (SLICE_VEC4S of them) of its rows' q in registers
+// and dots them with every key of a step; NS keys' partial dots are then reduce-scattered over
+// the row group by shuffles, so the lane ends with the whole scores of keys tx, tx+ROW_LANES,
+// ..., the keys it owns in the other layout, and the softmax and PV go on as there. Each K
+// vec4 read from workgroup memory then feeds 4 x ROWS_PER_LANE FMAs with no q read beside it,
+// and the row groups of a subgroup are interleaved (pair_lanes) so that lanes n and n^1 read
+// the same K or V address, which NVIDIA returns in half the cycles
+// (bench/wgsl_scalar_prefill_probe.py; ci/results/h200_wgsl_sliced_prefill.txt).
+// q then needs no workgroup memory (q_s shrinks to one entry). Where the subgroups are
+// narrower than a row group, the lanes own keys as in the other layout and read q from memory.
+// KV_F32 (kv_stage "f32"): K/V tiles are staged as f32 (k_s32, v_s32), converted once at
+// staging instead of at every read.
+// The sliced QK's loop bounds, 1 where SLICED is 0 (so the program builder's unrolled copies
+// of a block that never runs stay small: lavapipe compiles every line)
+const KEY_GROUPS: u32 = 1u + SLICED * (LANE_KEYS - 1u);       // groups of ROW_LANES keys a step
+const SLICE_LANES: u32 = 1u + SLICED * (ROW_LANES - 1u);      // keys a group
+const SLICE_VEC4S: u32 = 1u + SLICED * ((QK_VEC4S + ROW_LANES - 1u) / ROW_LANES - 1u);  // q vec4s a lane
+const Q_S_SIZE: u32 = select(Q_TILE * QK_VEC4S, 1u, SLICED == 1u);
+const KS_KEYS: u32 = select(STAGED_KEYS, 1u, KV_F32 == 1u);         // rows of k_s / v_s
+const KS32_KEYS: u32 = select(1u, STAGED_KEYS, KV_F32 == 1u);       // rows of k_s32 / v_s32
+
+var<workgroup> q_s: array<vec4<f32>, Q_S_SIZE>;
+var<workgroup> k_s: array<TS, KS_KEYS * K_STRIDE>;
+var<workgroup> v_s: array<TS, KS_KEYS * V_VEC4S>;
+var<workgroup> k_s32: array<vec4<f32>, KS32_KEYS * K_STRIDE>;
+var<workgroup> v_s32: array<vec4<f32>, KS32_KEYS * V_VEC4S>;
 var<workgroup> p_s: array<f32, Q_TILE * K_STEP>;
 var<workgroup> red_s: array<f32, Q_TILE * LANE_GROUPS>;
 var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
@@ -25,9 +50,19 @@ var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
 // ROW_LANES, uniform), so shuffles finish the job past SHUFFLE_LANES and workgroup memory is
 // not needed (NVIDIA: 16 lanes a row group in 32-lane subgroups; Dawn on the H200, S=2048:
 // 2108-2111 us against 2146-2150 held to SHUFFLE_LANES, h200_wgsl_scalar_prefill.txt).
-fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool, wide: bool
-               ) -> array<f32, ROWS_PER_LANE> {
+// xs: the lane distance between tx and tx+1 (pair_lanes; 1 unless wide).
+fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool, wide: bool,
+               xs: u32) -> array<f32, ROWS_PER_LANE> {
   var r = x;
+  if (wide) {
+    for (var s = 1u; s < ROW_LANES; s = s << 1u) {
+      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
+        let y = lane_xor(r[a], s * xs);
+        r[a] = select(r[a] + y, max(r[a], y), is_max);
+      }
+    }
+    return r;
+  }
   for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
     if (is_max) {
       r[a] = lane_max(r[a]);
@@ -35,14 +70,7 @@ fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool, wid
       r[a] = lane_sum(r[a]);
     }
   }
-  if (wide) {
-    for (var s = SHUFFLE_LANES; s < ROW_LANES; s = s << 1u) {
-      for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
-        let y = lane_xor(r[a], s);
-        r[a] = select(r[a] + y, max(r[a], y), is_max);
-      }
-    }
-  } else if (LANE_GROUPS > 1u) {
+  if (LANE_GROUPS > 1u) {
     if (tx % SHUFFLE_LANES == 0u) {
       for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         red_s[(ty * ROWS_PER_LANE + a) * LANE_GROUPS + tx / SHUFFLE_LANES] = r[a];
@@ -73,7 +101,11 @@ fn stage_k(idx: u32, kg: GV) {
   if (idx < KV_TILE * QK_GRANULES) {
     let ks = tile_at(idx, K_STRIDE, QK_GRANULES);
     for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
-      k_s[ks + s] = ts_part(kg, s);
+      if (KV_F32 == 1u) {
+        k_s32[ks + s] = vec4<f32>(g_part(kg, s));
+      } else {
+        k_s[ks + s] = ts_part(kg, s);
+      }
     }
   }
 }
@@ -82,9 +114,62 @@ fn stage_v(idx: u32, vg: GV) {
   if (idx < KV_TILE * V_GRANULES) {
     let vs = tile_at(idx, V_VEC4S, V_GRANULES);
     for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
-      v_s[vs + s] = ts_part(vg, s);
+      if (KV_F32 == 1u) {
+        v_s32[vs + s] = vec4<f32>(g_part(vg, s));
+      } else {
+        v_s[vs + s] = ts_part(vg, s);
+      }
     }
   }
+}
+
+// The weight of step key jj for local row r: from p_s, or (shuffled, SLICED) from the lane of
+// r's row group that owns key jj (lane0 + (jj % ROW_LANES) * xs), which holds it in its
+// ws[jj / ROW_LANES]. shuffled is uniform, and so is jj: call in uniform control flow.
+fn step_weight(ws: array<f32, LANE_KEYS>, r: u32, jj: u32, shuffled: bool, lane0: u32,
+               xs: u32) -> f32 {
+  if (!shuffled) {
+    return p_s[r * K_STEP + jj];
+  }
+  var mine = 0.0;
+  for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
+    mine = select(mine, ws[e], jj / ROW_LANES == e);
+  }
+  return lane_shuffle(mine, lane0 + (jj % ROW_LANES) * xs);
+}
+
+// vec4 c of query row i of head h, batch b, scaled (SLICED reads q straight from memory).
+fn q_vec(b: u32, h: u32, i: u32, c: u32) -> vec4<f32> {
+  let gv = load_q(q_granule(b, h, i) + c / GRANULE_VEC4S);
+  return vec4<f32>(g_part(gv, c % GRANULE_VEC4S)) * P.scale;
+}
+
+// Staged K vec4 i (K_STRIDE rows) and V vec4 i (V_VEC4S rows) as f32, from the tile KV_F32 picks.
+fn k_at(i: u32) -> vec4<f32> {
+  if (KV_F32 == 1u) {
+    return k_s32[i];
+  }
+  return ts_f32(k_s[i]);
+}
+
+fn v_at(i: u32) -> vec4<f32> {
+  if (KV_F32 == 1u) {
+    return v_s32[i];
+  }
+  return ts_f32(v_s[i]);
+}
+
+// (row group, lane in it, lane distance between tx and tx+1) of invocation lid. SLICED where
+// wide: the RGW = sg / ROW_LANES row groups of a subgroup interleaved, lane = tx * RGW + group,
+// so lanes n and n^1 (same tx, other rows) read the same staged K/V address; otherwise
+// consecutive lanes. Lanes of a subgroup are taken to be consecutive invocations, as
+// rows_reduce's shuffles take them.
+fn lane_place(lid: u32, sg: u32, wide: bool) -> vec3<u32> {
+  if (SLICED == 1u && wide) {
+    let rgw = sg / ROW_LANES;
+    return vec3<u32>((lid / sg) * rgw + lid % rgw, (lid % sg) / rgw, rgw);
+  }
+  return vec3<u32>(lid / ROW_LANES, lid % ROW_LANES, 1u);
 }
 
 // The lane's output units (tx, tx+ROW_LANES, ...) of the value of key j, step key jj of step st:
@@ -99,7 +184,7 @@ fn step_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
     }
     if (un < OUT_UNITS) {
       if (STAGED == 1u) {
-        vv[c] = ts_f32(v_s[(st * K_STEP + jj) * V_VEC4S + un]);
+        vv[c] = v_at((st * K_STEP + jj) * V_VEC4S + un);
       } else if (j >= lo && j < hi) {
         let gv = load_v(v_granule(b, kvh, j) + un);
         for (var s = 0u; s < OUT_UNIT; s++) {  // @unroll
@@ -121,7 +206,7 @@ fn full_values(st: u32, jj: u32, j: u32, tx: u32, b: u32, kvh: u32, lo: u32, hi:
   }
   var vv: array<vec4<f32>, LANE_SLOTS>;
   for (var c = 0u; c < LANE_UNITS; c++) {  // @unroll
-    vv[c] = ts_f32(v_s[(st * K_STEP + jj) * V_VEC4S + tx + ROW_LANES * c]);
+    vv[c] = v_at((st * K_STEP + jj) * V_VEC4S + tx + ROW_LANES * c);
   }
   return vv;
 }

@@ -74,6 +74,9 @@ fn subgroup_lanes(li: LaneInfo) -> u32 {
 fn lane_xor(x: f32, s: u32) -> f32 {
   return subgroupShuffleXor(x, s);
 }
+fn lane_shuffle(x: f32, id: u32) -> f32 {
+  return subgroupShuffle(x, id);
+}
 fn lane_max(x: f32) -> f32 {
   var v = x;
   for (var s = 1u; s < SHUFFLE_LANES; s = s << 1u) {
@@ -99,6 +102,9 @@ fn subgroup_lanes(li: LaneInfo) -> u32 {
   return 1u;
 }
 fn lane_xor(x: f32, s: u32) -> f32 {
+  return x;
+}
+fn lane_shuffle(x: f32, id: u32) -> f32 {
   return x;
 }
 fn lane_max(x: f32) -> f32 {

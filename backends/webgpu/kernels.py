@@ -21,10 +21,13 @@ from .tiles import (
     DECODE_PARTIAL_CHOICES,
     DECODE_STAGING,
     DIRECT_MAX_REGS,
+    KV_STAGE,
     KV_STAGING,
     OUT_TILE,
     PREFILL_CHOICES,
     PREFILL_DEFAULTS,
+    PREFILL_OPTIONS,
+    QK_LAYOUT,
     REGROW,
     SHRINK,
     _p,
@@ -110,7 +113,8 @@ def _thread_check(threads: Callable[[AttentionSpec, Mapping[str, Any]], int]
 def _prefill_checks(spec: AttentionSpec, caps: DeviceCaps, params: Mapping[str, Any]) -> list[str]:
     d = PREFILL_DEFAULTS
     why = [f"{n}={params.get(n, d[n])!r} is not one of {allowed}" for n, allowed in
-           (("kv_staging", KV_STAGING), ("out_tile", OUT_TILE)) if params.get(n, d[n]) not in allowed]
+           (("kv_staging", KV_STAGING), ("out_tile", OUT_TILE), ("qk_layout", QK_LAYOUT),
+            ("kv_stage", KV_STAGE)) if params.get(n, d[n]) not in allowed]
     if why:
         return why
     why = [f"{n}={params.get(n, d[n])} must be a power of two" for n in
@@ -162,7 +166,8 @@ def _prefill(dtype: str, variant: str, blocks: bool) -> KernelInfo:
         features=_features(dtype, *(("subgroups",) if sg else ())), priority=10 if sg else 0,
         kv_layouts=KV_LAYOUTS, kv_dtypes=KV_DTYPES, supports=ALL_FEATURES,
         params={"reduction": "subgroup" if sg else "workgroup", "block_skip": blocks},
-        defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES, workgroup_storage=prefill_storage,
+        defaults=PREFILL_DEFAULTS, choices=PREFILL_CHOICES, options=PREFILL_OPTIONS,
+        workgroup_storage=prefill_storage,
         extra_checks=_with_bindings(
             "prefill", _block_checks(_prefill_checks) if blocks else _prefill_checks),
         doc="flash attention over q_tile query rows per workgroup, online softmax in steps "

@@ -202,8 +202,6 @@ UNFUSED_CROSSOVER = Rule(
     and c.flags.get("route", "auto") == "auto" and _unfused_wins(c),
     lambda c: {"route": "split_kv_unfused"}, measured=(RULE_NUMBERS,))
 
-RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, DECODE_SHORT_SPLITS,
-                          FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)
 
 
 # -- the matrix prefill's direct form under matrix_units=auto ----------------------------------
@@ -279,3 +277,55 @@ def matrix_prefill(backend: str) -> Rule:
                 "params",
                 lambda c: _matrix_prefill(c, backend), lambda c: {"mma": "hardware"},
                 measured=(MATRIX_PREFILL_MEASURED, MATRIX_PREFILL_H200, MATRIX_PREFILL_ORDER))
+
+
+# -- the scalar prefill's sliced QK on NVIDIA --------------------------------------------------
+# H200 (Dawn), f16 causal GQA 32/8 H=128, GPU us a launch, the library's prefill alternated in
+# one device call, two rounds each (SLICED_PREFILL_MEASURED):
+#   these params (64 rows, 32-key tiles in 16-key steps; call 7): S=512 138.0-138.2,
+#     S=1024 446.9-447.8, S=2048 1596.2-1597.7;
+#   the keys layout as it was (32 rows, row_lanes 16, K/V staged as f16; call 6): 167.2-167.4,
+#     589.9-590.0, 2257.0-2258.0;
+#   sliced with 32-key steps (call 7): 152.9 / - / -; 128 rows (16-key tiles and steps, the
+#     storage fit's): 211.4-211.5, 454.5-454.7, 1592.5-1599.0; 64 rows in 16-key tiles:
+#     146.9-147.0, 478.9-479.3, 1717.8-1722.9.
+# The standalone probe (bench/wgsl_scalar_prefill_probe.py) has the layout's account. Head
+# sizes past 128 were not measured (q's and the output's slices grow with the head: the
+# register tile would spill), nor GPUs other than the H200: NVIDIA returns a 16-byte load
+# that lanes n and n^1 share in half the cycles, which the layout's lane order is for.
+SLICED_PREFILL: dict[str, Any] = {"qk_layout": "sliced", "kv_stage": "f32", "row_lanes": 8,
+                                  "q_tile": 64, "rows_per_thread": 2, "max_k_step": 16}
+SLICED_MAX_HEAD = 128
+SLICED_PREFILL_MEASURED = "ci/results/h200_wgsl_sliced_prefill.txt"
+
+
+def _sliced(ctx: Ctx, backend: str) -> bool:
+    k = ctx.kernel
+    if (k is None or k.backend != backend or k.family != "prefill" or k.matrix is not None
+            or k.params.get("reduction") != "subgroup" or ctx.caps.vendor != "nvidia"
+            or any(n in ctx.user for n in SLICED_PREFILL)):
+        return False
+    p = {**_params(ctx), **k.params, **SLICED_PREFILL}
+    # fits with 16-key tiles (the storage fit halves kv_tile to that where it must)
+    p["kv_tile"] = min(int(p.get("kv_tile", 16)), 16)
+    limit = ctx.caps.limit("workgroup_storage")
+    return (p.get("kv_staging") == "workgroup"
+            and max(ctx.spec.head_size, ctx.spec.head_size_v) <= SLICED_MAX_HEAD
+            and limit is not None and k.storage_need(ctx.spec, p) <= limit)
+
+
+def sliced_prefill(backend: str) -> Rule:
+    """NVIDIA: the scalar prefill with its row groups' lanes splitting the head dimension."""
+    return Rule(f"{backend}_sliced_prefill_nvidia",
+                "NVIDIA: the scalar prefill's lanes split the head dimension (q in registers, "
+                "scores and weights moved by subgroup shuffles, K/V staged as f32), so a K or "
+                "V vector read from workgroup memory needs no q read beside it", "params",
+                lambda c: _sliced(c, backend), lambda c: dict(SLICED_PREFILL),
+                measured=(SLICED_PREFILL_MEASURED,))
+
+
+SLICED = sliced_prefill(probe.NAME)
+
+
+RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, DECODE_SHORT_SPLITS,
+                          SLICED, FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)

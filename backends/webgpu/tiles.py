@@ -18,15 +18,25 @@ from . import wgsl_io
 # "direct" lets each row group read K/V straight from memory (no staging, no K/V barriers);
 # out_tile: "registers" keeps the output accumulator in registers, "half_workgroup" moves
 # half of each lane's output columns to workgroup memory.
+# qk_layout (kv_staging "workgroup" only): "keys" has each lane of a row group dot whole rows
+# of q (from workgroup memory) with its own keys; "sliced" has the lanes split the head
+# dimension, q in registers, scores reduce-scattered by shuffles (flash_prefill_steps.wgsl
+# says how; row_lanes a power of two). kv_stage: staged K/V tiles as loaded ("native": f16,
+# bf16 bits) or converted once to "f32".
+QK_LAYOUT = ("keys", "sliced")
+KV_STAGE = ("native", "f32")
 PREFILL_DEFAULTS: Mapping[str, Any] = {
     "q_tile": 32, "kv_tile": 32, "rows_per_thread": 2, "row_lanes": 16, "prefetch": 1,
-    "max_k_step": 32, "kv_staging": "direct", "out_tile": "registers"}
+    "max_k_step": 32, "kv_staging": "direct", "out_tile": "registers", "qk_layout": "keys",
+    "kv_stage": "native"}
 KV_STAGING = ("direct", "workgroup")
 OUT_TILE = ("registers", "half_workgroup")
 # What `attnreg tune` sweeps (48 combinations, its cap).
 PREFILL_CHOICES: Mapping[str, tuple[Any, ...]] = {
     "max_k_step": (8, 16, 32, 64), "kv_staging": KV_STAGING, "out_tile": OUT_TILE,
     "q_tile": (4, 16, 32)}
+# What rules (rules.py's sliced prefill on NVIDIA) or users set, not swept.
+PREFILL_OPTIONS: Mapping[str, tuple[Any, ...]] = {"qk_layout": QK_LAYOUT, "kv_stage": KV_STAGE}
 # group_tile: query heads of one GQA group per decode workgroup: the whole group reads its
 # K/V once, up to MAX_VECTORS query vectors (heads x m_tile rows) whose accumulators stay in
 # registers; lowered further only when workgroup storage demands it.
@@ -118,7 +128,11 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     osl = ocu * ow                                    # output vec4 slots per lane and row
     half = _s(params, d, "out_tile") == "half_workgroup"
     osw = (osl + 1) // 2 if half else 0               # of which in workgroup memory
-    return {"Q_TILE": br, "KV_TILE": bc, "K_STEP": step, "STEPS": bc // step,
+    sliced = stage and _s(params, d, "qk_layout") == "sliced"
+    f32 = stage and _s(params, d, "kv_stage") == "f32"
+    return {"SLICED": int(sliced),
+            "SLICE_LEVELS": ncg.bit_length() - 1 if sliced else 0,   # log2(row_lanes)
+            "KV_F32": int(f32),"Q_TILE": br, "KV_TILE": bc, "K_STEP": step, "STEPS": bc // step,
             "ROWS_PER_LANE": tr, "ROW_LANES": ncg, "SHUFFLE_LANES": min(subgroup_width, ncg),
             "PREFETCH": int(bool(_p(params, d, "prefetch"))), "STAGED": int(stage),
             "STAGED_KEYS": bc if stage else 1, "O_SPLIT": int(half), "OUT_UNIT": ow,
@@ -135,8 +149,10 @@ def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     # cross-lane scratch holds at most NCG/4 values per row.
     sgw = 4 if params.get("reduction") == "subgroup" else 1
     c = prefill_consts(spec, params, sgw)
-    hv, vv, e = spec.head_size // 4, spec.head_size_v // 4, _item(spec)
-    return (c["Q_TILE"] * hv * 16 + c["STAGED_KEYS"] * (hv + 1) * 4 * e
+    hv, vv = spec.head_size // 4, spec.head_size_v // 4
+    e = 4 if c["KV_F32"] else _item(spec)
+    q_rows = 0 if c["SLICED"] else c["Q_TILE"]          # SLICED holds q in registers
+    return (q_rows * hv * 16 + c["STAGED_KEYS"] * (hv + 1) * 4 * e
             + c["STAGED_KEYS"] * vv * 4 * e + c["Q_TILE"] * c["K_STEP"] * 4
             + c["Q_TILE"] * max(1, c["ROW_LANES"] // c["SHUFFLE_LANES"]) * 4
             + c["O_S_SIZE"] * 16)

@@ -89,7 +89,8 @@ STEP = rules.default_max_k_step(PREFILL)
 
 
 @pytest.mark.parametrize("profile,want", [
-    ("nvidia-h100", {"kv_staging": "workgroup", "max_k_step": min(STEP, 32), "kv_tile": 32}),
+    ("nvidia-h100", {"kv_staging": "workgroup", "max_k_step": 16, "kv_tile": 32,
+                     "qk_layout": "sliced"}),
     ("apple-m4-max", {"kv_staging": "direct", "max_k_step": STEP, "out_tile": "registers"}),
     ("qualcomm-adreno-x1", {"kv_staging": "direct", "out_tile": "half_workgroup"}),
     ("intel-meteor-lake", {"kv_staging": "direct", "out_tile": "registers"}),
