@@ -15,11 +15,11 @@ const O_REGS: u32 = max(REG_SLOTS, 1u);         // register accumulator vec4s pe
 // SLICED (tiles.py's qk_layout "sliced", STAGED 1 only): where this dispatch's subgroups hold
 // whole row groups, a row group's ROW_LANES lanes split the head dimension instead of the keys:
 // lane tx holds vec4s tx, tx+ROW_LANES, ... (SLICE_VEC4S of them) of its rows' q in registers
-// and dots them with every key of a step; NS keys' partial dots are then reduce-scattered over
-// the row group by shuffles, so the lane ends with the whole scores of keys tx, tx+ROW_LANES,
+// and dots them with every key of a step; each ROW_LANES keys' partial dots are then
+// reduce-scattered over the row group by shuffles, so the lane ends with the whole scores of keys tx, tx+ROW_LANES,
 // ..., the keys it owns in the other layout, and the softmax and PV go on as there. Each K
 // vec4 read from workgroup memory then feeds 4 x ROWS_PER_LANE FMAs with no q read beside it,
-// and the row groups of a subgroup are interleaved (pair_lanes) so that lanes n and n^1 read
+// and the row groups of a subgroup are interleaved (lane_place) so that lanes n and n^1 read
 // the same K or V address, which NVIDIA returns in half the cycles
 // (bench/wgsl_scalar_prefill_probe.py; ci/results/h200_wgsl_sliced_prefill.txt).
 // q then needs no workgroup memory (q_s shrinks to one entry). Where the subgroups are
@@ -50,7 +50,7 @@ var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;
 // ROW_LANES, uniform), so shuffles finish the job past SHUFFLE_LANES and workgroup memory is
 // not needed (NVIDIA: 16 lanes a row group in 32-lane subgroups; Dawn on the H200, S=2048:
 // 2108-2111 us against 2146-2150 held to SHUFFLE_LANES, h200_wgsl_scalar_prefill.txt).
-// xs: the lane distance between tx and tx+1 (pair_lanes; 1 unless wide).
+// xs: the lane distance between tx and tx+1 (lane_place's; 1 unless SLICED's layout).
 fn rows_reduce(x: array<f32, ROWS_PER_LANE>, ty: u32, tx: u32, is_max: bool, wide: bool,
                xs: u32) -> array<f32, ROWS_PER_LANE> {
   var r = x;
