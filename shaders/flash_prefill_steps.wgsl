@@ -31,15 +31,18 @@ const O_REGS: u32 = max(REG_SLOTS, 1u);         // register accumulator vec4s pe
 const KEY_GROUPS: u32 = 1u + SLICED * (LANE_KEYS - 1u);       // groups of ROW_LANES keys a step
 const SLICE_LANES: u32 = 1u + SLICED * (ROW_LANES - 1u);      // keys a group
 const SLICE_VEC4S: u32 = 1u + SLICED * ((QK_VEC4S + ROW_LANES - 1u) / ROW_LANES - 1u);  // q vec4s a lane
+// The tiles a build does not use hold one entry (tiles.prefill_storage counts them).
 const Q_S_SIZE: u32 = select(Q_TILE * QK_VEC4S, 1u, SLICED == 1u);
-const KS_KEYS: u32 = select(STAGED_KEYS, 1u, KV_F32 == 1u);         // rows of k_s / v_s
-const KS32_KEYS: u32 = select(1u, STAGED_KEYS, KV_F32 == 1u);       // rows of k_s32 / v_s32
+const K_S_SIZE: u32 = select(STAGED_KEYS * K_STRIDE, 1u, KV_F32 == 1u);
+const V_S_SIZE: u32 = select(STAGED_KEYS * V_VEC4S, 1u, KV_F32 == 1u);
+const K_S32_SIZE: u32 = select(1u, STAGED_KEYS * K_STRIDE, KV_F32 == 1u);
+const V_S32_SIZE: u32 = select(1u, STAGED_KEYS * V_VEC4S, KV_F32 == 1u);
 
 var<workgroup> q_s: array<vec4<f32>, Q_S_SIZE>;
-var<workgroup> k_s: array<TS, KS_KEYS * K_STRIDE>;
-var<workgroup> v_s: array<TS, KS_KEYS * V_VEC4S>;
-var<workgroup> k_s32: array<vec4<f32>, KS32_KEYS * K_STRIDE>;
-var<workgroup> v_s32: array<vec4<f32>, KS32_KEYS * V_VEC4S>;
+var<workgroup> k_s: array<TS, K_S_SIZE>;
+var<workgroup> v_s: array<TS, V_S_SIZE>;
+var<workgroup> k_s32: array<vec4<f32>, K_S32_SIZE>;
+var<workgroup> v_s32: array<vec4<f32>, V_S32_SIZE>;
 var<workgroup> p_s: array<f32, Q_TILE * K_STEP>;
 var<workgroup> red_s: array<f32, Q_TILE * LANE_GROUPS>;
 var<workgroup> o_s: array<vec4<f32>, O_S_SIZE>;

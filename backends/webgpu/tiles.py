@@ -150,9 +150,12 @@ def prefill_storage(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     sgw = 4 if params.get("reduction") == "subgroup" else 1
     c = prefill_consts(spec, params, sgw)
     hv, vv = spec.head_size // 4, spec.head_size_v // 4
-    e = 4 if c["KV_F32"] else _item(spec)
-    q_rows = 0 if c["SLICED"] else c["Q_TILE"]          # SLICED holds q in registers
-    return (q_rows * hv * 16 + c["STAGED_KEYS"] * (hv + 1) * 4 * e
+    f32 = bool(c["KV_F32"])
+    e = 4 if f32 else _item(spec)
+    # SLICED holds q in registers; the K/V tiles a build does not use hold one entry each
+    q_s = 16 if c["SLICED"] else c["Q_TILE"] * hv * 16
+    unused = 2 * 4 * _item(spec) if f32 else 2 * 16
+    return (q_s + unused + c["STAGED_KEYS"] * (hv + 1) * 4 * e
             + c["STAGED_KEYS"] * vv * 4 * e + c["Q_TILE"] * c["K_STEP"] * 4
             + c["Q_TILE"] * max(1, c["ROW_LANES"] // c["SHUFFLE_LANES"]) * 4
             + c["O_S_SIZE"] * 16)
