@@ -27,8 +27,8 @@ def declared(kernels: Iterable[KernelInfo]) -> dict[str, set[Any]]:
         for src in (k.params, k.defaults, k.emulation):
             for name, value in src.items():
                 out.setdefault(name, set()).add(value)
-        for src2 in (k.choices, k.options):
-            for name, values in src2.items():
+        for declared_values in (k.choices, k.options):
+            for name, values in declared_values.items():
                 out.setdefault(name, set()).update(values)
     return out
 

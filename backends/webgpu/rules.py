@@ -203,7 +203,6 @@ UNFUSED_CROSSOVER = Rule(
     lambda c: {"route": "split_kv_unfused"}, measured=(RULE_NUMBERS,))
 
 
-
 # -- the matrix prefill's direct form under matrix_units=auto ----------------------------------
 # H100 (Dawn, experimental subgroup matrices), f16 causal GQA 32/8 H=128, batch 1, GPU time,
 # the direct form with K and V staged by the workgroup against the scalar prefill (the plan of

@@ -132,7 +132,7 @@ def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
     f32 = stage and _s(params, d, "kv_stage") == "f32"
     return {"SLICED": int(sliced),
             "SLICE_LEVELS": ncg.bit_length() - 1 if sliced else 0,   # log2(row_lanes)
-            "KV_F32": int(f32),"Q_TILE": br, "KV_TILE": bc, "K_STEP": step, "STEPS": bc // step,
+            "KV_F32": int(f32), "Q_TILE": br, "KV_TILE": bc, "K_STEP": step, "STEPS": bc // step,
             "ROWS_PER_LANE": tr, "ROW_LANES": ncg, "SHUFFLE_LANES": min(subgroup_width, ncg),
             "PREFETCH": int(bool(_p(params, d, "prefetch"))), "STAGED": int(stage),
             "STAGED_KEYS": bc if stage else 1, "O_SPLIT": int(half), "OUT_UNIT": ow,

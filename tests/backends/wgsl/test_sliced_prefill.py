@@ -29,7 +29,7 @@ FORMS: dict[str, dict[str, Any]] = {
 }
 SHORT = {"float16": "f16", "float32": "f32", "bfloat16": "bf16"}
 # (head size, dtype, features): head 80 has slices of unequal length (20 vec4s over 8 lanes),
-# 32 fewer vec4s than some row groups have lanes
+# head 32 fewer vec4s (8) than the fallback's row groups have lanes (16)
 SPECS: list[tuple[int, str, dict[str, Any]]] = [
     (128, "float16", {"return_lse": True}),
     (80, "float16", {"softcap": 30.0}),
