@@ -9,6 +9,8 @@ changed by editing its WGSL source:
                       the cache leaves, without DRAM traffic
   loads only          the tile's QK, softmax and PV replaced by a sum of the loaded units (no
                       barrier in the tile loop): the K/V streaming alone
+  loads only K / V    loads only, of K or of V alone; "no scales": the units without their
+                      quantized scales' loads
   loop skeleton       no K/V loads and no tile compute: queries staged, the empty tile loop,
                       the streams merged and the partials written, plus the reduce
   launches only       decode_partial returns at once: the pass's two launches and the reduce
@@ -54,12 +56,12 @@ COMPUTE = """    tile_logits(w, j0, cur.y == 1u, tile_plain(d, j0, tiles.x, tile
     }"""
 FOLD = """    for (var u = 0u; u < K_REGS; u++) {
       for (var s = 0u; s < UNIT_VEC4S; s++) {
-        acc.l[0] += dot(ku_part(kc[u].x, s), vec4<f32>(1.0)) * kc[u].s;
+        acc.l[0] += dot(ku_part(kc[u].x, s), vec4<f32>(1.0)) * scale_of_k(kc[u].s);
       }
     }
     for (var u = 0u; u < V_REGS; u++) {
       for (var s = 0u; s < PV_UNIT; s++) {
-        acc.l[0] += dot(vu_part(vc[u].x, s), vec4<f32>(1.0)) * vc[u].s;
+        acc.l[0] += dot(vu_part(vc[u].x, s), vec4<f32>(1.0)) * scale_of_v(vc[u].s);
       }
     }"""
 K_LOAD = "g = KUnit(ku_k(e), ku_scale_k(e));"
@@ -67,6 +69,9 @@ V_LOAD = "g = VUnit(vu_v(e, gi), vu_scale_v(e, gi));"
 L1 = [(QK, K_LOAD, "g = KUnit(ku_k(e % 1024u), ku_scale_k(e % 1024u));"),
       (PV, V_LOAD, "g = VUnit(vu_v(e % 1024u, gi), vu_scale_v(e % 1024u, gi));")]
 NO_LOADS = [(QK, K_LOAD, "g = KUnit();"), (PV, V_LOAD, "g = VUnit();")]
+ONE = "vec2<u32>(0x3f800000u, 0u)"      # a scale of 1.0 as loaded
+NO_SCALES = [(QK, K_LOAD, f"g = KUnit(ku_k(e), {ONE});"),
+             (PV, V_LOAD, f"g = VUnit(vu_v(e, gi), {ONE});")]
 # Two tiles' loads in flight during a tile's compute (instead of one): three register tiles
 # in rotation, the loop written out three times so no register tile is copied (a copy would
 # wait for its loads).
@@ -228,7 +233,7 @@ fn vu_col(gi: u32, s: u32) -> u32 {
 fn vu_v(e: u32, gi: u32) -> VU {
   return v[e / 8u + gi];
 }
-fn vu_scale_v(e: u32, gi: u32) -> f32 {
+fn vu_scale_v(e: u32, gi: u32) -> vec2<u32> {
   let blk = e / 32u + gi / 4u;""", """alias VU = vec2<u32>;
 const VUNIT_VEC4S: u32 = 4u;
 fn vu_part(x: VU, s: u32) -> vec4<f32> {
@@ -241,7 +246,7 @@ fn vu_v(e: u32, gi: u32) -> VU {
   let w = e / 8u + 2u * gi;
   return VU(v[w], v[w + 1u]);
 }
-fn vu_scale_v(e: u32, gi: u32) -> f32 {
+fn vu_scale_v(e: u32, gi: u32) -> vec2<u32> {
   let blk = e / 32u + gi / 2u;""")
 # Every tile's q read from q_s again, as before decode_qk_common's Q_IN_REGS.
 Q_SHARED = (QK, "if (Q_IN_REGS == 1u) {", "if (false) {")
@@ -257,6 +262,9 @@ VARIANTS: dict[str, list[Edit]] = {
     "K/V from L1 + q from workgroup memory": [*L1, Q_SHARED],
     "loads only": [(DP, COMPUTE, FOLD)],
     "loop skeleton": [(DP, COMPUTE, FOLD), *NO_LOADS],
+    "loads only K": [(DP, COMPUTE, FOLD), NO_LOADS[1]],
+    "loads only V": [(DP, COMPUTE, FOLD), NO_LOADS[0]],
+    "loads only no scales": [(DP, COMPUTE, FOLD), *NO_SCALES],
     "2 tiles in flight": [(DP, _direct_fn(), RING)],
     "launches only": [PARTIAL_EMPTY],
     "reduce empty": [REDUCE_EMPTY],

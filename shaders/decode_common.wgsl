@@ -12,11 +12,12 @@ const LANE_ELEMS: u32 = (KV_TILE * VECTORS + THREADS - 1u) / THREADS;
 
 var<workgroup> p_s: array<f32, KV_TILE * VECTORS>;
 
-// A load unit (storage.wgsl's KU) in a lane's registers, with its scale (1 where the loads
-// dequantized): the direct decode_partial's register tiles (DIRECT 1).
+// A load unit (storage.wgsl's KU) in a lane's registers, with its scale as loaded
+// (storage.wgsl's ku_scale_k; 1 where the loads dequantized): the direct decode_partial's
+// register tiles (DIRECT 1).
 struct KUnit {
   x: KU,
-  s: f32,
+  s: vec2<u32>,
 }
 
 @compute @workgroup_size(THREADS)

@@ -24,10 +24,11 @@ const V_REGS: u32 = 1u + DIRECT * (STREAM_KEYS * LANE_UNITS - 1u);  // DIRECT: V
 
 var<workgroup> v_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * V_VEC4S - 1u)>;
 
-// A V unit in a lane's registers, with its scale (1 where the loads dequantized).
+// A V unit in a lane's registers, with its scale as loaded (storage.wgsl's vu_scale_v; 1
+// where the loads dequantized).
 struct VUnit {
   x: VU,
-  s: f32,
+  s: vec2<u32>,
 }
 
 // The output's vec4 column of lane cl's column u.
@@ -87,7 +88,8 @@ fn tile_values(jj: u32, n: u32, cl: u32, vt: array<VUnit, V_REGS>) -> array<vec4
 
 // The scale of the unit of the lane's column u of its stream's n-th key (1 when staged).
 fn col_scale(n: u32, u: u32, vt: array<VUnit, V_REGS>) -> f32 {
-  return select(1.0, vt[min(n * LANE_UNITS + u / PV_UNIT, V_REGS - 1u)].s, DIRECT == 1u);
+  return select(1.0, scale_of_v(vt[min(n * LANE_UNITS + u / PV_UNIT, V_REGS - 1u)].s),
+                DIRECT == 1u);
 }
 
 // Whether the tile of keys j0.. lies, as far as its keys are loaded ([klo, khi)), in what

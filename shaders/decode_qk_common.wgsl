@@ -160,7 +160,7 @@ fn slice_dots(jj: u32, h: u32, kk: u32, kt: array<KUnit, K_REGS>) -> array<f32, 
           }
         }
         for (var r = 0u; r < VECTORS; r++) {
-          sc[r] += t[r] * ku.s;
+          sc[r] += t[r] * scale_of_k(ku.s);
         }
       }
     }

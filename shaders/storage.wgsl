@@ -190,11 +190,17 @@ fn ${x}_word(w: u32) -> u32 {
 
 // The load units of the direct decode_partial (decode_qk_common's k_reg, decode_pv_common's
 // v_reg): KU, UNIT_VEC4S vec4s of values as loaded; ku_part(x, s) its vec4 s without the
-// scale, ku_$x(e) the unit whose first element is e, ku_scale_$x(e) its scale. Wide (K/V
-// bound as array<vec4<u32>>, wgsl_io.kv_unit): 16 raw bytes, converted where used (4 f32, 8
-// f16 or bf16, 16 int8 codes of one vector, or one whole q4_0 block of 32 int4 codes), so a
-// lane issues one 16-byte load per unit, holds it in 4 registers and applies a quantized
-// unit's scale once. Otherwise a granule as load_$x returns it (dequantized: scale 1).
+// scale, ku_$x(e) the unit whose first element is e, ku_scale_$x(e) its scale as loaded and
+// scale_of_$x that scale as f32. Wide (K/V bound as array<vec4<u32>>, wgsl_io.kv_unit): 16
+// raw bytes, converted where used (4 f32, 8 f16 or bf16, 16 int8 codes of one vector, or one
+// whole q4_0 block of 32 int4 codes), so a lane issues one 16-byte load per unit, holds it in
+// 4 registers and applies a quantized unit's scale once. Otherwise a granule as load_$x
+// returns it (dequantized: scale 1).
+// A scale "as loaded" is (the word read, the shift of its half): the register tiles are
+// loaded a tile ahead, and any arithmetic on a loaded value where it is loaded (int4's
+// unpack2x16float of its half) makes the lane wait for that load there, a tile early. On the
+// H200 that put int4's loads alone at 60 us against 26 without the scales (Dawn, L=32768,
+// ci/results/h200_wgsl_decode_int4_scales.txt).
 
 // piece: unit_granule
 alias KU = GV;
@@ -243,33 +249,45 @@ fn ku_part(x: KU, s: u32) -> vec4<f32> {
 fn ku_$x(e: u32) -> KU {
   return load_$x(e / GRANULE);
 }
-fn ku_scale_$x(e: u32) -> f32 {
-  return 1.0;
+fn ku_scale_$x(e: u32) -> vec2<u32> {
+  return vec2<u32>(0x3f800000u, 0u);    // 1.0
+}
+fn scale_of_$x(s: vec2<u32>) -> f32 {
+  return bitcast<f32>(s.x);
 }
 
 // piece: ku_float
 fn ku_$x(e: u32) -> KU {
   return $x[e / (4u * UNIT_VEC4S)];
 }
-fn ku_scale_$x(e: u32) -> f32 {
-  return 1.0;
+fn ku_scale_$x(e: u32) -> vec2<u32> {
+  return vec2<u32>(0x3f800000u, 0u);    // 1.0
+}
+fn scale_of_$x(s: vec2<u32>) -> f32 {
+  return bitcast<f32>(s.x);
 }
 
 // piece: ku_int8
 fn ku_$x(e: u32) -> KU {
   return $x[e / 16u];
 }
-fn ku_scale_$x(e: u32) -> f32 {
-  return ${x}_scale[e / $row];
+fn ku_scale_$x(e: u32) -> vec2<u32> {
+  return vec2<u32>(bitcast<u32>(${x}_scale[e / $row]), 0u);
+}
+fn scale_of_$x(s: vec2<u32>) -> f32 {
+  return bitcast<f32>(s.x);
 }
 
 // piece: ku_int4
 fn ku_$x(e: u32) -> KU {
   return $x[e / 32u];
 }
-fn ku_scale_$x(e: u32) -> f32 {
+fn ku_scale_$x(e: u32) -> vec2<u32> {
   let blk = e / 32u;
-  return unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
+  return vec2<u32>(${x}_scale[blk / 2u], (blk % 2u) * 16u);
+}
+fn scale_of_$x(s: vec2<u32>) -> f32 {
+  return unpack2x16float(s.x >> s.y).x;
 }
 
 // V's units (decode_pv_common's v_reg): VU, VUNIT_VEC4S vec4s of values; vu_part(x, s)
@@ -293,7 +311,7 @@ fn vu_col(gi: u32, s: u32) -> u32 {
 fn vu_v(e: u32, gi: u32) -> VU {
   return ku_v(e + gi * VUNIT_VEC4S * 4u);
 }
-fn vu_scale_v(e: u32, gi: u32) -> f32 {
+fn vu_scale_v(e: u32, gi: u32) -> vec2<u32> {
   return ku_scale_v(e + gi * VUNIT_VEC4S * 4u);
 }
 
@@ -309,8 +327,11 @@ fn vu_col(gi: u32, s: u32) -> u32 {
 fn vu_v(e: u32, gi: u32) -> VU {
   return v[e / 8u + gi];
 }
-fn vu_scale_v(e: u32, gi: u32) -> f32 {
-  return v_scale[e / V_DIM];
+fn vu_scale_v(e: u32, gi: u32) -> vec2<u32> {
+  return vec2<u32>(bitcast<u32>(v_scale[e / V_DIM]), 0u);
+}
+fn scale_of_v(s: vec2<u32>) -> f32 {
+  return bitcast<f32>(s.x);
 }
 
 // piece: vunit_int4
@@ -325,9 +346,12 @@ fn vu_col(gi: u32, s: u32) -> u32 {
 fn vu_v(e: u32, gi: u32) -> VU {
   return v[e / 8u + gi];
 }
-fn vu_scale_v(e: u32, gi: u32) -> f32 {
+fn vu_scale_v(e: u32, gi: u32) -> vec2<u32> {
   let blk = e / 32u + gi / 4u;
-  return unpack2x16float(v_scale[blk / 2u])[blk % 2u];
+  return vec2<u32>(v_scale[blk / 2u], (blk % 2u) * 16u);
+}
+fn scale_of_v(s: vec2<u32>) -> f32 {
+  return unpack2x16float(s.x >> s.y).x;
 }
 
 // piece: word_v8

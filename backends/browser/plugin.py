@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 import attnreg
-from attnreg.backends.webgpu.rules import decode_quant_tile, decode_staging, fit_tiles
+from attnreg.backends.webgpu.rules import decode_staging, fit_tiles
 from attnreg.hookspecs import BackendInfo, registers
 from attnreg.spec import AttentionSpec
 
@@ -41,6 +41,6 @@ EXPORT_WGSL = attnreg.Command(
 
 attnreg_register_backends = registers(lambda: [INFO])
 attnreg_register_kernels = registers(kernels.declare)
-attnreg_register_rules = registers(lambda: [decode_staging(probe.NAME), decode_quant_tile(probe.NAME),
+attnreg_register_rules = registers(lambda: [decode_staging(probe.NAME),
                                             fit_tiles(probe.NAME)])
 attnreg_register_commands = registers(lambda: [EXPORT_WGSL])

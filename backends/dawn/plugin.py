@@ -78,7 +78,7 @@ attnreg_register_backends = registers(lambda: [INFO])
 attnreg_register_kernels = registers(kernels.declare)
 attnreg_register_rules = registers(lambda: [
     wrules.block_skip(probe.NAME), wrules.decode_staging(probe.NAME),
-    wrules.decode_quant_tile(probe.NAME), wrules.decode_short_splits(probe.NAME),
+    wrules.decode_short_splits(probe.NAME),
     wrules.matrix_prefill_rows(probe.NAME), wrules.sliced_prefill(probe.NAME),
     wrules.fit_tiles(probe.NAME), wrules.step_in_tile(probe.NAME), wrules.matrix_prefill(probe.NAME)])
 attnreg_register_flags = registers(lambda: [EXPERIMENTAL])

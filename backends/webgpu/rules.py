@@ -115,35 +115,6 @@ def decode_staging(backend: str) -> Rule:
         measured=("ci/results/h100_wgsl_decode.txt",))
 
 
-# kv_tile of the direct decode_partial over quantized K/V on GPUs, where measured fastest (a
-# quantized key is a quarter or half of an f16 one: more keys per tile keep the bytes in
-# flight). H100, wgpu-native, L=32768: int8 81.8 us at 16 keys, 78.2 at 32; int4 141.3 at 16,
-# 110.7 at 32; 64-key tiles spill (ci/results/h100_wgsl_decode.txt). Since a lane holds its q
-# in registers (tiles.Q_REG_VEC4S, which int8's 32-key tiles exceed) int8 keeps the default 16
-# keys: H200, L=32768, Dawn 67.4-68.4 us per launch against 76.8-77.2 at 32, wgpu-native 65.2
-# against 72.8-73.3; int4 stays at 32 (Dawn 84.6-96.7 at 16 against 86.7-92.4 at 32: within
-# its swings) (ci/results/h200_wgsl_decode_q_regs.txt).
-QUANT_KV_TILE = {"int4": 32}
-
-
-def _quant_tile(ctx: Ctx, backend: str) -> bool:
-    p = _params(ctx)
-    return (_decode_partial(ctx, backend) and ctx.caps.device_type == "gpu"
-            and ctx.spec.kv_dtype in QUANT_KV_TILE and "kv_tile" not in ctx.user
-            and p.get("kv_staging") == "direct")
-
-
-def decode_quant_tile(backend: str) -> Rule:
-    return Rule(
-        f"{backend}_decode_quant_kv_tile",
-        "the direct decode_partial over int4 K/V on GPUs takes longer key tiles, a "
-        "quantized key being a fraction of an f16 one, so that a round keeps enough bytes in "
-        "flight", "params",
-        lambda c: _quant_tile(c, backend),
-        lambda c: {"kv_tile": QUANT_KV_TILE[str(c.spec.kv_dtype)]},
-        measured=("ci/results/h100_wgsl_decode.txt", "ci/results/h200_wgsl_decode_q_regs.txt"))
-
-
 # Splits of one kv tile (the core rule keeps four) for the scalar decode_partial on NVIDIA,
 # where few (batch, kv head, row tile) groups leave the 4-tile minimum short of the workgroups
 # the device wants. H200, GPU us per launch Dawn / wgpu-native, median of 40, the two plans

@@ -263,14 +263,14 @@ def test_bf16_widening_and_rounding_are_exact(backend):
 def test_decode_reads_kv_directly_where_the_rules_say():
     """decode_partial reads K/V straight into registers (raw 16-byte words: k, and v unless
     quantized, bound as vec4<u32>) for one query row and small heads; the rules stage K/V
-    for several rows per workgroup and for heads whose register tile would spill, and give
-    int4 K/V 32-key tiles on GPUs (int8 keeps 16, where a lane's q fits its registers); a
-    forced direct tile past DIRECT_MAX_REGS is rejected with its reason."""
+    for several rows per workgroup and for heads whose register tile would spill; int8 and
+    int4 K/V keep 16-key tiles (a lane's q fits its registers there); a forced direct tile
+    past DIRECT_MAX_REGS is rejected with its reason."""
     caps = attnreg.profile("nvidia-h100")
     gqa = dict(seq_len=1, past_len=8191, num_heads=32, kv_num_heads=8, head_size=128)
     cases = [(attnreg.AttentionSpec(**gqa), "direct", 16),
              (attnreg.AttentionSpec(**gqa, kv_dtype="int8"), "direct", 16),
-             (attnreg.AttentionSpec(**gqa, kv_dtype="int4"), "direct", 32),
+             (attnreg.AttentionSpec(**gqa, kv_dtype="int4"), "direct", 16),
              (attnreg.AttentionSpec(seq_len=4, past_len=1496, num_heads=8, kv_num_heads=8,
                                     head_size=64), "workgroup", 16)]
     for spec, staging, tile in cases:
@@ -335,3 +335,24 @@ def test_q_in_registers_and_in_workgroup_memory_match_the_reference(backend):
             assert plan.params["kv_tile"] == tile
             _, problem = compare(spec, got, expected(spec, t))
             assert not problem, f"{spec.kv_dtype} kv_tile {tile}: {problem}"
+
+
+@pytest.mark.parametrize("backend", ["webgpu", "dawn"])
+def test_direct_int4_scales_match_the_reference(backend):
+    """The direct decode's int4 register tiles carry each block's scale as loaded (the word
+    and the shift of its half), decoded where used: H=128 (blocks of a row in pairs) and
+    H=96 (three blocks a row, so a row's first block sits in either half of a word), at 16-
+    and 32-key tiles, against the float64 reference."""
+    require_devices(backend)
+    base = attnreg.AttentionSpec(batch=2, seq_len=1, past_len=150, num_heads=8, kv_num_heads=2,
+                                 head_size=128, dtype="float16", kv_dtype="int4")
+    with attnreg.Session(backend=backend, flags={"split_size": 64}) as s:
+        for spec in (base, base.replace(head_size=96)):
+            for tile in (16, 32):
+                params = {"kv_staging": "direct", "kv_tile": tile, "threads": 64}
+                t = make_tensors(spec, 5, lengths=[spec.capacity, spec.capacity - 37])
+                got, plan = s.run_with_plan(spec, t, kernel=f"{backend}.decode_partial.f16.m1",
+                                            params=params)
+                assert plan.params["kv_staging"] == "direct"
+                _, problem = compare(spec, got, expected(spec, t))
+                assert not problem, f"H={spec.head_size} kv_tile {tile}: {problem}"
