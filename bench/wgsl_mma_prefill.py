@@ -147,6 +147,12 @@ Q128: dict[str, Any] = {"mma": "hardware", "q_tile": 128, "kv_tile": 32}
 # instead of shuffled from the lanes that own their keys
 P_MEMORY: Edit = ("flash_prefill", "let p_shuffled = sliced && LANE_KEYS <= 2u;",
                   "let p_shuffled = false;")
+# The scalar prefill's two PV loops over a step's keys written out by the program builder
+PV_UNROLLED: list[Edit] = [
+    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let vv = full_values",
+     "for (var jj = 0u; jj < K_STEP; jj++) {  // @unroll\n          let vv = full_values"),
+    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let j = js + jj;",
+     "for (var jj = 0u; jj < K_STEP; jj++) {  // @unroll\n          let j = js + jj;")]
 SHOWN = ("q_tile", "kv_tile", "form", "qk_layout", "kv_stage", "row_lanes")
 SCALAR = "dawn.prefill.f16.sg"
 KEYS: dict[str, Any] = {"kv_staging": "workgroup", "qk_layout": "keys", "kv_stage": "native",
@@ -175,6 +181,13 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar-sliced-step16": (SCALAR, {**SLICED, "max_k_step": 16}, []),
     "scalar-sliced-q128-kv32-step16": (SCALAR, {**SLICED, "q_tile": 128, "kv_tile": 32,
                                                 "max_k_step": 16}, []),
+    "scalar-sliced-q128-r4": (SCALAR, {**SLICED, "q_tile": 128, "rows_per_thread": 4,
+                                       "kv_tile": 32, "max_k_step": 16}, []),
+    "scalar-sliced-q128-r4-kv16": (SCALAR, {**SLICED, "q_tile": 128, "rows_per_thread": 4,
+                                            "kv_tile": 16, "max_k_step": 16}, []),
+    "scalar-sliced-q64-r4": (SCALAR, {**SLICED, "rows_per_thread": 4, "kv_tile": 32,
+                                      "max_k_step": 16}, []),
+    "scalar-pv-unrolled": (None, {}, PV_UNROLLED),
     "scalar-sliced-p-memory": (SCALAR, SLICED, [P_MEMORY]),
     "scalar-sliced-q128-p-memory": (SCALAR, {**SLICED, "q_tile": 128}, [P_MEMORY]),
     "staged-q32-kv32": (STAGED, {"mma": "hardware"}, []),

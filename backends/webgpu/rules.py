@@ -144,7 +144,6 @@ def decode_short_splits(backend: str) -> Rule:
 
 DECODE_STAGING = decode_staging(probe.NAME)
 DECODE_SHORT_SPLITS = decode_short_splits(probe.NAME)
-DECODE_QUANT_TILE = decode_quant_tile(probe.NAME)
 
 
 # -- unfused decode crossover ------------------------------------------------------------------
@@ -263,9 +262,16 @@ def matrix_prefill(backend: str) -> Rule:
 # sizes past 128 were not measured (q's and the output's slices grow with the head: the
 # register tile would spill), nor GPUs other than the H200: NVIDIA returns a 16-byte load
 # that lanes n and n^1 share in half the cycles, which the layout's lane order is for.
+# Short prompts keep the keys layout: its 32-row tiles give twice the workgroups, which a
+# prompt of a few 64-row tiles a head leaves the GPU short of. The same build, the two
+# layouts alternated, two rounds (SLICED_PREFILL_MEASURED, twelfth session), sliced / keys:
+# S=32 22.2 / 15.0-15.1 us, 64 32.5-32.6 / 20.2, 128 45.5 / 28.9-29.0, 256 68.4-68.5 /
+# 53.5-53.6, 320 79.9-80.0 / 77.8-77.9, 384 92.4 / 103.5-103.6, 448 115.2-115.5 /
+# 131.9-132.1, 512 138.0 / 166.2-166.4. Measured with 32 query heads and batch 1 only.
 SLICED_PREFILL: dict[str, Any] = {"qk_layout": "sliced", "kv_stage": "f32", "row_lanes": 8,
                                   "q_tile": 64, "rows_per_thread": 2, "max_k_step": 16}
 SLICED_MAX_HEAD = 128
+SLICED_MIN_SEQ = 384
 SLICED_PREFILL_MEASURED = "ci/results/h200_wgsl_sliced_prefill.txt"
 
 
@@ -273,13 +279,15 @@ def _sliced(ctx: Ctx, backend: str) -> bool:
     k = ctx.kernel
     if (k is None or k.backend != backend or k.family != "prefill" or k.matrix is not None
             or k.params.get("reduction") != "subgroup" or ctx.caps.vendor != "nvidia"
-            or any(n in ctx.user for n in SLICED_PREFILL)):
+            # its tiles go together: none fixed by the caller or by an earlier rule (the
+            # tuning cache's), or a later rule's sets would leave them half applied
+            or any(n in ctx.user or n in ctx.fixed for n in SLICED_PREFILL)):
         return False
     p = {**_params(ctx), **k.params, **SLICED_PREFILL}
     # fits with 16-key tiles (the storage fit halves kv_tile to that where it must)
     p["kv_tile"] = min(int(p.get("kv_tile", 16)), 16)
     limit = ctx.caps.limit("workgroup_storage")
-    return (p.get("kv_staging") == "workgroup"
+    return (p.get("kv_staging") == "workgroup" and ctx.spec.seq_len >= SLICED_MIN_SEQ
             and max(ctx.spec.head_size, ctx.spec.head_size_v) <= SLICED_MAX_HEAD
             and limit is not None and k.storage_need(ctx.spec, p) <= limit)
 
@@ -287,9 +295,9 @@ def _sliced(ctx: Ctx, backend: str) -> bool:
 def sliced_prefill(backend: str) -> Rule:
     """NVIDIA: the scalar prefill with its row groups' lanes splitting the head dimension."""
     return Rule(f"{backend}_sliced_prefill_nvidia",
-                "NVIDIA: the scalar prefill's lanes split the head dimension (q in registers, "
-                "scores and weights moved by subgroup shuffles, K/V staged as f32), so a K or "
-                "V vector read from workgroup memory needs no q read beside it", "params",
+                "NVIDIA, prompts long enough to fill the device with its tiles: the scalar "
+                "prefill's lanes split the head dimension (q in registers, scores and weights "
+                "moved by subgroup shuffles, K/V staged as f32)", "params",
                 lambda c: _sliced(c, backend), lambda c: dict(SLICED_PREFILL),
                 measured=(SLICED_PREFILL_MEASURED,))
 
@@ -297,5 +305,5 @@ def sliced_prefill(backend: str) -> Rule:
 SLICED = sliced_prefill(probe.NAME)
 
 
-RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_QUANT_TILE, DECODE_SHORT_SPLITS,
+RULES: tuple[Rule, ...] = (BLOCK_SKIP, DECODE_STAGING, DECODE_SHORT_SPLITS,
                           SLICED, FIT_TILES, STEP_IN_TILE, UNFUSED_CROSSOVER)

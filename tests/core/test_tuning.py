@@ -56,20 +56,21 @@ def test_split_kv_kernels_tune_the_split_size():
 def test_tuned_parameters_stand_against_later_rules(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The tuning cache's rule runs before the plugins' rules; what it set stays (here the
-    WebGPU rule that takes 32-key tiles for int4 K/V on GPUs would replace a tuned 16)."""
+    WebGPU rule that gives NVIDIA's scalar prefill its sliced tiles would replace tuned
+    keys-layout tiles)."""
     monkeypatch.setenv("ATTNREG_CACHE_DIR", str(tmp_path))
     caps = profiles()["nvidia-h100"]
-    spec = attnreg.AttentionSpec(batch=1, seq_len=1, past_len=32767, num_heads=32,
-                                 kv_num_heads=8, head_size=128, dtype="float16", kv_dtype="int4")
+    spec = attnreg.AttentionSpec(batch=1, seq_len=2048, past_len=0, num_heads=32,
+                                 kv_num_heads=8, head_size=128, dtype="float16", causal=True)
     reg = attnreg.registry.get()
     plain = reg.plan(spec, caps=caps)
-    assert plain.params["kv_tile"] == 32
-    assert any(r.startswith("webgpu_decode_quant_kv_tile") for r in plain.rules)
-    tuning.store(caps, "decode_partial", spec, {
-        "kernel": plain.kernel, "params": {"kv_tile": 16, "threads": 128}, "us": 1.0,
+    assert (plain.params["q_tile"], plain.params["row_lanes"]) == (64, 8)
+    assert any(r.startswith("webgpu_sliced_prefill_nvidia") for r in plain.rules)
+    tuning.store(caps, "prefill", spec, {
+        "kernel": plain.kernel, "params": {"q_tile": 32, "row_lanes": 16}, "us": 1.0,
         "rule_default_us": 2.0})
     tuned = reg.plan(spec, caps=caps, flags={"use_tuning_cache": True})
     assert tuned.kernel == plain.kernel
-    assert (tuned.params["kv_tile"], tuned.params["threads"]) == (16, 128), tuned.explain()
-    assert not any(r.startswith("webgpu_decode_quant_kv_tile") for r in tuned.rules)
-    assert tuned.params["split_size"] % 16 == 0
+    assert (tuned.params["q_tile"], tuned.params["row_lanes"]) == (32, 16), tuned.explain()
+    assert tuned.params.get("qk_layout", "keys") == "keys"
+    assert not any(r.startswith("webgpu_sliced_prefill_nvidia") for r in tuned.rules)

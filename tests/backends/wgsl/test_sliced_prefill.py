@@ -68,7 +68,7 @@ PREFILL = attnreg.AttentionSpec(seq_len=2048, past_len=0, num_heads=32, kv_num_h
                                 head_size=128, dtype="float16", causal=True)
 
 
-@pytest.mark.parametrize("seq", [512, 2048])
+@pytest.mark.parametrize("seq", [wrules.SLICED_MIN_SEQ, 512, 2048])
 def test_rule_picks_the_sliced_prefill_on_nvidia(seq):
     spec = attnreg.AttentionSpec(**{**PREFILL.__dict__, "seq_len": seq})
     caps = profiles()["nvidia-h100"]
@@ -86,6 +86,7 @@ def test_rule_picks_the_sliced_prefill_on_nvidia(seq):
     ("nvidia-h100", attnreg.AttentionSpec(seq_len=512, num_heads=8, head_size=256,
                                           dtype="float16", causal=True), None),  # head > 128
     ("nvidia-h100", PREFILL, {"row_lanes": 16}),                       # the user's tiles
+    ("nvidia-h100", PREFILL.replace(seq_len=wrules.SLICED_MIN_SEQ - 1), None),  # short prompt
 ])
 def test_rule_leaves_the_keys_layout_elsewhere(profile, spec, user):
     plan = attnreg.registry.get().plan(spec, caps=profiles()[profile], params=user)
