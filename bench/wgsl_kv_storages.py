@@ -4,7 +4,8 @@ prefill after cached keys, and the staged decode of several query rows (whisper'
 GPU us per launch and back to back (medians), and each plan's max error against the float64
 reference. ci/results/h200_wgsl_decode_int4_scales.txt (call 6) used it.
 
-  python3 -m bench.wgsl_kv_storages [--backends dawn,webgpu] [--iters 20]   (device tool)
+  python3 -m bench.wgsl_kv_storages [--backends dawn,webgpu] [--iters 20] [--cases 0,2]
+                                    [--kv none,int8,int4]   (device tool)
 """
 from __future__ import annotations
 
@@ -46,10 +47,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backends", default="dawn,webgpu")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--cases", default=",".join(str(i) for i in range(len(CASES))),
+                    help="indices into CASES")
+    ap.add_argument("--kv", default="none,int8,int4", help="K/V storages (none: the dtype's)")
     args = ap.parse_args()
+    cases = [CASES[int(i)] for i in args.cases.split(",")]
+    kvs = [None if k == "none" else k for k in args.kv.split(",")]
     for backend in args.backends.split(","):
-        for name, base, flags in CASES:
-            for kv in (None, "int8", "int4"):
+        for name, base, flags in cases:
+            for kv in kvs:
                 spec = base.replace(kv_dtype=kv)
                 try:
                     line = _line(backend, spec, flags, args.iters)

@@ -11,13 +11,14 @@ fn tile_at(idx: u32, stride: u32, ng: u32) -> u32 {
   return (idx / ng) * stride + (idx % ng) * GRANULE_VEC4S;
 }
 
-// A lane's granule idx of the K tile of keys jf.. as its register tile holds it: zeros unless
-// live and the key lies in [lo, hi) (the keys some row sees); and where v's rows are k's
-// (V_GRANULES == QK_GRANULES), V's granule at the same address. One granule at a time, by
-// value: never the register tile (decode_partial's tile loop says why).
+// A lane's granule idx of the K tile of keys jf.. as its register tile holds it (as loaded:
+// storage.wgsl's RG): zeros unless live and the key lies in [lo, hi) (the keys some row
+// sees); and where v's rows are k's (V_GRANULES == QK_GRANULES), V's granule at the same
+// address. One granule at a time, by value: never the register tile (decode_partial's tile
+// loop says why).
 struct KvGranules {
-  k: GV,
-  v: GV,
+  k: RG,
+  v: RG,
 }
 
 fn kv_granules(idx: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool
@@ -26,20 +27,20 @@ fn kv_granules(idx: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool
   let jj = idx / QK_GRANULES;
   if (idx < KV_TILE * QK_GRANULES && live && jf + jj >= lo && jf + jj < hi) {
     let at = kv_granule(b, kvh, jf + jj) + idx % QK_GRANULES;
-    g.k = load_k(at);
+    g.k = raw_k(at);
     if (V_GRANULES == QK_GRANULES) {
-      g.v = load_v(at);
+      g.v = raw_v(at);
     }
   }
   return g;
 }
 
 // The same of V where v's rows differ from k's (V_GRANULES granules a key).
-fn v_granules(idx: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool) -> GV {
-  var g = GV();
+fn v_granules(idx: u32, b: u32, kvh: u32, jf: u32, lo: u32, hi: u32, live: bool) -> RG {
+  var g = RG();
   let jj = idx / V_GRANULES;
   if (idx < KV_TILE * V_GRANULES && live && jf + jj >= lo && jf + jj < hi) {
-    g = load_v(v_granule(b, kvh, jf + jj) + idx % V_GRANULES);
+    g = raw_v(v_granule(b, kvh, jf + jj) + idx % V_GRANULES);
   }
   return g;
 }

@@ -211,8 +211,8 @@ fn staged_tiles(d: DecodeWg, w: Wg, tiles: vec4<u32>, lid: u32, st: u32, cl: u32
   // orders (so too in flash_prefill, decode_qk and decode_pv): a helper taking the register
   // tile by pointer made a driver keep it in local memory. These twins stay on that
   // observation; helpers taking the tile by value were never timed.
-  var kr: array<GV, K_LOADS>;
-  var vr: array<GV, V_LOADS>;
+  var kr: array<RG, K_LOADS>;
+  var vr: array<RG, V_LOADS>;
   for (var it = 0u; it < tiles.z + PREFETCH; it++) {
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/v_s/p_s

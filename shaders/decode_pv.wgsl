@@ -81,7 +81,7 @@ fn decode_body(d: DecodeWg, lid: u32) {
   // Tile loop, software-pipelined as in decode_partial, its loads and staging written
   // out in the body as there.
   let n_tiles = select(0u, cdiv(d.khi - d.klo, KV_TILE), d.khi > d.klo);
-  var vr: array<GV, V_LOADS>;
+  var vr: array<RG, V_LOADS>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with v_s/p_s
@@ -93,10 +93,10 @@ fn decode_body(d: DecodeWg, lid: u32) {
     let jf = d.klo + it * KV_TILE;
     for (var u = 0u; u < V_LOADS; u++) {
       let idx = lid + u * THREADS;
-      vr[u] = GV();
+      vr[u] = RG();
       // only this split's keys, never past the valid length (nor before kv_start: klo)
       if (idx < KV_TILE * V_GRANULES && jf + idx / V_GRANULES < d.khi) {
-        vr[u] = load_v(v_granule(d.b, d.kvh, jf + idx / V_GRANULES) + idx % V_GRANULES);
+        vr[u] = raw_v(v_granule(d.b, d.kvh, jf + idx / V_GRANULES) + idx % V_GRANULES);
       }
     }
     if (PREFETCH == 0u) {

@@ -61,8 +61,9 @@ struct Lanes {
 }
 
 // One granule of the register tile into workgroup memory (see decode_qk_common's stage_k).
-fn stage_v(idx: u32, vg: GV) {
+fn stage_v(idx: u32, vr: RG) {
   if (idx < KV_TILE * V_GRANULES) {
+    let vg = granule_of(vr);
     let vs = tile_at(idx, V_VEC4S, V_GRANULES);
     for (var s = 0u; s < GRANULE_VEC4S; s++) {
       v_s[vs + s] = ts_part(vg, s);

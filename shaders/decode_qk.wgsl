@@ -66,7 +66,7 @@ fn decode_body(d: DecodeWg, lid: u32) {
   // Tile loop, software-pipelined as in decode_partial (PREFETCH=1: store tile it-1, load
   // tile it, compute tile it-1), its loads and staging written out in the body as there.
   let n_tiles = select(0u, cdiv(d.khi - d.klo, KV_TILE), d.khi > d.klo);
-  var kr: array<GV, K_LOADS>;
+  var kr: array<RG, K_LOADS>;
   for (var it = 0u; it < n_tiles + PREFETCH; it++) {
     if (PREFETCH == 1u && it > 0u) {
       workgroupBarrier();   // the previous tile's readers are done with k_s/p_s
@@ -78,10 +78,10 @@ fn decode_body(d: DecodeWg, lid: u32) {
     let jf = d.klo + it * KV_TILE;
     for (var u = 0u; u < K_LOADS; u++) {
       let idx = lid + u * THREADS;
-      kr[u] = GV();
+      kr[u] = RG();
       // only this split's keys, never past the valid length (nor before kv_start: klo)
       if (idx < KV_TILE * QK_GRANULES && jf + idx / QK_GRANULES < d.khi) {
-        kr[u] = load_k(kv_granule(d.b, d.kvh, jf + idx / QK_GRANULES) + idx % QK_GRANULES);
+        kr[u] = raw_k(kv_granule(d.b, d.kvh, jf + idx / QK_GRANULES) + idx % QK_GRANULES);
       }
     }
     if (PREFETCH == 0u) {

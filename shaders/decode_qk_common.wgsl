@@ -108,10 +108,11 @@ fn load_q_regs(lid: u32) {
 }
 
 // One granule of the register tile into workgroup memory, called from the unrolled loops of
-// both pipeline orders. It takes the granule's values, never the register tile: a helper
-// taking the tile by pointer made a driver keep it in local memory.
-fn stage_k(idx: u32, kg: GV) {
+// both pipeline orders. It takes the granule as loaded (storage.wgsl's RG), never the
+// register tile: a helper taking the tile by pointer made a driver keep it in local memory.
+fn stage_k(idx: u32, kr: RG) {
   if (idx < KV_TILE * QK_GRANULES) {
+    let kg = granule_of(kr);
     let ks = tile_at(idx, K_STRIDE, QK_GRANULES);
     for (var s = 0u; s < GRANULE_VEC4S; s++) {
       k_s[ks + s] = ts_part(kg, s);

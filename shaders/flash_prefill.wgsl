@@ -149,8 +149,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // fly during the compute. The loads have a constant trip count (the compiler unrolls them
   // and issues all before the first use) and sit in main with their staging, written out
   // for both orders, as in decode_partial (which says why).
-  var kr: array<GV, K_LOADS>;
-  var vr: array<GV, V_LOADS>;
+  var kr: array<RG, K_LOADS>;    // granules as loaded (storage.wgsl's RG)
+  var vr: array<RG, V_LOADS>;
   for (var it = 0u; it < n_units + AHEAD; it++) {
     if (STAGED == 1u) {
       if (AHEAD == 1u && it > 0u) {
@@ -170,19 +170,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       for (var u = 0u; u < K_LOADS; u++) {  // @unroll
         let idx = lid + u * THREADS;
         let jj = idx / QK_GRANULES;
-        kr[u] = GV();
+        kr[u] = RG();
         // min(): V_LOADS == K_LOADS where this runs; it keeps the unrolled copies' constant
         // index in bounds where V_LOADS < K_LOADS and the branch is dead
         if (V_GRANULES == QK_GRANULES) {
-          vr[min(u, V_LOADS - 1u)] = GV();
+          vr[min(u, V_LOADS - 1u)] = RG();
         }
         // only keys some row sees: never past the valid length, never left of the window
         // or of kv_start
         if (idx < KV_TILE * QK_GRANULES && it < n_units && jf + jj >= lo && jf + jj < hi) {
           let at = kv_granule(b, kvh, jf + jj) + idx % QK_GRANULES;
-          kr[u] = load_k(at);
+          kr[u] = raw_k(at);
           if (V_GRANULES == QK_GRANULES) {    // v's rows are k's: the same granules
-            vr[min(u, V_LOADS - 1u)] = load_v(at);
+            vr[min(u, V_LOADS - 1u)] = raw_v(at);
           }
         }
       }
@@ -190,9 +190,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var u = 0u; u < V_LOADS; u++) {  // @unroll
           let idx = lid + u * THREADS;
           let jj = idx / V_GRANULES;
-          vr[u] = GV();
+          vr[u] = RG();
           if (idx < KV_TILE * V_GRANULES && it < n_units && jf + jj >= lo && jf + jj < hi) {
-            vr[u] = load_v(v_granule(b, kvh, jf + jj) + idx % V_GRANULES);
+            vr[u] = raw_v(v_granule(b, kvh, jf + jj) + idx % V_GRANULES);
           }
         }
       }

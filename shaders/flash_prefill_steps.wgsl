@@ -98,10 +98,11 @@ fn osi(row: u32, tx: u32, c: u32) -> u32 {
   return (row * ROW_LANES + tx) * WG_SLOTS + c;
 }
 
-// One granule of the register tile into workgroup memory: by value, never the register
-// tile, for the reason given at decode_partial's stage_k.
-fn stage_k(idx: u32, kg: GV) {
+// One granule of the register tile (as loaded) into workgroup memory: by value, never the
+// register tile, for the reason given at decode_partial's stage_k.
+fn stage_k(idx: u32, kr: RG) {
   if (idx < KV_TILE * QK_GRANULES) {
+    let kg = granule_of(kr);
     let ks = tile_at(idx, K_STRIDE, QK_GRANULES);
     for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
       if (KV_F32 == 1u) {
@@ -113,8 +114,9 @@ fn stage_k(idx: u32, kg: GV) {
   }
 }
 
-fn stage_v(idx: u32, vg: GV) {
+fn stage_v(idx: u32, vr: RG) {
   if (idx < KV_TILE * V_GRANULES) {
+    let vg = granule_of(vr);
     let vs = tile_at(idx, V_VEC4S, V_GRANULES);
     for (var s = 0u; s < GRANULE_VEC4S; s++) {  // @unroll
       if (KV_F32 == 1u) {

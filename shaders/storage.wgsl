@@ -188,6 +188,72 @@ fn ${x}_word(w: u32) -> u32 {
   return $x[w / 4u][w % 4u];
 }
 
+// The staged families' register tiles (K/V loaded a tile ahead, stored to workgroup memory
+// after the next barrier) hold granules as loaded, RG: raw_$x(g) is granule g so, and
+// granule_of(r) its values, taken where the granule is stored. Arithmetic on a loaded value
+// makes the lane wait for the load where it stands (ku_scale_* below says what that cost the
+// direct decode), so quantized granules are dequantized at the store, not at the load.
+
+// piece: raw_plain
+// Float K/V: a granule as loaded is its values.
+alias RG = GV;
+fn granule_of(r: RG) -> GV {
+  return r;
+}
+
+// piece: raw_load_plain
+fn raw_$x(g: u32) -> RG {
+  return load_$x(g);
+}
+
+// piece: raw_quant
+// Quantized K/V: the granule's words of codes (w.y unused where a granule is one word) and
+// its scale as loaded: the scale's word and the shift of its half (int4), int4's nibble shift
+// in bits 8.. of s.y.
+struct RG {
+  w: vec2<u32>,
+  s: vec2<u32>,
+}
+
+// piece: raw_int8
+fn granule_of(r: RG) -> GV {
+  let s = bitcast<f32>(r.s.x);
+  return gv_of(i8x4(r.w.x) * s, i8x4(r.w.y) * s);
+}
+
+// piece: raw_int4
+fn granule_of(r: RG) -> GV {
+  let s = unpack2x16float(r.s.x >> (r.s.y & 0xffu)).x;
+  let sh = r.s.y >> 8u;
+  return gv_of(i4x4(r.w.x, sh) * s, i4x4(r.w.y, sh) * s);
+}
+
+// piece: raw_load_int8
+fn raw_$x(g: u32) -> RG {
+  let e0 = g * GRANULE;
+  let w = e0 / 4u;
+  var w1 = 0u;
+  if (GRANULE == 8u) {
+    w1 = ${x}_word(w + 1u);
+  }
+  return RG(vec2<u32>(${x}_word(w), w1), vec2<u32>(bitcast<u32>(${x}_scale[e0 / $row]), 0u));
+}
+
+// piece: raw_load_int4
+fn raw_$x(g: u32) -> RG {
+  let e0 = g * GRANULE;
+  let blk = e0 / 32u;
+  let r = e0 % 32u;
+  let w = blk * 4u + (r % 16u) / 4u;
+  let sh = select(0u, 4u, r >= 16u);
+  var w1 = 0u;
+  if (GRANULE == 8u) {
+    w1 = ${x}_word(w + 1u);
+  }
+  return RG(vec2<u32>(${x}_word(w), w1),
+            vec2<u32>(${x}_scale[blk / 2u], ((blk % 2u) * 16u) | (sh << 8u)));
+}
+
 // The load units of the direct decode_partial (decode_qk_common's k_reg, decode_pv_common's
 // v_reg): KU, UNIT_VEC4S vec4s of values as loaded; ku_part(x, s) its vec4 s without the
 // scale, ku_$x(e) the unit whose first element is e, ku_scale_$x(e) its scale as loaded and

@@ -63,8 +63,8 @@ def _features(dtype: str, *extra: str) -> frozenset[str]:
 
 
 # Where a K/V reader's quantized K/V becomes values (its explain line says so).
-_DEQUANT = ("; int8/int4 K/V (kv_dtype) are dequantized in the K/V loads, in f32, before "
-            "staging (no dequantized copy)")
+_DEQUANT = ("; int8/int4 K/V (kv_dtype) are dequantized from their codes, in f32, on their "
+            "way into the tiles (no dequantized copy)")
 
 
 def variant_aux(family: str, spec: AttentionSpec, params: Mapping[str, Any]) -> frozenset[str]:

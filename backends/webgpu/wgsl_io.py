@@ -138,7 +138,8 @@ def _load_quant(name: str, spec: AttentionSpec, wide: bool) -> str:
 def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False,
             halves: frozenset[str] = frozenset()) -> str:
     """The load/store helpers of a program whose bindings are ``bound`` (buffer names):
-    load_q/load_k/load_v where q, k, v are bound (and the load units ku_k/ku_v; wide: of
+    load_q/load_k/load_v where q, k, v are bound (raw_k/raw_v: a granule as loaded, RG, which
+    the staged tiles hold and granule_of dequantizes; the load units ku_k/ku_v; wide: of
     quantized K/V bound as 16-byte words, kv_unit; halves: f16 inputs bound as arrays of
     halves, whose granules are read half by half), store_out where out is the output."""
     parts = []
@@ -152,10 +153,17 @@ def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False,
         if quant is not None:
             parts.append(_piece("i8" if quant == "int8" else "i4"))
         parts.append(_piece(f"unit_{quant or spec.dtype}" if wide else "unit_granule"))
+        # the staged tiles' granules as loaded (RG, granule_of), then each tensor's raw_$x
+        parts.append(_piece("raw_plain") if quant is None
+                     else _piece("raw_quant") + _piece(f"raw_{quant}"))
         for x in ("k", "v"):
             if quant is not None:
-                parts.append(_load_quant(x, spec, wide))
-            elif wide:
+                row = "V_DIM" if x == "v" else "QK_DIM"
+                parts.append(_load_quant(x, spec, wide)
+                             + _piece(f"raw_load_{quant}", x=x, row=row))
+                continue
+            parts.append(_piece("raw_load_plain", x=x))
+            if wide:
                 parts.append(_piece(f"load_wide_{spec.dtype}", x=x) + _piece("ku_float", x=x))
             elif x in halves:
                 parts.append(_piece("load_halves", x=x) + _piece("ku_granule", x=x))
