@@ -145,36 +145,12 @@ fn load_$x(g: u32) -> GV {
   return bf16x8($x[g]);
 }
 
-// piece: load_int8
-// One scale per vector: k's are QK_DIM elements long, v's V_DIM ($row). A granule of 8 takes a
-// second word ($second), one of 4 only the first.
+// piece: load_quant
+// A granule of quantized codes dequantized where it is loaded (the direct reads); the staged
+// tiles hold raw_$x's granule and dequantize it where they store it (raw_quant below).
 fn load_$x(g: u32) -> GV {
-  let e0 = g * GRANULE;
-  let s = ${x}_scale[e0 / $row];
-  let w = e0 / 4u;
-  return gv_of(i8x4(${x}_word(w)) * s, $second);
+  return granule_of(raw_$x(g));
 }
-
-// piece: load_int4
-// Block blk of 32 elements: 16 bytes of codes (4 words), a float16 scale (two per word).
-fn load_$x(g: u32) -> GV {
-  let e0 = g * GRANULE;
-  let blk = e0 / 32u;
-  let r = e0 % 32u;
-  let w = blk * 4u + (r % 16u) / 4u;
-  let sh = select(0u, 4u, r >= 16u);
-  let s = unpack2x16float(${x}_scale[blk / 2u])[blk % 2u];
-  return gv_of(i4x4(${x}_word(w), sh) * s, $second);
-}
-
-// piece: second_int8
-i8x4(${x}_word(w + 1u)) * s
-
-// piece: second_int4
-i4x4(${x}_word(w + 1u), sh) * s
-
-// piece: second_none
-vec4<f32>(0.0)
 
 // piece: word_narrow
 // Word w of quantized K/V codes bound as array<u32>.
@@ -229,6 +205,8 @@ fn granule_of(r: RG) -> GV {
 }
 
 // piece: raw_load_int8
+// One scale per vector: k's are QK_DIM elements long, v's V_DIM ($row). A granule of 8 takes a
+// second word, one of 4 only the first.
 fn raw_$x(g: u32) -> RG {
   let e0 = g * GRANULE;
   let w = e0 / 4u;
@@ -240,6 +218,7 @@ fn raw_$x(g: u32) -> RG {
 }
 
 // piece: raw_load_int4
+// Block blk of 32 elements: 16 bytes of codes (4 words), a float16 scale (two per word).
 fn raw_$x(g: u32) -> RG {
   let e0 = g * GRANULE;
   let blk = e0 / 32u;

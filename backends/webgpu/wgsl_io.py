@@ -121,16 +121,14 @@ def _load_plain(name: str, spec: AttentionSpec) -> str:
 
 
 def _load_quant(name: str, spec: AttentionSpec, wide: bool) -> str:
-    # a granule of 8 reads a second word of codes; one of 4 has none
     quant = str(spec.kv_dtype)
-    second = _piece(f"second_{quant}" if granule(spec) == 8 else "second_none", x=name)
     # one scale per vector: k's are QK_DIM elements long, v's V_DIM (v_head_size)
     row = "V_DIM" if name == "v" else "QK_DIM"
     word = "word_wide" if wide else "word_narrow"
     if wide and name == "v":
         word = "word_v8" if quant == "int8" else "word_narrow"
     return (_piece(word, x=name)
-            + _piece(f"load_{quant}", x=name, row=row, second=second.strip())
+            + _piece(f"raw_load_{quant}", x=name, row=row) + _piece("load_quant", x=name)
             + ("" if wide and name == "v"       # v's wide units: vunit_{quant}
                else _piece(f"ku_{quant}" if wide else "ku_granule", x=name, row=row)))
 
@@ -158,9 +156,7 @@ def helpers(spec: AttentionSpec, bound: frozenset[str], wide: bool = False,
                      else _piece("raw_quant") + _piece(f"raw_{quant}"))
         for x in ("k", "v"):
             if quant is not None:
-                row = "V_DIM" if x == "v" else "QK_DIM"
-                parts.append(_load_quant(x, spec, wide)
-                             + _piece(f"raw_load_{quant}", x=x, row=row))
+                parts.append(_load_quant(x, spec, wide))
                 continue
             parts.append(_piece("raw_load_plain", x=x))
             if wide:
