@@ -362,19 +362,20 @@ def test_direct_int4_scales_match_the_reference(backend):
 def test_staged_prefill_over_quantized_kv_matches_the_reference(backend):
     """The scalar prefill with K/V staged by the workgroup holds each quantized granule as
     loaded (storage.wgsl's RG: the code words, the scale's word, int4's shifts) and
-    dequantizes it where it stores it: int8 and int4, granules of 4 (float32) and 8
-    (float16) elements, H=96 (int4: a row's blocks start in either half of a scale word),
-    against the float64 reference. (lavapipe's own plan reads K/V directly.)"""
+    dequantizes it where it stores it: int8 in granules of 8 (float16: two words of codes),
+    int4 in granules of 4 (float32: a granule in the low or the high nibbles), H=96 (int4: a
+    row's blocks start in either half of a scale word), against the float64 reference.
+    (lavapipe's own plan reads K/V directly; the staged decode's conformance cells take int4
+    granules of 8.)"""
     require_devices(backend)
     with attnreg.Session(backend=backend) as s:
-        for dtype, tag in (("float32", "f32"), ("float16", "f16")):
-            for kv in ("int8", "int4"):
-                spec = attnreg.AttentionSpec(batch=2, seq_len=40, past_len=30, num_heads=4,
-                                             kv_num_heads=2, head_size=96, dtype=dtype,
-                                             causal=True, kv_dtype=kv)
-                t = make_tensors(spec, 7, lengths=[spec.capacity, spec.capacity - 9])
-                got, plan = s.run_with_plan(spec, t, kernel=f"{backend}.prefill.{tag}.sg",
-                                            params={"kv_staging": "workgroup"})
-                assert plan.params["kv_staging"] == "workgroup"
-                _, problem = compare(spec, got, expected(spec, t))
-                assert not problem, f"{dtype} {kv}: {problem}"
+        for dtype, tag, kv in (("float16", "f16", "int8"), ("float32", "f32", "int4")):
+            spec = attnreg.AttentionSpec(batch=2, seq_len=40, past_len=30, num_heads=4,
+                                         kv_num_heads=2, head_size=96, dtype=dtype,
+                                         causal=True, kv_dtype=kv)
+            t = make_tensors(spec, 7, lengths=[spec.capacity, spec.capacity - 9])
+            got, plan = s.run_with_plan(spec, t, kernel=f"{backend}.prefill.{tag}.sg",
+                                        params={"kv_staging": "workgroup"})
+            assert plan.params["kv_staging"] == "workgroup"
+            _, problem = compare(spec, got, expected(spec, t))
+            assert not problem, f"{dtype} {kv}: {problem}"
