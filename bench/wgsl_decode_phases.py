@@ -220,34 +220,6 @@ P_DOUBLE: list[Edit] = [
     ps_at = KV_TILE * VECTORS - ps_at;
 """),
 ]
-# int4 V in units of two words (16 codes, one 8-byte pair of loads a unit) instead of one:
-# half the V loads of the direct decode, twice its PV columns a lane.
-V4_WIDE: Edit = ("storage", """alias VU = u32;
-const VUNIT_VEC4S: u32 = 2u;
-fn vu_part(x: VU, s: u32) -> vec4<f32> {
-  return i4x4(x, s * 4u);
-}
-fn vu_col(gi: u32, s: u32) -> u32 {
-  return (gi / 4u) * 8u + gi % 4u + 4u * s;
-}
-fn vu_v(e: u32, gi: u32) -> VU {
-  return v[e / 8u + gi];
-}
-fn vu_scale_v(e: u32, gi: u32) -> vec2<u32> {
-  let blk = e / 32u + gi / 4u;""", """alias VU = vec2<u32>;
-const VUNIT_VEC4S: u32 = 4u;
-fn vu_part(x: VU, s: u32) -> vec4<f32> {
-  return i4x4(x[s / 2u], (s % 2u) * 4u);
-}
-fn vu_col(gi: u32, s: u32) -> u32 {
-  return (gi / 2u) * 8u + (gi % 2u) * 2u + s / 2u + 4u * (s % 2u);
-}
-fn vu_v(e: u32, gi: u32) -> VU {
-  let w = e / 8u + 2u * gi;
-  return VU(v[w], v[w + 1u]);
-}
-fn vu_scale_v(e: u32, gi: u32) -> vec2<u32> {
-  let blk = e / 32u + gi / 2u;""")
 # Every tile's q read from q_s again, as before decode_qk_common's Q_IN_REGS.
 Q_SHARED = (QK, "if (Q_IN_REGS == 1u) {", "if (false) {")
 VARIANTS: dict[str, list[Edit]] = {
@@ -256,7 +228,6 @@ VARIANTS: dict[str, list[Edit]] = {
     "max one load": [MAX_ONE],
     "max one + no exp barrier": [MAX_ONE, EXP_BARRIER],
     "shuffles + double p_s": [SHUFFLE_SLICES, *P_DOUBLE],
-    "int4 V in word pairs": [V4_WIDE],
     "q from workgroup memory": [Q_SHARED],
     "K/V from L1": L1,
     "K/V from L1 + q from workgroup memory": [*L1, Q_SHARED],

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attnreg
-from attnreg import testing
+from attnreg import shaders, testing
 from attnreg.backends.webgpu import program
 
 # An edit: (source file, text, replacement). The softmax's logits are in mma_common.wgsl,
@@ -70,7 +70,14 @@ def _median_us(sess: attnreg.Session, plan: attnreg.Plan, inputs: Mapping[str, A
 
 
 def source_with(edits: list[Edit]) -> Callable[[str], str]:
+    """program.load with ``edits`` applied. Only the kernel sources (shaders.FAMILIES) pass
+    through program.load; an edit of a piece file (prefix, storage, kv_units) would silently
+    change nothing, so it is refused."""
     original = program.load
+    pieces = [f for f, _, _ in edits if f not in shaders.FAMILIES]
+    if pieces:
+        raise SystemExit(f"edits of {sorted(set(pieces))}: not kernel sources program.load "
+                         "reads; the edit would change nothing")
 
     def load(name: str) -> str:
         text = original(name)

@@ -147,12 +147,19 @@ Q128: dict[str, Any] = {"mma": "hardware", "q_tile": 128, "kv_tile": 32}
 # instead of shuffled from the lanes that own their keys
 P_MEMORY: Edit = ("flash_prefill", "let p_shuffled = sliced && LANE_KEYS <= 2u;",
                   "let p_shuffled = false;")
-# The scalar prefill's two PV loops over a step's keys written out by the program builder
-PV_UNROLLED: list[Edit] = [
-    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let vv = full_values",
-     "for (var jj = 0u; jj < K_STEP; jj++) {  // @unroll\n          let vv = full_values"),
-    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let j = js + jj;",
-     "for (var jj = 0u; jj < K_STEP; jj++) {  // @unroll\n          let j = js + jj;")]
+# The scalar prefill's two PV loops over a step's keys (full steps, edge steps), by the line
+# that opens them and the line after it
+PV_LOOP = "for (var jj = 0u; jj < K_STEP; jj++) {"
+PV_LOOP_NEXT = ("\n          let vv = full_values", "\n          let j = js + jj;")
+
+
+def pv_loops(opening: str) -> list[Edit]:
+    """Both PV loops opened by ``opening`` instead."""
+    return [("flash_prefill", PV_LOOP + nxt, opening + nxt) for nxt in PV_LOOP_NEXT]
+
+
+# The PV loops written out by the program builder
+PV_UNROLLED = pv_loops(PV_LOOP + "  // @unroll")
 SHOWN = ("q_tile", "kv_tile", "form", "qk_layout", "kv_stage", "row_lanes")
 SCALAR = "dawn.prefill.f16.sg"
 KEYS: dict[str, Any] = {"kv_staging": "workgroup", "qk_layout": "keys", "kv_stage": "native",
@@ -220,11 +227,7 @@ PHASES: dict[str, list[Edit]] = {
 # loops run no key; the K/V tiles never stored (their loads dead).
 SCALAR_NO_QK: Edit = ("flash_prefill", "if (SLICE_VEC4S * ROW_LANES == QK_VEC4S || c < QK_VEC4S) {",
                       "if (false) {")
-SCALAR_NO_PV: list[Edit] = [
-    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let vv = full_values",
-     "for (var jj = 0u; jj < 0u; jj++) {\n          let vv = full_values"),
-    ("flash_prefill", "for (var jj = 0u; jj < K_STEP; jj++) {\n          let j = js + jj;",
-     "for (var jj = 0u; jj < 0u; jj++) {\n          let j = js + jj;")]
+SCALAR_NO_PV = pv_loops("for (var jj = 0u; jj < 0u; jj++) {")
 SCALAR_NO_STAGING: list[Edit] = [
     ("flash_prefill", "stage_k(lid + u * THREADS, kr[u]);", ""),
     ("flash_prefill", "stage_v(lid + u * THREADS, vr[u]);", "")]

@@ -18,7 +18,7 @@ FAMILIES = ("attn_common", "attn_keys", "flash_prefill_steps", "flash_prefill", 
             "utility_common", "patch16", "copy_rows", "copy_bw", "quantize_kv")
 # Files of named pieces (not modules): ``// piece: NAME`` starts a piece, which runs to the
 # next such line; what comes before the first is the file's own comment.
-PIECE_FILES = ("prefix", "storage")
+PIECE_FILES = ("prefix", "storage", "kv_units")
 _MARK = "// piece: "
 
 

@@ -12,7 +12,7 @@ fn tile_at(idx: u32, stride: u32, ng: u32) -> u32 {
 }
 
 // A lane's granule idx of the K tile of keys jf.. as its register tile holds it (as loaded:
-// storage.wgsl's RG): zeros unless live and the key lies in [lo, hi) (the keys some row
+// kv_units.wgsl's RG): zeros unless live and the key lies in [lo, hi) (the keys some row
 // sees); and where v's rows are k's (V_GRANULES == QK_GRANULES), V's granule at the same
 // address. One granule at a time, by value: never the register tile (decode_partial's tile
 // loop says why).

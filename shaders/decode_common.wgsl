@@ -12,8 +12,8 @@ const LANE_ELEMS: u32 = (KV_TILE * VECTORS + THREADS - 1u) / THREADS;
 
 var<workgroup> p_s: array<f32, KV_TILE * VECTORS>;
 
-// A load unit (storage.wgsl's KU) in a lane's registers, with its scale as loaded
-// (storage.wgsl's ku_scale_k; 1 where the loads dequantized): the direct decode_partial's
+// A load unit (kv_units.wgsl's KU) in a lane's registers, with its scale as loaded
+// (kv_units.wgsl's ku_scale_k; 1 where the loads dequantized): the direct decode_partial's
 // register tiles (DIRECT 1).
 struct KUnit {
   x: KU,

@@ -8,7 +8,7 @@
 //   merged_o(r, c) / merged_stats(r): them read back, with the (max, sum) of vector r.
 // SUMS 1 (decode_partial): the lanes also sum the weights (l); decode_pv has its sums.
 // DIRECT 1 (decode_partial, kv_staging "direct"): no v_s; a lane's unit is a whole V load
-// unit (storage.wgsl's VU, PV_UNIT vec4 columns: vu_col), loaded by the lane itself into
+// unit (kv_units.wgsl's VU, PV_UNIT vec4 columns: vu_col), loaded by the lane itself into
 // registers (v_reg: V_REGS units a tile, a key's units by consecutive lanes); its scale
 // multiplies the weight.
 
@@ -24,7 +24,7 @@ const V_REGS: u32 = 1u + DIRECT * (STREAM_KEYS * LANE_UNITS - 1u);  // DIRECT: V
 
 var<workgroup> v_s: array<TS, 1u + (1u - DIRECT) * (KV_TILE * V_VEC4S - 1u)>;
 
-// A V unit in a lane's registers, with its scale as loaded (storage.wgsl's vu_scale_v; 1
+// A V unit in a lane's registers, with its scale as loaded (kv_units.wgsl's vu_scale_v; 1
 // where the loads dequantized).
 struct VUnit {
   x: VU,

@@ -6,7 +6,7 @@
 // Each family declares Q_STRIDE and LOW_KEYS (1 where a tile may start before the split's
 // first key klo: decode_partial's listed blocks). DIRECT 1 (decode_partial, kv_staging
 // "direct"): no k_s; lane (slice h = lid % SLICES, key lid / SLICES) loads the load units
-// (storage.wgsl's KU: a granule, or 16 bytes of quantized codes) h, h + SLICES, ... of its
+// (kv_units.wgsl's KU: a granule, or 16 bytes of quantized codes) h, h + SLICES, ... of its
 // keys straight into registers (k_reg: K_REGS units a tile, the SLICES lanes of a key reading
 // its row's consecutive units together) and dots them there, a unit's scale applied once.
 
@@ -108,7 +108,7 @@ fn load_q_regs(lid: u32) {
 }
 
 // One granule of the register tile into workgroup memory, called from the unrolled loops of
-// both pipeline orders. It takes the granule as loaded (storage.wgsl's RG), never the
+// both pipeline orders. It takes the granule as loaded (kv_units.wgsl's RG), never the
 // register tile: a helper taking the tile by pointer made a driver keep it in local memory.
 fn stage_k(idx: u32, kr: RG) {
   if (idx < KV_TILE * QK_GRANULES) {

@@ -149,7 +149,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // fly during the compute. The loads have a constant trip count (the compiler unrolls them
   // and issues all before the first use) and sit in main with their staging, written out
   // for both orders, as in decode_partial (which says why).
-  var kr: array<RG, K_LOADS>;    // granules as loaded (storage.wgsl's RG)
+  var kr: array<RG, K_LOADS>;    // granules as loaded (kv_units.wgsl's RG)
   var vr: array<RG, V_LOADS>;
   for (var it = 0u; it < n_units + AHEAD; it++) {
     if (STAGED == 1u) {

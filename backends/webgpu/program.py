@@ -10,8 +10,9 @@ A module is a generated prefix (compute type, load granule, the stage's constant
 reductions, the parameter block of backends/common.py, the binding declarations of
 attnreg/ports.py typed by the stored dtypes, the load/store helpers of wgsl_io.py, the
 paged/block-list memory helpers) followed by the family's files from shaders/. Variants
-differ only in that prefix, whose WGSL comes from the pieces of shaders/prefix.wgsl and
-shaders/storage.wgsl: no WGSL is written here, only chosen and declared.
+differ only in that prefix, whose WGSL comes from the pieces of shaders/prefix.wgsl,
+shaders/storage.wgsl and shaders/kv_units.wgsl: no WGSL is written here, only chosen and
+declared.
 
 The runtimes' own kernels (patch16, copy_rows, copy_bw, quantize_kv) are built here too
 (``utility``): constants and binding declarations generated the same way, then their files.

@@ -207,7 +207,7 @@ def decode_regs(spec: AttentionSpec, params: Mapping[str, Any]) -> int:
     or 16 bytes of quantized codes, wgsl_io.kv_unit)."""
     c = decode_consts(spec, params)
     ue, slices, slice_units = _slice_units(spec, c)
-    ve = 8 if spec.kv_dtype and wgsl_io.kv_unit(spec) else ue  # a V unit (storage.wgsl)
+    ve = 8 if spec.kv_dtype and wgsl_io.kv_unit(spec) else ue  # a V unit (kv_units.wgsl)
     bc, th = c["KV_TILE"], c["THREADS"]
     k = bc // min(bc, th // slices) * slice_units
     vu = max(1, spec.head_size_v // ve)

@@ -45,8 +45,10 @@ _FIXED = {"bias": "array<f32>", "f32": "array<f32>", "f32x2": "array<vec2<f32>>"
 
 
 def _piece(name: str, **subst: str) -> str:
-    """A piece of shaders/storage.wgsl, its $names filled in."""
-    text = shaders.pieces("storage")[name]
+    """A piece of shaders/storage.wgsl or shaders/kv_units.wgsl (K/V as register tiles hold
+    them), its $names filled in."""
+    store = shaders.pieces("storage")
+    text = store[name] if name in store else shaders.pieces("kv_units")[name]
     return string.Template(text).substitute(subst) if subst else text
 
 
@@ -93,7 +95,7 @@ def kv_unit(spec: AttentionSpec) -> int:
     return 1 if spec.dtype == "float32" else 2
 
 
-# V's words in a wide program: quantized V is read in units of 8 values (storage.wgsl vunit_*).
+# V's words in a wide program: quantized V is read in units of 8 values (kv_units.wgsl vunit_*).
 _WIDE_V = {"int8": "array<vec2<u32>>", "int4": "array<u32>"}
 
 

@@ -17,11 +17,15 @@ SCRIPTS = ("bench.wgsl_mma_prefill", "bench.wgsl_mma_phases", "bench.wgsl_decode
            "bench.prefill_tiles")
 
 
+# Every WGSL file an edit could name: kernel sources and piece files.
+_WGSL = set(shaders.FAMILIES) | set(shaders.PIECE_FILES)
+
+
 def _edits(value: Any) -> Iterator[tuple[str, str, str]]:
     """Every (shader, old, new) edit held in a module-level value (nested lists, tuples and
     dicts), the way the scripts declare their variant tables."""
     if (isinstance(value, tuple) and len(value) == 3 and all(isinstance(x, str) for x in value)
-            and value[0] in shaders.FAMILIES):
+            and value[0] in _WGSL):
         yield value
     elif isinstance(value, (list, tuple)):
         for x in value:
@@ -36,5 +40,8 @@ def test_every_edit_of_the_bench_scripts_applies(script: str) -> None:
     module = importlib.import_module(script)
     found = {e for name, v in vars(module).items() if name.isupper() for e in _edits(v)}
     assert len(found) >= 5, f"{script}: its edit tables were not found"
+    # program.load serves only the kernel sources: an edit of a piece file changes nothing
+    pieces = [(f, old[:40]) for f, old, _ in sorted(found) if f not in shaders.FAMILIES]
+    assert not pieces, f"{script}: edits of piece files, which no build would see: {pieces}"
     stale = [(f, old[:60]) for f, old, _ in sorted(found) if old not in shaders.load(f)]
     assert not stale, f"{script}: edits whose text the shader no longer has: {stale}"

@@ -361,7 +361,7 @@ def test_direct_int4_scales_match_the_reference(backend):
 @pytest.mark.parametrize("backend", ["webgpu", "dawn"])
 def test_staged_prefill_over_quantized_kv_matches_the_reference(backend):
     """The scalar prefill with K/V staged by the workgroup holds each quantized granule as
-    loaded (storage.wgsl's RG: the code words, the scale's word, int4's shifts) and
+    loaded (kv_units.wgsl's RG: the code words, the scale's word, int4's shifts) and
     dequantizes it where it stores it: int8 in granules of 8 (float16: two words of codes),
     int4 in granules of 4 (float32: a granule in the low or the high nibbles), H=96 (int4: a
     row's blocks start in either half of a scale word), against the float64 reference.
