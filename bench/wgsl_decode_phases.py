@@ -23,6 +23,15 @@ changed by editing its WGSL source:
   subgroups           of a chain of eight (32-lane subgroups assumed: NVIDIA's)
   logits tested a     every logit through vec_logit's per-key tests, the plain tiles too
   key                 (decode_qk_common.wgsl's tile_plain off; computes right values)
+  unrolled            every loop of decode_partial / decode_qk_common / decode_pv_common
+                      marked // @unroll, so the program builder writes out those with a
+                      constant bound (as the prefill's are); "unrolled QK" / "PV": one file
+  QK / PV one vector  only query vector 0's FMAs of QK (or of PV) kept, every load and the
+                      softmax as planned: what the per-vector FMAs cost
+                      (ci/results/h200_wgsl_decode_bounds.txt)
+  K / V unconverted   K's (V's) units used as their bits, unconverted (f16 and bf16 cases
+                      only: their units are vec4<u32>): what the conversions to f32 cost
+  no max/exp passes   tile_weights dropped (its two barriers too): PV weighs by the logits
 
 Edited builds compute wrong values (their error is printed: the part really went). GPU time
 per launch and back to back ("one pass": the runtime's b2b, N launches recorded into one
@@ -37,6 +46,7 @@ ci/results/h200_wgsl_decode_fixed_costs.txt used them.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -222,6 +232,33 @@ P_DOUBLE: list[Edit] = [
 ]
 # Every tile's q read from q_s again, as before decode_qk_common's Q_IN_REGS.
 Q_SHARED = (QK, "if (Q_IN_REGS == 1u) {", "if (false) {")
+
+
+def _marked(fname: str) -> list[Edit]:
+    """Every loop of a kernel source marked ``// @unroll``: the program builder writes out
+    those with a constant bound and no break or continue (backends/webgpu/unroll.py)."""
+    lines = sorted(set(m.group(0) for m in re.finditer(
+        r"for \(var (\w+) = 0u; \1 < [^;]+; \1\+\+\) \{\n", program.load(fname))))
+    return [(fname, h, h[:-1] + "  // @unroll\n") for h in lines]
+
+
+# One query vector's FMAs kept of QK's (the others' scores stay 0) or of PV's (the others'
+# outputs stay 0), every load and the softmax as planned: what the per-vector FMAs cost.
+QK_ONE: Edit = (QK, "t[r] += dot(q_r[(g * UNIT_VEC4S + s) * VECTORS + r], kc);",
+                "if (r == 0u) { t[r] += dot(q_r[(g * UNIT_VEC4S + s) * VECTORS + r], kc); }")
+PV_ONE: Edit = (PV, "a.o[r][u] += (p * col_scale(n, u, vt)) * vv[u];",
+                "if (r == 0u) { a.o[r][u] += (p * col_scale(n, u, vt)) * vv[u]; }")
+# K's / V's units used as their bits (bitcast, no conversion to f32), for the cases whose
+# load units are vec4<u32> (f16, bf16; int8's V unit is not): what the conversions cost.
+K_NOCVT: Edit = (QK, "let kc = ku_part(ku.x, s);",
+                 "let kc = bitcast<vec4<f32>>(ku.x ^ vec4<u32>(s));")
+V_NOCVT: Edit = (PV, "vv[u] = vu_part(vt[n * LANE_UNITS + u / PV_UNIT].x, u % PV_UNIT);",
+                 "vv[u] = bitcast<vec4<f32>>(vt[n * LANE_UNITS + u / PV_UNIT].x "
+                 "^ vec4<u32>(u % PV_UNIT));")
+# The tile's max and exp passes (tile_weights: two barriers) dropped: PV weighs by the logits.
+NO_WEIGHTS: Edit = (DP, """    tile_weights(lid);
+    if (st < STREAMS) {""", """    if (st < STREAMS) {""")
+UNROLLED = [*_marked(DP), *_marked(QK), *_marked(PV)]
 VARIANTS: dict[str, list[Edit]] = {
     "as_planned": [],
     "logits tested a key": [(QK, "return PLAIN_LOGITS == 1u && j0 >= klo", "return false && j0 >= klo")],
@@ -242,6 +279,20 @@ VARIANTS: dict[str, list[Edit]] = {
     "reduce max by subgroups": [REDUCE_SG],
     "both empty": [PARTIAL_EMPTY, REDUCE_EMPTY],
     "prefill empty": [PREFILL_EMPTY],
+    "unrolled": UNROLLED,
+    "unrolled QK": _marked(QK),
+    "unrolled PV": _marked(PV),
+    "unrolled + K/V from L1": [*UNROLLED, *L1],
+    "QK one vector": [QK_ONE],
+    "PV one vector": [PV_ONE],
+    "QK and PV one vector": [QK_ONE, PV_ONE],
+    "QK and PV one vector + K/V from L1": [QK_ONE, PV_ONE, *L1],
+    "K unconverted": [K_NOCVT],
+    "V unconverted": [V_NOCVT],
+    "K/V unconverted": [K_NOCVT, V_NOCVT],
+    "K/V unconverted + K/V from L1": [K_NOCVT, V_NOCVT, *L1],
+    "no max/exp passes": [NO_WEIGHTS],
+    "no max/exp passes + K/V from L1": [NO_WEIGHTS, *L1],
 }
 # Launches for this long before each timing: an idle H100 drops its clocks while the next
 # variant compiles, and 0.1 s of launches left the L=32768 cases timed 2-3x slow.
@@ -268,7 +319,7 @@ def _one(backend: str, dev: Any, spec: attnreg.AttentionSpec, t: Mapping[str, An
         err, _ = testing.compare(spec, s.run(spec, t, params=params), want)
         us, b2b = _median_us(s, plan, t, iters)
         prm = {k: v for k, v in plan.stages[0].params.items()
-               if k in ("kv_tile", "threads", "n_splits", "kv_staging", "m_tile")}
+               if k in ("kv_tile", "threads", "n_splits", "kv_staging", "m_tile", "group_tile")}
         return (f"{us:8.1f} us  one pass {b2b:7.1f} us  err {err:.2g}  "
                 f"{' -> '.join(plan.kernels)} {prm}")
 
