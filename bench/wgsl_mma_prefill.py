@@ -12,8 +12,9 @@ printed to show the phase went). GPU time per launch (timestamp queries, median)
 GQA 32/8 H=128. Variants with source edits undo, one at a time, what a stop kept (the grid's
 heavy-first order, the softmax lanes' rotation, the logits' fast path, the non-finite v path
 after the loop: ci/results/h200_wgsl_prefill_order.txt) or try what it did not (the rescale
-two tiles a round trip, Q reloaded every tile); earlier stops' variants are in the results
-files they wrote. ``--tag`` labels the lines, so that runs of two trees (this script copied
+two tiles a round trip, Q reloaded every tile), or cut the scalar prefill's NaN-safe logits and
+weights or its edge steps (scalar-unguarded*, scalar-no-edge-steps); earlier stops' variants
+are in the results files they wrote. ``--tag`` labels the lines, so that runs of two trees (this script copied
 into each) can be told apart and alternated.
 
   python3 bench/wgsl_mma_prefill.py [--iters 40] [--rounds 2] [--seq 512,2048] [--only a,b]
@@ -166,6 +167,17 @@ KEYS: dict[str, Any] = {"kv_staging": "workgroup", "qk_layout": "keys", "kv_stag
                         "row_lanes": 16, "q_tile": 32, "rows_per_thread": 2}
 SLICED: dict[str, Any] = {"kv_staging": "workgroup", "qk_layout": "sliced", "kv_stage": "f32",
                           "row_lanes": 8, "q_tile": 64, "rows_per_thread": 2}
+# The scalar prefill's NaN-safe logit and weight (attn_keys' plain_logit: inf / NaN dots
+# made NaN, -inf made MASKED; attn_common's weight_of: NaN kept through exp) cut to the bare
+# value and exp: what the poison tests cost a logit (wrong only on non-finite inputs)
+UNGUARDED_WEIGHTS: Edit = ("attn_common", "return select(exp(x - m), x, is_nan(x));",
+                           "return exp(x - m);")
+UNGUARDED_LOGITS: Edit = ("attn_keys", "return select(max(d, MASKED), nan_f32(), "
+                          "(bitcast<u32>(d) & 0x7f800000u) == 0x7f800000u);", "return d;")
+# Every step through the full steps' PV loop, the causal diagonal's too (wrong there): what
+# the edge steps' per-(key, row) branches cost
+NO_EDGE_STEPS: Edit = ("flash_prefill", "if (all_see(js, js + K_STEP, span, seen_all)) {",
+                       "if (true) {")
 # label -> (kernel or None for the scalar plan, params, source edits)
 VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar": (None, {}, []),
@@ -195,6 +207,10 @@ VARIANTS: dict[str, tuple[str | None, dict[str, Any], list[Edit]]] = {
     "scalar-sliced-q64-r4": (SCALAR, {**SLICED, "rows_per_thread": 4, "kv_tile": 32,
                                       "max_k_step": 16}, []),
     "scalar-pv-unrolled": (None, {}, PV_UNROLLED),
+    "scalar-unguarded-weights": (None, {}, [UNGUARDED_WEIGHTS]),
+    "scalar-unguarded-logits": (None, {}, [UNGUARDED_LOGITS]),
+    "scalar-unguarded": (None, {}, [UNGUARDED_WEIGHTS, UNGUARDED_LOGITS]),
+    "scalar-no-edge-steps": (None, {}, [NO_EDGE_STEPS]),
     "scalar-sliced-p-memory": (SCALAR, SLICED, [P_MEMORY]),
     "scalar-sliced-q128-p-memory": (SCALAR, {**SLICED, "q_tile": 128}, [P_MEMORY]),
     "staged-q32-kv32": (STAGED, {"mma": "hardware"}, []),
