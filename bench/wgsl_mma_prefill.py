@@ -174,8 +174,9 @@ UNGUARDED_WEIGHTS: Edit = ("attn_common", "return select(exp(x - m), x, is_nan(x
                            "return exp(x - m);")
 UNGUARDED_LOGITS: Edit = ("attn_keys", "return select(max(d, MASKED), nan_f32(), "
                           "(bitcast<u32>(d) & 0x7f800000u) == 0x7f800000u);", "return d;")
-# Every step through the full steps' PV loop, the causal diagonal's too (wrong there): what
-# the edge steps' per-(key, row) branches cost
+# Every step through the full steps' PV loop, the causal diagonal's too: what the edge steps'
+# per-(key, row) branches cost (right for finite inputs: an invisible key's weight is 0, and
+# the branches are what keep a non-finite value of such a key out of the row)
 NO_EDGE_STEPS: Edit = ("flash_prefill", "if (all_see(js, js + K_STEP, span, seen_all)) {",
                        "if (true) {")
 # label -> (kernel or None for the scalar plan, params, source edits)
