@@ -53,6 +53,17 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 """
 
+# DOUBLE's job made slow: each lane runs a long chain of dependent FMAs (SwiftShader: 1.1-1.2
+# s a call, DOUBLE 0.05-0.09 s), so that no reply can beat a timeout of a millisecond.
+# DOUBLE's reply once did, in a clean-clone CI run on 2 cores: the host's wait takes a reply
+# that is there before it tests its deadline, and on a loaded machine its wake-up can come late.
+SLOW = DOUBLE.replace("  x[g.x] = 2.0 * x[g.x];",
+                      "  var a = x[g.x];\n"
+                      "  for (var i = 0u; i < 200000000u; i++) {\n"
+                      "    a = a * 0.999999 + 1.0;\n"
+                      "  }\n"
+                      "  x[g.x] = a;")
+
 
 def _job(wgsl: str, key: str = "double", source: bool = True) -> dict[str, Any]:
     return {"label": "double", "buffers": [{"name": "x", "usage": "storage", "size": 16, "blob": "x"}],
@@ -248,7 +259,7 @@ def test_a_timeout_ends_the_browser() -> None:
     browser = host.browser
     assert browser is not None
     with pytest.raises(BrowserError, match="timed out"):
-        host.call(_job(DOUBLE), {"x": bytes(16)}, timeout=0.001)
+        host.call(_job(SLOW, key="slow"), {"x": bytes(16)}, timeout=0.001)
     assert not host.alive() and browser.pids() == [] and not os.path.exists(browser.dir)
 
 
