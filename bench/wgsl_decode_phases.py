@@ -33,9 +33,10 @@ changed by editing its WGSL source:
                       only: their units are vec4<u32>): what the conversions to f32 cost
   no max/exp passes   tile_weights dropped (its two barriers too): PV weighs by the logits
 
-Edited builds compute wrong values (their error is printed: the part really went). GPU time
-per launch and back to back ("one pass": the runtime's b2b, N launches recorded into one
-compute pass), medians, one process; run it once more with ATTNREG_WGSL_CHECKS=none to see what
+Edited builds compute wrong values (their error is printed: the part really went), but for
+the "unrolled" ones and "logits tested a key", which compute the plan's. GPU time per launch
+and back to back ("one pass": the runtime's b2b, N launches recorded into one compute pass),
+medians, one process; run it once more with ATTNREG_WGSL_CHECKS=none to see what
 the bounds checks (Tint's robustness, naga's checks) cost.
 
 --flag NAME=VALUE sets a session flag, --param NAME=INT a kernel parameter (split_size=47):
@@ -53,7 +54,7 @@ from typing import Any
 
 import attnreg
 from attnreg import testing
-from attnreg.backends.webgpu import program
+from attnreg.backends.webgpu import program, unroll
 from attnreg.tools.bench import _inputs
 from attnreg.tools.bench_suites import SUITES
 from bench.wgsl_mma_phases import Edit, source_with
@@ -239,7 +240,7 @@ def _marked(fname: str) -> list[Edit]:
     those with a constant bound and no break or continue (backends/webgpu/unroll.py)."""
     lines = sorted(set(m.group(0) for m in re.finditer(
         r"for \(var (\w+) = 0u; \1 < [^;]+; \1\+\+\) \{\n", program.load(fname))))
-    return [(fname, h, h[:-1] + "  // @unroll\n") for h in lines]
+    return [(fname, h, f"{h[:-1]}  {unroll.MARK}\n") for h in lines]
 
 
 # One query vector's FMAs kept of QK's (the others' scores stay 0) or of PV's (the others'

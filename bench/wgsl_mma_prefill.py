@@ -12,10 +12,10 @@ printed to show the phase went). GPU time per launch (timestamp queries, median)
 GQA 32/8 H=128. Variants with source edits undo, one at a time, what a stop kept (the grid's
 heavy-first order, the softmax lanes' rotation, the logits' fast path, the non-finite v path
 after the loop: ci/results/h200_wgsl_prefill_order.txt) or try what it did not (the rescale
-two tiles a round trip, Q reloaded every tile), or cut the scalar prefill's NaN-safe logits and
-weights or its edge steps (scalar-unguarded*, scalar-no-edge-steps); earlier stops' variants
-are in the results files they wrote. ``--tag`` labels the lines, so that runs of two trees (this script copied
-into each) can be told apart and alternated.
+two tiles a round trip, Q reloaded every tile), or cut the scalar prefill's NaN-safe logits
+and weights or its edge steps (scalar-unguarded*, scalar-no-edge-steps); earlier stops'
+variants are in the results files they wrote. ``--tag`` labels the lines, so that runs of two
+trees (this script copied into each) can be told apart and alternated.
 
   python3 bench/wgsl_mma_prefill.py [--iters 40] [--rounds 2] [--seq 512,2048] [--only a,b]
 """

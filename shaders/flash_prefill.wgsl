@@ -3,50 +3,12 @@
 // Q_TILE / ROWS_PER_LANE row groups of ROW_LANES lanes: a lane owns ROWS_PER_LANE rows and the
 // score columns tx, tx+ROW_LANES, ... of each step, and a share of the output columns.
 // Its constants, workgroup memory and helpers are flash_prefill_steps.wgsl; main is here.
+// Its variants, and the prefix constants that pick them, are told there too.
 //
-// Keys arrive in units of KV_TILE keys and are consumed in inner steps of K_STEP keys
-// (max_k_step: the ROWS_PER_LANE x LANE_KEYS scores a lane keeps in private memory). Variants,
-// all from prefix constants (tiles.prefill_consts):
-//   STAGED 1 ("workgroup"): a unit is a K/V tile staged in workgroup memory by the whole
-//     workgroup (PREFETCH pipelines the next tile through registers), STEPS steps per tile;
-//   STAGED 0 ("direct"): a unit is one step; each row group reads the step's K rows and V
-//     rows straight from memory (together it reads each of them once), no staging;
-//   O_SPLIT 1 ("half_workgroup"): of a lane's LANE_SLOTS output vec4 slots per row
-//     (LANE_UNITS units of OUT_UNIT vec4s), WG_SLOTS = half, rounded up, live in workgroup
-//     memory (o_s, each lane its own entries), the other REG_SLOTS in registers; O_SPLIT 0:
-//     all LANE_SLOTS in registers;
-//   BLOCKS 1: units are the listed blocks of the masked-block list (block_skip), each with
-//     its all-zero flag (the bias is not loaded for those), instead of every unit in span;
-//   SLICED 1 (qk_layout "sliced", STAGED 1): the row group's lanes split the head dimension
-//     for QK^T (flash_prefill_steps.wgsl says how), KV_F32 1: K/V staged as f32.
-// An output unit is OUT_UNIT vec4 columns: one vec4 (STAGED 1, read from v_s) or one load
-// granule (STAGED 0, read from v); OUT_UNITS of them make v's row, and so the output's, of V_DIM
-// elements (v_head_size); q's and k's are QK_DIM. Row maxima and sums are combined over the
-// ROW_LANES lanes of a row group: lane_max()/lane_sum() (subgroup shuffles over SHUFFLE_LANES
-// lanes in the subgroup variant), then workgroup memory for the LANE_GROUPS groups left, or
-// more shuffles where this dispatch's subgroups hold a whole row group (rows_reduce's wide).
-// Prefix constants: Q_TILE, KV_TILE, K_STEP, STEPS (steps per unit), ROWS_PER_LANE, ROW_LANES,
-// SHUFFLE_LANES, PREFETCH, STAGED, STAGED_KEYS (k_s / v_s rows: KV_TILE, or 1 when direct),
-// O_SPLIT, OUT_UNIT, OUT_UNITS, LANE_UNITS, LANE_SLOTS, REG_SLOTS, WG_SLOTS, O_S_SIZE (o_s's
-// length), SLICED, SLICE_LEVELS (log2 ROW_LANES where SLICED, else 0), KV_F32.
-//
-// main is one body of about 290 lines, past the 80 lines a function that the house rules set:
-// a measured exception (#34). Splits of it were slower on the H100 (Dawn: Tint's SPIR-V on
-// NVIDIA's Vulkan driver; `attnreg bench --gpu-only --backend dawn --suite prefill --iters 30`,
-// GPU us, two rounds alternated with the a244720 tree, whose kernel this is, in each call):
-//                                                    S512 (a244720)        S2048 (a244720)
-//   this body                                        211.0 211.0 (211.0)   2390 2390 (2387)
-//   main <= 80 lines, m/l/o updated in main's own    222.1 222.4 (211.0)   2529 2528 (2387)
-//     loops; scores, logits, p_s, tile loads and staging in functions
-//   main <= 80 lines, m/l/o passed through the step  233.1 233.6 (211.0)   2655 2655 (2385)
-//     functions by value; by pointer 234.3 234.3, as var<private> 232.5 231.1
-//   this body with only its PV loops in a function   226.6 226.5 (211.0)   2585 2585 (2389)
-//   the two PV loops (full, edge) as one loop with   331.0 331.0 (211.0)   3950 3951 (2387)
-//     a run-time test
-// Loops over the lane's tiles are marked @unroll and written out by the program builder
-// (backends/webgpu/unroll.py): Dawn's NVIDIA build kept larger tiles' private arrays in local
-// memory otherwise (q_tile 64, 4 rows x 8 lanes: 12502 -> 3537 us at S2048; this body 2475 ->
-// 2441; ci/results/h100_wgsl_prefill_tiles.txt).
+// main is one body of about 290 lines, past the house's 80 a function: a measured exception
+// (#34), every split of it slower on the H100 (engineering-notes.md, "main is one body").
+// Loops over the lane's tiles are marked @unroll, for the program builder to write out: Dawn's
+// NVIDIA build kept their private arrays in local memory otherwise (engineering-notes.md).
 // Why NVIDIA's build of the splits is slower is not known. The twins in main (the staging
 // for both PREFETCH orders, the PV loop for full and edge steps) stay for the same reason.
 
@@ -73,11 +35,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let tx = place.y;
   // SLICED with at most two keys a lane a step: the weights reach the PV lanes by shuffles
   // from the lanes that own their keys, not through p_s and its two barriers a step (a
-  // select per key a lane holds picks the value to send). H200, Dawn, 128 rows and 16-key
-  // steps (2 keys a lane): S=2048 1591-1595 us against 1644-1646 through p_s, S=1024
-  // 453-454 either way; 64 rows and 32-key steps (4 keys a lane): S=512 165.5-166.3 against
-  // 153.0-153.2, so those keep p_s (ci/results/h200_wgsl_sliced_prefill.txt, call 6). The
-  // rule's 16-key steps (2 keys a lane) then took 138.0-138.2 (call 7).
+  // select per key a lane holds picks the value to send). Faster on the H200 at 2 keys a
+  // lane, slower at 4, which keep p_s (ci/results/h200_wgsl_sliced_prefill.txt, calls 6-7).
   // lane0: the row group's first lane in the subgroup.
   let p_shuffled = sliced && LANE_KEYS <= 2u;
   let lane0 = (lid % sg) % xs;
@@ -216,8 +175,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var st = 0u; st < STEPS; st++) {
       let js = cur.x + st * K_STEP;           // first key of this step
 
-      // S = QK^T for the lane's ROWS_PER_LANE rows and LANE_KEYS keys, accumulated in
-      // private memory.
+      // S = QK^T for the lane's ROWS_PER_LANE rows and LANE_KEYS keys, in private memory.
       var sc: array<array<f32, LANE_KEYS>, ROWS_PER_LANE>;
       for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         for (var e = 0u; e < LANE_KEYS; e++) {  // @unroll
@@ -344,9 +302,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       }
       mx = rows_reduce(mx, ty, tx, true, wide, xs);
       if ((STAGED == 0u || st > 0u) && !p_shuffled) {
-        workgroupBarrier();   // the previous step's readers are done with p_s (a staged
-      }                       // tile's first step: its staging barriers saw to that; 9 us
-                              // of 2110 at S=2048 on the H200)
+        workgroupBarrier();   // the previous step's readers are done with p_s (a staged tile's
+      }                       // first step has its staging barriers: h200_wgsl_scalar_prefill)
 
       for (var a = 0u; a < ROWS_PER_LANE; a++) {  // @unroll
         let m_new = max(m[a], mx[a]);

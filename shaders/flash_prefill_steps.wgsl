@@ -1,6 +1,32 @@
-// flash_prefill's constants, workgroup memory and helpers (its kernel, main, and the account of
-// its variants: flash_prefill.wgsl, which follows this file in the program): the row groups'
-// reductions, the staging stores of K/V granules, a lane's values of a step, the unit list.
+// flash_prefill's constants, workgroup memory and helpers (its kernel, main: flash_prefill.wgsl,
+// which follows this file in the program): the row groups' reductions, the staging stores of
+// K/V granules, a lane's values of a step, the unit list; and the account of its variants:
+//
+// Keys arrive in units of KV_TILE keys and are consumed in inner steps of K_STEP keys
+// (max_k_step: the ROWS_PER_LANE x LANE_KEYS scores a lane keeps in private memory). Variants,
+// all from prefix constants (tiles.prefill_consts):
+//   STAGED 1 ("workgroup"): a unit is a K/V tile staged in workgroup memory by the whole
+//     workgroup (PREFETCH pipelines the next tile through registers), STEPS steps per tile;
+//   STAGED 0 ("direct"): a unit is one step; each row group reads the step's K rows and V
+//     rows straight from memory (together it reads each of them once), no staging;
+//   O_SPLIT 1 ("half_workgroup"): of a lane's LANE_SLOTS output vec4 slots per row
+//     (LANE_UNITS units of OUT_UNIT vec4s), WG_SLOTS = half, rounded up, live in workgroup
+//     memory (o_s, each lane its own entries), the other REG_SLOTS in registers; O_SPLIT 0:
+//     all LANE_SLOTS in registers;
+//   BLOCKS 1: units are the listed blocks of the masked-block list (block_skip), each with
+//     its all-zero flag (the bias is not loaded for those), instead of every unit in span;
+//   SLICED 1 (qk_layout "sliced", STAGED 1): the row group's lanes split the head dimension
+//     for QK^T (SLICED below says how), KV_F32 1: K/V staged as f32.
+// An output unit is OUT_UNIT vec4 columns: one vec4 (STAGED 1, read from v_s) or one load
+// granule (STAGED 0, read from v); OUT_UNITS of them make v's row, and so the output's, of V_DIM
+// elements (v_head_size); q's and k's are QK_DIM. Row maxima and sums are combined over the
+// ROW_LANES lanes of a row group: lane_max()/lane_sum() (subgroup shuffles over SHUFFLE_LANES
+// lanes in the subgroup variant), then workgroup memory for the LANE_GROUPS groups left, or
+// more shuffles where this dispatch's subgroups hold a whole row group (rows_reduce's wide).
+// Prefix constants: Q_TILE, KV_TILE, K_STEP, STEPS (steps per unit), ROWS_PER_LANE, ROW_LANES,
+// SHUFFLE_LANES, PREFETCH, STAGED, STAGED_KEYS (k_s / v_s rows: KV_TILE, or 1 when direct),
+// O_SPLIT, OUT_UNIT, OUT_UNITS, LANE_UNITS, LANE_SLOTS, REG_SLOTS, WG_SLOTS, O_S_SIZE (o_s's
+// length), SLICED, SLICE_LEVELS (log2 ROW_LANES where SLICED, else 0), KV_F32.
 
 const LANE_KEYS: u32 = K_STEP / ROW_LANES;      // scores per lane and row in a step
 const THREADS: u32 = (Q_TILE / ROWS_PER_LANE) * ROW_LANES;
@@ -16,8 +42,9 @@ const O_REGS: u32 = max(REG_SLOTS, 1u);         // register accumulator vec4s pe
 // whole row groups, a row group's ROW_LANES lanes split the head dimension instead of the keys:
 // lane tx holds vec4s tx, tx+ROW_LANES, ... (SLICE_VEC4S of them) of its rows' q in registers
 // and dots them with every key of a step; each ROW_LANES keys' partial dots are then
-// reduce-scattered over the row group by shuffles, so the lane ends with the whole scores of keys tx, tx+ROW_LANES,
-// ..., the keys it owns in the other layout, and the softmax and PV go on as there. Each K
+// reduce-scattered over the row group by shuffles, so the lane ends with the whole scores of
+// keys tx, tx+ROW_LANES, ..., the keys it owns in the other layout, and the softmax and PV go
+// on as there. Each K
 // vec4 read from workgroup memory then feeds 4 x ROWS_PER_LANE FMAs with no q read beside it,
 // and the row groups of a subgroup are interleaved (lane_place) so that lanes n and n^1 read
 // the same K or V address, which NVIDIA returns in half the cycles

@@ -112,7 +112,7 @@ def _item(spec: AttentionSpec) -> int:
 # -- prefill ----------------------------------------------------------------------------
 def prefill_consts(spec: AttentionSpec, params: Mapping[str, Any],
                    subgroup_width: int = 1) -> dict[str, int]:
-    """Tiles of the flash prefill (shaders/flash_prefill.wgsl names them)."""
+    """Tiles of the flash prefill (shaders/flash_prefill_steps.wgsl names them)."""
     d = PREFILL_DEFAULTS
     br = _p(params, d, "q_tile")
     stage = _s(params, d, "kv_staging") == "workgroup"
